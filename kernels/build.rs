@@ -1,0 +1,79 @@
+//! Compiles the C++ shim (`csrc/`) against the same libtorch headers and C++ ABI as torch-sys,
+//! and gives every binary of the workspace an rpath to libtorch so nothing needs
+//! `LD_LIBRARY_PATH`.
+
+use std::env;
+use std::path::{Path, PathBuf};
+
+const FIX: &str = "run `scripts/setup` (it installs torch==2.13.0 from PyPI and links it as \
+                   .libtorch, which .cargo/config.toml points LIBTORCH at)";
+
+fn main() {
+    println!("cargo:rerun-if-changed=csrc/shim.cpp");
+    println!("cargo:rerun-if-changed=csrc/cuda_shim.cpp");
+    println!("cargo:rerun-if-env-changed=LIBTORCH");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+
+    // torch-sys (links = "tch") exports the lib dir it linked against; use the same one.
+    let lib = match env::var("DEP_TCH_LIBTORCH_LIB") {
+        Ok(lib) => PathBuf::from(lib),
+        Err(_) => fail("torch-sys did not report its libtorch lib directory (DEP_TCH_LIBTORCH_LIB)"),
+    };
+    // .../torch/lib -> .../torch, where include/ lives for a PyPI torch package.
+    let root = env::var("LIBTORCH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| lib.parent().map(Path::to_path_buf).unwrap_or_default());
+    let includes = [root.join("include"), root.join("include/torch/csrc/api/include")];
+    if !includes[0].join("torch/script.h").exists() {
+        fail(&format!("libtorch headers not found under {}", includes[0].display()));
+    }
+    // torch-sys compiles with LIBTORCH_CXX11_ABI (default 1); a mismatch links but crashes.
+    let abi = env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
+
+    let mut build = cc::Build::new();
+    build
+        .cpp(true)
+        .pic(true)
+        .std("c++17")
+        .includes(&includes)
+        .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
+        .define("GLOG_USE_GLOG_EXPORT", None)
+        // libtorch's headers are not warning-clean under -Wall; our own code is small.
+        .warnings(false)
+        .file("csrc/shim.cpp");
+
+    if env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        // The CUDA runtime headers come with the PyPI wheel's nvidia-cuda-runtime package next
+        // to torch in site-packages; its `crt/` sub-headers ship only with triton's bundled
+        // CUDA headers (also a torch dependency), searched second.
+        let cuda_include = root.join("../nvidia/cu13/include");
+        let crt_include = root.join("../triton/backends/nvidia/include");
+        for (dir, header) in [(&cuda_include, "cuda_runtime_api.h"), (&crt_include, "crt/host_config.h")] {
+            if !dir.join(header).exists() {
+                fail(&format!(
+                    "feature `cuda`: CUDA header {header} not found in {} (expected from torch's PyPI dependencies)",
+                    dir.display()
+                ));
+            }
+        }
+        build.include(cuda_include).include(crt_include).file("csrc/cuda_shim.cpp");
+        println!("cargo:rustc-link-lib=c10_cuda");
+    }
+    build.compile("ckptune_shim");
+
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    for l in ["torch_cpu", "torch", "c10"] {
+        println!("cargo:rustc-link-lib={l}");
+    }
+    // rustc-link-arg from a library's build script reaches only this package's own targets, so
+    // the path is also exported (cargo:libtorch_lib -> DEP_CKPTUNE_SHIM_LIBTORCH_LIB) for the
+    // other crates' build scripts to emit the same rpath.
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    println!("cargo:libtorch_lib={}", lib.display());
+}
+
+fn fail(what: &str) -> ! {
+    eprintln!("error: ckptune-kernels: {what}; {FIX}");
+    std::process::exit(1);
+}

@@ -1,0 +1,12 @@
+//! The kernels crate's error type.
+
+/// Errors from the native shim: each names the operation that failed and libtorch's message.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("{op}: {message}")]
+    Torch { op: &'static str, message: String },
+    #[error("{op}: {message}")]
+    Cuda { op: &'static str, message: String },
+    #[error("loading TorchScript module {path}: {message}")]
+    JitLoad { path: String, message: String },
+}

@@ -1,0 +1,131 @@
+//! Raw declarations of the shim's C entry points (csrc/shim.cpp) and the error plumbing.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+use tch::{TchError, Tensor};
+
+use crate::KernelError;
+
+/// `at::Tensor*`, as tch allocates tensor handles.
+pub(crate) type CTensor = *mut torch_sys::C_tensor;
+/// `torch::jit::Module*`.
+#[repr(C)]
+pub(crate) struct CModule {
+    _private: [u8; 0],
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct AutocastState {
+    pub enabled: c_int,
+    pub dtype: c_int,
+    pub cache_enabled: c_int,
+}
+
+pub(crate) type NamedModuleCb = extern "C" fn(*mut c_void, *const c_char, *mut CModule);
+pub(crate) type NamedTensorCb = extern "C" fn(*mut c_void, *const c_char, CTensor);
+
+extern "C" {
+    pub(crate) fn ckpt_free_str(s: *mut c_char);
+
+    pub(crate) fn ckpt_meter_install(err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_meter_current() -> i64;
+    pub(crate) fn ckpt_meter_peak() -> i64;
+    pub(crate) fn ckpt_meter_allocs() -> i64;
+    pub(crate) fn ckpt_meter_reset_peak();
+    pub(crate) fn ckpt_meter_window_peak() -> i64;
+    pub(crate) fn ckpt_meter_reset_window();
+
+    pub(crate) fn ckpt_autocast_enter(
+        device: c_int,
+        dtype: c_int,
+        enabled: c_int,
+        prev: *mut AutocastState,
+        err: *mut *mut c_char,
+    ) -> c_int;
+    pub(crate) fn ckpt_autocast_exit(device: c_int, prev: *const AutocastState, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_autocast_is_enabled(device: c_int) -> c_int;
+    pub(crate) fn ckpt_autocast_dtype(device: c_int) -> c_int;
+    pub(crate) fn ckpt_autocast_clear_cache();
+
+    pub(crate) fn ckpt_backward(out: CTensor, grad: CTensor, err: *mut *mut c_char) -> c_int;
+
+    pub(crate) fn ckpt_clear_grad(t: CTensor, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_rng_get_state(out: *mut CTensor, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_rng_set_state(state: CTensor, err: *mut *mut c_char) -> c_int;
+
+    pub(crate) fn ckpt_jit_load(path: *const c_char, out: *mut *mut CModule, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_jit_free(m: *mut CModule);
+    pub(crate) fn ckpt_jit_named_children(
+        m: *mut CModule,
+        ctx: *mut c_void,
+        cb: NamedModuleCb,
+        err: *mut *mut c_char,
+    ) -> c_int;
+    pub(crate) fn ckpt_jit_type_name(m: *mut CModule, out: *mut *mut c_char, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_jit_named_parameters(
+        m: *mut CModule,
+        buffers: c_int,
+        ctx: *mut c_void,
+        cb: NamedTensorCb,
+        err: *mut *mut c_char,
+    ) -> c_int;
+    pub(crate) fn ckpt_jit_forward(
+        m: *mut CModule,
+        inputs: *const CTensor,
+        n: c_int,
+        out: *mut CTensor,
+        err: *mut *mut c_char,
+    ) -> c_int;
+    pub(crate) fn ckpt_jit_train(m: *mut CModule, on: c_int, err: *mut *mut c_char) -> c_int;
+}
+
+/// Takes a malloc'd C string from the shim and frees it.
+pub(crate) fn take_str(s: *mut c_char) -> String {
+    if s.is_null() {
+        return String::new();
+    }
+    // SAFETY: the shim hands out NUL-terminated strings from malloc, freed exactly once here.
+    let out = unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned();
+    unsafe { ckpt_free_str(s) };
+    out
+}
+
+/// Runs a shim call that reports failure through `err`, mapping it to a [`KernelError`].
+pub(crate) fn check(op: &'static str, f: impl FnOnce(*mut *mut c_char) -> c_int) -> Result<(), KernelError> {
+    let mut err: *mut c_char = std::ptr::null_mut();
+    if f(&mut err) == 0 {
+        Ok(())
+    } else {
+        Err(KernelError::Torch {
+            op,
+            message: first_line(&take_str(err)),
+        })
+    }
+}
+
+/// libtorch messages carry a C++ backtrace after the first lines; keep what a person reads.
+pub(crate) fn first_line(msg: &str) -> String {
+    let cut = msg.find("\nException raised from").unwrap_or(msg.len());
+    msg[..cut].trim().to_owned()
+}
+
+/// Hands a tensor's handle to the shim, which takes ownership and deletes it.
+pub(crate) fn into_raw(t: Tensor) -> CTensor {
+    let mut t = t;
+    let p = t.as_mut_ptr();
+    std::mem::forget(t);
+    p
+}
+
+/// Wraps a handle the shim allocated with `new at::Tensor`.
+pub(crate) fn from_raw(p: CTensor) -> Tensor {
+    // SAFETY: the shim returns a fresh heap `at::Tensor*`, which tch owns from here on.
+    unsafe { Tensor::from_ptr(p) }
+}
+
+impl From<KernelError> for TchError {
+    fn from(e: KernelError) -> Self {
+        TchError::Torch(e.to_string())
+    }
+}

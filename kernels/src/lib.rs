@@ -1,0 +1,18 @@
+//! ckptune's native code: a C++ shim over libtorch for what `tch` does not expose (an exact
+//! CPU memory meter, autocast, backward with an explicit output gradient, RNG state,
+//! TorchScript children), and behind the `cuda` feature the CUDA allocator's statistics and
+//! device facts. This is the only crate of the workspace with native code.
+
+pub mod autocast;
+pub mod autograd;
+mod error;
+mod ffi;
+pub mod jit;
+pub mod meter;
+pub mod rng;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+pub use error::KernelError;
+pub use meter::MemoryMeter;

@@ -1,0 +1,204 @@
+//! The chain abstraction every model is expressed in: an ordered list of named blocks,
+//! each a PyTorch module (or a fixed group of top-level modules) run as one link.
+//!
+//! The runtime executes chains block by block so that any subset of candidate blocks can be
+//! activation-checkpointed; the planner reasons about the same blocks. Names are PyTorch
+//! qualified module names (`layer1`, `encoder.layer.3`), so a checkpoint regex means the same
+//! thing in PyTorch and here.
+
+use tch::{nn, Device, Kind, Tensor};
+
+/// Inputs that are not the chain's main activation and that no block differentiates:
+/// the attention mask of a transformer, whether the step is a training step.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx<'a> {
+    /// Additive attention bias from [`Chain::attention_bias`]: `[batch, 1, 1, seq]`, 0 where a
+    /// token may be attended to and the dtype's minimum where not (Hugging Face's convention).
+    pub attention_mask: Option<&'a Tensor>,
+    /// Training mode: dropout active, BatchNorm uses and updates batch statistics.
+    pub train: bool,
+}
+
+/// One link of the chain. `forward` must be a pure function of its input, its parameters,
+/// the context and the global RNG state (dropout): the runtime re-runs it for recompute and
+/// relies on getting bitwise the same result after restoring the RNG state.
+pub trait Block: Send {
+    fn forward(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Tensor;
+}
+
+/// A block with its PyTorch name.
+pub struct ChainBlock {
+    /// PyTorch qualified module name of the block (`layer1`, `encoder.layer.3`), or for a
+    /// fixed group of top-level modules that is not one module, their names joined with `+`
+    /// (`conv1+bn1+relu+maxpool`); such groups are never candidates.
+    pub name: String,
+    /// Whether the block may be checkpointed (it is exactly one PyTorch module).
+    pub candidate: bool,
+    pub block: Box<dyn Block>,
+}
+
+impl std::fmt::Debug for ChainBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChainBlock")
+            .field("name", &self.name)
+            .field("candidate", &self.candidate)
+            .finish()
+    }
+}
+
+/// Turns the chain's final output and the batch's targets into a scalar loss.
+pub trait LossHead: Send {
+    fn loss(&self, output: &Tensor, batch: &Batch) -> Tensor;
+}
+
+/// What a batch of the model's input looks like.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputSpec {
+    /// `[batch, channels, size, size]` f32 images, integer class targets in `0..classes`.
+    Image { channels: i64, size: i64, classes: i64 },
+    /// `[batch, features]` f32 vectors, integer class targets in `0..classes` (toy chains).
+    Features { features: i64, classes: i64 },
+    /// `[batch, seq]` i64 token ids in `0..vocab`, an attention mask, and integer targets:
+    /// per sequence in `0..classes` (classification) or per token in `0..vocab` (language model).
+    Tokens {
+        seq: i64,
+        vocab: i64,
+        targets: TokenTargets,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenTargets {
+    /// One class per sequence.
+    Classes(i64),
+    /// Next-token / masked-token ids, one per position.
+    PerToken,
+}
+
+/// One training batch.
+#[derive(Debug)]
+pub struct Batch {
+    pub input: Tensor,
+    pub target: Tensor,
+    /// For token models: `[batch, seq]` i64 with 1 for real tokens and 0 for padding.
+    pub attention_mask: Option<Tensor>,
+}
+
+/// A model as a chain of blocks plus a loss head, with its parameters in `vs`.
+pub struct Chain {
+    /// Model name as the CLI knows it (`resnet18`, `bert-base-uncased`).
+    pub name: String,
+    /// Parameters and buffers; variable names equal the reference `state_dict` keys.
+    pub vs: nn::VarStore,
+    pub blocks: Vec<ChainBlock>,
+    pub head: Box<dyn LossHead>,
+    /// Every qualified module name of the reference PyTorch model in `named_modules()` order,
+    /// sub-modules included (the root "" excluded): the universe a checkpoint regex is
+    /// checked against.
+    pub modules: Vec<String>,
+    pub input: InputSpec,
+    /// Parameters of the reference model proper (e.g. `BertModel`), excluding any head that
+    /// was added only to have a loss.
+    pub reference_params: i64,
+}
+
+impl std::fmt::Debug for Chain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chain")
+            .field("name", &self.name)
+            .field("blocks", &self.blocks)
+            .field("input", &self.input)
+            .finish()
+    }
+}
+
+impl Chain {
+    /// Names of the blocks that may be checkpointed, in execution order.
+    pub fn candidates(&self) -> Vec<&str> {
+        self.blocks
+            .iter()
+            .filter(|b| b.candidate)
+            .map(|b| b.name.as_str())
+            .collect()
+    }
+
+    /// A deterministic random batch of `batch` samples for this model's input. Uses the global
+    /// CPU generator seeded with `seed` and restores the generator afterwards, so making a batch
+    /// does not change the dropout masks a training step draws.
+    pub fn make_batch(&self, batch: i64, device: Device, seed: i64) -> Batch {
+        let saved = ckptune_kernels::rng::cpu_state().ok();
+        tch::manual_seed(seed);
+        let out = match &self.input {
+            InputSpec::Image {
+                channels,
+                size,
+                classes,
+            } => Batch {
+                input: Tensor::randn([batch, *channels, *size, *size], (Kind::Float, device)),
+                target: Tensor::randint(*classes, [batch], (Kind::Int64, device)),
+                attention_mask: None,
+            },
+            InputSpec::Features { features, classes } => Batch {
+                input: Tensor::randn([batch, *features], (Kind::Float, device)),
+                target: Tensor::randint(*classes, [batch], (Kind::Int64, device)),
+                attention_mask: None,
+            },
+            InputSpec::Tokens { seq, vocab, targets } => {
+                let input = Tensor::randint(*vocab, [batch, *seq], (Kind::Int64, device));
+                let target = match targets {
+                    TokenTargets::Classes(c) => Tensor::randint(*c, [batch], (Kind::Int64, device)),
+                    TokenTargets::PerToken => Tensor::randint(*vocab, [batch, *seq], (Kind::Int64, device)),
+                };
+                // Every other sequence has its last quarter padded, so masking is exercised.
+                let mask = Tensor::ones([batch, *seq], (Kind::Int64, device));
+                let pad = *seq / 4;
+                if pad > 0 {
+                    for b in (1..batch).step_by(2) {
+                        let _ = mask.get(b).narrow(0, *seq - pad, pad).fill_(0);
+                    }
+                }
+                Batch {
+                    input,
+                    target,
+                    attention_mask: Some(mask),
+                }
+            }
+        };
+        if let Some(state) = saved {
+            // Restoring a state just read cannot fail; if it did, batches would merely share
+            // the generator with dropout, which is still deterministic.
+            let _ = ckptune_kernels::rng::set_cpu_state(&state);
+        }
+        out
+    }
+
+    /// The additive attention bias for a `[batch, seq]` 0/1 mask, computed once per step as
+    /// Hugging Face's `get_extended_attention_mask`: `(1 - mask) * finfo(dtype).min` shaped
+    /// `[batch, 1, 1, seq]`, in the parameters' float dtype.
+    pub fn attention_bias(&self, mask: &Tensor) -> Tensor {
+        let kind = self.param_kind();
+        let min = match kind {
+            Kind::BFloat16 => -3.389_531_4e38,
+            Kind::Half => -65504.0,
+            Kind::Double => f64::MIN,
+            _ => f32::MIN as f64,
+        };
+        let ones = mask.ones_like();
+        ((ones - mask).to_kind(kind) * min).unsqueeze(1).unsqueeze(1)
+    }
+
+    /// The dtype of the floating-point parameters (f32 unless converted, e.g. to bf16).
+    pub fn param_kind(&self) -> Kind {
+        self.vs
+            .trainable_variables()
+            .first()
+            .map(|t| t.kind())
+            .filter(|k| matches!(k, Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16))
+            .unwrap_or(Kind::Float)
+    }
+
+    /// Total number of parameter elements (trainable variables) in the var store.
+    pub fn param_count(&self) -> i64 {
+        self.vs.trainable_variables().iter().map(|t| t.numel() as i64).sum()
+    }
+}

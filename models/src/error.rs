@@ -1,0 +1,122 @@
+//! The one error type of the models crate: every message names the operation and the
+//! offending value, so the CLI can print it as is.
+
+use std::path::PathBuf;
+
+/// Why a model could not be built or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("unknown model {name:?}; known models: {}", known.join(", "))]
+    UnknownModel { name: String, known: Vec<String> },
+
+    #[error("invalid {model} configuration: {what}")]
+    InvalidConfig { model: String, what: String },
+
+    #[error("option {option} = {value} does not apply to {model}: {why}")]
+    InvalidOption { model: String, option: &'static str, value: String, why: String },
+
+    /// A libtorch call failed (allocation, device, dtype). `message` is the first line of
+    /// libtorch's error, without its C++ backtrace.
+    #[error("{op} failed: {message}")]
+    Torch { op: String, message: String },
+
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A TorchScript archive: not a state dict. The caller routes it to the TorchScript
+    /// loader (kernels' JIT shim).
+    #[error("{} is a TorchScript archive (it has code/ and constants.pkl), not a state dict", .0.display())]
+    TorchScript(PathBuf),
+
+    #[error(
+        "{} holds a collections.OrderedDict, as written by torch.save(model.state_dict()), which \
+         libtorch cannot read; re-save it as a plain dict with \
+         torch.save(dict(model.state_dict()), path) or as safetensors with \
+         safetensors.torch.save_file(model.state_dict(), \"model.safetensors\")",
+        .0.display()
+    )]
+    OrderedDict(PathBuf),
+
+    #[error("cannot read {} as a state dict: {reason}", path.display())]
+    BadFile { path: PathBuf, reason: String },
+
+    #[error("cannot infer the architecture of {}: {reason}", path.display())]
+    UnknownArchitecture { path: PathBuf, reason: String },
+
+    #[error(
+        "state dict {} does not match the inferred {arch}:{}{}{}",
+        path.display(),
+        list_line("missing keys", missing),
+        list_line("unexpected keys", unexpected),
+        list_line("shape mismatches", mismatched)
+    )]
+    KeyMismatch {
+        path: PathBuf,
+        arch: String,
+        missing: Vec<String>,
+        unexpected: Vec<String>,
+        /// `key: file [..] vs model [..]`
+        mismatched: Vec<String>,
+    },
+}
+
+/// `" missing keys (3): a, b, c;"`, or nothing for an empty list. Long lists are cut after
+/// 20 names: the count says how many there are.
+fn list_line(what: &str, names: &[String]) -> String {
+    const SHOWN: usize = 20;
+    if names.is_empty() {
+        return String::new();
+    }
+    let mut shown = names.iter().take(SHOWN).map(String::as_str).collect::<Vec<_>>().join(", ");
+    if names.len() > SHOWN {
+        shown.push_str(&format!(", … ({} more)", names.len() - SHOWN));
+    }
+    format!(" {what} ({}): {shown};", names.len())
+}
+
+impl ModelError {
+    /// Wraps a libtorch error, keeping only the first line of its message: libtorch appends a
+    /// C++ backtrace ("Exception raised from …") that says nothing to a user.
+    pub(crate) fn torch(op: impl Into<String>, err: tch::TchError) -> Self {
+        ModelError::Torch { op: op.into(), message: first_line(&err.to_string()) }
+    }
+}
+
+/// The first line of a libtorch error message, without tch's "Internal torch error: " prefix.
+pub(crate) fn first_line(message: &str) -> String {
+    let line = message.lines().next().unwrap_or("").trim();
+    line.strip_prefix("Internal torch error: ").unwrap_or(line).to_string()
+}
+
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_line_drops_backtrace_and_prefix() {
+        let msg = "Internal torch error: Unrecognized data format\nException raised from x\nframe #0";
+        assert_eq!(first_line(msg), "Unrecognized data format");
+    }
+
+    #[test]
+    fn key_mismatch_lists_each_kind() {
+        let e = ModelError::KeyMismatch {
+            path: "m.pt".into(),
+            arch: "resnet18".into(),
+            missing: vec!["fc.bias".into()],
+            unexpected: vec![],
+            mismatched: vec!["fc.weight: file [10, 512] vs model [1000, 512]".into()],
+        };
+        assert_eq!(
+            e.to_string(),
+            "state dict m.pt does not match the inferred resnet18: missing keys (1): fc.bias; \
+             shape mismatches (1): fc.weight: file [10, 512] vs model [1000, 512];"
+        );
+    }
+}

@@ -1,0 +1,164 @@
+//! TorchScript models (`torch.jit.script` / `torch.jit.trace` files) as chains: the top-level
+//! children, in definition order, are the blocks. Only models whose forward is exactly the
+//! composition of their children qualify; that is checked by running both on a sample input.
+
+use std::path::Path;
+
+use ckptune_kernels::jit::JitModule;
+use tch::{nn, Kind, Tensor};
+
+use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
+use crate::error::{ModelError, Result};
+use crate::zoo::ModelOptions;
+
+struct JitBlock {
+    module: JitModule,
+}
+
+impl Block for JitBlock {
+    fn forward(&self, xs: &Tensor, _ctx: &Ctx<'_>) -> Tensor {
+        // The chain was validated at load time by running every child on a sample batch; a
+        // failure now is a shape or dtype the sample did not cover, reported as libtorch does.
+        match self.module.forward(&[xs]) {
+            Ok(t) => t,
+            Err(e) => panic!("TorchScript block forward failed: {e}"),
+        }
+    }
+}
+
+/// Cross entropy over the last dimension against integer targets (per sample or per token).
+struct LastDimCrossEntropy;
+
+impl LossHead for LastDimCrossEntropy {
+    fn loss(&self, output: &Tensor, batch: &Batch) -> Tensor {
+        let classes = output.size().last().copied().unwrap_or(1);
+        output.reshape([-1, classes]).to_kind(Kind::Float).cross_entropy_for_logits(&batch.target.reshape([-1]))
+    }
+}
+
+fn torch_err(op: &str) -> impl Fn(ckptune_kernels::KernelError) -> ModelError + '_ {
+    move |e| ModelError::Torch { op: op.to_owned(), message: e.to_string() }
+}
+
+fn collect_modules(prefix: &str, m: &JitModule, out: &mut Vec<String>) -> Result<()> {
+    for (name, child) in m.named_children().map_err(torch_err("listing TorchScript children"))? {
+        let q = if prefix.is_empty() { name } else { format!("{prefix}.{name}") };
+        out.push(q.clone());
+        collect_modules(&q, &child, out)?;
+    }
+    Ok(())
+}
+
+/// Registers a tensor in the var store under its qualified PyTorch name (`layer1.0.conv1.weight`),
+/// sharing storage with the TorchScript module, so optimizers and precision changes reach it.
+fn register(vs: &nn::VarStore, name: &str, t: Tensor, trainable: bool) {
+    let mut parts: Vec<&str> = name.split('.').collect();
+    let leaf = parts.pop().unwrap_or(name);
+    let mut p = vs.root();
+    for part in parts {
+        p = p.sub(part);
+    }
+    let _ = p.add(leaf, t, trainable);
+}
+
+/// Loads a TorchScript file whose top-level children form a chain.
+pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain> {
+    let shown = path.display().to_string();
+    let bad = |reason: String| ModelError::BadFile { path: path.to_path_buf(), reason };
+    let root = JitModule::load(path).map_err(|e| bad(e.to_string()))?;
+    root.set_train(true).map_err(torch_err("setting train mode"))?;
+    let children = root.named_children().map_err(torch_err("listing TorchScript children"))?;
+    if children.len() < 2 {
+        return Err(bad(format!(
+            "a TorchScript model must have at least two top-level child modules to form a chain of \
+             blocks; {shown} has {}. Supported: models whose forward applies their children in order \
+             (e.g. nn.Sequential, or a scripted model with that structure)",
+            children.len()
+        )));
+    }
+    let params = root.named_parameters().map_err(torch_err("reading TorchScript parameters"))?;
+    let buffers = root.named_buffers().map_err(torch_err("reading TorchScript buffers"))?;
+    let input = infer_input(&params, opts).ok_or_else(|| {
+        bad("cannot tell the input shape: the first parameter is neither a conv weight [out, in, k, k], \
+             an embedding [vocab, dim] nor a linear weight [out, in]"
+            .into())
+    })?;
+    let vs = nn::VarStore::new(opts.device);
+    let reference_params: i64 = params.iter().map(|(_, t)| t.numel() as i64).sum();
+    for (n, t) in params {
+        register(&vs, &n, t, true);
+    }
+    for (n, t) in buffers {
+        register(&vs, &n, t, false);
+    }
+    let mut modules = Vec::new();
+    collect_modules("", &root, &mut modules)?;
+    let blocks: Vec<ChainBlock> = children
+        .into_iter()
+        .map(|(name, module)| ChainBlock { name, candidate: true, block: Box::new(JitBlock { module }) })
+        .collect();
+
+    let mut chain = Chain {
+        name: path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| shown.clone()),
+        vs,
+        blocks,
+        head: Box::new(LastDimCrossEntropy),
+        modules,
+        input,
+        reference_params,
+    };
+    // Check that the children compose to the model's own forward on a sample batch (eval mode,
+    // so dropout and batch statistics do not differ between the two runs).
+    let batch = chain.make_batch(2, opts.device, 0);
+    root.set_train(false).map_err(torch_err("setting eval mode"))?;
+    let whole = root.forward(&[&batch.input]).map_err(|e| {
+        bad(format!("running its forward on a sample input {:?} failed: {e}", batch.input.size()))
+    })?;
+    let mut h = batch.input.shallow_clone();
+    for b in &chain.blocks {
+        h = tch::no_grad(|| chained_forward(b, &h)).map_err(|e| {
+            bad(format!("its children do not form a chain: child {} fails on the previous child's output: {e}", b.name))
+        })?;
+    }
+    root.set_train(true).map_err(torch_err("setting train mode"))?;
+    if h.size() != whole.size() || !h.allclose(&whole, 1e-5, 1e-6, false) {
+        return Err(bad(format!(
+            "its forward is not the composition of its top-level children ({}): it does more \
+             between them (e.g. a flatten or a skip connection). Wrap the model so that its \
+             forward is a plain sequence of child modules, or use a built-in model",
+            chain.blocks.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(" → ")
+        )));
+    }
+    if let InputSpec::Tokens { targets, .. } = &mut chain.input {
+        *targets = if whole.dim() == 3 { TokenTargets::PerToken } else { TokenTargets::Classes(classes_of(&whole)) };
+    } else if let InputSpec::Image { classes, .. } | InputSpec::Features { classes, .. } = &mut chain.input {
+        *classes = classes_of(&whole);
+    }
+    Ok(chain)
+}
+
+fn classes_of(out: &Tensor) -> i64 {
+    out.size().last().copied().unwrap_or(1)
+}
+
+fn chained_forward(b: &ChainBlock, h: &Tensor) -> std::result::Result<Tensor, String> {
+    let ctx = Ctx { attention_mask: None, train: false };
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.block.forward(h, &ctx))).map_err(|p| {
+        p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+    })
+}
+
+fn infer_input(params: &[(String, Tensor)], opts: &ModelOptions) -> Option<InputSpec> {
+    let (name, first) = params.first()?;
+    let size = first.size();
+    match size.as_slice() {
+        [_, c, _, _] => Some(InputSpec::Image { channels: *c, size: opts.image.unwrap_or(224), classes: 1 }),
+        [vocab, _] if name.contains("emb") || name.contains("wte") => Some(InputSpec::Tokens {
+            seq: opts.seq.unwrap_or(128),
+            vocab: *vocab,
+            targets: TokenTargets::PerToken,
+        }),
+        [_, features] => Some(InputSpec::Features { features: *features, classes: 1 }),
+        _ => None,
+    }
+}

@@ -1,0 +1,21 @@
+//! Model zoo: models as chains of named blocks whose names equal PyTorch's module names.
+//!
+//! Families, each mirroring its reference implementation: [`resnet`] (torchvision),
+//! [`bert`] and [`gpt2`] (Hugging Face transformers). [`zoo`] builds them by CLI name;
+//! [`load`] builds them from state-dict files.
+pub mod bert;
+pub mod chain;
+pub mod error;
+pub mod gpt2;
+pub mod jit;
+mod layers;
+pub mod load;
+pub mod resnet;
+pub mod toy;
+pub mod zoo;
+
+pub use chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
+pub use error::ModelError;
+pub use layers::Activation;
+pub use load::{from_file, Loaded};
+pub use zoo::{builtin, list, Architecture, Family, Granularity, ModelInfo, ModelOptions};

@@ -1,0 +1,398 @@
+//! DESIGN.md's chain memory model ("Memory model the planner optimizes"), written as the
+//! affine moments of one training step that the solver constrains.
+//!
+//! Every moment of the step is `constant + Σ coef_i · x_i` with `x_i = 1` when block `i` is
+//! checkpointed, so peak memory is the maximum of a list of affine functions and the
+//! solver never needs to know where the list came from. Other regimes (gradient
+//! accumulation, `set_to_none = false`) can supply their own list.
+
+use crate::solver::ConfigProblem;
+
+/// Measured terms of one block, all bytes as `i64` (they are differences of allocator
+/// counters), named as in DESIGN.md.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockTerms {
+    /// Qualified module name, e.g. `layer1` or `encoder.layer.3`.
+    pub name: String,
+    /// Whether the planner may checkpoint this block; others keep `x = 0`.
+    pub candidate: bool,
+    /// Kept after the grad-mode forward (output included).
+    pub kg: i64,
+    /// Transient peak of the grad-mode forward above its start.
+    pub fg: i64,
+    /// Kept after the no-grad forward (output, plus autocast casts in bf16).
+    pub kng: i64,
+    /// Transient peak of the no-grad forward.
+    pub fng: i64,
+    /// Output bytes.
+    pub out: i64,
+    /// Bytes of the output's gradient.
+    pub gout: i64,
+    /// Kept after the recompute in backward.
+    pub krec: i64,
+    /// Transient peak of the recompute.
+    pub frec: i64,
+    /// Backward transient when not checkpointed (step A).
+    pub bta: i64,
+    /// Backward transient after a recompute (step B).
+    pub btb: i64,
+    /// Parameter-gradient bytes.
+    pub g: i64,
+    /// Extra seconds per step when this block is checkpointed.
+    pub recompute_seconds: f64,
+}
+
+/// Measured terms of one training step in one configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepTerms {
+    /// `F`: level at step start (parameters, buffers, optimizer state, batch).
+    pub fixed: i64,
+    /// Bytes the loss keeps.
+    pub lk: i64,
+    /// Transient of the loss forward.
+    pub lf: i64,
+    /// Transient of the loss backward.
+    pub lb: i64,
+    /// Transient of the optimizer step.
+    pub otmp: i64,
+    /// Step time with nothing checkpointed.
+    pub base_seconds: f64,
+    /// Blocks in execution order.
+    pub blocks: Vec<BlockTerms>,
+}
+
+/// One moment of the step: `constant + Σ_i coef[i] · x_i`, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Moment {
+    /// Where in the step, e.g. `forward layer2`, `loss`, `recompute layer1`.
+    pub label: String,
+    pub constant: i64,
+    /// Per block: bytes added when that block is checkpointed.
+    pub coef: Vec<i64>,
+}
+
+impl Moment {
+    /// Exact value under checkpoint choice `x` (one entry per block).
+    ///
+    /// Saturates instead of wrapping; the solver rejects any moment whose magnitude
+    /// exceeds 2^53 bytes, far below where saturation could start.
+    pub fn eval(&self, x: &[bool]) -> i64 {
+        assert_eq!(
+            x.len(),
+            self.coef.len(),
+            "moment {:?} has {} coefficients but the choice has {} entries",
+            self.label,
+            self.coef.len(),
+            x.len()
+        );
+        self.coef
+            .iter()
+            .zip(x)
+            .filter(|(_, &on)| on)
+            .fold(self.constant, |acc, (&c, _)| acc.saturating_add(c))
+    }
+}
+
+/// Affine expression builder: `term(i, off, on)` adds a quantity that is `off` when block
+/// `i` is not checkpointed and `on` when it is, i.e. `off + x_i (on − off)`.
+struct Affine {
+    constant: i64,
+    coef: Vec<i64>,
+}
+
+impl Affine {
+    fn new(n: usize, constant: i64) -> Self {
+        Affine {
+            constant,
+            coef: vec![0; n],
+        }
+    }
+
+    fn add(&mut self, v: i64) -> &mut Self {
+        self.constant = self.constant.saturating_add(v);
+        self
+    }
+
+    fn term(&mut self, i: usize, off: i64, on: i64) -> &mut Self {
+        self.constant = self.constant.saturating_add(off);
+        self.coef[i] = self.coef[i].saturating_add(on.saturating_sub(off));
+        self
+    }
+
+    fn moment(&self, label: String) -> Moment {
+        Moment {
+            label,
+            constant: self.constant,
+            coef: self.coef.clone(),
+        }
+    }
+}
+
+/// The moments of one training step, in execution order, exactly as DESIGN.md writes them:
+///
+/// ```text
+/// kf_i = x_i ? kng_i : kg_i          kb_i = x_i ? out_i : krec_i
+/// forward j   : F + Σ_{i<j} kf_i + (x_j ? fng_j : fg_j)
+/// loss        : F + Σ_i kb_i + lf ;  loss backward: F + Σ_i kb_i + lk + lb
+/// backward j  : base_j = F + Σ_{i>j} g_i + Σ_{i<j} kb_i + gout_j
+///   recompute : base_j + frec_j                       (only if x_j)
+///   vjp       : base_j + krec_j + (x_j ? btb_j : bta_j)
+/// optimizer   : F + Σ_i g_i + otmp
+/// ```
+///
+/// Coefficients are filled for every block, candidate or not; whether a block may be
+/// checkpointed is the solver's business ([`ConfigProblem::candidate`]).
+pub fn moments(step: &StepTerms) -> Vec<Moment> {
+    let n = step.blocks.len();
+    let b = &step.blocks;
+    let mut out = Vec::with_capacity(3 * n + 3);
+
+    // Forward: the prefix of kept bytes grows block by block.
+    let mut kept_fwd = Affine::new(n, step.fixed);
+    for (j, blk) in b.iter().enumerate() {
+        let mut m = Affine::new(n, 0);
+        m.constant = kept_fwd.constant;
+        m.coef.clone_from(&kept_fwd.coef);
+        m.term(j, blk.fg, blk.fng);
+        out.push(m.moment(format!("forward {}", blk.name)));
+        kept_fwd.term(j, blk.kg, blk.kng);
+    }
+
+    // After the forward's autocast region closes, block i keeps kb_i.
+    let mut kept_all = Affine::new(n, step.fixed);
+    for (i, blk) in b.iter().enumerate() {
+        kept_all.term(i, blk.krec, blk.out);
+    }
+    let mut loss = Affine::new(n, 0);
+    loss.constant = kept_all.constant;
+    loss.coef.clone_from(&kept_all.coef);
+    out.push(loss.add(step.lf).moment("loss".to_string()));
+    loss.add(step.lk.saturating_sub(step.lf).saturating_add(step.lb));
+    out.push(loss.moment("loss backward".to_string()));
+
+    // Backward, last block first. base_j needs Σ_{i<j} kb_i (prefix) and Σ_{i>j} g_i
+    // (suffix); build the prefixes once and walk them backwards.
+    let mut prefix_kb = Vec::with_capacity(n);
+    let mut acc = Affine::new(n, 0);
+    for (i, blk) in b.iter().enumerate() {
+        prefix_kb.push(acc.moment(String::new()));
+        acc.term(i, blk.krec, blk.out);
+    }
+    let mut grads_after: i64 = 0;
+    for j in (0..n).rev() {
+        let blk = &b[j];
+        let mut base = Affine::new(n, 0);
+        base.constant = prefix_kb[j]
+            .constant
+            .saturating_add(step.fixed)
+            .saturating_add(grads_after)
+            .saturating_add(blk.gout);
+        base.coef.clone_from(&prefix_kb[j].coef);
+
+        // "recompute j" exists only when x_j = 1. Affine encoding: value base_j + frec_j
+        // when x_j = 1 and base_j + c with c = min(0, krec_j + bta_j) − 1 when x_j = 0.
+        // With x_j = 0 the vjp moment is base_j + krec_j + bta_j ≥ base_j + c + 1, so the
+        // phantom is strictly below a real moment and can neither raise the peak nor tie
+        // it (so it is never reported as the binding moment) — whatever the signs of the
+        // measured terms.
+        let phantom = blk.krec.saturating_add(blk.bta).min(0).saturating_sub(1);
+        let mut rec = Affine::new(n, 0);
+        rec.constant = base.constant;
+        rec.coef.clone_from(&base.coef);
+        rec.term(j, phantom, blk.frec);
+        out.push(rec.moment(format!("recompute {}", blk.name)));
+
+        base.add(blk.krec).term(j, blk.bta, blk.btb);
+        out.push(base.moment(format!("backward {}", blk.name)));
+
+        grads_after = grads_after.saturating_add(blk.g);
+    }
+
+    let opt = Affine::new(n, step.fixed.saturating_add(grads_after).saturating_add(step.otmp));
+    out.push(opt.moment("optimizer".to_string()));
+    out
+}
+
+/// Index and value of the largest moment under `x`; the first one on ties, so the
+/// earliest moment of the step is reported as binding. `None` when `moments` is empty.
+pub fn peak_of(moments: &[Moment], x: &[bool]) -> Option<(i64, usize)> {
+    moments
+        .iter()
+        .enumerate()
+        .map(|(k, m)| (m.eval(x), k))
+        .fold(None, |best, (v, k)| match best {
+            Some((bv, _)) if bv >= v => best,
+            _ => Some((v, k)),
+        })
+}
+
+/// Peak bytes of the step under `x` and the label of the moment that attains it.
+pub fn peak(step: &StepTerms, x: &[bool]) -> (i64, String) {
+    let ms = moments(step);
+    // moments() always yields at least the loss and optimizer moments.
+    let (v, k) = peak_of(&ms, x).unwrap_or((step.fixed, 0));
+    (v, ms[k].label.clone())
+}
+
+/// Predicted step time under `x`: `time(∅) + Σ_{i∈S} recompute_seconds_i`.
+pub fn step_seconds(step: &StepTerms, x: &[bool]) -> f64 {
+    step.base_seconds
+        + step
+            .blocks
+            .iter()
+            .zip(x)
+            .filter(|(_, &on)| on)
+            .map(|(b, _)| b.recompute_seconds)
+            .sum::<f64>()
+}
+
+/// The solver's input for one configuration measured as `step`. Blocks form a clean
+/// chain, so there are no exclusive groups; callers with nested candidates add them.
+pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem {
+    ConfigProblem {
+        key: key.into(),
+        moments: moments(step),
+        seconds_base: step.base_seconds,
+        seconds_coef: step.blocks.iter().map(|b| b.recompute_seconds).collect(),
+        candidate: step.blocks.iter().map(|b| b.candidate).collect(),
+        exclusive: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(name: &str, seed: i64) -> BlockTerms {
+        BlockTerms {
+            name: name.to_string(),
+            candidate: true,
+            kg: 100 * seed,
+            fg: 120 * seed,
+            kng: 10 * seed,
+            fng: 30 * seed,
+            out: 10 * seed,
+            gout: 10 * seed,
+            krec: 95 * seed,
+            frec: 20 * seed,
+            bta: 40 * seed,
+            btb: 45 * seed,
+            g: 7 * seed,
+            recompute_seconds: 0.1 * seed as f64,
+        }
+    }
+
+    fn step() -> StepTerms {
+        StepTerms {
+            fixed: 1000,
+            lk: 5,
+            lf: 9,
+            lb: 3,
+            otmp: 50,
+            base_seconds: 1.0,
+            blocks: vec![block("a", 1), block("b", 2), block("c", 3)],
+        }
+    }
+
+    /// DESIGN.md's formulas worked by hand for blocks a, b, c (terms of c are 3× those of a).
+    /// kf deltas (kng − kg): −90, −180, −270; kb deltas (out − krec): −85, −170, −255.
+    #[test]
+    fn hand_computed_three_blocks() {
+        let ms = moments(&step());
+        let got: Vec<(&str, i64, Vec<i64>)> = ms
+            .iter()
+            .map(|m| (m.label.as_str(), m.constant, m.coef.clone()))
+            .collect();
+        let want: Vec<(&str, i64, Vec<i64>)> = vec![
+            // F + fg_a = 1000 + 120; own term fng_a − fg_a = −90.
+            ("forward a", 1120, vec![-90, 0, 0]),
+            // F + kg_a + fg_b = 1000 + 100 + 240; own term 60 − 240.
+            ("forward b", 1340, vec![-90, -180, 0]),
+            // F + kg_a + kg_b + fg_c = 1000 + 100 + 200 + 360; own term 90 − 360.
+            ("forward c", 1660, vec![-90, -180, -270]),
+            // F + Σ krec + lf = 1000 + 95 + 190 + 285 + 9.
+            ("loss", 1579, vec![-85, -170, -255]),
+            // F + Σ krec + lk + lb = 1570 + 5 + 3.
+            ("loss backward", 1578, vec![-85, -170, -255]),
+            // base_c = F + 0 + krec_a + krec_b + gout_c = 1000 + 95 + 190 + 30 = 1315;
+            // phantom −1 when x_c = 0, frec_c = 60 when x_c = 1: coefficient 61.
+            ("recompute c", 1314, vec![-85, -170, 61]),
+            // base_c + krec_c + bta_c = 1315 + 285 + 120; btb − bta = 15.
+            ("backward c", 1720, vec![-85, -170, 15]),
+            // base_b = F + g_c + krec_a + gout_b = 1000 + 21 + 95 + 20 = 1136.
+            ("recompute b", 1135, vec![-85, 41, 0]),
+            ("backward b", 1406, vec![-85, 10, 0]),
+            // base_a = F + g_b + g_c + gout_a = 1000 + 14 + 21 + 10 = 1045.
+            ("recompute a", 1044, vec![21, 0, 0]),
+            ("backward a", 1180, vec![5, 0, 0]),
+            // F + Σ g + otmp = 1000 + 42 + 50.
+            ("optimizer", 1092, vec![0, 0, 0]),
+        ];
+        assert_eq!(got, want);
+        let s = step();
+        assert_eq!(peak(&s, &[false, false, false]), (1720, "backward c".to_string()));
+        // All checkpointed: forward c 1120, loss 1069, recompute c 1120, backward c 1480.
+        assert_eq!(peak(&s, &[true, true, true]), (1480, "backward c".to_string()));
+        // a and c: forward c 1300, backward c 1720 − 85 + 15 = 1650.
+        assert_eq!(peak(&s, &[true, false, true]), (1650, "backward c".to_string()));
+    }
+
+    /// Every moment, for every x, equals the formula evaluated directly with branches.
+    #[test]
+    fn affine_moments_match_direct_formulas() {
+        let s = step();
+        let ms = moments(&s);
+        let n = s.blocks.len();
+        for mask in 0..1u32 << n {
+            let x: Vec<bool> = (0..n).map(|i| mask >> i & 1 == 1).collect();
+            let b = &s.blocks;
+            let kf = |i: usize| if x[i] { b[i].kng } else { b[i].kg };
+            let kb = |i: usize| if x[i] { b[i].out } else { b[i].krec };
+            let mut want = Vec::new();
+            for j in 0..n {
+                let f = if x[j] { b[j].fng } else { b[j].fg };
+                want.push(s.fixed + (0..j).map(kf).sum::<i64>() + f);
+            }
+            let all: i64 = (0..n).map(kb).sum();
+            want.push(s.fixed + all + s.lf);
+            want.push(s.fixed + all + s.lk + s.lb);
+            for j in (0..n).rev() {
+                let base = s.fixed + (j + 1..n).map(|i| b[i].g).sum::<i64>() + (0..j).map(kb).sum::<i64>() + b[j].gout;
+                let vjp = base + b[j].krec + if x[j] { b[j].btb } else { b[j].bta };
+                // The phantom recompute moment when x_j = 0 must stay below vjp.
+                let rec = if x[j] { base + b[j].frec } else { vjp - 1 };
+                let got = ms[want.len()].eval(&x);
+                if x[j] {
+                    assert_eq!(got, rec, "recompute {j} x={x:?}");
+                } else {
+                    assert!(got < vjp, "phantom recompute {j} x={x:?}");
+                }
+                want.push(got);
+                want.push(vjp);
+            }
+            want.push(s.fixed + b.iter().map(|b| b.g).sum::<i64>() + s.otmp);
+            let got: Vec<i64> = ms.iter().map(|m| m.eval(&x)).collect();
+            assert_eq!(got, want, "x={x:?}");
+        }
+    }
+
+    /// Even with negative measured terms the phantom recompute moment never binds.
+    #[test]
+    fn phantom_recompute_never_binds() {
+        let mut s = step();
+        s.blocks[1].krec = 5;
+        s.blocks[1].bta = -50;
+        let ms = moments(&s);
+        let x = [false, false, false];
+        let rec = ms.iter().position(|m| m.label == "recompute b").unwrap();
+        let vjp = ms.iter().position(|m| m.label == "backward b").unwrap();
+        assert!(ms[rec].eval(&x) < ms[vjp].eval(&x));
+    }
+
+    #[test]
+    fn seconds_add_recompute_time() {
+        let s = step();
+        let t = step_seconds(&s, &[true, false, true]);
+        assert!((t - 1.4).abs() < 1e-12);
+    }
+}

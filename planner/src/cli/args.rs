@@ -1,0 +1,139 @@
+//! The command line as the user types it (clap derive). Raw values are checked and turned
+//! into a resolved setup in `cli::setup`, in one place.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Finds the fastest PyTorch training configuration that fits a memory budget: which modules
+/// to activation-checkpoint (a regex over PyTorch module names), the precision, optimizer,
+/// micro-batch and gradient accumulation — measured, solved exactly, and verified.
+#[derive(Debug, Parser)]
+#[command(name = "ckptune", version, about, max_term_width = 100)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the built-in models with their checkpoint candidates and parameter counts.
+    Models {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure, per training config, what checkpointing each candidate block saves and costs.
+    Profile(ProfileArgs),
+    /// Measure real training steps for given checkpoint subsets (the ground truth).
+    Sweep(SweepArgs),
+    /// Find the fastest config and checkpoint set whose peak memory fits the budget.
+    Plan(PlanArgs),
+}
+
+/// What to train and how it may be trained.
+#[derive(Debug, Args, Clone)]
+pub struct ModelArgs {
+    /// A built-in model name (see `ckptune models`), or a path to a state dict
+    /// (`.safetensors`, or a `.pt` saved as a plain dict) or a TorchScript `.pt`.
+    pub model: String,
+    /// Micro-batch size (samples per forward/backward). Several comma-separated sizes let
+    /// the planner choose. Default: 8 for vision models, 4 for language models.
+    #[arg(long, value_delimiter = ',')]
+    pub batch: Vec<i64>,
+    /// Samples per optimizer step; micro-batches are accumulated to reach it. Default: the
+    /// largest --batch.
+    #[arg(long)]
+    pub global_batch: Option<i64>,
+    /// Image side in pixels (vision models; default 224).
+    #[arg(long)]
+    pub image: Option<i64>,
+    /// Sequence length in tokens (language models; default 128 for BERT, 1024 for GPT-2).
+    #[arg(long)]
+    pub seq: Option<i64>,
+    /// Output classes of the classification head.
+    #[arg(long)]
+    pub classes: Option<i64>,
+    /// Candidate granularity: `layer` (ResNet stages, transformer layers) or `block` (every
+    /// residual block, e.g. `layer3.17`).
+    #[arg(long, default_value = "layer")]
+    pub granularity: String,
+    /// Precisions to consider, comma-separated: fp32, bf16 (autocast), fp16 (CUDA only),
+    /// bf16-pure. Default: fp32 and bf16 for `plan`, fp32 otherwise.
+    #[arg(long, value_delimiter = ',')]
+    pub precision: Vec<String>,
+    /// Optimizers to consider, comma-separated: sgd, sgd-momentum, adam, adamw, lion.
+    #[arg(long, value_delimiter = ',', default_value = "adamw")]
+    pub optimizer: Vec<String>,
+    /// Zero gradients in place instead of freeing them after each optimizer step.
+    #[arg(long)]
+    pub zero_grad_in_place: bool,
+    /// cpu or cuda.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Intra-op threads (profile and run must use the same count for exact memory).
+    #[arg(long)]
+    pub threads: Option<i32>,
+    /// Timed repeats per measured step.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Where profiles are cached (default: $CKPTUNE_CACHE, else ~/.cache/ckptune/profiles).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Re-measure even if a cached profile exists.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// No progress bars.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Write the profile JSON here.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// Print the profile JSON on stdout instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Checkpoint regexes (full match over block names); one measured subset each. `''`
+    /// measures nothing checkpointed.
+    #[arg(long = "checkpoint", required = true)]
+    pub checkpoints: Vec<String>,
+    /// Also measure every subset of the candidates (only for ≤ 10 candidates).
+    #[arg(long)]
+    pub all_subsets: bool,
+    /// A profile of the same model and configs: each point gets its predicted peak and time.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Memory budget: 12GiB, 12G (=GiB), 12000MB (decimal), 1.5TiB, or bytes.
+    #[arg(long)]
+    pub budget: String,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Plan from this profile instead of measuring.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Write the plan JSON here (nothing is written if no plan fits).
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// Print the plan JSON on stdout instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,242 @@
+//! Turns raw arguments into a resolved setup (the one place flags are validated) and builds
+//! the model chains it names.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use ckptune_models::{Chain, Granularity, ModelOptions};
+use ckptune_runtime::{OptimizerKind, Precision, TrainConfig};
+use tch::Device;
+
+use super::args::ModelArgs;
+use super::UsageError;
+use crate::formats::{BlockJson, ConfigJson, DeviceJson, ModelJson};
+
+/// Resolved model and config space.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub model: String,
+    pub opts: ModelOptions,
+    pub device: Device,
+    pub threads: i32,
+    pub repeats: usize,
+    pub configs: Vec<TrainConfig>,
+    pub global_batch: i64,
+    pub cache_dir: Option<PathBuf>,
+    pub quiet: bool,
+}
+
+fn usage(msg: String) -> anyhow::Error {
+    UsageError(msg).into()
+}
+
+impl Setup {
+    /// `default_precisions` applies when `--precision` is not given.
+    pub fn resolve(a: &ModelArgs, default_precisions: &[Precision]) -> Result<Setup> {
+        let device = match a.device.as_str() {
+            "cpu" => Device::Cpu,
+            "cuda" => {
+                if !tch::Cuda::is_available() {
+                    return Err(usage(
+                        "--device cuda: no CUDA device is available to libtorch on this machine; use --device cpu"
+                            .into(),
+                    ));
+                }
+                Device::Cuda(0)
+            }
+            other => return Err(usage(format!("--device {other:?}: expected cpu or cuda"))),
+        };
+        let granularity = match a.granularity.as_str() {
+            "layer" => Granularity::Layer,
+            "block" => Granularity::Block,
+            other => return Err(usage(format!("--granularity {other:?}: expected layer or block"))),
+        };
+        let precisions: Vec<Precision> = if a.precision.is_empty() {
+            default_precisions.to_vec()
+        } else {
+            a.precision.iter().map(|p| p.parse().map_err(|e| usage(format!("--precision: {e}")))).collect::<Result<_>>()?
+        };
+        let precisions: Vec<Precision> = if a.precision.is_empty() {
+            // Defaults only include what the device can run.
+            precisions.into_iter().filter(|p| p.check_device(device).is_ok()).collect()
+        } else {
+            for p in &precisions {
+                p.check_device(device).map_err(|e| usage(format!("--precision: {e}")))?;
+            }
+            precisions
+        };
+        let optimizers: Vec<OptimizerKind> = a
+            .optimizer
+            .iter()
+            .map(|o| o.parse().map_err(|e| usage(format!("--optimizer: {e}"))))
+            .collect::<Result<_>>()?;
+        let default_batch = if a.model.contains("bert") || a.model.contains("gpt") { 4 } else { 8 };
+        let mut batches = if a.batch.is_empty() { vec![default_batch] } else { a.batch.clone() };
+        batches.sort_unstable();
+        batches.dedup();
+        if let Some(b) = batches.iter().find(|b| **b < 1) {
+            return Err(usage(format!("--batch {b}: a micro-batch must hold at least one sample")));
+        }
+        let global_batch = a.global_batch.unwrap_or(*batches.last().unwrap_or(&default_batch));
+        if global_batch < 1 {
+            return Err(usage(format!("--global-batch {global_batch}: must be at least 1")));
+        }
+        let mut configs = Vec::new();
+        for &p in &precisions {
+            for &o in &optimizers {
+                for &mb in &batches {
+                    if global_batch % mb != 0 {
+                        if batches.len() == 1 {
+                            return Err(usage(format!(
+                                "--global-batch {global_batch} is not a multiple of --batch {mb}: gradient \
+                                 accumulation needs a whole number of micro-batches"
+                            )));
+                        }
+                        continue;
+                    }
+                    let mut c = TrainConfig::new(p, o, mb);
+                    c.grad_accum = global_batch / mb;
+                    c.set_to_none = !a.zero_grad_in_place;
+                    configs.push(c);
+                }
+            }
+        }
+        if configs.is_empty() {
+            return Err(usage(format!(
+                "no config to measure: no --batch among {batches:?} divides --global-batch {global_batch}"
+            )));
+        }
+        if a.repeats == 0 {
+            return Err(usage("--repeats 0: at least one timed repeat is needed".into()));
+        }
+        let threads = match a.threads {
+            Some(t) if t < 1 => return Err(usage(format!("--threads {t}: must be at least 1"))),
+            Some(t) => t,
+            None => std::thread::available_parallelism().map(|n| n.get() as i32).unwrap_or(1),
+        };
+        let cache_dir = if a.no_cache {
+            None
+        } else {
+            Some(a.cache_dir.clone().unwrap_or_else(default_cache_dir))
+        };
+        let opts = ModelOptions {
+            image: a.image,
+            seq: a.seq,
+            classes: a.classes,
+            granularity,
+            device,
+            ..Default::default()
+        };
+        Ok(Setup {
+            model: a.model.clone(),
+            opts,
+            device,
+            threads,
+            repeats: a.repeats,
+            configs,
+            global_batch,
+            cache_dir,
+            quiet: a.quiet,
+        })
+    }
+
+    /// Builds a fresh chain (random weights for built-ins, the file's weights for paths).
+    pub fn chain(&self) -> Result<Chain> {
+        tch::manual_seed(0);
+        let path = Path::new(&self.model);
+        if path.exists() {
+            match ckptune_models::from_file(path, &self.opts) {
+                Err(ckptune_models::ModelError::TorchScript(p)) => ckptune_models::jit::chain_from_torchscript(&p, &self.opts)
+                    .with_context(|| format!("loading TorchScript model {}", p.display())),
+                other => other.with_context(|| format!("loading model {}", path.display())),
+            }
+        } else if self.model.ends_with(".pt") || self.model.ends_with(".safetensors") || self.model.contains('/') {
+            Err(usage(format!("model file {} does not exist", self.model)))
+        } else {
+            ckptune_models::builtin(&self.model, &self.opts).map_err(|e| usage(e.to_string()))
+        }
+    }
+
+    pub fn device_json(&self) -> DeviceJson {
+        DeviceJson {
+            device: match self.device {
+                Device::Cpu => "cpu".into(),
+                Device::Cuda(i) => format!("cuda:{i}"),
+                other => format!("{other:?}"),
+            },
+            threads: self.threads,
+            memory: match self.device {
+                Device::Cpu => "exact CPU tensor bytes (counting allocator)".into(),
+                _ => "CUDA caching allocator, allocated bytes".into(),
+            },
+        }
+    }
+
+    /// A key naming everything a profile depends on.
+    pub fn cache_key(&self, cfg: &TrainConfig) -> String {
+        let model_id = match std::fs::metadata(&self.model) {
+            Ok(m) => format!(
+                "{}:{}:{:?}",
+                std::fs::canonicalize(&self.model).unwrap_or_else(|_| PathBuf::from(&self.model)).display(),
+                m.len(),
+                m.modified().ok()
+            ),
+            Err(_) => self.model.clone(),
+        };
+        format!(
+            "v{}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|{}|{:?}|threads={}|repeats={}",
+            env!("CARGO_PKG_VERSION"),
+            model_id,
+            self.opts.image,
+            self.opts.seq,
+            self.opts.classes,
+            self.opts.granularity,
+            cfg.label(),
+            self.device,
+            self.threads,
+            self.repeats
+        )
+    }
+}
+
+fn default_cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("CKPTUNE_CACHE") {
+        return PathBuf::from(d);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("ckptune").join("profiles")
+}
+
+pub fn config_json(c: &TrainConfig) -> ConfigJson {
+    ConfigJson {
+        precision: c.precision.name().into(),
+        optimizer: c.optimizer.name().into(),
+        micro_batch: c.micro_batch,
+        grad_accum: c.grad_accum,
+        set_to_none: c.set_to_none,
+    }
+}
+
+pub fn config_from_json(c: &ConfigJson) -> Result<TrainConfig> {
+    let mut t = TrainConfig::new(c.precision.parse()?, c.optimizer.parse()?, c.micro_batch);
+    t.grad_accum = c.grad_accum;
+    t.set_to_none = c.set_to_none;
+    if c.micro_batch < 1 || c.grad_accum < 1 {
+        bail!("config {c:?}: micro_batch and grad_accum must be at least 1");
+    }
+    Ok(t)
+}
+
+pub fn model_json(chain: &Chain) -> ModelJson {
+    ModelJson {
+        name: chain.name.clone(),
+        params: chain.param_count(),
+        reference_params: chain.reference_params,
+        input: format!("{:?}", chain.input),
+        blocks: chain.blocks.iter().map(|b| BlockJson { name: b.name.clone(), candidate: b.candidate }).collect(),
+        modules: chain.modules.clone(),
+    }
+}

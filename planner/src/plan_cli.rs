@@ -1,0 +1,334 @@
+//! `ckptune plan`: profile (or read a profile), build one chain problem per config, solve,
+//! and emit the plan. Glue between the runtime's measurements, the pure solver and the JSON.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use ckptune_runtime::Precision;
+use serde::{Deserialize, Serialize};
+
+use crate::budget::{format_size, parse_size};
+use crate::chain_model::{self, BlockTerms, StepTerms};
+use crate::cli::args::PlanArgs;
+use crate::cli::commands::measure_profile;
+use crate::cli::setup::Setup;
+use crate::cli::UsageError;
+use crate::formats::{self, ConfigJson, ConfigProfileJson, DeviceJson, ModelJson, ProfileJson};
+use crate::solver::{self, ConfigProblem, SolveError, SolveStatus};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointJson {
+    pub regex: String,
+    pub modules: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictedJson {
+    pub peak_bytes: i64,
+    pub step_seconds: f64,
+    /// Fraction of this config's throughput lost to recompute: 1 − t(nothing) / t(plan).
+    pub throughput_loss: f64,
+    /// The moment of the step where the peak occurs.
+    pub peak_moment: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AlternativeJson {
+    pub config: ConfigJson,
+    pub feasible: bool,
+    pub checkpoint: CheckpointJson,
+    pub predicted: PredictedJson,
+    /// Peak and time of this config with nothing checkpointed.
+    pub baseline_peak_bytes: i64,
+    pub baseline_step_seconds: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SolverJson {
+    pub status: String,
+    pub backend: String,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanJson {
+    pub format: String,
+    pub ckptune_version: String,
+    pub model: ModelJson,
+    pub device: DeviceJson,
+    pub budget_bytes: i64,
+    pub config: ConfigJson,
+    pub checkpoint: CheckpointJson,
+    pub predicted: PredictedJson,
+    /// budget − predicted peak.
+    pub margin_bytes: i64,
+    pub solver: SolverJson,
+    /// The best plan for every config considered, the chosen one included.
+    pub alternatives: Vec<AlternativeJson>,
+    /// Model shape options the plan was measured with, so `verify` rebuilds the same model.
+    pub shape: ShapeJson,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShapeJson {
+    pub model: String,
+    pub image: Option<i64>,
+    pub seq: Option<i64>,
+    pub classes: Option<i64>,
+    pub granularity: String,
+    pub repeats: usize,
+}
+
+/// The chain problem of one profiled config: DESIGN.md's moments, one set per memory regime
+/// (first micro-step, accumulating micro-steps), mapped from the runtime's terms:
+/// `kg = kept_grad`, `kng = out = kept_nograd`, `krec = kept_grad` (per-block autocast
+/// regions: what a block keeps after its forward is what it keeps until its backward),
+/// `gout = carry` with `g = 0` (the carry already holds every gradient alive when the block's
+/// backward starts), `btB = kept_recompute + bwd_transient_ckpt − kept_grad`, `lf = loss
+/// transient`, `otmp = optimizer peak − F`. The mapping is exact: the planner's prediction
+/// equals the runtime's `predict_peak` for every subset (tested).
+pub fn problem(key: String, c: &ConfigProfileJson) -> ConfigProblem {
+    let mut moments = Vec::new();
+    for r in &c.regimes {
+        let step = StepTerms {
+            fixed: r.fixed,
+            lk: 0,
+            lf: r.loss_transient,
+            lb: 0,
+            otmp: c.optimizer_peak - r.fixed,
+            base_seconds: c.seconds_none.median,
+            blocks: r
+                .blocks
+                .iter()
+                .zip(&c.recompute_seconds)
+                .map(|(b, &t)| BlockTerms {
+                    name: b.name.clone(),
+                    candidate: b.candidate,
+                    kg: b.kept_grad,
+                    fg: b.fwd_transient_grad,
+                    kng: b.kept_nograd,
+                    fng: b.fwd_transient_nograd,
+                    out: b.kept_nograd,
+                    gout: b.carry,
+                    krec: b.kept_grad,
+                    frec: b.rec_transient,
+                    bta: b.bwd_transient,
+                    btb: b.kept_recompute + b.bwd_transient_ckpt - b.kept_grad,
+                    g: 0,
+                    recompute_seconds: t,
+                })
+                .collect(),
+        };
+        for mut m in chain_model::moments(&step) {
+            if c.regimes.len() > 1 {
+                m.label = format!("{} ({})", m.label, r.label);
+            }
+            moments.push(m);
+        }
+    }
+    let blocks = &c.regimes[0].blocks;
+    ConfigProblem {
+        key,
+        moments,
+        seconds_base: c.seconds_none.median,
+        seconds_coef: c.recompute_seconds.clone(),
+        candidate: blocks.iter().map(|b| b.candidate).collect(),
+        exclusive: Vec::new(),
+    }
+}
+
+pub fn config_label(c: &ConfigJson) -> String {
+    format!(
+        "{}/{}/mb{}x{}{}",
+        c.precision,
+        c.optimizer,
+        c.micro_batch,
+        c.grad_accum,
+        if c.set_to_none { "" } else { "/zero" }
+    )
+}
+
+fn chosen_names(model: &ModelJson, x: &[bool]) -> Vec<String> {
+    model.blocks.iter().zip(x).filter(|(_, c)| **c).map(|(b, _)| b.name.clone()).collect()
+}
+
+fn checkpoint_json(model: &ModelJson, x: &[bool]) -> Result<CheckpointJson> {
+    let modules = chosen_names(model, x);
+    let regex = crate::regex_emit::checkpoint_regex(&modules, &model.modules).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(CheckpointJson { regex, modules })
+}
+
+/// Solves a plan for `profile` under `budget`. `Err` of [`PlanFailure`] when nothing fits.
+pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -> Result<PlanJson> {
+    let problems: Vec<ConfigProblem> =
+        profile.configs.iter().map(|c| problem(config_label(&c.config), c)).collect();
+    let t0 = std::time::Instant::now();
+    let result = solver::solve(&problems, budget);
+    let solve_seconds = t0.elapsed().as_secs_f64();
+    let plan = match result {
+        Ok(p) => p,
+        Err(SolveError::Infeasible { min_peak, key, binding, x, .. }) => {
+            let regex = checkpoint_json(&profile.model, &x)?.regex;
+            return Err(PlanFailure { budget, min_peak, key, binding, regex, profile: profile.clone() }.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut alternatives = Vec::new();
+    for (sol, c) in plan.configs.iter().zip(&profile.configs) {
+        let base = c.seconds_none.median;
+        alternatives.push(AlternativeJson {
+            config: c.config.clone(),
+            feasible: sol.status == SolveStatus::Optimal,
+            checkpoint: checkpoint_json(&profile.model, &sol.x)?,
+            predicted: PredictedJson {
+                peak_bytes: sol.peak,
+                step_seconds: sol.seconds,
+                throughput_loss: if sol.seconds > 0.0 { 1.0 - base / sol.seconds } else { 0.0 },
+                peak_moment: sol.binding.clone(),
+            },
+            baseline_peak_bytes: c.peak_none,
+            baseline_step_seconds: base,
+        });
+    }
+    let best = alternatives[plan.best].clone();
+    Ok(PlanJson {
+        format: formats::PLAN_FORMAT.into(),
+        ckptune_version: env!("CARGO_PKG_VERSION").into(),
+        model: profile.model.clone(),
+        device: profile.device.clone(),
+        budget_bytes: budget,
+        config: best.config.clone(),
+        checkpoint: best.checkpoint.clone(),
+        predicted: best.predicted.clone(),
+        margin_bytes: budget - best.predicted.peak_bytes,
+        solver: SolverJson {
+            status: "optimal".into(),
+            backend: "chain dynamic program / good_lp microlp".into(),
+            seconds: solve_seconds,
+        },
+        alternatives,
+        shape,
+    })
+}
+
+/// No plan fits: what would, and what else could help.
+#[derive(Debug)]
+pub struct PlanFailure {
+    pub budget: i64,
+    pub min_peak: i64,
+    pub key: String,
+    pub binding: String,
+    pub regex: String,
+    pub profile: ProfileJson,
+}
+
+impl std::fmt::Display for PlanFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no configuration of {} fits the budget {}: the smallest achievable peak is {} ({} bytes), \
+             with config {} and checkpoint regex {} (peak at: {}).",
+            self.profile.model.name,
+            format_size(self.budget as u64),
+            format_size(self.min_peak as u64),
+            self.min_peak,
+            self.key,
+            self.regex,
+            self.binding
+        )?;
+        let has = |p: &str| self.profile.configs.iter().any(|c| c.config.precision == p);
+        let opt = |o: &str| self.profile.configs.iter().any(|c| c.config.optimizer == o);
+        let min_mb = self.profile.configs.iter().map(|c| c.config.micro_batch).min().unwrap_or(1);
+        write!(f, " What else could help:")?;
+        if min_mb > 1 {
+            write!(f, " a smaller micro-batch with gradient accumulation (--batch {} --global-batch N);", min_mb / 2)?;
+        }
+        if !has("bf16") {
+            write!(f, " bf16 autocast (--precision fp32,bf16);")?;
+        }
+        if !has("bf16-pure") {
+            write!(f, " bf16 parameters and optimizer state (--precision bf16-pure);")?;
+        }
+        if !opt("sgd") && !opt("lion") {
+            write!(f, " an optimizer with less state (--optimizer adamw,lion,sgd-momentum);")?;
+        }
+        write!(f, " a larger budget.")
+    }
+}
+
+impl std::error::Error for PlanFailure {}
+
+pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
+    let budget = parse_size(&a.budget).map_err(|e| UsageError(format!("--budget: {e}")))?;
+    let budget = i64::try_from(budget).map_err(|_| UsageError(format!("--budget {}: too large", a.budget)))?;
+    let setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
+    let profile: ProfileJson = match &a.profile {
+        Some(p) => formats::read_tagged(p, formats::PROFILE_FORMAT).map_err(|e| UsageError(e.to_string()))?,
+        None => measure_profile(&setup)?,
+    };
+    let shape = ShapeJson {
+        model: setup.model.clone(),
+        image: setup.opts.image,
+        seq: setup.opts.seq,
+        classes: setup.opts.classes,
+        granularity: a.model.granularity.clone(),
+        repeats: setup.repeats,
+    };
+    let plan = plan_from_profile(&profile, budget, shape)?;
+    if let Some(out) = &a.output {
+        formats::write_atomic(out, &plan).with_context(|| "writing the plan")?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+    } else {
+        print_plan(&plan);
+        if let Some(out) = &a.output {
+            println!("\nwrote {}", out.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn print_plan(p: &PlanJson) {
+    println!(
+        "{} on {} ({} threads), budget {}\n",
+        p.model.name,
+        p.device.device,
+        p.device.threads,
+        format_size(p.budget_bytes as u64)
+    );
+    println!(
+        "  {:<26} {:>5} {:>12} {:>12} {:>9}  checkpoint",
+        "config", "fits", "peak", "step", "slowdown"
+    );
+    for a in &p.alternatives {
+        let mark = if a.config == p.config { "*" } else { " " };
+        println!(
+            "{mark} {:<26} {:>5} {:>12} {:>10.3} s {:>8.1}%  {}",
+            config_label(&a.config),
+            if a.feasible { "yes" } else { "no" },
+            format_size(a.predicted.peak_bytes as u64),
+            a.predicted.step_seconds,
+            100.0 * (a.predicted.step_seconds / a.baseline_step_seconds - 1.0),
+            if a.checkpoint.modules.is_empty() { "(nothing)".into() } else { a.checkpoint.modules.join(",") }
+        );
+    }
+    println!("\nplan: {}", config_label(&p.config));
+    println!("  checkpoint regex: {}", p.checkpoint.regex);
+    println!(
+        "  predicted peak:   {} of {} ({} to spare), at {}",
+        format_size(p.predicted.peak_bytes as u64),
+        format_size(p.budget_bytes as u64),
+        format_size(p.margin_bytes.max(0) as u64),
+        p.predicted.peak_moment
+    );
+    println!(
+        "  predicted step:   {:.3} s ({:.1}% throughput lost to recompute)",
+        p.predicted.step_seconds,
+        100.0 * p.predicted.throughput_loss
+    );
+    println!(
+        "  training config:  precision {}, optimizer {}, micro-batch {}, gradient accumulation {}, set_to_none {}",
+        p.config.precision, p.config.optimizer, p.config.micro_batch, p.config.grad_accum, p.config.set_to_none
+    );
+}

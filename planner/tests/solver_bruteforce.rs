@@ -1,0 +1,358 @@
+//! Every solver engine against brute force over all subsets and configurations, on
+//! hundreds of random small instances, with exact `i64` checks of every returned choice.
+
+use ckptune::chain_model::{self, peak_of, BlockTerms, Moment, StepTerms};
+use ckptune::solver::{
+    min_peak_with, solve_with, synthetic_problem, ConfigProblem, ConfigSolution, Engine, SolveError, SolveOptions,
+    SolveStatus,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const ENGINES: [Engine; 4] = [Engine::Auto, Engine::Dp, Engine::Milp, Engine::Enumerate];
+
+/// Brute-force answer for one configuration.
+#[derive(Debug)]
+struct Reference {
+    /// Fastest time among choices fitting the budget.
+    best_time: Option<f64>,
+    /// Smallest peak over all allowed choices, and the fastest time at that peak.
+    min_peak: i64,
+    min_peak_time: f64,
+}
+
+fn allowed(p: &ConfigProblem, x: &[bool]) -> bool {
+    x.iter().zip(&p.candidate).all(|(&on, &c)| !on || c)
+        && p.exclusive.iter().all(|g| {
+            let mut g = g.clone();
+            g.sort_unstable();
+            g.dedup();
+            g.iter().filter(|&&i| x[i]).count() <= 1
+        })
+}
+
+fn seconds(p: &ConfigProblem, x: &[bool]) -> f64 {
+    p.seconds_base
+        + p.seconds_coef
+            .iter()
+            .zip(x)
+            .filter(|(_, &on)| on)
+            .map(|(t, _)| t)
+            .sum::<f64>()
+}
+
+fn brute(p: &ConfigProblem, budget: i64) -> Reference {
+    let n = p.candidate.len();
+    let mut best_time: Option<f64> = None;
+    let mut min_peak = i64::MAX;
+    let mut min_peak_time = f64::INFINITY;
+    for mask in 0u32..1 << n {
+        let x: Vec<bool> = (0..n).map(|i| mask >> i & 1 == 1).collect();
+        if !allowed(p, &x) {
+            continue;
+        }
+        let peak = p.moments.iter().map(|m| m.eval(&x)).max().unwrap();
+        let t = seconds(p, &x);
+        if peak <= budget && best_time.is_none_or(|b| t < b) {
+            best_time = Some(t);
+        }
+        if peak < min_peak || (peak == min_peak && t < min_peak_time) {
+            min_peak = peak;
+            min_peak_time = t;
+        }
+    }
+    Reference {
+        best_time,
+        min_peak,
+        min_peak_time,
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-12)
+}
+
+/// Random chain from DESIGN.md's model. `scale` sets magnitudes: 1 gives small numbers
+/// (many exact ties), 1e9 gives realistic byte counts up to ~1e12 in sums.
+fn random_chain(rng: &mut StdRng, n: usize, scale: f64) -> StepTerms {
+    let mut v = |lo: f64, hi: f64| (rng.random_range(lo..hi) * scale).round() as i64;
+    let blocks: Vec<BlockTerms> = (0..n)
+        .map(|i| {
+            let out = v(1.0, 40.0);
+            let kg = out + v(0.0, 200.0);
+            let g = v(0.0, 30.0);
+            BlockTerms {
+                name: format!("b{i}"),
+                candidate: true,
+                kg,
+                fg: kg + v(0.0, 60.0),
+                kng: out + v(0.0, 20.0).min(kg - out),
+                fng: v(0.0, 80.0),
+                out,
+                gout: out,
+                krec: kg + v(-5.0, 5.0).max(out - kg),
+                frec: v(0.0, 150.0),
+                bta: g + v(0.0, 100.0),
+                btb: g + v(0.0, 100.0),
+                g,
+                recompute_seconds: 0.0,
+            }
+        })
+        .collect();
+    StepTerms {
+        fixed: v(100.0, 1000.0),
+        lk: v(0.0, 10.0),
+        lf: v(0.0, 30.0),
+        lb: v(0.0, 30.0),
+        otmp: v(0.0, 400.0),
+        base_seconds: 0.0,
+        blocks,
+    }
+}
+
+/// Arbitrary affine moments with mixed signs: no chain structure at all.
+fn random_moments(rng: &mut StdRng, n: usize, scale: f64) -> Vec<Moment> {
+    (0..rng.random_range(1..3 * n + 3))
+        .map(|k| Moment {
+            label: format!("m{k}"),
+            constant: (rng.random_range(200.0..1000.0) * scale) as i64,
+            coef: (0..n)
+                .map(|_| {
+                    if rng.random_bool(0.3) {
+                        0
+                    } else {
+                        (rng.random_range(-150.0..60.0) * scale) as i64
+                    }
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+fn random_problem(rng: &mut StdRng, n: usize, c: usize) -> ConfigProblem {
+    let scale = if rng.random_bool(0.5) { 1.0 } else { 1e9 };
+    let moments = if rng.random_bool(0.75) {
+        chain_model::moments(&random_chain(rng, n, scale))
+    } else {
+        random_moments(rng, n, scale)
+    };
+    // Quantized times on some instances so that exact ties occur.
+    let quantized = rng.random_bool(0.3);
+    let seconds_coef = (0..n)
+        .map(|_| {
+            if quantized {
+                f64::from(rng.random_range(0..4u8)) * 0.25
+            } else {
+                rng.random_range(0.0..1.0)
+            }
+        })
+        .collect();
+    let candidate = (0..n).map(|_| rng.random_bool(0.85)).collect();
+    let mut exclusive = Vec::new();
+    if n >= 2 && rng.random_bool(0.4) {
+        for _ in 0..rng.random_range(1..3) {
+            let a = rng.random_range(0..n - 1);
+            let b = rng.random_range(a + 1..n.min(a + 4));
+            exclusive.push((a..=b).collect());
+        }
+    }
+    ConfigProblem {
+        key: format!("config{c}"),
+        moments,
+        seconds_base: rng.random_range(1.0..2.0),
+        seconds_coef,
+        candidate,
+        exclusive,
+    }
+}
+
+/// The checks every returned choice must pass, whatever the engine.
+fn check_solution(p: &ConfigProblem, s: &ConfigSolution, what: &str) {
+    assert_eq!(s.key, p.key, "{what}");
+    assert!(allowed(p, &s.x), "{what}: choice {:?} breaks candidates or groups", s.x);
+    let (peak, k) = peak_of(&p.moments, &s.x).unwrap();
+    assert_eq!(s.peak, peak, "{what}: reported peak");
+    assert_eq!(s.binding, p.moments[k].label, "{what}: binding moment");
+    assert!(close(s.seconds, seconds(p, &s.x)), "{what}: reported time");
+}
+
+#[test]
+fn engines_match_brute_force_on_random_instances() {
+    let mut rng = StdRng::seed_from_u64(0x5eed_cafe);
+    let (mut feasible, mut infeasible, mut milp_solves, mut dp_gave_up) = (0, 0, 0, 0);
+    for case in 0..400 {
+        let n = rng.random_range(1..=10);
+        let problems: Vec<ConfigProblem> = (0..rng.random_range(1..=4))
+            .map(|c| random_problem(&mut rng, n, c))
+            .collect();
+        let refs0: Vec<Reference> = problems.iter().map(|p| brute(p, 0)).collect();
+        let lo = refs0.iter().map(|r| r.min_peak).min().unwrap();
+        let hi = problems
+            .iter()
+            .map(|p| peak_of(&p.moments, &vec![false; n]).unwrap().0)
+            .max()
+            .unwrap();
+        // Mostly between the smallest achievable and the unconstrained peak; some below.
+        let budget = if rng.random_bool(0.15) {
+            (lo - rng.random_range(1..=10)).max(0)
+        } else {
+            rng.random_range(lo..=hi.max(lo))
+        };
+        let refs: Vec<Reference> = problems.iter().map(|p| brute(p, budget)).collect();
+        let best = refs.iter().filter_map(|r| r.best_time).min_by(f64::total_cmp);
+
+        for engine in ENGINES {
+            let opts = SolveOptions {
+                engine,
+                ..Default::default()
+            };
+            let what = format!("case {case} engine {engine:?} budget {budget}");
+            // Per-configuration minimal peaks, exactly.
+            for (p, r) in problems.iter().zip(&refs) {
+                match min_peak_with(p, opts) {
+                    Ok(m) => {
+                        check_solution(p, &m, &what);
+                        assert_eq!(m.peak, r.min_peak, "{what}: min peak of {}", p.key);
+                        assert!(
+                            close(m.seconds, r.min_peak_time),
+                            "{what}: time at min peak of {}",
+                            p.key
+                        );
+                        milp_solves += m.stats.milp_solves;
+                        assert!(!m.stats.enumerated, "{what}: the MILP fell back to enumeration");
+                    }
+                    Err(SolveError::NoChainStructure { .. }) if engine == Engine::Dp => {}
+                    Err(e) => panic!("{what}: {e}"),
+                }
+            }
+            let plan = match solve_with(&problems, budget, opts) {
+                Err(SolveError::NoChainStructure { .. }) if engine == Engine::Dp => continue,
+                other => other,
+            };
+            match (best, plan) {
+                (Some(best), Ok(plan)) => {
+                    let chosen = plan.chosen();
+                    assert!(
+                        close(chosen.seconds, best),
+                        "{what}: {} vs brute {best}",
+                        chosen.seconds
+                    );
+                    assert!(chosen.peak <= budget, "{what}: chosen peak over budget");
+                    for ((p, r), s) in problems.iter().zip(&refs).zip(&plan.configs) {
+                        check_solution(p, s, &what);
+                        assert!(
+                            p.moments
+                                .iter()
+                                .all(|m| s.status != SolveStatus::Optimal || m.eval(&s.x) <= budget),
+                            "{what}: a moment exceeds the budget"
+                        );
+                        match (r.best_time, s.status) {
+                            (Some(t), SolveStatus::Optimal) => assert!(close(s.seconds, t), "{what}: {}", p.key),
+                            (None, SolveStatus::Infeasible) => {
+                                assert_eq!(s.peak, r.min_peak, "{what}: {}", p.key);
+                                assert!(close(s.seconds, r.min_peak_time), "{what}: {}", p.key);
+                            }
+                            (want, got) => panic!("{what}: {} brute {want:?}, solver {got:?}", p.key),
+                        }
+                        milp_solves += s.stats.milp_solves;
+                        dp_gave_up += s.stats.dp_gave_up;
+                        assert!(!s.stats.enumerated, "{what}: the MILP fell back to enumeration");
+                    }
+                    feasible += 1;
+                }
+                (
+                    None,
+                    Err(SolveError::Infeasible {
+                        budget: b,
+                        min_peak,
+                        key,
+                        binding,
+                        x,
+                    }),
+                ) => {
+                    assert_eq!((b, min_peak), (budget, lo), "{what}");
+                    let p = problems.iter().find(|p| p.key == key).expect("key names a config");
+                    let r = &refs[problems.iter().position(|q| q.key == key).unwrap()];
+                    assert_eq!(r.min_peak, lo, "{what}: {key} does not attain the smallest peak");
+                    assert!(allowed(p, &x), "{what}");
+                    let (peak, k) = peak_of(&p.moments, &x).unwrap();
+                    assert_eq!((peak, binding.as_str()), (lo, p.moments[k].label.as_str()), "{what}");
+                    infeasible += 1;
+                }
+                (want, got) => panic!("{what}: brute {want:?}, solver {got:?}"),
+            }
+        }
+    }
+    // The mix must exercise every outcome and the MILP path itself.
+    assert!(
+        feasible >= 800 && infeasible >= 100,
+        "{feasible} feasible, {infeasible} infeasible"
+    );
+    assert!(milp_solves >= 1000, "only {milp_solves} MILP solves");
+    assert!(
+        dp_gave_up >= 10,
+        "the Auto engine never fell back to the MILP ({dp_gave_up})"
+    );
+}
+
+/// DESIGN.md: "A block's own backward moment does not depend on x_j, only on earlier
+/// blocks — so checkpointing the first block sets a floor that nothing else lowers."
+#[test]
+fn checkpointing_the_first_block_sets_a_floor() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for _ in 0..50 {
+        let n = rng.random_range(2..=8);
+        let step = random_chain(&mut rng, n, 1e6);
+        let ms = chain_model::moments(&step);
+        let first = &step.blocks[0];
+        let bwd = ms
+            .iter()
+            .find(|m| m.label == format!("backward {}", first.name))
+            .unwrap();
+        // Its coefficients: only x_0's own transient switch (btb − bta).
+        assert_eq!(bwd.coef[0], first.btb - first.bta);
+        assert!(bwd.coef[1..].iter().all(|&c| c == 0));
+        let floor =
+            step.fixed + step.blocks[1..].iter().map(|b| b.g).sum::<i64>() + first.gout + first.krec + first.btb;
+        for mask in 0u32..1 << (n - 1) {
+            let mut x = vec![true];
+            x.extend((0..n - 1).map(|i| mask >> i & 1 == 1));
+            assert!(chain_model::peak(&step, &x).0 >= floor);
+            assert_eq!(bwd.eval(&x), floor);
+        }
+    }
+}
+
+/// The synthetic generator the benchmark uses solves by every engine to the same time.
+#[test]
+fn synthetic_chains_agree_across_engines() {
+    for seed in 0..4 {
+        let p = synthetic_problem(14, seed);
+        let lo = min_peak_with(&p, SolveOptions::default()).unwrap();
+        let hi = peak_of(&p.moments, &[false; 14]).unwrap().0;
+        for f in [0.0, 0.2, 0.5, 0.9] {
+            let budget = lo.peak + ((hi - lo.peak) as f64 * f) as i64;
+            let times: Vec<f64> = ENGINES
+                .iter()
+                .map(|&engine| {
+                    let plan = solve_with(
+                        std::slice::from_ref(&p),
+                        budget,
+                        SolveOptions {
+                            engine,
+                            ..Default::default()
+                        },
+                    )
+                    .unwrap();
+                    check_solution(&p, plan.chosen(), "synthetic");
+                    assert!(plan.chosen().peak <= budget);
+                    plan.chosen().seconds
+                })
+                .collect();
+            assert!(
+                times.iter().all(|&t| close(t, times[0])),
+                "seed {seed} f {f}: {times:?}"
+            );
+        }
+    }
+}

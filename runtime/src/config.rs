@@ -1,0 +1,207 @@
+//! Training configs: precision × optimizer × micro-batch × gradient accumulation × set_to_none.
+
+use std::fmt;
+use std::str::FromStr;
+
+use tch::{Device, Kind};
+
+use crate::error::RuntimeError;
+
+/// How a step's arithmetic is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Precision {
+    /// Everything in f32.
+    Fp32,
+    /// f32 parameters, gradients and optimizer state; the forward (and recompute) under bf16
+    /// autocast.
+    Bf16,
+    /// f32 parameters; fp16 autocast with dynamic loss scaling. CUDA only: CPU autocast has no
+    /// fp16 op list worth using, so it is refused there.
+    Fp16,
+    /// Parameters, gradients and optimizer state in bf16; no autocast, no master weights.
+    Bf16Pure,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 4] = [Precision::Fp32, Precision::Bf16, Precision::Fp16, Precision::Bf16Pure];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16Pure => "bf16-pure",
+        }
+    }
+
+    /// The autocast dtype, for the precisions that use autocast.
+    pub fn autocast(self) -> Option<Kind> {
+        match self {
+            Precision::Bf16 => Some(Kind::BFloat16),
+            Precision::Fp16 => Some(Kind::Half),
+            Precision::Fp32 | Precision::Bf16Pure => None,
+        }
+    }
+
+    /// The dtype parameters are stored in.
+    pub fn param_kind(self) -> Kind {
+        match self {
+            Precision::Bf16Pure => Kind::BFloat16,
+            _ => Kind::Float,
+        }
+    }
+
+    /// Refuses combinations that cannot run on `device`.
+    pub fn check_device(self, device: Device) -> Result<(), RuntimeError> {
+        if self == Precision::Fp16 && device == Device::Cpu {
+            return Err(RuntimeError::Config(
+                "precision fp16 needs CUDA (fp16 autocast with loss scaling); on CPU use bf16 or bf16-pure".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Precision {
+    type Err = RuntimeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Precision::ALL
+            .into_iter()
+            .find(|p| p.name() == s.trim().to_ascii_lowercase())
+            .ok_or_else(|| {
+                RuntimeError::Config(format!(
+                    "unknown precision {s:?}; expected one of fp32, bf16, fp16, bf16-pure"
+                ))
+            })
+    }
+}
+
+/// Optimizer algorithms. Their state sizes differ (sgd: none; sgd-momentum: 1×; adam/adamw: 2×;
+/// lion: 1× the parameters), which is memory the planner trades against activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OptimizerKind {
+    Sgd,
+    SgdMomentum,
+    Adam,
+    AdamW,
+    Lion,
+}
+
+impl OptimizerKind {
+    pub const ALL: [OptimizerKind; 5] = [
+        OptimizerKind::Sgd,
+        OptimizerKind::SgdMomentum,
+        OptimizerKind::Adam,
+        OptimizerKind::AdamW,
+        OptimizerKind::Lion,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::SgdMomentum => "sgd-momentum",
+            OptimizerKind::Adam => "adam",
+            OptimizerKind::AdamW => "adamw",
+            OptimizerKind::Lion => "lion",
+        }
+    }
+
+    /// The family a user's choice belongs to; by default the planner keeps the family.
+    pub fn family(self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd | OptimizerKind::SgdMomentum => "sgd",
+            OptimizerKind::Adam | OptimizerKind::AdamW => "adam",
+            OptimizerKind::Lion => "lion",
+        }
+    }
+}
+
+impl fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for OptimizerKind {
+    type Err = RuntimeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim().to_ascii_lowercase();
+        OptimizerKind::ALL.into_iter().find(|o| o.name() == s).ok_or_else(|| {
+            RuntimeError::Config(format!(
+                "unknown optimizer {s:?}; expected one of sgd, sgd-momentum, adam, adamw, lion"
+            ))
+        })
+    }
+}
+
+/// One training configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainConfig {
+    pub precision: Precision,
+    pub optimizer: OptimizerKind,
+    pub micro_batch: i64,
+    pub grad_accum: i64,
+    /// `zero_grad(set_to_none=true)`: gradients are freed after the optimizer step (and
+    /// re-allocated by the next backward) instead of zeroed in place.
+    pub set_to_none: bool,
+    pub lr: f64,
+}
+
+impl TrainConfig {
+    pub fn new(precision: Precision, optimizer: OptimizerKind, micro_batch: i64) -> Self {
+        Self {
+            precision,
+            optimizer,
+            micro_batch,
+            grad_accum: 1,
+            set_to_none: true,
+            lr: 1e-3,
+        }
+    }
+
+    /// Samples per optimizer step.
+    pub fn global_batch(&self) -> i64 {
+        self.micro_batch * self.grad_accum
+    }
+
+    /// A stable label, used as a cache key and in reports.
+    pub fn label(&self) -> String {
+        format!(
+            "{}/{}/mb{}x{}/{}",
+            self.precision,
+            self.optimizer,
+            self.micro_batch,
+            self.grad_accum,
+            if self.set_to_none { "none" } else { "zero" }
+        )
+    }
+
+    pub fn validate(&self, device: Device) -> Result<(), RuntimeError> {
+        self.precision.check_device(device)?;
+        if self.micro_batch < 1 {
+            return Err(RuntimeError::Config(format!(
+                "micro-batch {} must be at least 1",
+                self.micro_batch
+            )));
+        }
+        if self.grad_accum < 1 {
+            return Err(RuntimeError::Config(format!(
+                "gradient accumulation steps {} must be at least 1",
+                self.grad_accum
+            )));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(RuntimeError::Config(format!(
+                "learning rate {} must be a positive number",
+                self.lr
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,508 @@
+//! Checkpointed execution of a chain: one training step with any set of blocks checkpointed.
+//!
+//! The scheme (DESIGN.md, "Execution scheme that makes it exact"):
+//! - every block boundary is `h.detach().set_requires_grad(true)`, a leaf sharing storage with
+//!   the producer's output, so each block's backward is a separate graph run from its output;
+//! - a checkpointed block runs forward under no-grad, keeping only its output (its input is
+//!   the previous block's output, already kept); in backward it is recomputed with grad from
+//!   its input leaf, with the RNG state of its forward (dropout replays bitwise) and inside
+//!   its own autocast region;
+//! - backward runs block by block, last to first, through the shim's VJP, which consumes the
+//!   output and its gradient so neither outlives its use; the input leaf's `.grad` becomes the
+//!   previous block's output gradient and the leaf is dropped at once;
+//! - each block's forward runs in its own autocast region: the region's cache of bf16 weight
+//!   casts then lives for one block, not for the whole forward (same results bitwise, since a
+//!   cast is deterministic, and less memory than one region around the model);
+//! - BatchNorm running statistics are snapshotted before a recompute and restored after it, so
+//!   a checkpointed step leaves the model in exactly the state a plain step does
+//!   (`torch.utils.checkpoint` instead updates them twice).
+//!
+//! An instrumented step records the memory meter at each moment into a [`StepTrace`]; reading
+//! the meter allocates nothing, so an instrumented step allocates exactly what a plain one does.
+
+use std::time::Instant;
+
+use ckptune_kernels::{autocast::AutocastGuard, autograd, meter, rng};
+use ckptune_models::{Batch, Chain, Ctx};
+use tch::{Device, Kind, Tensor};
+
+use crate::config::{Precision, TrainConfig};
+use crate::error::{torch, Result, RuntimeError};
+use crate::optim::{self, Optimizer};
+
+/// Meter readings around one block in one micro-step (bytes; levels are absolute).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BlockTrace {
+    pub checkpointed: bool,
+    /// Level before the block's forward, highest level during it, level after it (autocast
+    /// region closed).
+    pub fwd_before: i64,
+    pub fwd_peak: i64,
+    pub fwd_after: i64,
+    pub fwd_seconds: f64,
+    /// Checkpointed blocks: level once the stored output is dropped (recompute start), highest
+    /// level during recompute, level after it.
+    pub rec_before: i64,
+    pub rec_peak: i64,
+    pub rec_after: i64,
+    pub rec_seconds: f64,
+    /// Level when the block's VJP starts, highest level during it, level once the input leaf
+    /// is dropped (its gradient taken).
+    pub bwd_before: i64,
+    pub bwd_peak: i64,
+    pub bwd_after: i64,
+    pub bwd_seconds: f64,
+    /// Bytes of the gradient this block's backward hands to the previous block.
+    pub grad_in_bytes: i64,
+}
+
+/// Meter readings for one micro-step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MicroTrace {
+    pub start: i64,
+    pub blocks: Vec<BlockTrace>,
+    pub loss_before: i64,
+    pub loss_peak: i64,
+    pub loss_after: i64,
+    pub end: i64,
+}
+
+/// Meter readings for one whole step (all micro-steps and the optimizer).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepTrace {
+    pub micro: Vec<MicroTrace>,
+    pub opt_before: i64,
+    pub opt_peak: i64,
+    pub opt_after: i64,
+    pub opt_seconds: f64,
+}
+
+/// What a step reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// Mean loss over the micro-steps.
+    pub loss: f64,
+    pub seconds: f64,
+    /// Whether the optimizer step was applied (fp16 loss scaling skips steps with inf/nan).
+    pub applied: bool,
+    /// CPU: the meter's highest level during the step, and its level when the step started
+    /// (parameters, buffers, optimizer state, and whatever else the process holds).
+    pub peak_bytes: i64,
+    pub start_bytes: i64,
+}
+
+/// A chain prepared for training under one config.
+pub struct Session {
+    pub chain: Chain,
+    pub cfg: TrainConfig,
+    pub device: Device,
+    opt: Box<dyn Optimizer>,
+    /// Per block: its buffers (BatchNorm statistics), restored after a recompute.
+    buffers: Vec<Vec<Tensor>>,
+    /// fp16 dynamic loss scale.
+    scale: f64,
+    /// Seed of the next batch, so runs are reproducible.
+    next_seed: i64,
+}
+
+/// Bytes of a tensor's elements.
+pub fn nbytes(t: &Tensor) -> i64 {
+    if !t.defined() {
+        return 0;
+    }
+    t.numel() as i64 * t.kind().elt_size_in_bytes() as i64
+}
+
+impl Session {
+    pub fn new(mut chain: Chain, cfg: TrainConfig, device: Device) -> Result<Self> {
+        cfg.validate(device)?;
+        if cfg.precision == Precision::Bf16Pure {
+            chain.vs.bfloat16();
+        }
+        let vars = chain.vs.variables();
+        let buffers = chain
+            .blocks
+            .iter()
+            .map(|b| {
+                let prefixes: Vec<String> = b.name.split('+').map(|n| format!("{n}.")).collect();
+                let mut names: Vec<&String> = vars
+                    .iter()
+                    .filter(|(n, t)| !t.requires_grad() && prefixes.iter().any(|p| n.starts_with(p)))
+                    .map(|(n, _)| n)
+                    .collect();
+                names.sort();
+                names.into_iter().map(|n| vars[n].shallow_clone()).collect()
+            })
+            .collect();
+        let opt = optim::build(cfg.optimizer, chain.vs.trainable_variables(), cfg.lr);
+        Ok(Self {
+            chain,
+            cfg,
+            device,
+            opt,
+            buffers,
+            scale: 65536.0,
+            next_seed: 0,
+        })
+    }
+
+    /// Bytes of optimizer state now allocated.
+    pub fn optimizer_state_bytes(&self) -> i64 {
+        self.opt.state_bytes()
+    }
+
+    /// Bytes of parameters and of buffers.
+    pub fn param_and_buffer_bytes(&self) -> (i64, i64) {
+        let mut p = 0;
+        let mut b = 0;
+        for t in self.chain.vs.variables().values() {
+            if t.requires_grad() {
+                p += nbytes(t);
+            } else {
+                b += nbytes(t);
+            }
+        }
+        (p, b)
+    }
+
+    /// Bytes of parameter gradients now allocated.
+    pub fn grad_bytes(&self) -> i64 {
+        self.opt.params().iter().map(|p| nbytes(&p.grad())).sum()
+    }
+
+    /// Which blocks a regex selects: it must match (the whole name, as Python's `re.fullmatch`
+    /// of the emitted anchored regexes) only candidate blocks.
+    pub fn select(&self, pattern: &str) -> Result<Vec<bool>> {
+        select(&self.chain, pattern)
+    }
+
+    /// A fresh batch of the config's micro-batch size.
+    pub fn make_batch(&mut self) -> Batch {
+        let seed = self.next_seed;
+        self.next_seed += 1;
+        let mut batch = self.chain.make_batch(self.cfg.micro_batch, self.device, seed);
+        if self.cfg.precision == Precision::Bf16Pure && batch.input.is_floating_point() {
+            batch.input = batch.input.to_kind(Kind::BFloat16);
+        }
+        batch
+    }
+
+    /// Runs one training step (all micro-steps, then the optimizer and `zero_grad`) with the
+    /// blocks flagged in `checkpoint` checkpointed. With `trace`, records the meter.
+    pub fn step(&mut self, checkpoint: &[bool], mut trace: Option<&mut StepTrace>) -> Result<StepReport> {
+        self.check_mask(checkpoint)?;
+        self.sync();
+        meter::reset_peak();
+        let start_level = meter::current();
+        let t0 = Instant::now();
+        if let Some(t) = trace.as_deref_mut() {
+            *t = StepTrace::default();
+        }
+        let mut loss_sum = 0.0;
+        for _ in 0..self.cfg.grad_accum {
+            let batch = self.make_batch();
+            let mut micro = trace.as_ref().map(|_| MicroTrace::default());
+            loss_sum += self.micro_step(&batch, checkpoint, micro.as_mut())?;
+            drop(batch);
+            if let (Some(t), Some(m)) = (trace.as_deref_mut(), micro) {
+                t.micro.push(m);
+            }
+        }
+        let applied = self.optimizer_step(trace.as_deref_mut())?;
+        self.sync();
+        let seconds = t0.elapsed().as_secs_f64();
+        Ok(StepReport {
+            loss: loss_sum / self.cfg.grad_accum as f64,
+            seconds,
+            applied,
+            peak_bytes: meter::peak(),
+            start_bytes: start_level,
+        })
+    }
+
+    /// Runs forward and backward of one micro-batch, accumulating parameter gradients, and
+    /// returns its (unscaled) loss. The building block of [`Session::step`]; the profiler also
+    /// calls it on its own to measure the accumulation regime.
+    pub fn micro_step(&mut self, batch: &Batch, checkpoint: &[bool], mut tr: Option<&mut MicroTrace>) -> Result<f64> {
+        self.check_mask(checkpoint)?;
+        let n = self.chain.blocks.len();
+        let autocast = self.cfg.precision.autocast();
+        let device = self.device;
+        let mask = match &batch.attention_mask {
+            Some(m) => Some(self.chain.attention_bias(m)),
+            None => None,
+        };
+        let ctx = Ctx {
+            attention_mask: mask.as_ref(),
+            train: true,
+        };
+        if let Some(t) = tr.as_deref_mut() {
+            t.start = meter::current();
+            t.blocks = vec![BlockTrace::default(); n];
+        }
+
+        // ---- forward --------------------------------------------------------------------
+        // Per block: its input leaf, its output, and for checkpointed blocks the RNG state.
+        let mut inputs: Vec<Option<Tensor>> = Vec::with_capacity(n);
+        let mut outputs: Vec<Option<Tensor>> = Vec::with_capacity(n);
+        let mut rng_states: Vec<Option<Tensor>> = Vec::with_capacity(n);
+        let mut h = batch.input.shallow_clone();
+        for (i, block) in self.chain.blocks.iter().enumerate() {
+            let x = if i == 0 { h } else { h.detach().set_requires_grad(true) };
+            let ck = checkpoint[i];
+            let t0 = Instant::now();
+            if let Some(t) = tr.as_deref_mut() {
+                t.blocks[i].checkpointed = ck;
+                t.blocks[i].fwd_before = meter::current();
+                meter::reset_window();
+            }
+            let state = if ck { Some(rng::cpu_state()?) } else { None };
+            let out = {
+                let _ac = autocast.map(|k| AutocastGuard::new(device, k, true)).transpose()?;
+                if ck {
+                    tch::no_grad(|| block.block.forward(&x, &ctx))
+                } else {
+                    block.block.forward(&x, &ctx)
+                }
+            };
+            if let Some(t) = tr.as_deref_mut() {
+                let b = &mut t.blocks[i];
+                b.fwd_peak = meter::window_peak();
+                b.fwd_after = meter::current();
+                b.fwd_seconds = t0.elapsed().as_secs_f64();
+            }
+            h = out.shallow_clone();
+            inputs.push(Some(x));
+            outputs.push(Some(out));
+            rng_states.push(state);
+        }
+
+        // ---- loss ---------------------------------------------------------------------------
+        let y = h.detach().set_requires_grad(true);
+        drop(h);
+        if let Some(t) = tr.as_deref_mut() {
+            t.loss_before = meter::current();
+            meter::reset_window();
+        }
+        let loss_value = {
+            let loss = {
+                let _ac = autocast.map(|k| AutocastGuard::new(device, k, true)).transpose()?;
+                self.chain.head.loss(&y, batch)
+            };
+            let value = loss.double_value(&[]);
+            let scale = self.loss_scale() / self.cfg.grad_accum as f64;
+            let scaled = if scale == 1.0 { loss } else { loss * scale };
+            scaled.f_backward().map_err(torch("loss backward"))?;
+            value
+        };
+        if !loss_value.is_finite() && self.cfg.precision != Precision::Fp16 {
+            return Err(RuntimeError::Invalid(format!(
+                "loss is {loss_value} in {} for model {}: training diverged (lower the learning rate)",
+                self.cfg.label(),
+                self.chain.name
+            )));
+        }
+        let mut grad = y.grad();
+        drop(y);
+        if let Some(t) = tr.as_deref_mut() {
+            t.loss_peak = meter::window_peak();
+            t.loss_after = meter::current();
+        }
+
+        // ---- backward, last block first -------------------------------------------------------
+        for i in (0..n).rev() {
+            let block = &self.chain.blocks[i];
+            let x = inputs[i].take().expect("input kept until the block's backward");
+            let stored = outputs[i].take().expect("output kept until the block's backward");
+            let out = if checkpoint[i] {
+                // The stored no-grad output is dead: the recompute produces it again.
+                drop(stored);
+                let t0 = Instant::now();
+                if let Some(t) = tr.as_deref_mut() {
+                    t.blocks[i].rec_before = meter::current();
+                    meter::reset_window();
+                }
+                let saved_rng = rng_states[i].take().expect("rng state of a checkpointed block");
+                let current_rng = rng::cpu_state()?;
+                rng::set_cpu_state(&saved_rng)?;
+                drop(saved_rng);
+                let snapshot: Vec<Tensor> = self.buffers[i].iter().map(|b| b.copy()).collect();
+                let out = {
+                    let _ac = autocast.map(|k| AutocastGuard::new(device, k, true)).transpose()?;
+                    block.block.forward(&x, &ctx)
+                };
+                // Swap the snapshot in as the buffers' storage instead of copying it back: the
+                // recompute's graph saved these buffers (batch_norm's backward takes the running
+                // statistics), and an in-place copy would bump their version counter and fail
+                // that backward. Training-mode backward never reads them, so the swap is safe.
+                for (b, s) in self.buffers[i].iter().zip(snapshot) {
+                    b.shallow_clone().set_data(&s);
+                }
+                rng::set_cpu_state(&current_rng)?;
+                drop(current_rng);
+                if let Some(t) = tr.as_deref_mut() {
+                    let b = &mut t.blocks[i];
+                    b.rec_peak = meter::window_peak();
+                    b.rec_after = meter::current();
+                    b.rec_seconds = t0.elapsed().as_secs_f64();
+                }
+                out
+            } else {
+                stored
+            };
+            let t0 = Instant::now();
+            if let Some(t) = tr.as_deref_mut() {
+                t.blocks[i].bwd_before = meter::current();
+                meter::reset_window();
+            }
+            if out.requires_grad() {
+                let g = std::mem::replace(&mut grad, Tensor::new());
+                if !g.defined() {
+                    return Err(RuntimeError::Invalid(format!(
+                        "block {} of {}: no gradient reached its output",
+                        block.name, self.chain.name
+                    )));
+                }
+                autograd::backward(out, g)?;
+            } else {
+                drop(out);
+            }
+            grad = if i > 0 { x.grad() } else { Tensor::new() };
+            let grad_in_bytes = nbytes(&grad);
+            drop(x);
+            if let Some(t) = tr.as_deref_mut() {
+                let b = &mut t.blocks[i];
+                b.bwd_peak = meter::window_peak();
+                b.bwd_after = meter::current();
+                b.bwd_seconds = t0.elapsed().as_secs_f64();
+                b.grad_in_bytes = grad_in_bytes;
+            }
+        }
+        drop(grad);
+        drop(mask);
+        if let Some(t) = tr {
+            t.end = meter::current();
+        }
+        Ok(loss_value)
+    }
+
+    fn loss_scale(&self) -> f64 {
+        if self.cfg.precision == Precision::Fp16 {
+            self.scale
+        } else {
+            1.0
+        }
+    }
+
+    /// Optimizer step and `zero_grad`. For fp16, unscales the gradients and skips the step on
+    /// inf/nan (dynamic loss scaling: halve on overflow, double every 2000 good steps is
+    /// PyTorch's GradScaler; here: halve on overflow, grow ×2 after each good step capped at
+    /// 2^16, which converges to the same band).
+    pub fn optimizer_step(&mut self, mut tr: Option<&mut StepTrace>) -> Result<bool> {
+        let t0 = Instant::now();
+        if let Some(t) = tr.as_deref_mut() {
+            t.opt_before = meter::current();
+            meter::reset_window();
+        }
+        let mut applied = true;
+        if self.cfg.precision == Precision::Fp16 {
+            let inv = 1.0 / self.scale;
+            let mut finite = true;
+            tch::no_grad(|| {
+                for p in self.opt.params() {
+                    let g = p.grad();
+                    if g.defined() {
+                        let _ = g.shallow_clone().f_mul_scalar_(inv);
+                        finite &= g.isfinite().all().int64_value(&[]) == 1;
+                    }
+                }
+            });
+            if finite {
+                self.scale = (self.scale * 2.0).min(65536.0);
+            } else {
+                self.scale /= 2.0;
+                applied = false;
+            }
+        }
+        if applied {
+            self.opt.step()?;
+        }
+        self.opt.zero_grad(self.cfg.set_to_none)?;
+        if let Some(t) = tr {
+            t.opt_peak = meter::window_peak();
+            t.opt_after = meter::current();
+            t.opt_seconds = t0.elapsed().as_secs_f64();
+        }
+        Ok(applied)
+    }
+
+    fn check_mask(&self, checkpoint: &[bool]) -> Result<()> {
+        if checkpoint.len() != self.chain.blocks.len() {
+            return Err(RuntimeError::Invalid(format!(
+                "checkpoint mask has {} entries but {} has {} blocks",
+                checkpoint.len(),
+                self.chain.name,
+                self.chain.blocks.len()
+            )));
+        }
+        for (b, &c) in self.chain.blocks.iter().zip(checkpoint) {
+            if c && !b.candidate {
+                return Err(RuntimeError::Invalid(format!(
+                    "block {} of {} is not a checkpoint candidate",
+                    b.name, self.chain.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for queued device work (CUDA), so wall-clock times are honest.
+    pub fn sync(&self) {
+        if let Device::Cuda(i) = self.device {
+            tch::Cuda::synchronize(i as i64);
+        }
+    }
+
+    /// All parameters with their names, for comparing runs.
+    pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v: Vec<(String, Tensor)> = self.chain.vs.variables().into_iter().collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Parameter gradients by name (undefined tensors for parameters without one).
+    pub fn named_grads(&self) -> Vec<(String, Tensor)> {
+        self.named_parameters()
+            .into_iter()
+            .filter(|(_, t)| t.requires_grad())
+            .map(|(n, t)| (n, t.grad().copy()))
+            .collect()
+    }
+}
+
+/// Which blocks of `chain` a checkpoint regex selects. The regex is applied to each block name
+/// as a full match; a match on a non-candidate block is an error, since it cannot be honoured.
+pub fn select(chain: &Chain, pattern: &str) -> Result<Vec<bool>> {
+    let full = format!("^(?:{pattern})$");
+    let re = regex::Regex::new(&full).map_err(|e| RuntimeError::Regex {
+        pattern: pattern.to_owned(),
+        message: e.to_string(),
+    })?;
+    chain
+        .blocks
+        .iter()
+        .map(|b| {
+            let hit = re.is_match(&b.name);
+            if hit && !b.candidate {
+                Err(RuntimeError::NotCandidate {
+                    pattern: pattern.to_owned(),
+                    name: b.name.clone(),
+                    model: chain.name.clone(),
+                    candidates: chain.candidates().join(", "),
+                })
+            } else {
+                Ok(hit)
+            }
+        })
+        .collect()
+}

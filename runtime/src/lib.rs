@@ -1,0 +1,12 @@
+//! Everything that runs a model: checkpointed chain execution, precision and optimizer configs,
+//! the one-pass profiler, sweeps and training.
+
+pub mod config;
+mod error;
+pub mod exec;
+pub mod optim;
+pub mod profile;
+
+pub use config::{OptimizerKind, Precision, TrainConfig};
+pub use error::{Result, RuntimeError};
+pub use exec::{select, Session, StepReport, StepTrace};

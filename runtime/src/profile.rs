@@ -1,0 +1,389 @@
+//! The one-pass profiler: a constant number of instrumented steps per config, whatever the
+//! number of candidate blocks, yields every term of the chain memory model (DESIGN.md) and the
+//! per-block recompute times.
+//!
+//! Steps per config: 2 warm-up steps (nothing checkpointed, then everything: optimizer state,
+//! lazily allocated gradients and oneDNN's primitive caches exist afterwards), then `repeats`
+//! steps with nothing checkpointed (step A; the first is instrumented) and `repeats` with every
+//! candidate checkpointed (step B; the first is instrumented). Memory comes from the two
+//! instrumented steps; times are medians over the repeats.
+//!
+//! Terms are differences of absolute meter levels, with the level before each moment taken
+//! from the model itself, so the model reproduces steps A and B exactly by construction; what
+//! the sweep checks is that blocks combine independently (they do on a clean chain).
+
+use std::time::Instant;
+
+use ckptune_kernels::meter;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::error::{Result, RuntimeError};
+use crate::exec::{MicroTrace, Session, StepTrace};
+
+/// Per-block terms for one memory regime (bytes are deltas; seconds per micro-step).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockProfile {
+    pub name: String,
+    pub candidate: bool,
+    /// Kept after a grad-mode forward (output and saved activations), and the forward's peak
+    /// above its start.
+    pub kept_grad: i64,
+    pub fwd_transient_grad: i64,
+    /// Kept after a no-grad forward (output and the RNG state), and its peak above its start.
+    pub kept_nograd: i64,
+    pub fwd_transient_nograd: i64,
+    /// Gradient bytes alive when this block's backward starts (its output's gradient, the
+    /// parameter gradients accumulated so far, the loss head's), above what earlier blocks keep.
+    pub carry: i64,
+    /// Plain block: peak of its VJP above the VJP's start.
+    pub bwd_transient: i64,
+    /// Checkpointed block: recompute peak above the backward base, kept after recompute, and
+    /// its VJP's peak above the VJP's start.
+    pub rec_transient: i64,
+    pub kept_recompute: i64,
+    pub bwd_transient_ckpt: i64,
+    /// Output bytes and input-gradient bytes (informational; computed from shapes).
+    pub grad_in_bytes: i64,
+    pub fwd_seconds: f64,
+    pub fwd_nograd_seconds: f64,
+    pub bwd_seconds: f64,
+    pub rec_seconds: f64,
+}
+
+/// The terms of one micro-step regime: the first micro-step of an optimizer step allocates
+/// parameter gradients (with `set_to_none`); later micro-steps accumulate into existing ones.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegimeProfile {
+    pub label: String,
+    /// Level at the micro-step's start.
+    pub fixed: i64,
+    /// Loss forward+backward peak above the level the chain leaves.
+    pub loss_transient: i64,
+    pub blocks: Vec<BlockProfile>,
+}
+
+/// Bytes of the step's fixed state, by category.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FixedBytes {
+    pub parameters: i64,
+    pub buffers: i64,
+    pub gradients: i64,
+    pub optimizer_state: i64,
+    /// Always 0 today: no config keeps fp32 master copies of low-precision parameters.
+    pub master_weights: i64,
+    pub batch: i64,
+    /// Level at step start minus the categories above (tensors the process held before,
+    /// e.g. the loaded model's originals): counted, never guessed.
+    pub other: i64,
+}
+
+/// Median, min and max of repeated measurements.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub n: usize,
+}
+
+impl Stats {
+    pub fn of(xs: &[f64]) -> Stats {
+        if xs.is_empty() {
+            return Stats::default();
+        }
+        let mut v = xs.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let mid = v.len() / 2;
+        let median = if v.len() % 2 == 1 {
+            v[mid]
+        } else {
+            0.5 * (v[mid - 1] + v[mid])
+        };
+        Stats {
+            median,
+            min: v[0],
+            max: v[v.len() - 1],
+            n: v.len(),
+        }
+    }
+}
+
+/// Everything measured for one config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigProfile {
+    pub regimes: Vec<RegimeProfile>,
+    /// Absolute level at the optimizer step's peak.
+    pub optimizer_peak: i64,
+    pub fixed: FixedBytes,
+    /// Measured whole-step peaks (absolute) with nothing and with everything checkpointed.
+    pub peak_none: i64,
+    pub peak_all: i64,
+    /// Step times (whole optimizer step, all micro-steps) with nothing / everything checkpointed.
+    pub seconds_none: Stats,
+    pub seconds_all: Stats,
+    /// Extra seconds per optimizer step if the block is checkpointed (its no-grad forward, once
+    /// per micro-step).
+    pub recompute_seconds: Vec<f64>,
+    pub steps_run: usize,
+    pub wall_seconds: f64,
+}
+
+/// Profiling settings.
+#[derive(Debug, Clone)]
+pub struct ProfileSettings {
+    /// Timed repeats of each of steps A and B (≥ 1).
+    pub repeats: usize,
+    pub quiet: bool,
+}
+
+impl Default for ProfileSettings {
+    fn default() -> Self {
+        Self {
+            repeats: 3,
+            quiet: false,
+        }
+    }
+}
+
+pub fn progress_bar(len: u64, msg: &str, quiet: bool) -> ProgressBar {
+    let target = if quiet {
+        ProgressDrawTarget::hidden()
+    } else {
+        ProgressDrawTarget::stderr()
+    };
+    let pb = ProgressBar::with_draw_target(Some(len), target);
+    if let Ok(style) = ProgressStyle::with_template("{msg:>28} [{bar:30}] {pos}/{len} steps ({elapsed})") {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_message(msg.to_owned());
+    pb
+}
+
+/// Profiles `session`'s config. The session's model must be fresh or in the same regime
+/// (profiling trains it for a few steps; its weights change).
+pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<ConfigProfile> {
+    meter::install()?;
+    let t0 = Instant::now();
+    let repeats = settings.repeats.max(1);
+    let n = session.chain.blocks.len();
+    let none = vec![false; n];
+    let all: Vec<bool> = session.chain.blocks.iter().map(|b| b.candidate).collect();
+    let pb = progress_bar(
+        (2 + 2 * repeats) as u64,
+        &format!("profiling {}", session.cfg.label()),
+        settings.quiet,
+    );
+
+    session.step(&none, None)?;
+    pb.inc(1);
+    session.step(&all, None)?;
+    pb.inc(1);
+
+    let mut trace_a = StepTrace::default();
+    let mut trace_b = StepTrace::default();
+    let mut secs_a = Vec::new();
+    let mut secs_b = Vec::new();
+    let mut fwd_ng: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut peak_none = 0;
+    let mut peak_all = 0;
+    for r in 0..repeats {
+        let ra = session.step(&none, if r == 0 { Some(&mut trace_a) } else { None })?;
+        pb.inc(1);
+        secs_a.push(ra.seconds);
+        if r == 0 {
+            peak_none = ra.peak_bytes;
+        }
+        let mut tb = StepTrace::default();
+        let rb = session.step(&all, Some(&mut tb))?;
+        pb.inc(1);
+        secs_b.push(rb.seconds);
+        for (i, v) in fwd_ng.iter_mut().enumerate() {
+            v.push(tb.micro.iter().map(|m| m.blocks[i].fwd_seconds).sum::<f64>());
+        }
+        if r == 0 {
+            peak_all = rb.peak_bytes;
+            trace_b = tb;
+        }
+    }
+    pb.finish_and_clear();
+
+    let mut regimes = vec![regime(
+        "first micro-step",
+        &trace_a.micro[0],
+        &trace_b.micro[0],
+        &session.chain,
+    )?];
+    if trace_a.micro.len() > 1 {
+        regimes.push(regime(
+            "accumulating micro-step",
+            &trace_a.micro[1],
+            &trace_b.micro[1],
+            &session.chain,
+        )?);
+    }
+    // The no-grad forward is what checkpointing adds (the recompute replaces the grad-mode
+    // forward of a plain step).
+    let recompute_seconds: Vec<f64> = fwd_ng
+        .iter()
+        .zip(&session.chain.blocks)
+        .map(|(v, b)| if b.candidate { Stats::of(v).median } else { 0.0 })
+        .collect();
+
+    let (parameters, buffers) = session.param_and_buffer_bytes();
+    let start = trace_a.micro[0].start;
+    let batch = batch_bytes(session);
+    let gradients = if session.cfg.set_to_none {
+        0
+    } else {
+        session.grad_bytes()
+    };
+    let optimizer_state = session.optimizer_state_bytes();
+    let fixed = FixedBytes {
+        parameters,
+        buffers,
+        gradients,
+        optimizer_state,
+        master_weights: 0,
+        batch,
+        other: start - parameters - buffers - gradients - optimizer_state - batch,
+    };
+    Ok(ConfigProfile {
+        regimes,
+        optimizer_peak: trace_a.opt_peak,
+        fixed,
+        peak_none,
+        peak_all,
+        seconds_none: Stats::of(&secs_a),
+        seconds_all: Stats::of(&secs_b),
+        recompute_seconds,
+        steps_run: 2 + 2 * repeats,
+        wall_seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+fn batch_bytes(session: &mut Session) -> i64 {
+    let b = session.make_batch();
+    let mut n = crate::exec::nbytes(&b.input) + crate::exec::nbytes(&b.target);
+    if let Some(m) = &b.attention_mask {
+        n += crate::exec::nbytes(m);
+    }
+    n
+}
+
+/// Terms of one regime from the instrumented micro-steps of steps A (plain) and B (all
+/// candidates checkpointed).
+fn regime(label: &str, a: &MicroTrace, b: &MicroTrace, chain: &ckptune_models::Chain) -> Result<RegimeProfile> {
+    if a.start != b.start {
+        return Err(RuntimeError::Invalid(format!(
+            "profile of {}: the {label} started at {} bytes with nothing checkpointed but at {} with \
+             everything checkpointed; the step is not in a steady state (another thread allocating?)",
+            chain.name, a.start, b.start
+        )));
+    }
+    let f = a.start;
+    let n = a.blocks.len();
+    let kept_grad: Vec<i64> = a.blocks.iter().map(|t| t.fwd_after - t.fwd_before).collect();
+    let kept_b: Vec<i64> = b.blocks.iter().map(|t| t.fwd_after - t.fwd_before).collect();
+    let mut blocks = Vec::with_capacity(n);
+    for i in 0..n {
+        let (ta, tb) = (&a.blocks[i], &b.blocks[i]);
+        let before_a: i64 = kept_grad[..=i].iter().sum();
+        let carry = ta.bwd_before - f - before_a;
+        let (rec_transient, kept_recompute, bwd_transient_ckpt) = if tb.checkpointed {
+            let base = f + kept_b[..i].iter().sum::<i64>() + carry;
+            (tb.rec_peak - base, tb.bwd_before - base, tb.bwd_peak - tb.bwd_before)
+        } else {
+            (0, kept_grad[i], ta.bwd_peak - ta.bwd_before)
+        };
+        blocks.push(BlockProfile {
+            name: chain.blocks[i].name.clone(),
+            candidate: chain.blocks[i].candidate,
+            kept_grad: kept_grad[i],
+            fwd_transient_grad: ta.fwd_peak - ta.fwd_before,
+            kept_nograd: if tb.checkpointed { kept_b[i] } else { kept_grad[i] },
+            fwd_transient_nograd: if tb.checkpointed {
+                tb.fwd_peak - tb.fwd_before
+            } else {
+                ta.fwd_peak - ta.fwd_before
+            },
+            carry,
+            bwd_transient: ta.bwd_peak - ta.bwd_before,
+            rec_transient,
+            kept_recompute,
+            bwd_transient_ckpt,
+            grad_in_bytes: ta.grad_in_bytes,
+            fwd_seconds: ta.fwd_seconds,
+            fwd_nograd_seconds: tb.fwd_seconds,
+            bwd_seconds: ta.bwd_seconds,
+            rec_seconds: tb.rec_seconds,
+        });
+    }
+    Ok(RegimeProfile {
+        label: label.to_owned(),
+        fixed: f,
+        loss_transient: a.loss_peak - a.loss_before,
+        blocks,
+    })
+}
+
+impl ConfigProfile {
+    /// The whole-step peak predicted for checkpoint mask `x` (blocks in chain order), with the
+    /// moment where it occurs: DESIGN.md's chain model in this runtime's terms. With per-block
+    /// autocast regions, what a block keeps during the forward is also what it keeps until its
+    /// backward, so one "kept" term per mode suffices.
+    pub fn predict_peak(&self, x: &[bool]) -> (i64, String) {
+        let mut best = (self.optimizer_peak, "optimizer step".to_owned());
+        let mut consider = |v: i64, what: &dyn Fn() -> String| {
+            if v > best.0 {
+                best = (v, what());
+            }
+        };
+        for r in &self.regimes {
+            let kept = |i: usize| {
+                let b = &r.blocks[i];
+                if x[i] {
+                    b.kept_nograd
+                } else {
+                    b.kept_grad
+                }
+            };
+            let mut level = r.fixed;
+            for (j, b) in r.blocks.iter().enumerate() {
+                let t = if x[j] {
+                    b.fwd_transient_nograd
+                } else {
+                    b.fwd_transient_grad
+                };
+                consider(level + t, &|| format!("{}: forward {}", r.label, b.name));
+                level += kept(j);
+            }
+            consider(level + r.loss_transient, &|| format!("{}: loss", r.label));
+            let mut below = level;
+            for (j, b) in r.blocks.iter().enumerate().rev() {
+                below -= kept(j);
+                let base = below + b.carry;
+                if x[j] {
+                    consider(base + b.rec_transient, &|| format!("{}: recompute {}", r.label, b.name));
+                    consider(base + b.kept_recompute + b.bwd_transient_ckpt, &|| {
+                        format!("{}: backward {}", r.label, b.name)
+                    });
+                } else {
+                    consider(base + b.kept_grad + b.bwd_transient, &|| {
+                        format!("{}: backward {}", r.label, b.name)
+                    });
+                }
+            }
+        }
+        best
+    }
+
+    /// Predicted seconds per optimizer step for checkpoint mask `x`.
+    pub fn predict_seconds(&self, x: &[bool]) -> f64 {
+        self.seconds_none.median
+            + x.iter()
+                .zip(&self.recompute_seconds)
+                .filter(|(c, _)| **c)
+                .map(|(_, s)| s)
+                .sum::<f64>()
+    }
+}
