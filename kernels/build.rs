@@ -49,7 +49,10 @@ fn main() {
         // CUDA headers (also a torch dependency), searched second.
         let cuda_include = root.join("../nvidia/cu13/include");
         let crt_include = root.join("../triton/backends/nvidia/include");
-        for (dir, header) in [(&cuda_include, "cuda_runtime_api.h"), (&crt_include, "crt/host_config.h")] {
+        for (dir, header) in [
+            (&cuda_include, "cuda_runtime_api.h"),
+            (&crt_include, "crt/host_config.h"),
+        ] {
             if !dir.join(header).exists() {
                 fail(&format!(
                     "feature `cuda`: CUDA header {header} not found in {} (expected from torch's PyPI dependencies)",
@@ -57,7 +60,10 @@ fn main() {
                 ));
             }
         }
-        build.include(cuda_include).include(crt_include).file("csrc/cuda_shim.cpp");
+        build
+            .include(cuda_include)
+            .include(crt_include)
+            .file("csrc/cuda_shim.cpp");
         println!("cargo:rustc-link-lib=c10_cuda");
     }
     build.compile("ckptune_shim");

@@ -114,7 +114,12 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<()> {
-        let bad = |what: String| Err(ModelError::InvalidConfig { model: self.describe(), what });
+        let bad = |what: String| {
+            Err(ModelError::InvalidConfig {
+                model: self.describe(),
+                what,
+            })
+        };
         let sizes = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -128,7 +133,10 @@ impl Config {
             return bad(format!("{field} must be positive, got {v}"));
         }
         if self.num_hidden_layers < 0 {
-            return bad(format!("num_hidden_layers must not be negative, got {}", self.num_hidden_layers));
+            return bad(format!(
+                "num_hidden_layers must not be negative, got {}",
+                self.num_hidden_layers
+            ));
         }
         if self.hidden_size % self.num_attention_heads != 0 {
             return bad(format!(
@@ -137,7 +145,10 @@ impl Config {
             ));
         }
         if !(0..self.vocab_size).contains(&self.pad_token_id) {
-            return bad(format!("pad_token_id {} is outside the vocabulary 0..{}", self.pad_token_id, self.vocab_size));
+            return bad(format!(
+                "pad_token_id {} is outside the vocabulary 0..{}",
+                self.pad_token_id, self.vocab_size
+            ));
         }
         Ok(())
     }
@@ -389,7 +400,10 @@ pub(crate) fn build_with_default_seq(name: &str, cfg: &Config, opts: &ModelOptio
             model: name.to_string(),
             option: "seq",
             value: seq.to_string(),
-            why: format!("the sequence length must be in 1..={} (max_position_embeddings)", cfg.max_position_embeddings),
+            why: format!(
+                "the sequence length must be in 1..={} (max_position_embeddings)",
+                cfg.max_position_embeddings
+            ),
         });
     }
 
@@ -408,15 +422,33 @@ pub(crate) fn build_with_default_seq(name: &str, cfg: &Config, opts: &ModelOptio
     };
     let (position_ids, token_type_ids) = buffers("creating position_ids/token_type_ids")?;
     let embeddings = Embeddings {
-        word_embeddings: Embedding::hf(&(&e / "word_embeddings"), cfg.vocab_size, h, Some(cfg.pad_token_id), std, spec)?,
-        position_embeddings: Embedding::hf(&(&e / "position_embeddings"), cfg.max_position_embeddings, h, None, std, spec)?,
+        word_embeddings: Embedding::hf(
+            &(&e / "word_embeddings"),
+            cfg.vocab_size,
+            h,
+            Some(cfg.pad_token_id),
+            std,
+            spec,
+        )?,
+        position_embeddings: Embedding::hf(
+            &(&e / "position_embeddings"),
+            cfg.max_position_embeddings,
+            h,
+            None,
+            std,
+            spec,
+        )?,
         token_type_embeddings: Embedding::hf(&(&e / "token_type_embeddings"), cfg.type_vocab_size, h, None, std, spec)?,
         layer_norm: LayerNorm::new(&(&e / "LayerNorm"), h, cfg.layer_norm_eps, spec)?,
         position_ids,
         token_type_ids,
         p: cfg.hidden_dropout_prob,
     };
-    let mut blocks = vec![ChainBlock { name: "embeddings".into(), candidate: true, block: Box::new(embeddings) }];
+    let mut blocks = vec![ChainBlock {
+        name: "embeddings".into(),
+        candidate: true,
+        block: Box::new(embeddings),
+    }];
     for n in 0..cfg.num_hidden_layers {
         let l = &root / "encoder" / "layer" / n;
         let output = |p: &nn::Path<'_>, in_dim: i64| -> Result<Output> {
@@ -441,10 +473,20 @@ pub(crate) fn build_with_default_seq(name: &str, cfg: &Config, opts: &ModelOptio
             intermediate_act_fn: cfg.hidden_act,
             output: output(&(&l / "output"), cfg.intermediate_size)?,
         };
-        blocks.push(ChainBlock { name: format!("encoder.layer.{n}"), candidate: true, block: Box::new(layer) });
+        blocks.push(ChainBlock {
+            name: format!("encoder.layer.{n}"),
+            candidate: true,
+            block: Box::new(layer),
+        });
     }
-    let pooler = Pooler { dense: Linear::hf(&(&root / "pooler" / "dense"), h, h, std, spec)? };
-    blocks.push(ChainBlock { name: "pooler".into(), candidate: true, block: Box::new(pooler) });
+    let pooler = Pooler {
+        dense: Linear::hf(&(&root / "pooler" / "dense"), h, h, std, spec)?,
+    };
+    blocks.push(ChainBlock {
+        name: "pooler".into(),
+        candidate: true,
+        block: Box::new(pooler),
+    });
     let head = SequenceClassification {
         classifier: Linear::hf(&(&root / "classifier"), h, cfg.num_labels, std, spec)?,
         p: cfg.classifier_dropout.unwrap_or(cfg.hidden_dropout_prob),
@@ -457,7 +499,11 @@ pub(crate) fn build_with_default_seq(name: &str, cfg: &Config, opts: &ModelOptio
         blocks,
         head: Box::new(head),
         modules: cfg.module_names(),
-        input: InputSpec::Tokens { seq, vocab: cfg.vocab_size, targets: TokenTargets::Classes(cfg.num_labels) },
+        input: InputSpec::Tokens {
+            seq,
+            vocab: cfg.vocab_size,
+            targets: TokenTargets::Classes(cfg.num_labels),
+        },
         reference_params: cfg.param_count(),
     })
 }

@@ -13,7 +13,12 @@ pub enum ModelError {
     InvalidConfig { model: String, what: String },
 
     #[error("option {option} = {value} does not apply to {model}: {why}")]
-    InvalidOption { model: String, option: &'static str, value: String, why: String },
+    InvalidOption {
+        model: String,
+        option: &'static str,
+        value: String,
+        why: String,
+    },
 
     /// A libtorch call failed (allocation, device, dtype). `message` is the first line of
     /// libtorch's error, without its C++ backtrace.
@@ -71,7 +76,12 @@ fn list_line(what: &str, names: &[String]) -> String {
     if names.is_empty() {
         return String::new();
     }
-    let mut shown = names.iter().take(SHOWN).map(String::as_str).collect::<Vec<_>>().join(", ");
+    let mut shown = names
+        .iter()
+        .take(SHOWN)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
     if names.len() > SHOWN {
         shown.push_str(&format!(", … ({} more)", names.len() - SHOWN));
     }
@@ -82,7 +92,10 @@ impl ModelError {
     /// Wraps a libtorch error, keeping only the first line of its message: libtorch appends a
     /// C++ backtrace ("Exception raised from …") that says nothing to a user.
     pub(crate) fn torch(op: impl Into<String>, err: tch::TchError) -> Self {
-        ModelError::Torch { op: op.into(), message: first_line(&err.to_string()) }
+        ModelError::Torch {
+            op: op.into(),
+            message: first_line(&err.to_string()),
+        }
     }
 }
 

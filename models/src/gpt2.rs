@@ -17,7 +17,8 @@
 //!
 //! Loss: `lm_head` (no bias, weight tied to `wte.weight`: no extra parameters) and HF's
 //! `ForCausalLMLoss`: `logits.float()`, labels padded on the right with -100 and shifted by
-//! one, mean cross entropy. Labels are the input ids (the batch's `target`).
+//! one, mean cross entropy. The labels are the batch's per-token `target` (Hugging Face
+//! passes `labels = input_ids`; the loss does the shifting).
 
 use tch::{nn, Kind, Tensor};
 
@@ -72,12 +73,24 @@ impl Config {
 
     /// `gpt2-medium`'s config.json (355M).
     pub fn gpt2_medium() -> Self {
-        Config { n_embd: 1024, n_layer: 24, n_head: 16, ..Self::gpt2() }
+        Config {
+            n_embd: 1024,
+            n_layer: 24,
+            n_head: 16,
+            ..Self::gpt2()
+        }
     }
 
     /// A test model: 2 layers, 32 wide, 2 heads, vocab 100, 32 positions.
     pub fn tiny() -> Self {
-        Config { vocab_size: 100, n_positions: 32, n_embd: 32, n_layer: 2, n_head: 2, ..Self::gpt2() }
+        Config {
+            vocab_size: 100,
+            n_positions: 32,
+            n_embd: 32,
+            n_layer: 2,
+            n_head: 2,
+            ..Self::gpt2()
+        }
     }
 
     pub fn describe(&self) -> String {
@@ -103,7 +116,12 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<()> {
-        let bad = |what: String| Err(ModelError::InvalidConfig { model: self.describe(), what });
+        let bad = |what: String| {
+            Err(ModelError::InvalidConfig {
+                model: self.describe(),
+                what,
+            })
+        };
         let sizes = [
             ("vocab_size", self.vocab_size),
             ("n_positions", self.n_positions),
@@ -213,18 +231,36 @@ struct Attention {
 impl Attention {
     /// `eager_attention_forward`: returns `(attn_output, attn_weights)` like HF, whose caller
     /// keeps the weights alive until the block returns.
-    fn eager(&self, query: &Tensor, key: &Tensor, value: &Tensor, mask: Option<&Tensor>, train: bool) -> (Tensor, Tensor) {
+    fn eager(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        mask: Option<&Tensor>,
+        train: bool,
+    ) -> (Tensor, Tensor) {
         let mut attn_weights = query.matmul(&key.transpose(-1, -2));
         if self.scale_attn_weights {
-            let scale = Tensor::full([], (value.size()[3] as f64).sqrt(), (attn_weights.kind(), attn_weights.device()));
+            let scale = Tensor::full(
+                [],
+                (value.size()[3] as f64).sqrt(),
+                (attn_weights.kind(), attn_weights.device()),
+            );
             attn_weights = &attn_weights / &scale;
         }
         if self.scale_attn_by_inverse_layer_idx {
             attn_weights = &attn_weights / (self.layer_idx as f64);
         }
         let (query_length, key_length) = (query.size()[2], key.size()[2]);
-        let causal_mask = self.bias.slice(2, key_length - query_length, key_length, 1).slice(3, 0, key_length, 1);
-        let mask_value = Tensor::full([], finfo_min(attn_weights.kind()), (attn_weights.kind(), attn_weights.device()));
+        let causal_mask = self
+            .bias
+            .slice(2, key_length - query_length, key_length, 1)
+            .slice(3, 0, key_length, 1);
+        let mask_value = Tensor::full(
+            [],
+            finfo_min(attn_weights.kind()),
+            (attn_weights.kind(), attn_weights.device()),
+        );
         attn_weights = attn_weights.where_self(&causal_mask, &mask_value);
         if let Some(mask) = mask {
             attn_weights = &attn_weights + mask;
@@ -342,7 +378,12 @@ impl LossHead for CausalLm {
 /// capped at `n_positions`).
 pub fn build(name: &str, cfg: &Config, opts: &ModelOptions) -> Result<Chain> {
     opts.reject(name, "image", opts.image, "GPT-2 takes token sequences; use --seq")?;
-    opts.reject(name, "classes", opts.classes, "GPT-2's targets are next tokens over the vocabulary")?;
+    opts.reject(
+        name,
+        "classes",
+        opts.classes,
+        "GPT-2's targets are next tokens over the vocabulary",
+    )?;
     let spec = opts.spec(name)?;
     let mut cfg = cfg.clone();
     if let Some(heads) = opts.heads {
@@ -369,8 +410,16 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec) -> Result<Chain> 
     let proj_std = std / ((2 * cfg.n_layer.max(1)) as f64).sqrt();
     let wte = Embedding::hf(&(&root / "wte"), cfg.vocab_size, d, None, std, spec)?;
     let tied = wte.weight.shallow_clone();
-    let embeddings = Embeddings { wte, wpe: Embedding::hf(&(&root / "wpe"), cfg.n_positions, d, None, std, spec)?, p: cfg.embd_pdrop };
-    let mut blocks = vec![ChainBlock { name: EMBED.into(), candidate: false, block: Box::new(embeddings) }];
+    let embeddings = Embeddings {
+        wte,
+        wpe: Embedding::hf(&(&root / "wpe"), cfg.n_positions, d, None, std, spec)?,
+        p: cfg.embd_pdrop,
+    };
+    let mut blocks = vec![ChainBlock {
+        name: EMBED.into(),
+        candidate: false,
+        block: Box::new(embeddings),
+    }];
     for n in 0..cfg.n_layer {
         let h = &root / "h" / n;
         let n_pos = cfg.n_positions;
@@ -400,18 +449,33 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec) -> Result<Chain> 
                 p: cfg.resid_pdrop,
             },
         };
-        blocks.push(ChainBlock { name: format!("h.{n}"), candidate: true, block: Box::new(layer) });
+        blocks.push(ChainBlock {
+            name: format!("h.{n}"),
+            candidate: true,
+            block: Box::new(layer),
+        });
     }
     let ln_f = LayerNorm::new(&(&root / "ln_f"), d, cfg.layer_norm_epsilon, spec)?;
-    blocks.push(ChainBlock { name: "ln_f".into(), candidate: true, block: Box::new(FinalNorm { ln_f }) });
+    blocks.push(ChainBlock {
+        name: "ln_f".into(),
+        candidate: true,
+        block: Box::new(FinalNorm { ln_f }),
+    });
 
     Ok(Chain {
         name: name.to_string(),
         vs,
         blocks,
-        head: Box::new(CausalLm { wte: tied, vocab_size: cfg.vocab_size }),
+        head: Box::new(CausalLm {
+            wte: tied,
+            vocab_size: cfg.vocab_size,
+        }),
         modules: cfg.module_names(),
-        input: InputSpec::Tokens { seq, vocab: cfg.vocab_size, targets: TokenTargets::PerToken },
+        input: InputSpec::Tokens {
+            seq,
+            vocab: cfg.vocab_size,
+            targets: TokenTargets::PerToken,
+        },
         reference_params: cfg.param_count(),
     })
 }
@@ -426,6 +490,9 @@ pub fn gpt2_medium(opts: &ModelOptions) -> Result<Chain> {
 
 /// [`Config::tiny`] on 16-token sequences unless `opts.seq` says otherwise.
 pub fn tiny(opts: &ModelOptions) -> Result<Chain> {
-    let opts = ModelOptions { seq: opts.seq.or(Some(16)), ..opts.clone() };
+    let opts = ModelOptions {
+        seq: opts.seq.or(Some(16)),
+        ..opts.clone()
+    };
     build("tiny-gpt2", &Config::tiny(), &opts)
 }

@@ -32,17 +32,27 @@ struct LastDimCrossEntropy;
 impl LossHead for LastDimCrossEntropy {
     fn loss(&self, output: &Tensor, batch: &Batch) -> Tensor {
         let classes = output.size().last().copied().unwrap_or(1);
-        output.reshape([-1, classes]).to_kind(Kind::Float).cross_entropy_for_logits(&batch.target.reshape([-1]))
+        output
+            .reshape([-1, classes])
+            .to_kind(Kind::Float)
+            .cross_entropy_for_logits(&batch.target.reshape([-1]))
     }
 }
 
 fn torch_err(op: &str) -> impl Fn(ckptune_kernels::KernelError) -> ModelError + '_ {
-    move |e| ModelError::Torch { op: op.to_owned(), message: e.to_string() }
+    move |e| ModelError::Torch {
+        op: op.to_owned(),
+        message: e.to_string(),
+    }
 }
 
 fn collect_modules(prefix: &str, m: &JitModule, out: &mut Vec<String>) -> Result<()> {
     for (name, child) in m.named_children().map_err(torch_err("listing TorchScript children"))? {
-        let q = if prefix.is_empty() { name } else { format!("{prefix}.{name}") };
+        let q = if prefix.is_empty() {
+            name
+        } else {
+            format!("{prefix}.{name}")
+        };
         out.push(q.clone());
         collect_modules(&q, &child, out)?;
     }
@@ -64,10 +74,15 @@ fn register(vs: &nn::VarStore, name: &str, t: Tensor, trainable: bool) {
 /// Loads a TorchScript file whose top-level children form a chain.
 pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain> {
     let shown = path.display().to_string();
-    let bad = |reason: String| ModelError::BadFile { path: path.to_path_buf(), reason };
+    let bad = |reason: String| ModelError::BadFile {
+        path: path.to_path_buf(),
+        reason,
+    };
     let root = JitModule::load(path).map_err(|e| bad(e.to_string()))?;
     root.set_train(true).map_err(torch_err("setting train mode"))?;
-    let children = root.named_children().map_err(torch_err("listing TorchScript children"))?;
+    let children = root
+        .named_children()
+        .map_err(torch_err("listing TorchScript children"))?;
     if children.len() < 2 {
         return Err(bad(format!(
             "a TorchScript model must have at least two top-level child modules to form a chain of \
@@ -76,12 +91,16 @@ pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain>
             children.len()
         )));
     }
-    let params = root.named_parameters().map_err(torch_err("reading TorchScript parameters"))?;
+    let params = root
+        .named_parameters()
+        .map_err(torch_err("reading TorchScript parameters"))?;
     let buffers = root.named_buffers().map_err(torch_err("reading TorchScript buffers"))?;
     let input = infer_input(&params, opts).ok_or_else(|| {
-        bad("cannot tell the input shape: the first parameter is neither a conv weight [out, in, k, k], \
+        bad(
+            "cannot tell the input shape: the first parameter is neither a conv weight [out, in, k, k], \
              an embedding [vocab, dim] nor a linear weight [out, in]"
-            .into())
+                .into(),
+        )
     })?;
     let vs = nn::VarStore::new(opts.device);
     let reference_params: i64 = params.iter().map(|(_, t)| t.numel() as i64).sum();
@@ -95,11 +114,18 @@ pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain>
     collect_modules("", &root, &mut modules)?;
     let blocks: Vec<ChainBlock> = children
         .into_iter()
-        .map(|(name, module)| ChainBlock { name, candidate: true, block: Box::new(JitBlock { module }) })
+        .map(|(name, module)| ChainBlock {
+            name,
+            candidate: true,
+            block: Box::new(JitBlock { module }),
+        })
         .collect();
 
     let mut chain = Chain {
-        name: path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| shown.clone()),
+        name: path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| shown.clone()),
         vs,
         blocks,
         head: Box::new(LastDimCrossEntropy),
@@ -112,12 +138,18 @@ pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain>
     let batch = chain.make_batch(2, opts.device, 0);
     root.set_train(false).map_err(torch_err("setting eval mode"))?;
     let whole = root.forward(&[&batch.input]).map_err(|e| {
-        bad(format!("running its forward on a sample input {:?} failed: {e}", batch.input.size()))
+        bad(format!(
+            "running its forward on a sample input {:?} failed: {e}",
+            batch.input.size()
+        ))
     })?;
     let mut h = batch.input.shallow_clone();
     for b in &chain.blocks {
         h = tch::no_grad(|| chained_forward(b, &h)).map_err(|e| {
-            bad(format!("its children do not form a chain: child {} fails on the previous child's output: {e}", b.name))
+            bad(format!(
+                "its children do not form a chain: child {} fails on the previous child's output: {e}",
+                b.name
+            ))
         })?;
     }
     root.set_train(true).map_err(torch_err("setting train mode"))?;
@@ -126,11 +158,20 @@ pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain>
             "its forward is not the composition of its top-level children ({}): it does more \
              between them (e.g. a flatten or a skip connection). Wrap the model so that its \
              forward is a plain sequence of child modules, or use a built-in model",
-            chain.blocks.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(" → ")
+            chain
+                .blocks
+                .iter()
+                .map(|b| b.name.as_str())
+                .collect::<Vec<_>>()
+                .join(" → ")
         )));
     }
     if let InputSpec::Tokens { targets, .. } = &mut chain.input {
-        *targets = if whole.dim() == 3 { TokenTargets::PerToken } else { TokenTargets::Classes(classes_of(&whole)) };
+        *targets = if whole.dim() == 3 {
+            TokenTargets::PerToken
+        } else {
+            TokenTargets::Classes(classes_of(&whole))
+        };
     } else if let InputSpec::Image { classes, .. } | InputSpec::Features { classes, .. } = &mut chain.input {
         *classes = classes_of(&whole);
     }
@@ -142,9 +183,15 @@ fn classes_of(out: &Tensor) -> i64 {
 }
 
 fn chained_forward(b: &ChainBlock, h: &Tensor) -> std::result::Result<Tensor, String> {
-    let ctx = Ctx { attention_mask: None, train: false };
+    let ctx = Ctx {
+        attention_mask: None,
+        train: false,
+    };
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.block.forward(h, &ctx))).map_err(|p| {
-        p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default()
     })
 }
 
@@ -152,13 +199,20 @@ fn infer_input(params: &[(String, Tensor)], opts: &ModelOptions) -> Option<Input
     let (name, first) = params.first()?;
     let size = first.size();
     match size.as_slice() {
-        [_, c, _, _] => Some(InputSpec::Image { channels: *c, size: opts.image.unwrap_or(224), classes: 1 }),
+        [_, c, _, _] => Some(InputSpec::Image {
+            channels: *c,
+            size: opts.image.unwrap_or(224),
+            classes: 1,
+        }),
         [vocab, _] if name.contains("emb") || name.contains("wte") => Some(InputSpec::Tokens {
             seq: opts.seq.unwrap_or(128),
             vocab: *vocab,
             targets: TokenTargets::PerToken,
         }),
-        [_, features] => Some(InputSpec::Features { features: *features, classes: 1 }),
+        [_, features] => Some(InputSpec::Features {
+            features: *features,
+            classes: 1,
+        }),
         _ => None,
     }
 }

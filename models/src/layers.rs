@@ -15,12 +15,16 @@ pub(crate) enum Init {
     Zeros,
     Ones,
     /// `nn.init.normal_(std=…)`: Hugging Face `_init_weights` with `initializer_range`.
-    Normal { std: f64 },
+    Normal {
+        std: f64,
+    },
     /// `nn.init.kaiming_normal_(mode="fan_out", nonlinearity="relu")`: torchvision's conv init.
     KaimingNormalFanOut,
     /// `U(-1/sqrt(fan_in), 1/sqrt(fan_in))`: `nn.Linear.reset_parameters` for the weight
     /// (`kaiming_uniform_(a=sqrt(5))` reduces to this bound) and for the bias.
-    UniformFanIn { fan_in: i64 },
+    UniformFanIn {
+        fan_in: i64,
+    },
 }
 
 /// Element kind and device of the floating-point variables being created.
@@ -93,9 +97,19 @@ impl Conv2d {
         groups: i64,
         spec: Spec,
     ) -> Result<Self> {
-        let weight =
-            param(path, "weight", &[out_ch, in_ch / groups, kernel, kernel], Init::KaimingNormalFanOut, spec)?;
-        Ok(Conv2d { weight, stride, padding, groups })
+        let weight = param(
+            path,
+            "weight",
+            &[out_ch, in_ch / groups, kernel, kernel],
+            Init::KaimingNormalFanOut,
+            spec,
+        )?;
+        Ok(Conv2d {
+            weight,
+            stride,
+            padding,
+            groups,
+        })
     }
 
     pub fn forward(&self, xs: &Tensor) -> Tensor {
@@ -127,13 +141,27 @@ impl BatchNorm2d {
     pub fn new(path: &nn::Path<'_>, channels: i64, weight_init: Init, spec: Spec) -> Result<Self> {
         let weight = param(path, "weight", &[channels], weight_init, spec)?;
         let bias = param(path, "bias", &[channels], Init::Zeros, spec)?;
-        let running_mean = buffer(path, "running_mean", create("creating running_mean", &[channels], Init::Zeros, spec)?);
-        let running_var = buffer(path, "running_var", create("creating running_var", &[channels], Init::Ones, spec)?);
+        let running_mean = buffer(
+            path,
+            "running_mean",
+            create("creating running_mean", &[channels], Init::Zeros, spec)?,
+        );
+        let running_var = buffer(
+            path,
+            "running_var",
+            create("creating running_var", &[channels], Init::Ones, spec)?,
+        );
         // An int64 scalar in PyTorch's state_dict, whatever the floating kind of the model.
         let nbt = Tensor::f_zeros([], (Kind::Int64, spec.device))
             .map_err(|e| ModelError::torch("creating num_batches_tracked", e))?;
         let num_batches_tracked = buffer(path, "num_batches_tracked", nbt);
-        Ok(BatchNorm2d { weight, bias, running_mean, running_var, num_batches_tracked })
+        Ok(BatchNorm2d {
+            weight,
+            bias,
+            running_mean,
+            running_var,
+            num_batches_tracked,
+        })
     }
 
     pub fn forward(&self, xs: &Tensor, train: bool) -> Tensor {
@@ -220,7 +248,9 @@ impl Conv1D {
         let mut size_out = xs.size();
         let nx = *size_out.last().expect("Conv1D input has at least one dimension");
         *size_out.last_mut().expect("non-empty") = self.nf;
-        self.bias.addmm(&xs.view([-1, nx]), &self.weight).view(size_out.as_slice())
+        self.bias
+            .addmm(&xs.view([-1, nx]), &self.weight)
+            .view(size_out.as_slice())
     }
 }
 
@@ -255,7 +285,12 @@ pub(crate) struct Embedding {
 impl Embedding {
     /// Hugging Face init: `normal_(0, std)`, then the padding row zeroed.
     pub fn hf(path: &nn::Path<'_>, num: i64, dim: i64, padding_idx: Option<i64>, std: f64, spec: Spec) -> Result<Self> {
-        let w = create(&format!("creating parameter {}", path.path("weight")), &[num, dim], Init::Normal { std }, spec)?;
+        let w = create(
+            &format!("creating parameter {}", path.path("weight")),
+            &[num, dim],
+            Init::Normal { std },
+            spec,
+        )?;
         if let Some(idx) = padding_idx {
             let _ = w
                 .f_get(idx)
@@ -263,7 +298,10 @@ impl Embedding {
                 .map_err(|e| ModelError::torch(format!("zeroing padding row {idx} of {}", path.path("weight")), e))?;
         }
         let weight = add(path, "weight", w, true);
-        Ok(Embedding { weight, padding_idx: padding_idx.unwrap_or(-1) })
+        Ok(Embedding {
+            weight,
+            padding_idx: padding_idx.unwrap_or(-1),
+        })
     }
 
     pub fn forward(&self, ids: &Tensor) -> Tensor {

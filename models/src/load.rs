@@ -61,7 +61,12 @@ pub fn load(path: impl AsRef<Path>, opts: &ModelOptions) -> Result<Loaded> {
     // Options that contradict the file are errors; the head count is fixed by now.
     let file_classes = match &inferred.architecture {
         Architecture::ResNet(c) => Some(("fc.weight", c.num_classes)),
-        Architecture::Bert(c) => shapes.contains_key("classifier.weight").then_some(("classifier.weight", c.num_labels)),
+        Architecture::Bert(c) => {
+            let outer = outer(inferred.prefix.as_deref().unwrap_or_default());
+            shapes
+                .contains_key(&format!("{outer}classifier.weight"))
+                .then_some(("classifier.weight", c.num_labels))
+        }
         Architecture::Gpt2(_) => None,
     };
     if let (Some(want), Some((key, have))) = (opts.classes, file_classes) {
@@ -80,13 +85,24 @@ pub fn load(path: impl AsRef<Path>, opts: &ModelOptions) -> Result<Loaded> {
     }
     let arch = &inferred.architecture;
     // The architecture now carries the classes and heads; `build` takes them from it.
-    let opts = ModelOptions { classes: None, heads: None, ..opts.clone() };
+    let opts = ModelOptions {
+        classes: None,
+        heads: None,
+        ..opts.clone()
+    };
     let chain = arch.build(&path.display().to_string(), &opts)?;
 
+    // Backbone keys lose the prefix; head keys (`classifier.*`, `lm_head.weight`) sit beside
+    // the backbone and lose only what wraps both (DataParallel's `module.`).
     let prefix = inferred.prefix.clone().unwrap_or_default();
+    let outer = outer(&prefix);
     let mut by_name: BTreeMap<String, (String, Tensor)> = BTreeMap::new();
     for (key, t) in tensors {
-        let name = key.strip_prefix(prefix.as_str()).unwrap_or(&key).to_string();
+        let name = key
+            .strip_prefix(prefix.as_str())
+            .or_else(|| key.strip_prefix(outer))
+            .unwrap_or(&key)
+            .to_string();
         by_name.insert(name, (key, t));
     }
     let variables = chain.vs.variables();
@@ -141,7 +157,20 @@ pub fn load(path: impl AsRef<Path>, opts: &ModelOptions) -> Result<Loaded> {
         });
     }
     defaulted.sort();
-    Ok(Loaded { chain, architecture: inferred.architecture, prefix: inferred.prefix, ignored, defaulted })
+    Ok(Loaded {
+        chain,
+        architecture: inferred.architecture,
+        prefix: inferred.prefix,
+        ignored,
+        defaulted,
+    })
+}
+
+/// What wraps both the backbone and its head: the prefix without its last component
+/// (`module.bert.` → `module.`, `bert.` → ``).
+fn outer(prefix: &str) -> &str {
+    let trimmed = prefix.strip_suffix('.').unwrap_or(prefix);
+    trimmed.rfind('.').map_or("", |i| &prefix[..=i])
 }
 
 /// A variable the file may leave unset.
@@ -165,9 +194,12 @@ fn derived(arch: &Architecture, name: &str) -> Derived {
         Architecture::Bert(_) if name == "embeddings.position_ids" => Derived::Yes,
         Architecture::Gpt2(_) if name == "lm_head.weight" => Derived::TiedTo("wte.weight"),
         Architecture::Gpt2(_) => {
-            let is_buffer = name.strip_prefix("h.").and_then(|rest| rest.split_once('.')).is_some_and(|(n, field)| {
-                n.parse::<u32>().is_ok() && (field == "attn.bias" || field == "attn.masked_bias")
-            });
+            let is_buffer = name
+                .strip_prefix("h.")
+                .and_then(|rest| rest.split_once('.'))
+                .is_some_and(|(n, field)| {
+                    n.parse::<u32>().is_ok() && (field == "attn.bias" || field == "attn.masked_bias")
+                });
             if is_buffer {
                 Derived::Yes
             } else {
@@ -180,10 +212,18 @@ fn derived(arch: &Architecture, name: &str) -> Derived {
 
 /// All tensors of a state-dict file, on the CPU, in file order.
 pub fn read_state_dict(path: &Path) -> Result<Vec<(String, Tensor)>> {
-    let io = |source| ModelError::Io { path: path.to_path_buf(), source };
-    let bad = |reason: String| ModelError::BadFile { path: path.to_path_buf(), reason };
+    let io = |source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let bad = |reason: String| ModelError::BadFile {
+        path: path.to_path_buf(),
+        reason,
+    };
     let mut head = Vec::with_capacity(16);
-    File::open(path).and_then(|f| f.take(16).read_to_end(&mut head)).map_err(io)?;
+    File::open(path)
+        .and_then(|f| f.take(16).read_to_end(&mut head))
+        .map_err(io)?;
     if head.is_empty() {
         return Err(bad("the file is empty".into()));
     }
@@ -191,7 +231,8 @@ pub fn read_state_dict(path: &Path) -> Result<Vec<(String, Tensor)>> {
         return read_torch_zip(path);
     }
     if head.len() > 8 && head[8] == b'{' {
-        return Tensor::read_safetensors(path).map_err(|e| bad(format!("invalid safetensors file: {}", first_line(&e.to_string()))));
+        return Tensor::read_safetensors(path)
+            .map_err(|e| bad(format!("invalid safetensors file: {}", first_line(&e.to_string()))));
     }
     if head[0] == 0x80 {
         return Err(bad(
@@ -207,15 +248,28 @@ pub fn read_state_dict(path: &Path) -> Result<Vec<(String, Tensor)>> {
 }
 
 fn read_torch_zip(path: &Path) -> Result<Vec<(String, Tensor)>> {
-    let bad = |reason: String| ModelError::BadFile { path: path.to_path_buf(), reason };
-    let file = File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+    let bad = |reason: String| ModelError::BadFile {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let file = File::open(path).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let mut zip = zip::ZipArchive::new(file).map_err(|e| bad(format!("corrupt zip archive: {e}")))?;
     let names: Vec<String> = zip.file_names().map(String::from).collect();
     // torch.jit.save writes `<archive>/constants.pkl` and `<archive>/code/…`; torch.save never does.
-    if names.iter().any(|n| n.ends_with("/constants.pkl") || n.contains("/code/")) {
+    if names
+        .iter()
+        .any(|n| n.ends_with("/constants.pkl") || n.contains("/code/"))
+    {
         return Err(ModelError::TorchScript(path.to_path_buf()));
     }
-    let Some(pickle) = names.iter().find(|n| n.ends_with("/data.pkl") && n.matches('/').count() == 1).cloned() else {
+    let Some(pickle) = names
+        .iter()
+        .find(|n| n.ends_with("/data.pkl") && n.matches('/').count() == 1)
+        .cloned()
+    else {
         return Err(bad("a zip archive without data.pkl: not written by torch.save".into()));
     };
     match Tensor::loadz_multi_with_device(path, Device::Cpu) {
@@ -223,7 +277,10 @@ fn read_torch_zip(path: &Path) -> Result<Vec<(String, Tensor)>> {
         Err(e) => {
             let message = first_line(&e.to_string());
             let mut data = Vec::new();
-            let read = zip.by_name(&pickle).map_err(std::io::Error::from).and_then(|mut f| f.read_to_end(&mut data));
+            let read = zip
+                .by_name(&pickle)
+                .map_err(std::io::Error::from)
+                .and_then(|mut f| f.read_to_end(&mut data));
             if read.is_ok() && pickles_ordered_dict(&data) {
                 return Err(ModelError::OrderedDict(path.to_path_buf()));
             }
@@ -239,18 +296,42 @@ fn read_torch_zip(path: &Path) -> Result<Vec<(String, Tensor)>> {
     }
 }
 
-/// Whether a pickle references `collections.OrderedDict` (protocol 2's GLOBAL opcode writes
-/// `collections\nOrderedDict`; protocol 4's STACK_GLOBAL writes the two names separately).
+/// Whether a pickle's top-level object is a `collections.OrderedDict`. (Every torch.save
+/// pickle mentions OrderedDict somewhere — each tensor's empty backward-hooks dict — so only
+/// the first object counts.) Protocol 2, torch.save's default, opens with PROTO then the
+/// GLOBAL opcode `c` and `collections\nOrderedDict\n`; protocols 4 and 5 add a FRAME and name
+/// the class with two SHORT_BINUNICODE strings (each maybe memoized) and STACK_GLOBAL.
 fn pickles_ordered_dict(data: &[u8]) -> bool {
-    let has = |needle: &[u8]| data.windows(needle.len()).any(|w| w == needle);
-    has(b"collections\nOrderedDict") || (has(b"collections") && has(b"OrderedDict"))
+    let mut rest = data;
+    if let [0x80, _, tail @ ..] = rest {
+        rest = tail; // PROTO n
+    }
+    if let [0x95, tail @ ..] = rest {
+        rest = tail.get(8..).unwrap_or_default(); // FRAME with an 8-byte length
+    }
+    if rest.starts_with(b"ccollections\nOrderedDict\n") {
+        return true;
+    }
+    let short_unicode = |rest: &[u8], s: &[u8]| -> Option<usize> {
+        let mut head = vec![0x8c, s.len() as u8];
+        head.extend_from_slice(s);
+        rest.starts_with(&head)
+            .then(|| head.len() + usize::from(rest.get(head.len()) == Some(&0x94)))
+    };
+    match short_unicode(rest, b"collections") {
+        Some(n) => short_unicode(&rest[n..], b"OrderedDict").is_some(),
+        None => false,
+    }
 }
 
 /// Infers the architecture from key names and shapes. `heads` is the attention head count
 /// of a transformer (weights do not record it); `None` assumes the head size 64 of every
 /// released BERT and GPT-2 (`hidden / 64`).
 pub fn infer(path: &Path, shapes: &BTreeMap<String, Vec<i64>>, heads: Option<i64>) -> Result<Inferred> {
-    let unknown = |reason: String| ModelError::UnknownArchitecture { path: path.to_path_buf(), reason };
+    let unknown = |reason: String| ModelError::UnknownArchitecture {
+        path: path.to_path_buf(),
+        reason,
+    };
     // Each family by a key only it has; the prefix is what precedes it.
     let anchors: [(&str, &str); 3] = [
         ("ResNet", "layer1.0.conv1.weight"),
@@ -279,17 +360,28 @@ pub fn infer(path: &Path, shapes: &BTreeMap<String, Vec<i64>>, heads: Option<i64
             )));
         }
         several => {
-            let which = several.iter().map(|(f, p)| format!("{f} under {p:?}")).collect::<Vec<_>>().join(", ");
+            let which = several
+                .iter()
+                .map(|(f, p)| format!("{f} under {p:?}"))
+                .collect::<Vec<_>>()
+                .join(", ");
             return Err(unknown(format!("keys of several models: {which}")));
         }
     };
-    let keys = Keys { shapes, prefix: &prefix, path };
+    let keys = Keys {
+        shapes,
+        prefix: &prefix,
+        path,
+    };
     let architecture = match family {
         "ResNet" => Architecture::ResNet(infer_resnet(&keys)?),
         "BERT" => Architecture::Bert(infer_bert(&keys, heads)?),
         _ => Architecture::Gpt2(infer_gpt2(&keys, heads)?),
     };
-    Ok(Inferred { architecture, prefix: (!prefix.is_empty()).then_some(prefix) })
+    Ok(Inferred {
+        architecture,
+        prefix: (!prefix.is_empty()).then_some(prefix),
+    })
 }
 
 /// Shape look-ups in the backbone's key space.
@@ -301,7 +393,10 @@ struct Keys<'a> {
 
 impl Keys<'_> {
     fn unknown(&self, reason: String) -> ModelError {
-        ModelError::UnknownArchitecture { path: self.path.to_path_buf(), reason }
+        ModelError::UnknownArchitecture {
+            path: self.path.to_path_buf(),
+            reason,
+        }
     }
 
     fn get(&self, name: &str) -> Option<&Vec<i64>> {
@@ -329,7 +424,9 @@ impl Keys<'_> {
             .collect();
         let count = indices.len() as i64;
         if let Some(gap) = (0..count).find(|i| !indices.contains(i)) {
-            return Err(self.unknown(format!("{lead}{gap} is missing although {count} entries of {lead}N exist")));
+            return Err(self.unknown(format!(
+                "{lead}{gap} is missing although {count} entries of {lead}N exist"
+            )));
         }
         Ok(count)
     }
@@ -349,7 +446,9 @@ impl Keys<'_> {
 fn infer_resnet(k: &Keys<'_>) -> Result<resnet::Config> {
     let conv1 = k.shape("conv1.weight", 4)?;
     if conv1[1] != 3 || conv1[2..] != [7, 7] {
-        return Err(k.unknown(format!("conv1.weight has shape {conv1:?}; torchvision's stem is [C, 3, 7, 7]")));
+        return Err(k.unknown(format!(
+            "conv1.weight has shape {conv1:?}; torchvision's stem is [C, 3, 7, 7]"
+        )));
     }
     let mut layers = [0; 4];
     for (i, n) in layers.iter_mut().enumerate() {
@@ -359,14 +458,20 @@ fn infer_resnet(k: &Keys<'_>) -> Result<resnet::Config> {
         }
     }
     let inplanes = conv1[0];
-    let block = if k.get("layer1.0.conv3.weight").is_some() { resnet::BlockKind::Bottleneck } else { resnet::BlockKind::Basic };
+    let block = if k.get("layer1.0.conv3.weight").is_some() {
+        resnet::BlockKind::Bottleneck
+    } else {
+        resnet::BlockKind::Basic
+    };
     let (mut groups, mut width_per_group) = (1, 64);
     if block == resnet::BlockKind::Bottleneck {
         // conv2 is [width, width / groups, 3, 3] with width = int(planes * wpg / 64) * groups.
         let conv2 = k.shape("layer1.0.conv2.weight", 4)?;
         let (width, per_group) = (conv2[0], conv2[1]);
         if per_group < 1 || width % per_group != 0 {
-            return Err(k.unknown(format!("layer1.0.conv2.weight has shape {conv2:?}: its groups do not divide its width")));
+            return Err(k.unknown(format!(
+                "layer1.0.conv2.weight has shape {conv2:?}: its groups do not divide its width"
+            )));
         }
         groups = width / per_group;
         if (per_group * 64) % inplanes != 0 {
@@ -378,7 +483,15 @@ fn infer_resnet(k: &Keys<'_>) -> Result<resnet::Config> {
         width_per_group = per_group * 64 / inplanes;
     }
     let fc = k.shape("fc.weight", 2)?;
-    Ok(resnet::Config { block, layers, num_classes: fc[0], zero_init_residual: false, groups, width_per_group, inplanes })
+    Ok(resnet::Config {
+        block,
+        layers,
+        num_classes: fc[0],
+        zero_init_residual: false,
+        groups,
+        width_per_group,
+        inplanes,
+    })
 }
 
 fn infer_bert(k: &Keys<'_>, heads: Option<i64>) -> Result<bert::Config> {
@@ -392,8 +505,11 @@ fn infer_bert(k: &Keys<'_>, heads: Option<i64>) -> Result<bert::Config> {
     } else {
         4 * hidden_size
     };
-    // The classification head is outside the backbone's prefix (`bert.`), if present.
-    let num_labels = k.shapes.get("classifier.weight").map_or(2, |s| s[0]);
+    // The classification head sits beside the backbone (`bert.`), if present.
+    let num_labels = k
+        .shapes
+        .get(&format!("{}classifier.weight", outer(k.prefix)))
+        .map_or(2, |s| s[0]);
     Ok(bert::Config {
         vocab_size,
         hidden_size,
@@ -439,11 +555,42 @@ pub fn write_safetensors(chain: &Chain, prefix: &str, path: &Path) -> Result<()>
         .variables()
         .into_iter()
         .map(|(k, v)| {
-            let t = v.f_detach().and_then(|t| t.f_to_device(Device::Cpu)).and_then(|t| t.f_contiguous());
-            t.map(|t| (format!("{prefix}{k}"), t)).map_err(|e| ModelError::torch(format!("reading variable {k}"), e))
+            let t = v
+                .f_detach()
+                .and_then(|t| t.f_to_device(Device::Cpu))
+                .and_then(|t| t.f_contiguous());
+            t.map(|t| (format!("{prefix}{k}"), t))
+                .map_err(|e| ModelError::torch(format!("reading variable {k}"), e))
         })
         .collect::<Result<_>>()?;
     named.sort_by(|a, b| a.0.cmp(&b.0));
     Tensor::write_safetensors(&named, path)
         .map_err(|e| ModelError::torch(format!("writing {}", PathBuf::from(path).display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pickles_ordered_dict;
+
+    #[test]
+    fn outer_prefix_drops_the_last_component() {
+        assert_eq!(super::outer("module.bert."), "module.");
+        assert_eq!(super::outer("bert."), "");
+        assert_eq!(super::outer(""), "");
+    }
+
+    #[test]
+    fn ordered_dict_is_recognised_only_at_the_top() {
+        // `torch.save(OrderedDict(...))`, protocol 2.
+        assert!(pickles_ordered_dict(b"\x80\x02ccollections\nOrderedDict\nq\x00)Rq\x01"));
+        // Protocol 4: FRAME, then memoized SHORT_BINUNICODE names and STACK_GLOBAL.
+        let mut p4 = b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00".to_vec();
+        p4.extend_from_slice(b"\x8c\x0bcollections\x94\x8c\x0bOrderedDict\x94\x93");
+        assert!(pickles_ordered_dict(&p4));
+        // A plain dict whose tensors carry OrderedDict backward hooks further on.
+        assert!(!pickles_ordered_dict(
+            b"\x80\x02}q\x00(X\x01\x00\x00\x00actorch._utils\n_rebuild_tensor_v2\nccollections\nOrderedDict\n"
+        ));
+        assert!(!pickles_ordered_dict(b""));
+    }
 }

@@ -92,7 +92,11 @@ impl Config {
 
     /// A test model: BasicBlock, one block per stage, 8 stem channels, 10 classes.
     pub fn tiny() -> Self {
-        Config { num_classes: 10, inplanes: 8, ..Self::torchvision(BlockKind::Basic, [1, 1, 1, 1]) }
+        Config {
+            num_classes: 10,
+            inplanes: 8,
+            ..Self::torchvision(BlockKind::Basic, [1, 1, 1, 1])
+        }
     }
 
     /// The torchvision name of this configuration (`resnet50`), if it is one.
@@ -120,9 +124,17 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<()> {
-        let bad = |what: String| Err(ModelError::InvalidConfig { model: self.describe(), what });
+        let bad = |what: String| {
+            Err(ModelError::InvalidConfig {
+                model: self.describe(),
+                what,
+            })
+        };
         if self.layers.iter().any(|&n| n < 1) {
-            return bad(format!("every stage needs at least one block, got layers {:?}", self.layers));
+            return bad(format!(
+                "every stage needs at least one block, got layers {:?}",
+                self.layers
+            ));
         }
         if self.num_classes < 1 || self.inplanes < 1 || self.groups < 1 || self.width_per_group < 1 {
             return bad(format!(
@@ -252,7 +264,11 @@ struct Residual {
 impl Residual {
     fn new(p: &nn::Path<'_>, cfg: &Config, inplanes: i64, planes: i64, stride: i64, spec: Spec) -> Result<Self> {
         let out = planes * cfg.block.expansion();
-        let last_bn = if cfg.zero_init_residual { Init::Zeros } else { Init::Ones };
+        let last_bn = if cfg.zero_init_residual {
+            Init::Zeros
+        } else {
+            Init::Ones
+        };
         let downsample = if stride != 1 || inplanes != out {
             let d = p / "downsample";
             Some(Downsample {
@@ -372,7 +388,12 @@ pub fn build(name: &str, cfg: &Config, opts: &ModelOptions) -> Result<Chain> {
     build_with_default_image(name, cfg, opts, DEFAULT_IMAGE)
 }
 
-pub(crate) fn build_with_default_image(name: &str, cfg: &Config, opts: &ModelOptions, default_image: i64) -> Result<Chain> {
+pub(crate) fn build_with_default_image(
+    name: &str,
+    cfg: &Config,
+    opts: &ModelOptions,
+    default_image: i64,
+) -> Result<Chain> {
     opts.reject(name, "seq", opts.seq, "ResNet takes images; use --image")?;
     opts.reject(name, "heads", opts.heads, "ResNet has no attention")?;
     let spec = opts.spec(name)?;
@@ -397,7 +418,11 @@ pub(crate) fn build_with_default_image(name: &str, cfg: &Config, opts: &ModelOpt
         conv1: Conv2d::new(&(&root / "conv1"), 3, cfg.inplanes, 7, 2, 3, 1, spec)?,
         bn1: BatchNorm2d::new(&(&root / "bn1"), cfg.inplanes, Init::Ones, spec)?,
     };
-    let mut blocks = vec![ChainBlock { name: STEM.into(), candidate: false, block: Box::new(stem) }];
+    let mut blocks = vec![ChainBlock {
+        name: STEM.into(),
+        candidate: false,
+        block: Box::new(stem),
+    }];
     let mut inplanes = cfg.inplanes;
     for (k, &n) in cfg.layers.iter().enumerate() {
         let layer = format!("layer{}", k + 1);
@@ -405,14 +430,27 @@ pub(crate) fn build_with_default_image(name: &str, cfg: &Config, opts: &ModelOpt
         let mut residuals = Vec::with_capacity(n as usize);
         for b in 0..n {
             let stride = if k > 0 && b == 0 { 2 } else { 1 };
-            let cin = if b == 0 { inplanes } else { planes * cfg.block.expansion() };
-            residuals.push(Residual::new(&(&root / layer.as_str() / b), &cfg, cin, planes, stride, spec)?);
+            let cin = if b == 0 {
+                inplanes
+            } else {
+                planes * cfg.block.expansion()
+            };
+            residuals.push(Residual::new(
+                &(&root / layer.as_str() / b),
+                &cfg,
+                cin,
+                planes,
+                stride,
+                spec,
+            )?);
         }
         inplanes = planes * cfg.block.expansion();
         match opts.granularity {
-            Granularity::Layer => {
-                blocks.push(ChainBlock { name: layer, candidate: true, block: Box::new(Stage { blocks: residuals }) })
-            }
+            Granularity::Layer => blocks.push(ChainBlock {
+                name: layer,
+                candidate: true,
+                block: Box::new(Stage { blocks: residuals }),
+            }),
             Granularity::Block => blocks.extend(residuals.into_iter().enumerate().map(|(b, r)| ChainBlock {
                 name: format!("{layer}.{b}"),
                 candidate: true,
@@ -421,7 +459,11 @@ pub(crate) fn build_with_default_image(name: &str, cfg: &Config, opts: &ModelOpt
         }
     }
     let fc = Linear::torch_default(&(&root / "fc"), cfg.features(), cfg.num_classes, spec)?;
-    blocks.push(ChainBlock { name: HEAD.into(), candidate: false, block: Box::new(Head { fc }) });
+    blocks.push(ChainBlock {
+        name: HEAD.into(),
+        candidate: false,
+        block: Box::new(Head { fc }),
+    });
 
     Ok(Chain {
         name: name.to_string(),
@@ -429,7 +471,11 @@ pub(crate) fn build_with_default_image(name: &str, cfg: &Config, opts: &ModelOpt
         blocks,
         head: Box::new(CrossEntropy),
         modules: cfg.module_names(),
-        input: InputSpec::Image { channels: 3, size: image, classes: cfg.num_classes },
+        input: InputSpec::Image {
+            channels: 3,
+            size: image,
+            classes: cfg.num_classes,
+        },
         reference_params: cfg.param_count(),
     })
 }

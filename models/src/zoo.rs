@@ -70,7 +70,10 @@ impl ModelOptions {
     /// Kind and device for new variables; the kind must be floating.
     pub(crate) fn spec(&self, model: &str) -> Result<Spec> {
         match self.kind {
-            Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16 => Ok(Spec { kind: self.kind, device: self.device }),
+            Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16 => Ok(Spec {
+                kind: self.kind,
+                device: self.device,
+            }),
             other => Err(ModelError::InvalidOption {
                 model: model.to_string(),
                 option: "kind",
@@ -164,8 +167,14 @@ fn catalogue() -> Vec<(&'static str, Architecture)> {
         ("resnet50", Architecture::ResNet(resnet::Config::resnet50())),
         ("resnet101", Architecture::ResNet(resnet::Config::resnet101())),
         ("resnet152", Architecture::ResNet(resnet::Config::resnet152())),
-        ("bert-base-uncased", Architecture::Bert(bert::Config::bert_base_uncased())),
-        ("bert-large-uncased", Architecture::Bert(bert::Config::bert_large_uncased())),
+        (
+            "bert-base-uncased",
+            Architecture::Bert(bert::Config::bert_base_uncased()),
+        ),
+        (
+            "bert-large-uncased",
+            Architecture::Bert(bert::Config::bert_large_uncased()),
+        ),
         ("gpt2", Architecture::Gpt2(gpt2::Config::gpt2())),
         ("gpt2-medium", Architecture::Gpt2(gpt2::Config::gpt2_medium())),
         ("tiny-resnet", Architecture::ResNet(resnet::Config::tiny())),
@@ -194,7 +203,10 @@ pub fn builtin(name: &str, opts: &ModelOptions) -> Result<Chain> {
         "tiny-resnet" => resnet::tiny(opts),
         "tiny-bert" => bert::tiny(opts),
         "tiny-gpt2" => gpt2::tiny(opts),
-        _ => Err(ModelError::UnknownModel { name: name.to_string(), known: names().into_iter().map(String::from).collect() }),
+        _ => Err(ModelError::UnknownModel {
+            name: name.to_string(),
+            known: names().into_iter().map(String::from).collect(),
+        }),
     }
 }
 
@@ -210,7 +222,12 @@ pub fn list() -> Vec<ModelInfo> {
             };
             // Groups of several top-level modules are never candidates.
             let candidates = blocks.into_iter().filter(|b| !b.contains('+')).collect();
-            ModelInfo { name, family: arch.family(), candidates, reference_params: arch.param_count() }
+            ModelInfo {
+                name,
+                family: arch.family(),
+                candidates,
+                reference_params: arch.param_count(),
+            }
         })
         .collect()
 }

@@ -2,36 +2,46 @@ use ckptune::chain_model::peak_of;
 use ckptune::solver::*;
 use std::time::Instant;
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().unwrap()).collect();
-    let n = args[0];
-    let seeds = args.get(1).copied().unwrap_or(12) as u64;
-    for seed in 0..seeds {
-        let p = synthetic_problem(n, seed);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let n: usize = args[0].parse().unwrap();
+    let engine = match args.get(1).map(|s| s.as_str()) {
+        Some("milp") => Engine::Milp,
+        Some("dp") => Engine::Dp,
+        _ => Engine::Auto,
+    };
+    let opts = SolveOptions {
+        engine,
+        ..Default::default()
+    };
+    let problems: Vec<ConfigProblem> = (0..12).map(|s| synthetic_problem(n, s)).collect();
+    for f in [0.1, 0.3, 0.6, 0.9] {
+        // One budget for all configs: the median of each config's point at fraction f.
+        let mut pts: Vec<i64> = problems
+            .iter()
+            .map(|p| {
+                let lo = min_peak(p).unwrap().peak;
+                let hi = peak_of(&p.moments, &vec![false; n]).unwrap().0;
+                lo + ((hi - lo) as f64 * f) as i64
+            })
+            .collect();
+        pts.sort();
+        let budget = pts[6];
         let t = Instant::now();
-        let lo = min_peak(&p).unwrap();
-        let tmin = t.elapsed();
-        let hi = peak_of(&p.moments, &vec![false; n]).unwrap().0;
-        print!(
-            "seed {seed} minpeak {:.3}s ({:?}) [{}..{}] ",
-            tmin.as_secs_f64(),
-            lo.stats,
-            lo.peak,
-            hi
-        );
-        for f in [0.05, 0.3, 0.6, 0.9] {
-            let b = lo.peak + ((hi - lo.peak) as f64 * f) as i64;
-            let t = Instant::now();
-            let s = solve_config(&p, b).unwrap();
-            print!(
-                " f{f}: {:.3}s free{} rows{} solves{} cuts{} k{}",
-                t.elapsed().as_secs_f64(),
-                s.stats.free_vars,
-                s.stats.rows,
-                s.stats.milp_solves,
-                s.stats.nogood_cuts,
-                s.x.iter().filter(|&&v| v).count()
-            );
+        let plan = solve_with(&problems, budget, opts);
+        let el = t.elapsed().as_secs_f64();
+        let t2 = Instant::now();
+        for p in &problems {
+            let _ = solve_config_with(p, budget, opts).unwrap();
         }
-        println!();
+        let serial = t2.elapsed().as_secs_f64();
+        match plan {
+            Ok(plan) => println!(
+                "n {n} f {f}: solve() {el:.3}s (serial {serial:.3}s), feasible {}/12, best {} k{}",
+                plan.configs.iter().filter(|c| c.status == SolveStatus::Optimal).count(),
+                plan.chosen().key,
+                plan.chosen().x.iter().filter(|&&v| v).count()
+            ),
+            Err(e) => println!("n {n} f {f}: {el:.3}s err {e}"),
+        }
     }
 }

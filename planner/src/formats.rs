@@ -21,9 +21,18 @@ pub enum FormatError {
     #[error("writing {path}: {source}")]
     Write { path: String, source: std::io::Error },
     #[error("{path} is not valid {expected} JSON: {message}")]
-    Parse { path: String, expected: &'static str, message: String },
+    Parse {
+        path: String,
+        expected: &'static str,
+        message: String,
+    },
     #[error("{path} has format {found:?}, expected {expected:?}{hint}")]
-    Version { path: String, found: String, expected: &'static str, hint: &'static str },
+    Version {
+        path: String,
+        found: String,
+        expected: &'static str,
+        hint: &'static str,
+    },
 }
 
 /// A training config as it appears in every format.
@@ -167,12 +176,22 @@ pub struct SweepJson {
 
 impl From<&rt::Stats> for StatsJson {
     fn from(s: &rt::Stats) -> Self {
-        Self { median: s.median, min: s.min, max: s.max, n: s.n }
+        Self {
+            median: s.median,
+            min: s.min,
+            max: s.max,
+            n: s.n,
+        }
     }
 }
 impl From<&StatsJson> for rt::Stats {
     fn from(s: &StatsJson) -> Self {
-        Self { median: s.median, min: s.min, max: s.max, n: s.n }
+        Self {
+            median: s.median,
+            min: s.min,
+            max: s.max,
+            n: s.n,
+        }
     }
 }
 
@@ -292,13 +311,19 @@ pub fn profile_from_json(c: &ConfigProfileJson) -> rt::ConfigProfile {
 /// write loses nothing that was there before.
 pub fn write_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), FormatError> {
     let shown = path.display().to_string();
-    let werr = |source| FormatError::Write { path: shown.clone(), source };
+    let werr = |source| FormatError::Write {
+        path: shown.clone(),
+        source,
+    };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => std::path::PathBuf::from("."),
     };
     fs::create_dir_all(&dir).map_err(werr)?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".into());
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let text = serde_json::to_string_pretty(value).map_err(|e| werr(std::io::Error::other(e)))?;
     let result = (|| {
@@ -317,7 +342,10 @@ pub fn write_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), FormatEr
 /// Reads a JSON document of the given format tag.
 pub fn read_tagged<T: DeserializeOwned>(path: &Path, expected: &'static str) -> Result<T, FormatError> {
     let shown = path.display().to_string();
-    let text = fs::read_to_string(path).map_err(|source| FormatError::Read { path: shown.clone(), source })?;
+    let text = fs::read_to_string(path).map_err(|source| FormatError::Read {
+        path: shown.clone(),
+        source,
+    })?;
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| FormatError::Parse {
         path: shown.clone(),
         expected,
@@ -330,7 +358,16 @@ pub fn read_tagged<T: DeserializeOwned>(path: &Path, expected: &'static str) -> 
         } else {
             ""
         };
-        return Err(FormatError::Version { path: shown, found, expected, hint });
+        return Err(FormatError::Version {
+            path: shown,
+            found,
+            expected,
+            hint,
+        });
     }
-    serde_json::from_value(value).map_err(|e| FormatError::Parse { path: shown, expected, message: e.to_string() })
+    serde_json::from_value(value).map_err(|e| FormatError::Parse {
+        path: shown,
+        expected,
+        message: e.to_string(),
+    })
 }

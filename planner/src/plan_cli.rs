@@ -67,6 +67,21 @@ pub struct PlanJson {
     pub alternatives: Vec<AlternativeJson>,
     /// Model shape options the plan was measured with, so `verify` rebuilds the same model.
     pub shape: ShapeJson,
+    /// The chosen config's profile, so `verify` can compare every moment of the step.
+    pub profile: ConfigProfileJson,
+    /// Budget reductions `plan --verify` applied after measuring a plan over budget.
+    #[serde(default)]
+    pub corrections: Vec<CorrectionJson>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CorrectionJson {
+    pub regex: String,
+    pub predicted_peak_bytes: i64,
+    pub measured_peak_bytes: i64,
+    pub moment: String,
+    /// The budget the next round planned with: the previous one minus the measured excess.
+    pub planning_budget_bytes: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -149,7 +164,13 @@ pub fn config_label(c: &ConfigJson) -> String {
 }
 
 fn chosen_names(model: &ModelJson, x: &[bool]) -> Vec<String> {
-    model.blocks.iter().zip(x).filter(|(_, c)| **c).map(|(b, _)| b.name.clone()).collect()
+    model
+        .blocks
+        .iter()
+        .zip(x)
+        .filter(|(_, c)| **c)
+        .map(|(b, _)| b.name.clone())
+        .collect()
 }
 
 fn checkpoint_json(model: &ModelJson, x: &[bool]) -> Result<CheckpointJson> {
@@ -160,16 +181,33 @@ fn checkpoint_json(model: &ModelJson, x: &[bool]) -> Result<CheckpointJson> {
 
 /// Solves a plan for `profile` under `budget`. `Err` of [`PlanFailure`] when nothing fits.
 pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -> Result<PlanJson> {
-    let problems: Vec<ConfigProblem> =
-        profile.configs.iter().map(|c| problem(config_label(&c.config), c)).collect();
+    let problems: Vec<ConfigProblem> = profile
+        .configs
+        .iter()
+        .map(|c| problem(config_label(&c.config), c))
+        .collect();
     let t0 = std::time::Instant::now();
     let result = solver::solve(&problems, budget);
     let solve_seconds = t0.elapsed().as_secs_f64();
     let plan = match result {
         Ok(p) => p,
-        Err(SolveError::Infeasible { min_peak, key, binding, x, .. }) => {
+        Err(SolveError::Infeasible {
+            min_peak,
+            key,
+            binding,
+            x,
+            ..
+        }) => {
             let regex = checkpoint_json(&profile.model, &x)?.regex;
-            return Err(PlanFailure { budget, min_peak, key, binding, regex, profile: profile.clone() }.into());
+            return Err(PlanFailure {
+                budget,
+                min_peak,
+                key,
+                binding,
+                regex,
+                profile: profile.clone(),
+            }
+            .into());
         }
         Err(e) => return Err(e.into()),
     };
@@ -183,7 +221,11 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
             predicted: PredictedJson {
                 peak_bytes: sol.peak,
                 step_seconds: sol.seconds,
-                throughput_loss: if sol.seconds > 0.0 { 1.0 - base / sol.seconds } else { 0.0 },
+                throughput_loss: if sol.seconds > 0.0 {
+                    1.0 - base / sol.seconds
+                } else {
+                    0.0
+                },
                 peak_moment: sol.binding.clone(),
             },
             baseline_peak_bytes: c.peak_none,
@@ -191,6 +233,7 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
         });
     }
     let best = alternatives[plan.best].clone();
+    let chosen_profile = profile.configs[plan.best].clone();
     Ok(PlanJson {
         format: formats::PLAN_FORMAT.into(),
         ckptune_version: env!("CARGO_PKG_VERSION").into(),
@@ -208,6 +251,8 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
         },
         alternatives,
         shape,
+        profile: chosen_profile,
+        corrections: Vec::new(),
     })
 }
 
@@ -238,10 +283,20 @@ impl std::fmt::Display for PlanFailure {
         )?;
         let has = |p: &str| self.profile.configs.iter().any(|c| c.config.precision == p);
         let opt = |o: &str| self.profile.configs.iter().any(|c| c.config.optimizer == o);
-        let min_mb = self.profile.configs.iter().map(|c| c.config.micro_batch).min().unwrap_or(1);
+        let min_mb = self
+            .profile
+            .configs
+            .iter()
+            .map(|c| c.config.micro_batch)
+            .min()
+            .unwrap_or(1);
         write!(f, " What else could help:")?;
         if min_mb > 1 {
-            write!(f, " a smaller micro-batch with gradient accumulation (--batch {} --global-batch N);", min_mb / 2)?;
+            write!(
+                f,
+                " a smaller micro-batch with gradient accumulation (--batch {} --global-batch N);",
+                min_mb / 2
+            )?;
         }
         if !has("bf16") {
             write!(f, " bf16 autocast (--precision fp32,bf16);")?;
@@ -250,7 +305,10 @@ impl std::fmt::Display for PlanFailure {
             write!(f, " bf16 parameters and optimizer state (--precision bf16-pure);")?;
         }
         if !opt("sgd") && !opt("lion") {
-            write!(f, " an optimizer with less state (--optimizer adamw,lion,sgd-momentum);")?;
+            write!(
+                f,
+                " an optimizer with less state (--optimizer adamw,lion,sgd-momentum);"
+            )?;
         }
         write!(f, " a larger budget.")
     }
@@ -274,7 +332,50 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         granularity: a.model.granularity.clone(),
         repeats: setup.repeats,
     };
-    let plan = plan_from_profile(&profile, budget, shape)?;
+    let mut plan = plan_from_profile(&profile, budget, shape.clone())?;
+    let mut report = None;
+    if a.verify {
+        // A measured correction, not a fudge factor: if the run peaks above the budget, plan
+        // again with the measured excess taken off the budget (on CPU the model is exact and
+        // this loop ends after one verification).
+        let mut corrections = Vec::new();
+        let mut planning_budget = budget;
+        for round in 0..4 {
+            let r = crate::cli::run_cmds::verify_plan(&plan, setup.repeats, setup.quiet)?;
+            if r.within_budget {
+                plan.corrections = corrections;
+                report = Some(r);
+                break;
+            }
+            // The model's error at this plan; planning `error` below the budget makes a plan
+            // with the same error fit. If a round repeats an error, step down again.
+            let error = (r.measured.peak_bytes - r.predicted.peak_bytes).max(1);
+            let next = (budget - error).min(planning_budget);
+            planning_budget = if next < planning_budget {
+                next
+            } else {
+                planning_budget - error
+            };
+            corrections.push(CorrectionJson {
+                regex: plan.checkpoint.regex.clone(),
+                predicted_peak_bytes: r.predicted.peak_bytes,
+                measured_peak_bytes: r.measured.peak_bytes,
+                moment: r.peak_moment.clone(),
+                planning_budget_bytes: planning_budget,
+            });
+            if round == 3 {
+                return Err(anyhow::anyhow!(
+                    "plan --verify: the measured peak {} still exceeds the budget {} after {} corrections",
+                    format_size(r.measured.peak_bytes as u64),
+                    format_size(budget as u64),
+                    corrections.len()
+                ));
+            }
+            plan = plan_from_profile(&profile, planning_budget, shape.clone())?;
+            plan.budget_bytes = budget;
+            plan.margin_bytes = budget - plan.predicted.peak_bytes;
+        }
+    }
     if let Some(out) = &a.output {
         formats::write_atomic(out, &plan).with_context(|| "writing the plan")?;
     }
@@ -282,6 +383,10 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&plan)?);
     } else {
         print_plan(&plan);
+        if let Some(r) = &report {
+            println!();
+            crate::cli::run_cmds::print_verify(r);
+        }
         if let Some(out) = &a.output {
             println!("\nwrote {}", out.display());
         }
@@ -310,7 +415,11 @@ pub fn print_plan(p: &PlanJson) {
             format_size(a.predicted.peak_bytes as u64),
             a.predicted.step_seconds,
             100.0 * (a.predicted.step_seconds / a.baseline_step_seconds - 1.0),
-            if a.checkpoint.modules.is_empty() { "(nothing)".into() } else { a.checkpoint.modules.join(",") }
+            if a.checkpoint.modules.is_empty() {
+                "(nothing)".into()
+            } else {
+                a.checkpoint.modules.join(",")
+            }
         );
     }
     println!("\nplan: {}", config_label(&p.config));

@@ -27,9 +27,9 @@ pub const MAX_BYTES: i64 = 1 << 53;
 /// Most free variables the exact enumeration fallback accepts (2^20 points).
 pub const MAX_ENUMERATE: usize = 20;
 
-/// A solver failing to return a point that survives the exact check this many times in a
-/// row is treated as numerical trouble. Each rejected point is cut off individually.
-const MAX_NOGOOD_CUTS: u32 = 32;
+/// Rounds of cover cuts before a MILP that keeps returning points the exact check rejects
+/// is treated as numerical trouble.
+const MAX_CUT_ROUNDS: usize = 64;
 
 /// One configuration (precision × optimizer × micro-batch …) to plan for.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,8 +71,8 @@ pub struct SolveStats {
     pub dp_gave_up: u32,
     /// MILP solves, counting re-solves after exact-check rejections.
     pub milp_solves: u32,
-    /// Points the MILP accepted but exact `i64` arithmetic rejected.
-    pub nogood_cuts: u32,
+    /// Cover cuts added after exact `i64` arithmetic rejected a point the MILP accepted.
+    pub cover_cuts: u32,
     /// Whether a numerical failure sent a search to exact enumeration.
     pub enumerated: bool,
 }
@@ -683,7 +683,8 @@ fn search(
                 Ok(y) => y,
                 Err(detail) if red.free.len() <= MAX_ENUMERATE => {
                     stats.enumerated = true;
-                    let _ = detail; // numerical trouble; enumeration is exact
+                    // Numerical trouble near the limit; enumeration is exact and small here.
+                    let _ = detail;
                     enumerate(p, &red, goal, limit)
                 }
                 Err(detail) => {
@@ -790,8 +791,43 @@ fn min_peak_milp(p: &ConfigProblem, opts: SolveOptions, mut stats: SolveStats) -
     Ok(finish(p, fastest, SolveStatus::Optimal, stats))
 }
 
-/// MILP over the free blocks, repeated with no-good cuts until the returned point passes
+/// A cut `Σ_{q∈on} (1 − x_q) + Σ_{q∈off} x_q ≥ 1`: at least one listed block must flip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Cut {
+    on: Vec<usize>,
+    off: Vec<usize>,
+}
+
+/// Cover cut from a point `y` that violates row `r`: every point agreeing with `y` on the
+/// blocks with positive coefficients that `y` takes and the blocks with negative
+/// coefficients that `y` leaves has a row value ≥ `y`'s, so it violates the row too, and
+/// the cut removes exactly those points — never a feasible one. Much stronger than cutting
+/// `y` alone, since flipping blocks the row does not see cannot repair it.
+fn cover_cut(row: &Row, y: &[bool]) -> Cut {
+    Cut {
+        on: row
+            .coef
+            .iter()
+            .filter(|&&(q, c)| c > 0 && y[q])
+            .map(|&(q, _)| q)
+            .collect(),
+        off: row
+            .coef
+            .iter()
+            .filter(|&&(q, c)| c < 0 && !y[q])
+            .map(|&(q, _)| q)
+            .collect(),
+    }
+}
+
+/// MILP over the free blocks, repeated with cover cuts until the returned point passes
 /// the exact check. `Ok(None)`: infeasible. `Err`: numerical trouble (caller decides).
+///
+/// Why this is exact: the solver works on a superset of the exact feasible set (half a
+/// byte of slack on each row, tolerances that only admit more), cuts remove only exactly
+/// infeasible points, and the loop ends with a point that passes the `i64` check — so it
+/// is optimal over a superset that contains it. An "infeasible" answer is exact for the
+/// same reason.
 fn milp_exact(
     p: &ConfigProblem,
     red: &Reduced,
@@ -801,8 +837,8 @@ fn milp_exact(
     opts: SolveOptions,
     stats: &mut SolveStats,
 ) -> Result<Option<Vec<bool>>, String> {
-    let mut cuts: Vec<Vec<bool>> = Vec::new();
-    loop {
+    let mut cuts: Vec<Cut> = Vec::new();
+    for _ in 0..=MAX_CUT_ROUNDS {
         stats.milp_solves += 1;
         let y = match milp_once(p, red, goal, limit, warm, &cuts, opts.backend)? {
             None => return Ok(None),
@@ -811,14 +847,31 @@ fn milp_exact(
         if goal == Goal::Peak || red.fits(&y, limit) {
             return Ok(Some(y));
         }
-        stats.nogood_cuts += 1;
-        if stats.nogood_cuts > MAX_NOGOOD_CUTS {
-            return Err(format!(
-                "{MAX_NOGOOD_CUTS} successive points failed the exact byte check"
-            ));
+        if red.groups.iter().any(|g| g.iter().filter(|&&q| y[q]).count() > 1) {
+            return Err("the solver returned a point that breaks an exclusive group".to_string());
         }
-        cuts.push(y);
+        for row in &red.rows {
+            let v = row
+                .coef
+                .iter()
+                .filter(|&&(q, _)| y[q])
+                .fold(row.offset, |a, &(_, c)| a + c);
+            if v > limit {
+                let cut = cover_cut(row, &y);
+                if cut.on.is_empty() && cut.off.is_empty() {
+                    // The row exceeds the limit at its minimum: nothing fits.
+                    return Ok(None);
+                }
+                if !cuts.contains(&cut) {
+                    cuts.push(cut);
+                    stats.cover_cuts += 1;
+                }
+            }
+        }
     }
+    Err(format!(
+        "{MAX_CUT_ROUNDS} successive points failed the exact byte check"
+    ))
 }
 
 /// Largest power of two not above `v` (for v > 0): scaling by it is exact in f64.
@@ -830,23 +883,31 @@ fn pow2_floor(v: f64) -> f64 {
     }
 }
 
-/// One MILP solve. Rows stay in bytes (exact in f64); microlp equilibrates each row by a
-/// power of two itself, and its incumbent check then works to 1e-7 byte.
+/// One MILP solve.
+///
+/// Units: rows are written in units of `2^s` bytes chosen so the largest coefficient is
+/// about 2^10 units. Scaling by a power of two is exact, so the data stay exact. The point
+/// is microlp's two tolerances: its simplex works to 1e-10 after scaling each row's
+/// largest coefficient to ~1, while the check it applies before accepting an integral
+/// point is 1e-7 *in these units*. In bytes with coefficients of 1e11 the first is ~10
+/// bytes and the second 1e-7 bytes, and microlp aborts on an integral vertex that the
+/// simplex accepts and the check rejects ("exactly integral solution failed feasibility
+/// validation"). With the largest coefficient at 2^10 units the check is the looser one,
+/// so such points come back to [`milp_exact`], whose exact check and cover cuts deal with
+/// them.
 fn milp_once(
     p: &ConfigProblem,
     red: &Reduced,
     goal: Goal,
     limit: i64,
     warm: Option<&[bool]>,
-    cuts: &[Vec<bool>],
+    cuts: &[Cut],
     backend: Backend,
 ) -> Result<Option<Vec<bool>>, String> {
     let k = red.free.len();
     let mut vars = ProblemVariables::new();
     let xs: Vec<Variable> = (0..k).map(|_| vars.add(variable().binary())).collect();
 
-    // Peak goal: P = peak_lower + unit·d. `unit` is a power of two near the largest row
-    // coefficient so d's column is as well scaled as the x columns.
     let max_coef = red
         .rows
         .iter()
@@ -854,7 +915,9 @@ fn milp_once(
         .max()
         .unwrap_or(1)
         .max(1) as f64;
-    let unit = pow2_floor(max_coef);
+    let unit = pow2_floor(max_coef / 1024.0).max(1.0);
+    // Peak goal: P = peak_lower + 1024·unit·d, so d's column is scaled like the x columns.
+    let d_scale = 1024.0;
     let d = (goal == Goal::Peak).then(|| vars.add(variable().min(0.0)));
 
     let mut objective = Expression::with_capacity(k + 1);
@@ -875,17 +938,17 @@ fn milp_once(
     for r in &red.rows {
         let mut e = Expression::with_capacity(r.coef.len() + 1);
         for &(q, c) in &r.coef {
-            e.add_mul(c as f64, xs[q]);
+            e.add_mul(c as f64 / unit, xs[q]);
         }
         // Half a byte of slack: every row value is an integer, so this admits exactly the
-        // integer-feasible points and keeps float noise below half a byte from cutting
-        // any of them off.
+        // integer-feasible points, and rounding noise smaller than that cannot cut off
+        // any of them.
         let rhs = match goal {
             Goal::Peak => {
-                e.add_mul(-unit, d.expect("peak goal has d"));
-                (red.peak_lower - r.offset) as f64 + 0.5
+                e.add_mul(-d_scale, d.expect("peak goal has d"));
+                ((red.peak_lower - r.offset) as f64 + 0.5) / unit
             }
-            Goal::Time | Goal::Feasible => (limit - r.offset) as f64 + 0.5,
+            Goal::Time | Goal::Feasible => ((limit - r.offset) as f64 + 0.5) / unit,
         };
         constraints.push(e.leq(rhs));
     }
@@ -896,19 +959,15 @@ fn milp_once(
         }
         constraints.push(e.leq(1.0));
     }
-    // No-good cut: Σ_{y_q=1} (1 − x_q) + Σ_{y_q=0} x_q ≥ 1 removes exactly the point y.
-    for y in cuts {
-        let mut e = Expression::with_capacity(k);
-        let mut ones = 0.0;
-        for (q, &on) in y.iter().enumerate() {
-            if on {
-                e.add_mul(-1.0, xs[q]);
-                ones += 1.0;
-            } else {
-                e.add_mul(1.0, xs[q]);
-            }
+    for cut in cuts {
+        let mut e = Expression::with_capacity(cut.on.len() + cut.off.len());
+        for &q in &cut.on {
+            e.add_mul(-1.0, xs[q]);
         }
-        constraints.push(e.geq(1.0 - ones));
+        for &q in &cut.off {
+            e.add_mul(1.0, xs[q]);
+        }
+        constraints.push(e.geq(1.0 - cut.on.len() as f64));
     }
     let warm_start: Vec<(Variable, f64)> = warm
         .map(|w| {

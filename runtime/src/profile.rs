@@ -327,17 +327,13 @@ fn regime(label: &str, a: &MicroTrace, b: &MicroTrace, chain: &ckptune_models::C
 }
 
 impl ConfigProfile {
-    /// The whole-step peak predicted for checkpoint mask `x` (blocks in chain order), with the
-    /// moment where it occurs: DESIGN.md's chain model in this runtime's terms. With per-block
-    /// autocast regions, what a block keeps during the forward is also what it keeps until its
-    /// backward, so one "kept" term per mode suffices.
-    pub fn predict_peak(&self, x: &[bool]) -> (i64, String) {
-        let mut best = (self.optimizer_peak, "optimizer step".to_owned());
-        let mut consider = |v: i64, what: &dyn Fn() -> String| {
-            if v > best.0 {
-                best = (v, what());
-            }
-        };
+    /// Every moment of the step predicted for checkpoint mask `x` (blocks in chain order), in
+    /// execution order, labelled as [`measured_moments`] labels the same moments of a trace:
+    /// DESIGN.md's chain model in this runtime's terms. With per-block autocast regions, what a
+    /// block keeps during the forward is also what it keeps until its backward, so one "kept"
+    /// term per mode suffices.
+    pub fn predict_moments(&self, x: &[bool]) -> Vec<(String, i64)> {
+        let mut out = Vec::new();
         for r in &self.regimes {
             let kept = |i: usize| {
                 let b = &r.blocks[i];
@@ -354,24 +350,39 @@ impl ConfigProfile {
                 } else {
                     b.fwd_transient_grad
                 };
-                consider(level + t, &|| format!("{}: forward {}", r.label, b.name));
+                out.push((format!("{}: forward {}", r.label, b.name), level + t));
                 level += kept(j);
             }
-            consider(level + r.loss_transient, &|| format!("{}: loss", r.label));
+            out.push((format!("{}: loss", r.label), level + r.loss_transient));
             let mut below = level;
             for (j, b) in r.blocks.iter().enumerate().rev() {
                 below -= kept(j);
                 let base = below + b.carry;
                 if x[j] {
-                    consider(base + b.rec_transient, &|| format!("{}: recompute {}", r.label, b.name));
-                    consider(base + b.kept_recompute + b.bwd_transient_ckpt, &|| {
-                        format!("{}: backward {}", r.label, b.name)
-                    });
+                    out.push((format!("{}: recompute {}", r.label, b.name), base + b.rec_transient));
+                    out.push((
+                        format!("{}: backward {}", r.label, b.name),
+                        base + b.kept_recompute + b.bwd_transient_ckpt,
+                    ));
                 } else {
-                    consider(base + b.kept_grad + b.bwd_transient, &|| {
-                        format!("{}: backward {}", r.label, b.name)
-                    });
+                    out.push((
+                        format!("{}: backward {}", r.label, b.name),
+                        base + b.kept_grad + b.bwd_transient,
+                    ));
                 }
+            }
+        }
+        out.push(("optimizer step".to_owned(), self.optimizer_peak));
+        out
+    }
+
+    /// The whole-step peak predicted for checkpoint mask `x`, with the (first) moment where it
+    /// occurs.
+    pub fn predict_peak(&self, x: &[bool]) -> (i64, String) {
+        let mut best = (i64::MIN, String::new());
+        for (label, v) in self.predict_moments(x) {
+            if v > best.0 {
+                best = (v, label);
             }
         }
         best
@@ -386,4 +397,26 @@ impl ConfigProfile {
                 .map(|(_, s)| s)
                 .sum::<f64>()
     }
+}
+
+/// The moments of an instrumented step, labelled and ordered as [`ConfigProfile::predict_moments`]
+/// predicts them for a step with `regimes` regimes (1, or 2 with gradient accumulation): the
+/// first micro-step, and the second as the accumulating one.
+pub fn measured_moments(trace: &StepTrace, chain: &ckptune_models::Chain, regimes: usize) -> Vec<(String, i64)> {
+    let labels = ["first micro-step", "accumulating micro-step"];
+    let mut out = Vec::new();
+    for (m, label) in trace.micro.iter().zip(labels).take(regimes) {
+        for (b, cb) in m.blocks.iter().zip(&chain.blocks) {
+            out.push((format!("{label}: forward {}", cb.name), b.fwd_peak));
+        }
+        out.push((format!("{label}: loss"), m.loss_peak));
+        for (b, cb) in m.blocks.iter().zip(&chain.blocks).rev() {
+            if b.checkpointed {
+                out.push((format!("{label}: recompute {}", cb.name), b.rec_peak));
+            }
+            out.push((format!("{label}: backward {}", cb.name), b.bwd_peak));
+        }
+    }
+    out.push(("optimizer step".to_owned(), trace.opt_peak));
+    out
 }

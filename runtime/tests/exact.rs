@@ -6,8 +6,8 @@
 
 use ckptune_kernels::{meter, rng};
 use ckptune_models::toy::{toy, ToyConfig};
-use ckptune_runtime::profile::{profile, ProfileSettings};
-use ckptune_runtime::{OptimizerKind, Precision, Session, TrainConfig};
+use ckptune_runtime::profile::{measured_moments, profile, ProfileSettings};
+use ckptune_runtime::{OptimizerKind, Precision, Session, StepTrace, TrainConfig};
 use tch::{Device, Tensor};
 
 fn session(toy_cfg: &ToyConfig, cfg: TrainConfig) -> Session {
@@ -169,6 +169,11 @@ fn check_exact(toy_cfg: &ToyConfig, cfg: TrainConfig) {
         let measured = s.step(&mask, None).unwrap().peak_bytes;
         let (predicted, moment) = p.predict_peak(&mask);
         assert_eq!(predicted, measured, "{label} {mask:?}: predicted at {moment}");
+        // Not only the peak: every moment of the step, as an instrumented step sees it.
+        let mut trace = StepTrace::default();
+        s.step(&mask, Some(&mut trace)).unwrap();
+        let seen = measured_moments(&trace, &s.chain, p.regimes.len());
+        assert_eq!(p.predict_moments(&mask), seen, "{label} {mask:?}: moments");
     }
 }
 

@@ -33,27 +33,51 @@ pub fn python() -> Command {
 /// Runs `python -c script` and panics with its stderr if it fails.
 pub fn run_python(script: &str) -> String {
     let out = python().args(["-c", script]).output().expect("starting CKPTUNE_PYTHON");
-    assert!(out.status.success(), "python failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "python failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).expect("python printed UTF-8")
 }
 
 /// `max |a - b|`.
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.size(), b.size(), "shapes differ");
-    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max().double_value(&[])
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
 }
 
 /// Runs the chain's blocks on `input` as the runtime does: each block's output becomes a
 /// detached leaf (requiring grad when `grad` and floating) before the next block sees it.
 /// Returns every block's output leaf.
-pub fn run_blocks(chain: &Chain, input: &Tensor, attention_bias: Option<&Tensor>, train: bool, grad: bool) -> Vec<Tensor> {
-    let ctx = Ctx { attention_mask: attention_bias, train };
+pub fn run_blocks(
+    chain: &Chain,
+    input: &Tensor,
+    attention_bias: Option<&Tensor>,
+    train: bool,
+    grad: bool,
+) -> Vec<Tensor> {
+    let ctx = Ctx {
+        attention_mask: attention_bias,
+        train,
+    };
     let mut h = input.shallow_clone();
     let mut outs = Vec::new();
     for block in &chain.blocks {
-        let out = if grad { block.block.forward(&h, &ctx) } else { tch::no_grad(|| block.block.forward(&h, &ctx)) };
+        let out = if grad {
+            block.block.forward(&h, &ctx)
+        } else {
+            tch::no_grad(|| block.block.forward(&h, &ctx))
+        };
         let leaf = out.detach();
-        h = if grad && leaf.is_floating_point() { leaf.set_requires_grad(true) } else { leaf };
+        h = if grad && leaf.is_floating_point() {
+            leaf.set_requires_grad(true)
+        } else {
+            leaf
+        };
         outs.push(h.shallow_clone());
     }
     outs

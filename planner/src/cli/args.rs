@@ -29,6 +29,10 @@ pub enum Command {
     Sweep(SweepArgs),
     /// Find the fastest config and checkpoint set whose peak memory fits the budget.
     Plan(PlanArgs),
+    /// Run a plan for real: measured vs predicted peak and step time (exit 1 if over budget).
+    Verify(VerifyArgs),
+    /// Train with a checkpoint regex or a plan applied; reports loss, step time and peak.
+    Train(TrainArgs),
 }
 
 /// What to train and how it may be trained.
@@ -106,7 +110,7 @@ pub struct SweepArgs {
     pub model: ModelArgs,
     /// Checkpoint regexes (full match over block names); one measured subset each. `''`
     /// measures nothing checkpointed.
-    #[arg(long = "checkpoint", required = true)]
+    #[arg(long = "checkpoint")]
     pub checkpoints: Vec<String>,
     /// Also measure every subset of the candidates (only for ≤ 10 candidates).
     #[arg(long)]
@@ -134,6 +138,49 @@ pub struct PlanArgs {
     #[arg(long, short)]
     pub output: Option<PathBuf>,
     /// Print the plan JSON on stdout instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Run the plan right after planning; if the measured peak exceeds the budget, plan again
+    /// with the measured excess taken off the budget, until a verified plan fits.
+    #[arg(long)]
+    pub verify: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// A plan written by `ckptune plan -o`.
+    pub plan: PathBuf,
+    /// Timed steps (after one warm-up step).
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Write the verify report JSON here.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Checkpoint the blocks whose names this regex fully matches (as the plan's regex).
+    #[arg(long, conflicts_with = "plan")]
+    pub checkpoint: Option<String>,
+    /// Train with a plan's regex and config (overrides --precision/--optimizer/--batch).
+    #[arg(long)]
+    pub plan: Option<PathBuf>,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 10)]
+    pub steps: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    /// Write per-step results as JSON here.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }

@@ -18,7 +18,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Models { json } => models(json),
         Command::Profile(a) => profile_cmd(a),
         Command::Sweep(a) => sweep_cmd(a),
-        Command::Plan(a) => super::super::plan_cli::plan_cmd(a),
+        Command::Plan(a) => crate::plan_cli::plan_cmd(a),
+        Command::Verify(a) => super::run_cmds::verify_cmd(a),
+        Command::Train(a) => super::run_cmds::train_cmd(a),
     }
 }
 
@@ -45,7 +47,13 @@ fn models(json: bool) -> Result<ExitCode> {
         } else {
             c.join(", ")
         };
-        println!("{:<20} {:<8} {:>14}  {}", m.name, format!("{:?}", m.family), group_digits(m.reference_params), shown);
+        println!(
+            "{:<20} {:<8} {:>14}  {}",
+            m.name,
+            format!("{:?}", m.family),
+            group_digits(m.reference_params),
+            shown
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -75,7 +83,10 @@ pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
     let mut configs = Vec::new();
     for cfg in &setup.configs {
         let key = setup.cache_key(cfg);
-        let cache_file = setup.cache_dir.as_ref().map(|d| d.join(format!("{:016x}.json", fnv1a(&key))));
+        let cache_file = setup
+            .cache_dir
+            .as_ref()
+            .map(|d| d.join(format!("{:016x}.json", fnv1a(&key))));
         if let Some(f) = &cache_file {
             if let Ok(cached) = formats::read_tagged::<CachedConfig>(f, CACHE_FORMAT) {
                 if cached.key == key {
@@ -89,13 +100,24 @@ pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
         let mj = model_json(&chain);
         let mut session = Session::new(chain, cfg.clone(), setup.device)
             .map_err(|e| anyhow::Error::new(UsageError(e.to_string())))?;
-        let p = profile(&mut session, &ProfileSettings { repeats: setup.repeats, quiet: setup.quiet })
-            .with_context(|| format!("profiling {} under {}", setup.model, cfg.label()))?;
+        let p = profile(
+            &mut session,
+            &ProfileSettings {
+                repeats: setup.repeats,
+                quiet: setup.quiet,
+            },
+        )
+        .with_context(|| format!("profiling {} under {}", setup.model, cfg.label()))?;
         let pj = formats::profile_to_json(config_json(cfg), &p);
         if let Some(f) = &cache_file {
             formats::write_atomic(
                 f,
-                &CachedConfig { format: CACHE_FORMAT.into(), key, model: mj.clone(), profile: pj.clone() },
+                &CachedConfig {
+                    format: CACHE_FORMAT.into(),
+                    key,
+                    model: mj.clone(),
+                    profile: pj.clone(),
+                },
             )?;
         }
         model.get_or_insert(mj);
@@ -122,7 +144,9 @@ struct CachedConfig {
 }
 
 fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 fn profile_cmd(a: ProfileArgs) -> Result<ExitCode> {
@@ -175,7 +199,10 @@ fn print_profile(p: &ProfileJson) {
             format_size(c.fixed.gradients as u64),
             format_size(c.fixed.batch as u64)
         );
-        println!("  {:<28} {:>12} {:>12} {:>12} {:>10}", "block", "kept", "if ckpt", "saves", "recompute");
+        println!(
+            "  {:<28} {:>12} {:>12} {:>12} {:>10}",
+            "block", "kept", "if ckpt", "saves", "recompute"
+        );
         for (b, rec) in c.regimes[0].blocks.iter().zip(&c.recompute_seconds) {
             if !b.candidate {
                 println!("  {:<28} {:>12}", b.name, format_size(b.kept_grad.max(0) as u64));
@@ -195,7 +222,12 @@ fn print_profile(p: &ProfileJson) {
 
 /// Every subset of the candidate blocks, as masks over the chain.
 fn all_subsets(candidates: &[bool]) -> Result<Vec<Vec<bool>>> {
-    let idx: Vec<usize> = candidates.iter().enumerate().filter(|(_, c)| **c).map(|(i, _)| i).collect();
+    let idx: Vec<usize> = candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c)
+        .map(|(i, _)| i)
+        .collect();
     if idx.len() > 10 {
         return Err(UsageError(format!(
             "--all-subsets: {} candidates would be {} subsets; pass --checkpoint regexes instead",
@@ -216,7 +248,13 @@ fn all_subsets(candidates: &[bool]) -> Result<Vec<Vec<bool>>> {
 }
 
 fn names_of(chain: &ckptune_models::Chain, mask: &[bool]) -> Vec<String> {
-    chain.blocks.iter().zip(mask).filter(|(_, m)| **m).map(|(b, _)| b.name.clone()).collect()
+    chain
+        .blocks
+        .iter()
+        .zip(mask)
+        .filter(|(_, m)| **m)
+        .map(|(b, _)| b.name.clone())
+        .collect()
 }
 
 /// Regex selecting exactly `names` among the model's modules.
@@ -232,12 +270,17 @@ pub fn sweep_session(setup: &Setup, cfg: &TrainConfig) -> Result<Session> {
 fn sweep_cmd(a: SweepArgs) -> Result<ExitCode> {
     let setup = Setup::resolve(&a.model, &[Precision::Fp32])?;
     if a.checkpoints.is_empty() && !a.all_subsets {
-        bail!(UsageError("sweep needs --checkpoint REGEX (repeatable) or --all-subsets".into()));
+        bail!(UsageError(
+            "sweep needs --checkpoint REGEX (repeatable) or --all-subsets".into()
+        ));
     }
     tch::set_num_threads(setup.threads);
     ckptune_kernels::meter::install()?;
-    let prof: Option<ProfileJson> =
-        a.profile.as_deref().map(|p| formats::read_tagged(p, formats::PROFILE_FORMAT)).transpose()?;
+    let prof: Option<ProfileJson> = a
+        .profile
+        .as_deref()
+        .map(|p| formats::read_tagged(p, formats::PROFILE_FORMAT))
+        .transpose()?;
     let mut model = None;
     let mut configs = Vec::new();
     for cfg in &setup.configs {
@@ -255,11 +298,17 @@ fn sweep_cmd(a: SweepArgs) -> Result<ExitCode> {
             }
         }
         let cp = prof.as_ref().and_then(|p| {
-            p.configs.iter().find(|c| c.config == config_json(cfg)).map(formats::profile_from_json)
+            p.configs
+                .iter()
+                .find(|c| c.config == config_json(cfg))
+                .map(formats::profile_from_json)
         });
         let points = sweep(&mut s, &masks, setup.repeats, setup.quiet, cp.as_ref())?;
         model.get_or_insert_with(|| model_json(&s.chain));
-        configs.push(SweepConfigJson { config: config_json(cfg), points });
+        configs.push(SweepConfigJson {
+            config: config_json(cfg),
+            points,
+        });
     }
     let out = SweepJson {
         format: formats::SWEEP_FORMAT.into(),
@@ -309,7 +358,11 @@ pub fn sweep(
             loss = r.loss;
         }
         if s.device == tch::Device::Cpu && peaks.iter().any(|p| *p != peaks[0]) {
-            bail!("sweep of {} {:?}: the peak differed between identical steps ({peaks:?})", s.chain.name, mask);
+            bail!(
+                "sweep of {} {:?}: the peak differed between identical steps ({peaks:?})",
+                s.chain.name,
+                mask
+            );
         }
         let names = names_of(&s.chain, mask);
         let stats = ckptune_runtime::profile::Stats::of(&secs);
@@ -332,19 +385,32 @@ pub fn sweep(
 fn print_sweep(s: &SweepJson) {
     for c in &s.configs {
         let cfg = &c.config;
-        println!("{} / {} / micro-batch {} × {}:", cfg.precision, cfg.optimizer, cfg.micro_batch, cfg.grad_accum);
-        println!("  {:<40} {:>12} {:>12} {:>10} {:>10}", "checkpointed", "peak", "predicted", "step s", "predicted");
+        println!(
+            "{} / {} / micro-batch {} × {}:",
+            cfg.precision, cfg.optimizer, cfg.micro_batch, cfg.grad_accum
+        );
+        println!(
+            "  {:<40} {:>12} {:>12} {:>10} {:>10}",
+            "checkpointed", "peak", "predicted", "step s", "predicted"
+        );
         for p in &c.points {
-            let what = if p.modules.is_empty() { "(nothing)".to_owned() } else { p.modules.join(",") };
+            let what = if p.modules.is_empty() {
+                "(nothing)".to_owned()
+            } else {
+                p.modules.join(",")
+            };
             println!(
                 "  {:<40} {:>12} {:>12} {:>10.3} {:>10}",
                 what,
                 format_size(p.peak_bytes as u64),
-                p.predicted_peak_bytes.map(|b| format_size(b as u64)).unwrap_or_else(|| "-".into()),
+                p.predicted_peak_bytes
+                    .map(|b| format_size(b as u64))
+                    .unwrap_or_else(|| "-".into()),
                 p.step_seconds.median,
-                p.predicted_step_seconds.map(|t| format!("{t:.3}")).unwrap_or_else(|| "-".into())
+                p.predicted_step_seconds
+                    .map(|t| format!("{t:.3}"))
+                    .unwrap_or_else(|| "-".into())
             );
         }
     }
 }
-

@@ -2,6 +2,7 @@
 
 pub mod args;
 pub mod commands;
+pub mod run_cmds;
 pub mod setup;
 
 /// Bad input (exit code 2), as opposed to a failure of the work itself (exit code 1).

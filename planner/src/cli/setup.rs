@@ -54,11 +54,17 @@ impl Setup {
         let precisions: Vec<Precision> = if a.precision.is_empty() {
             default_precisions.to_vec()
         } else {
-            a.precision.iter().map(|p| p.parse().map_err(|e| usage(format!("--precision: {e}")))).collect::<Result<_>>()?
+            a.precision
+                .iter()
+                .map(|p| p.parse().map_err(|e| usage(format!("--precision: {e}"))))
+                .collect::<Result<_>>()?
         };
         let precisions: Vec<Precision> = if a.precision.is_empty() {
             // Defaults only include what the device can run.
-            precisions.into_iter().filter(|p| p.check_device(device).is_ok()).collect()
+            precisions
+                .into_iter()
+                .filter(|p| p.check_device(device).is_ok())
+                .collect()
         } else {
             for p in &precisions {
                 p.check_device(device).map_err(|e| usage(format!("--precision: {e}")))?;
@@ -70,12 +76,22 @@ impl Setup {
             .iter()
             .map(|o| o.parse().map_err(|e| usage(format!("--optimizer: {e}"))))
             .collect::<Result<_>>()?;
-        let default_batch = if a.model.contains("bert") || a.model.contains("gpt") { 4 } else { 8 };
-        let mut batches = if a.batch.is_empty() { vec![default_batch] } else { a.batch.clone() };
+        let default_batch = if a.model.contains("bert") || a.model.contains("gpt") {
+            4
+        } else {
+            8
+        };
+        let mut batches = if a.batch.is_empty() {
+            vec![default_batch]
+        } else {
+            a.batch.clone()
+        };
         batches.sort_unstable();
         batches.dedup();
         if let Some(b) = batches.iter().find(|b| **b < 1) {
-            return Err(usage(format!("--batch {b}: a micro-batch must hold at least one sample")));
+            return Err(usage(format!(
+                "--batch {b}: a micro-batch must hold at least one sample"
+            )));
         }
         let global_batch = a.global_batch.unwrap_or(*batches.last().unwrap_or(&default_batch));
         if global_batch < 1 {
@@ -112,7 +128,9 @@ impl Setup {
         let threads = match a.threads {
             Some(t) if t < 1 => return Err(usage(format!("--threads {t}: must be at least 1"))),
             Some(t) => t,
-            None => std::thread::available_parallelism().map(|n| n.get() as i32).unwrap_or(1),
+            None => std::thread::available_parallelism()
+                .map(|n| n.get() as i32)
+                .unwrap_or(1),
         };
         let cache_dir = if a.no_cache {
             None
@@ -146,8 +164,10 @@ impl Setup {
         let path = Path::new(&self.model);
         if path.exists() {
             match ckptune_models::from_file(path, &self.opts) {
-                Err(ckptune_models::ModelError::TorchScript(p)) => ckptune_models::jit::chain_from_torchscript(&p, &self.opts)
-                    .with_context(|| format!("loading TorchScript model {}", p.display())),
+                Err(ckptune_models::ModelError::TorchScript(p)) => {
+                    ckptune_models::jit::chain_from_torchscript(&p, &self.opts)
+                        .with_context(|| format!("loading TorchScript model {}", p.display()))
+                }
                 other => other.with_context(|| format!("loading model {}", path.display())),
             }
         } else if self.model.ends_with(".pt") || self.model.ends_with(".safetensors") || self.model.contains('/') {
@@ -177,7 +197,9 @@ impl Setup {
         let model_id = match std::fs::metadata(&self.model) {
             Ok(m) => format!(
                 "{}:{}:{:?}",
-                std::fs::canonicalize(&self.model).unwrap_or_else(|_| PathBuf::from(&self.model)).display(),
+                std::fs::canonicalize(&self.model)
+                    .unwrap_or_else(|_| PathBuf::from(&self.model))
+                    .display(),
                 m.len(),
                 m.modified().ok()
             ),
@@ -236,7 +258,14 @@ pub fn model_json(chain: &Chain) -> ModelJson {
         params: chain.param_count(),
         reference_params: chain.reference_params,
         input: format!("{:?}", chain.input),
-        blocks: chain.blocks.iter().map(|b| BlockJson { name: b.name.clone(), candidate: b.candidate }).collect(),
+        blocks: chain
+            .blocks
+            .iter()
+            .map(|b| BlockJson {
+                name: b.name.clone(),
+                candidate: b.candidate,
+            })
+            .collect(),
         modules: chain.modules.clone(),
     }
 }

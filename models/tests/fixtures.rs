@@ -1,0 +1,187 @@
+//! Forward outputs on the committed fixtures (written by `fixtures/make_fixtures.py` from
+//! the plain-PyTorch references) equal PyTorch's, in eval mode, for weights read from
+//! safetensors and from `torch.save`d plain dicts.
+//!
+//! Tolerance: max |ours - PyTorch| ≤ 1e-5 on outputs of order 1. Both sides run the same
+//! libtorch kernels; the slack covers thread-count-dependent reduction order.
+
+mod common;
+
+use ckptune_models::load::{self, Loaded};
+use ckptune_models::resnet::{self, BlockKind};
+use ckptune_models::zoo::Architecture;
+use ckptune_models::{Batch, Granularity, ModelOptions};
+use common::{fixture, max_abs_diff, run_blocks, tensors};
+use tch::Tensor;
+
+const TOL: f64 = 1e-5;
+
+fn load(file: &str, opts: &ModelOptions) -> Loaded {
+    load::load(fixture(file), opts).unwrap_or_else(|e| panic!("loading {file}: {e}"))
+}
+
+#[test]
+fn tiny_resnet_matches_pytorch() {
+    tch::set_num_threads(1);
+    let io = tensors("tiny_resnet_io.safetensors");
+    for (file, granularity) in [
+        ("tiny_resnet.safetensors", Granularity::Layer),
+        ("tiny_resnet.pt", Granularity::Layer),
+        ("tiny_resnet.safetensors", Granularity::Block),
+    ] {
+        let opts = ModelOptions {
+            image: Some(16),
+            granularity,
+            ..Default::default()
+        };
+        let loaded = load(file, &opts);
+        let expected = resnet::Config {
+            block: BlockKind::Basic,
+            layers: [1, 1, 1, 1],
+            num_classes: 10,
+            zero_init_residual: false,
+            groups: 1,
+            width_per_group: 64,
+            inplanes: 2,
+        };
+        assert_eq!(loaded.architecture, Architecture::ResNet(expected));
+        assert_eq!(
+            (loaded.prefix.as_deref(), loaded.ignored.len(), loaded.defaulted.len()),
+            (None, 0, 0)
+        );
+        let chain = &loaded.chain;
+        let nbt = &chain.vs.variables()["layer3.0.downsample.1.num_batches_tracked"];
+        assert_eq!(
+            (nbt.kind(), nbt.int64_value(&[])),
+            (tch::Kind::Int64, 7),
+            "buffers are loaded"
+        );
+
+        let input = &io["input"];
+        let before = input.copy();
+        let outs = run_blocks(chain, input, None, false, false);
+        assert!(input.equal(&before), "a block wrote to its input");
+        let logits = outs.last().unwrap();
+        let diff = max_abs_diff(logits, &io["logits"]);
+        assert!(diff <= TOL, "{file} {granularity:?}: logits differ by {diff}");
+
+        let batch = Batch {
+            input: input.shallow_clone(),
+            target: io["target"].shallow_clone(),
+            attention_mask: None,
+        };
+        let loss = chain.head.loss(logits, &batch);
+        let diff = max_abs_diff(&loss.reshape([1]), &io["loss"]);
+        assert!(diff <= TOL, "{file}: loss differs by {diff}");
+    }
+}
+
+#[test]
+fn tiny_bert_matches_pytorch() {
+    tch::set_num_threads(1);
+    let io = tensors("tiny_bert_io.safetensors");
+    // 32 wide with 2 heads: not the hidden/64 convention, so the head count is given.
+    let opts = ModelOptions {
+        heads: Some(2),
+        ..Default::default()
+    };
+    for (file, prefix, defaulted) in [
+        // BertForSequenceClassification: `bert.` backbone and the trained classifier.
+        ("tiny_bert.safetensors", Some("bert."), vec![]),
+        // BertModel alone: the loss head keeps its initial weights.
+        ("tiny_bert.pt", None, vec!["classifier.bias", "classifier.weight"]),
+    ] {
+        let loaded = load(file, &opts);
+        let Architecture::Bert(cfg) = &loaded.architecture else {
+            panic!("{file}: not BERT")
+        };
+        assert_eq!(
+            (
+                cfg.num_hidden_layers,
+                cfg.hidden_size,
+                cfg.num_attention_heads,
+                cfg.intermediate_size
+            ),
+            (2, 32, 2, 4)
+        );
+        assert_eq!(
+            (
+                cfg.vocab_size,
+                cfg.max_position_embeddings,
+                cfg.type_vocab_size,
+                cfg.num_labels
+            ),
+            (100, 8, 2, 2)
+        );
+        assert_eq!(loaded.prefix.as_deref(), prefix, "{file}");
+        assert_eq!(loaded.defaulted, defaulted, "{file}");
+
+        let chain = &loaded.chain;
+        let batch = Batch {
+            input: io["input_ids"].shallow_clone(),
+            target: Tensor::from_slice(&[0i64, 1]),
+            attention_mask: Some(io["attention_mask"].shallow_clone()),
+        };
+        let bias = chain.attention_bias(batch.attention_mask.as_ref().unwrap());
+        let outs = run_blocks(chain, &batch.input, Some(&bias), false, false);
+        let layers = cfg.num_hidden_layers as usize;
+        let diff = max_abs_diff(&outs[layers], &io["last_hidden_state"]);
+        assert!(diff <= TOL, "{file}: last_hidden_state differs by {diff}");
+        let diff = max_abs_diff(&outs[layers + 1], &io["pooler_output"]);
+        assert!(diff <= TOL, "{file}: pooler_output differs by {diff}");
+    }
+}
+
+#[test]
+fn tiny_gpt2_matches_pytorch() {
+    tch::set_num_threads(1);
+    let io = tensors("tiny_gpt2_io.safetensors");
+    let loaded = load(
+        "tiny_gpt2.safetensors",
+        &ModelOptions {
+            heads: Some(2),
+            ..Default::default()
+        },
+    );
+    assert_eq!(loaded.prefix.as_deref(), Some("transformer."));
+    // GPT2LMHeadModel's state dict lists the tied head; it is checked equal to wte and skipped.
+    assert_eq!(loaded.ignored, vec!["lm_head.weight"]);
+    let chain = &loaded.chain;
+    let ids = &io["input_ids"];
+    let outs = run_blocks(chain, ids, None, false, false);
+    let hidden = outs.last().unwrap();
+    let diff = max_abs_diff(hidden, &io["last_hidden_state"]);
+    assert!(diff <= TOL, "last_hidden_state differs by {diff}");
+    // The causal-LM loss with labels = input_ids, shifted inside the loss as HF does.
+    let batch = Batch {
+        input: ids.shallow_clone(),
+        target: ids.shallow_clone(),
+        attention_mask: None,
+    };
+    let loss = chain.head.loss(hidden, &batch);
+    let diff = max_abs_diff(&loss.reshape([1]), &io["loss"]);
+    assert!(diff <= TOL, "loss differs by {diff}");
+}
+
+#[test]
+fn both_file_formats_hold_the_same_weights() {
+    for (a, b, opts) in [
+        ("tiny_resnet.safetensors", "tiny_resnet.pt", ModelOptions::default()),
+        (
+            "tiny_bert.safetensors",
+            "tiny_bert.pt",
+            ModelOptions {
+                heads: Some(2),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let (a, b) = (load(a, &opts).chain, load(b, &opts).chain);
+        let vb = b.vs.variables();
+        for (name, t) in a.vs.variables() {
+            if !name.starts_with("classifier.") {
+                assert!(t.equal(&vb[&name]), "{name} differs between the two files");
+            }
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! Drives the real `ckptune` binary on tiny models and checks its output files and exit codes.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn ckptune(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ckptune"))
+        .args(args)
+        .env(
+            "CKPTUNE_CACHE",
+            std::env::temp_dir().join(format!("ckptune-test-cache-{}", std::process::id())),
+        )
+        .output()
+        .expect("runs ckptune")
+}
+
+fn ok(args: &[&str]) -> Output {
+    let out = ckptune(args);
+    assert!(
+        out.status.success(),
+        "ckptune {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+fn read(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("file written")).expect("valid JSON")
+}
+
+const COMMON: [&str; 4] = ["--threads", "1", "--quiet", "--no-cache"];
+
+#[test]
+fn models_lists_reference_parameter_counts() {
+    let out = ok(&["models", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let count =
+        |name: &str| v.as_array().unwrap().iter().find(|m| m["name"] == name).unwrap()["reference_params"].clone();
+    assert_eq!(count("resnet152"), 60_192_808);
+    assert_eq!(count("bert-base-uncased"), 109_482_240);
+    assert_eq!(count("gpt2"), 124_439_808);
+}
+
+#[test]
+fn plan_fits_and_verifies_to_the_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("profile.json");
+    let mut args = vec![
+        "profile",
+        "tiny-bert",
+        "--batch",
+        "4",
+        "--seq",
+        "16",
+        "-o",
+        profile.to_str().unwrap(),
+    ];
+    args.extend(COMMON);
+    ok(&args);
+    let p = read(&profile);
+    assert_eq!(p["format"], "ckptune.profile/1");
+    let c = &p["configs"][0];
+    let (none, all) = (c["peak_none"].as_i64().unwrap(), c["peak_all"].as_i64().unwrap());
+    assert!(all < none, "checkpointing everything saves memory ({all} < {none})");
+
+    // A budget between the two peaks forces some checkpointing.
+    let budget = (all + none) / 2;
+    let plan = dir.path().join("plan.json");
+    let b = budget.to_string();
+    let mut args = vec![
+        "plan",
+        "--budget",
+        &b,
+        "tiny-bert",
+        "--batch",
+        "4",
+        "--seq",
+        "16",
+        "--precision",
+        "fp32",
+        "--profile",
+        profile.to_str().unwrap(),
+        "-o",
+        plan.to_str().unwrap(),
+        "--verify",
+    ];
+    args.extend(COMMON);
+    ok(&args);
+    let v = read(&plan);
+    assert_eq!(v["format"], "ckptune.plan/1");
+    assert_eq!(v["budget_bytes"], budget);
+    assert!(v["predicted"]["peak_bytes"].as_i64().unwrap() <= budget);
+    assert!(!v["checkpoint"]["modules"].as_array().unwrap().is_empty());
+    assert_eq!(v["solver"]["status"], "optimal");
+    for key in ["precision", "optimizer", "micro_batch", "grad_accum", "set_to_none"] {
+        assert!(!v["config"][key].is_null(), "config.{key}");
+    }
+
+    let report = dir.path().join("verify.json");
+    ok(&[
+        "verify",
+        plan.to_str().unwrap(),
+        "-o",
+        report.to_str().unwrap(),
+        "--quiet",
+    ]);
+    let r = read(&report);
+    assert_eq!(r["format"], "ckptune.verify/1");
+    assert_eq!(r["within_budget"], true);
+    assert_eq!(r["peak_error_bytes"], 0, "CPU prediction is byte-exact: {r}");
+    assert_eq!(r["mismatches"].as_array().unwrap().len(), 0, "{r}");
+}
+
+#[test]
+fn verify_fails_loudly_over_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    let mut args = vec![
+        "plan",
+        "--budget",
+        "1GiB",
+        "tiny-resnet",
+        "--image",
+        "32",
+        "--precision",
+        "fp32",
+        "-o",
+        plan.to_str().unwrap(),
+    ];
+    args.extend(COMMON);
+    ok(&args);
+    // Shrink the recorded budget below what the plan needs.
+    let mut v = read(&plan);
+    v["budget_bytes"] = Value::from(v["predicted"]["peak_bytes"].as_i64().unwrap() - 1);
+    std::fs::write(&plan, serde_json::to_string(&v).unwrap()).unwrap();
+    let out = ckptune(&["verify", plan.to_str().unwrap(), "--quiet"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("OVER BUDGET"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("verification failed"));
+}
+
+#[test]
+fn infeasible_budget_fails_with_the_smallest_peak_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    let mut args = vec![
+        "plan",
+        "--budget",
+        "1KiB",
+        "tiny-resnet",
+        "--image",
+        "32",
+        "-o",
+        plan.to_str().unwrap(),
+    ];
+    args.extend(COMMON);
+    let out = ckptune(&args);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("smallest achievable peak"), "{err}");
+    assert!(err.contains("checkpoint regex"), "{err}");
+    assert!(err.contains("What else could help"), "{err}");
+    assert!(!plan.exists(), "no plan file for an infeasible budget");
+}
+
+#[test]
+fn bad_input_exits_2_with_a_clear_message() {
+    for (args, needle) in [
+        (vec!["plan", "--budget", "12 parsecs", "tiny-resnet"], "--budget"),
+        (vec!["plan", "--budget", "1GiB", "resnet150"], "unknown model"),
+        (
+            vec!["plan", "--budget", "1GiB", "tiny-resnet", "--precision", "fp64"],
+            "unknown precision",
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", "tiny-resnet", "--precision", "fp16"],
+            "CUDA",
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", "/nonexistent/model.pt"],
+            "does not exist",
+        ),
+        (
+            vec!["train", "tiny-resnet", "--checkpoint", "conv1.*"],
+            "not a candidate",
+        ),
+    ] {
+        let out = ckptune(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn training_with_and_without_checkpointing_gives_the_same_losses() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |regex: Option<&str>, name: &str| {
+        let out = dir.path().join(name);
+        let mut args = vec![
+            "train",
+            "tiny-gpt2",
+            "--seq",
+            "16",
+            "--batch",
+            "2",
+            "--steps",
+            "3",
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        if let Some(r) = regex {
+            args.extend(["--checkpoint", r]);
+        }
+        args.extend(COMMON);
+        ok(&args);
+        read(&out)["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["loss"].as_f64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let plain = run(None, "plain.json");
+    let ckpt = run(Some(r"^(?:h\.0|h\.1)$"), "ckpt.json");
+    assert_eq!(plain.len(), 3);
+    assert_eq!(plain, ckpt, "bitwise-identical training");
+    // Batches are fresh random tokens each step, so the loss need not fall; it must be real.
+    assert!(plain.iter().all(|l| l.is_finite() && *l > 0.0), "{plain:?}");
+}
+
+#[test]
+fn sweep_predictions_are_byte_exact_on_every_subset() {
+    let dir = tempfile::tempdir().unwrap();
+    for model in [
+        ["tiny-bert", "--seq"],
+        ["tiny-gpt2", "--seq"],
+        ["tiny-resnet", "--image"],
+    ] {
+        let size = if model[0] == "tiny-resnet" { "32" } else { "16" };
+        let profile = dir.path().join(format!("{}-profile.json", model[0]));
+        let sweep = dir.path().join(format!("{}-sweep.json", model[0]));
+        for precision in ["fp32", "bf16"] {
+            let mut args = vec![
+                "profile",
+                model[0],
+                model[1],
+                size,
+                "--batch",
+                "2",
+                "--precision",
+                precision,
+            ];
+            args.extend(["-o", profile.to_str().unwrap()]);
+            args.extend(COMMON);
+            ok(&args);
+            let mut args = vec![
+                "sweep",
+                model[0],
+                model[1],
+                size,
+                "--batch",
+                "2",
+                "--precision",
+                precision,
+                "--all-subsets",
+            ];
+            args.extend([
+                "--repeats",
+                "1",
+                "--profile",
+                profile.to_str().unwrap(),
+                "-o",
+                sweep.to_str().unwrap(),
+            ]);
+            args.extend(COMMON);
+            ok(&args);
+            let s = read(&sweep);
+            assert_eq!(s["format"], "ckptune.sweep/1");
+            let points = s["configs"][0]["points"].as_array().unwrap();
+            assert!(points.len() >= 8, "{}: all subsets", model[0]);
+            for p in points {
+                assert_eq!(
+                    p["peak_bytes"], p["predicted_peak_bytes"],
+                    "{} {precision} {}",
+                    model[0], p["regex"]
+                );
+            }
+        }
+    }
+}
