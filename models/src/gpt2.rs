@@ -2,18 +2,20 @@
 //! with `GPT2LMHeadModel`'s tied LM head and causal-LM loss, as a chain of named blocks.
 //!
 //! Attention is the **eager** path of transformers 4.x (`eager_attention_forward`, formerly
-//! `GPT2Attention._attn`): `matmul`, divide by a 0-dim `sqrt(head_dim)` tensor, `torch.where` with the layer's
-//! causal `bias` buffer (a non-persistent `[1, 1, n_positions, n_positions]` bool tril per
-//! layer, as HF allocates it) and `finfo.min`, optional additive mask, softmax, dropout,
-//! `matmul`. SDPA, HF's default, keeps far less activation memory; ckptune models eager.
+//! `GPT2Attention._attn`): `matmul`, divide by a 0-dim `sqrt(head_dim)` tensor, `torch.where`
+//! with the layer's causal `bias` buffer (a non-persistent `[1, 1, n_positions, n_positions]`
+//! bool tril per layer, as HF allocates it) and `finfo.min`, optional additive mask, softmax,
+//! dropout, `matmul`. SDPA, HF's default, keeps far less activation memory; ckptune models eager.
 //! `Conv1D` keeps HF's transposed `[in, out]` weight and `addmm`; `gelu_new` is the
 //! written-out tanh formula. Each `forward` mirrors the Python statement by statement,
 //! including which locals stay alive until the function returns.
 //!
 //! Chain: `wte+wpe+drop` (embedding group, not a candidate), `h.0` … `h.{N-1}`, `ln_f`.
-//! Deviation: GPT2Model keeps its locals `inputs_embeds` and `position_embeds` alive until the
-//! whole transformer returns; here they die with the embedding group, so the forward peak is
-//! lower by one `[batch, seq, n_embd]` activation — the chain cannot hold a block's locals.
+//! Deviation: GPT2Model keeps its locals `inputs_embeds` (`[batch, seq, n_embd]`) and
+//! `position_embeds` (`[1, seq, n_embd]`) alive until the whole transformer returns; here they
+//! die with the embedding group, so memory during the layers' forward is lower by those two
+//! tensors — a chain cannot keep a block's locals alive. (ResNet and BERT have no such
+//! cross-block locals.)
 //!
 //! Loss: `lm_head` (no bias, weight tied to `wte.weight`: no extra parameters) and HF's
 //! `ForCausalLMLoss`: `logits.float()`, labels padded on the right with -100 and shifted by

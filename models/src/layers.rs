@@ -335,11 +335,14 @@ impl Activation {
         match self {
             Activation::Gelu => xs.gelu("none"),
             Activation::GeluNew => {
-                // Python evaluates `0.5 * input * (1.0 + torch.tanh(...))` left to right;
-                // the same op order gives the same allocations.
+                // Python evaluates `0.5 * input * (1.0 + torch.tanh(...))` left to right and
+                // frees each temporary as soon as the next op has consumed it. Same order and
+                // lifetimes here: the by-value operators drop their left operand.
                 let half = xs * 0.5;
                 let inner = (xs + xs.pow_tensor_scalar(3.0) * 0.044715) * (2.0 / std::f64::consts::PI).sqrt();
-                half * (inner.tanh() + 1.0)
+                let tanh = inner.tanh();
+                drop(inner);
+                half * (tanh + 1.0)
             }
             Activation::Relu => xs.relu(),
         }

@@ -9,6 +9,14 @@ use ckptune_models::{builtin, Chain, Ctx, Granularity, InputSpec, ModelError, Mo
 use common::run_blocks;
 use tch::{Device, Kind};
 
+/// libtorch's generator is process-wide and tests run on parallel threads: tests that seed it
+/// and then draw from it (batches, dropout) hold this lock.
+static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn rng() -> std::sync::MutexGuard<'static, ()> {
+    RNG.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[test]
 fn catalogue_lists_the_builtins() {
     let list = zoo::list();
@@ -267,6 +275,7 @@ fn training_step(chain: &Chain, seed: i64) -> f64 {
 
 #[test]
 fn a_training_step_reaches_every_parameter() {
+    let _rng = rng();
     tch::set_num_threads(2);
     for name in ["tiny-resnet", "tiny-bert", "tiny-gpt2"] {
         let chain = builtin(name, &ModelOptions::default()).unwrap();
@@ -291,6 +300,7 @@ fn a_training_step_reaches_every_parameter() {
 
 #[test]
 fn blocks_leave_their_input_alone_and_recompute_identically() {
+    let _rng = rng();
     tch::set_num_threads(2);
     for name in ["tiny-resnet", "tiny-bert", "tiny-gpt2"] {
         let chain = builtin(name, &ModelOptions::default()).unwrap();
@@ -324,6 +334,7 @@ fn blocks_leave_their_input_alone_and_recompute_identically() {
 
 #[test]
 fn eval_mode_is_deterministic_and_dropout_free() {
+    let _rng = rng();
     let chain = builtin("tiny-bert", &ModelOptions::default()).unwrap();
     let batch = chain.make_batch(2, Device::Cpu, 5);
     let bias = chain.attention_bias(batch.attention_mask.as_ref().unwrap());
