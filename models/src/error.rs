@@ -46,6 +46,9 @@ pub enum ModelError {
     )]
     OrderedDict(PathBuf),
 
+    #[error("TorchScript model {} cannot be run as a chain of blocks: {reason}", path.display())]
+    NotAChain { path: PathBuf, reason: String },
+
     #[error("cannot read {} as a state dict: {reason}", path.display())]
     BadFile { path: PathBuf, reason: String },
 

@@ -74,7 +74,7 @@ fn register(vs: &nn::VarStore, name: &str, t: Tensor, trainable: bool) {
 /// Loads a TorchScript file whose top-level children form a chain.
 pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain> {
     let shown = path.display().to_string();
-    let bad = |reason: String| ModelError::BadFile {
+    let bad = |reason: String| ModelError::NotAChain {
         path: path.to_path_buf(),
         reason,
     };

@@ -31,6 +31,10 @@ fn read(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("file written")).expect("valid JSON")
 }
 
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/fixtures").join(name).to_string_lossy().into_owned()
+}
+
 const COMMON: [&str; 4] = ["--threads", "1", "--quiet", "--no-cache"];
 
 #[test]
@@ -168,6 +172,8 @@ fn infeasible_budget_fails_with_the_smallest_peak_and_writes_nothing() {
 
 #[test]
 fn bad_input_exits_2_with_a_clear_message() {
+    let not_chain = fixture("tiny_not_chain.torchscript.pt");
+    let ordered_dict = fixture("ordered_dict.pt");
     for (args, needle) in [
         (vec!["plan", "--budget", "12 parsecs", "tiny-resnet"], "--budget"),
         (vec!["plan", "--budget", "1GiB", "resnet150"], "unknown model"),
@@ -187,6 +193,8 @@ fn bad_input_exits_2_with_a_clear_message() {
             vec!["train", "tiny-resnet", "--checkpoint", "conv1.*"],
             "not a candidate",
         ),
+        (vec!["plan", "--budget", "1GiB", &not_chain], "not the composition of its top-level children"),
+        (vec!["plan", "--budget", "1GiB", &ordered_dict], "torch.save(dict(model.state_dict()), path)"),
     ] {
         let out = ckptune(&args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -241,8 +249,9 @@ fn sweep_predictions_are_byte_exact_on_every_subset() {
         ["tiny-resnet", "--image"],
     ] {
         let size = if model[0] == "tiny-resnet" { "32" } else { "16" };
-        let profile = dir.path().join(format!("{}-profile.json", model[0]));
-        let sweep = dir.path().join(format!("{}-sweep.json", model[0]));
+        let stem = Path::new(model[0]).file_name().unwrap().to_string_lossy().into_owned();
+        let profile = dir.path().join(format!("{stem}-profile.json"));
+        let sweep = dir.path().join(format!("{stem}-sweep.json"));
         for precision in ["fp32", "bf16"] {
             let mut args = vec![
                 "profile",

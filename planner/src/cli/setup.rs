@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use ckptune_models::{Chain, Granularity, ModelOptions};
 use ckptune_runtime::{OptimizerKind, Precision, TrainConfig};
 use tch::Device;
@@ -163,13 +163,14 @@ impl Setup {
         tch::manual_seed(0);
         let path = Path::new(&self.model);
         if path.exists() {
-            match ckptune_models::from_file(path, &self.opts) {
+            // A file that cannot be used is bad input (exit code 2), whatever is wrong with it.
+            let loaded = match ckptune_models::from_file(path, &self.opts) {
                 Err(ckptune_models::ModelError::TorchScript(p)) => {
                     ckptune_models::jit::chain_from_torchscript(&p, &self.opts)
-                        .with_context(|| format!("loading TorchScript model {}", p.display()))
                 }
-                other => other.with_context(|| format!("loading model {}", path.display())),
-            }
+                other => other,
+            };
+            loaded.map_err(|e| usage(format!("loading model {}: {e}", path.display())))
         } else if self.model.ends_with(".pt") || self.model.ends_with(".safetensors") || self.model.contains('/') {
             Err(usage(format!("model file {} does not exist", self.model)))
         } else {
