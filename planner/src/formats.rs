@@ -310,6 +310,17 @@ pub fn profile_from_json(c: &ConfigProfileJson) -> rt::ConfigProfile {
 /// synced, then renamed over the target, so a reader never sees half a file and an interrupted
 /// write loses nothing that was there before.
 pub fn write_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), FormatError> {
+    let mut text = serde_json::to_string_pretty(value).map_err(|e| FormatError::Write {
+        path: path.display().to_string(),
+        source: std::io::Error::other(e),
+    })?;
+    text.push('\n');
+    write_bytes_atomic(path, text.as_bytes())
+}
+
+/// Writes `bytes` to `path` atomically (see [`write_atomic`]); for files that are not JSON,
+/// such as plots.
+pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<(), FormatError> {
     let shown = path.display().to_string();
     let werr = |source| FormatError::Write {
         path: shown.clone(),
@@ -325,11 +336,9 @@ pub fn write_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), FormatEr
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "out".into());
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let text = serde_json::to_string_pretty(value).map_err(|e| werr(std::io::Error::other(e)))?;
     let result = (|| {
         let mut f = fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.write_all(b"\n")?;
+        f.write_all(bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, path)
     })();

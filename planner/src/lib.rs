@@ -2,12 +2,13 @@
 //!
 //! The solver modules ([`chain_model`], [`solver`], [`regex_emit`], [`budget`]) take plain
 //! structs and return plain structs: no I/O, no libtorch. [`formats`] is the one serde
-//! boundary; [`cli`] is the glue.
+//! boundary; [`plot`] draws plain structs to SVG and PNG; [`cli`] is the glue.
 
 pub mod budget;
 pub mod chain_model;
 pub mod cli;
 pub mod formats;
 pub mod plan_cli;
+pub mod plot;
 pub mod regex_emit;
 pub mod solver;

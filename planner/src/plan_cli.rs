@@ -72,6 +72,14 @@ pub struct PlanJson {
     /// Budget reductions `plan --verify` applied after measuring a plan over budget.
     #[serde(default)]
     pub corrections: Vec<CorrectionJson>,
+    /// The device the plan is for, and the bytes kept out of the budget for what the profile's
+    /// device cannot see (0 when planning for the device measured on).
+    #[serde(default)]
+    pub target_device: String,
+    #[serde(default)]
+    pub reserve_bytes: i64,
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -253,6 +261,9 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
         shape,
         profile: chosen_profile,
         corrections: Vec::new(),
+        target_device: profile.device.device.clone(),
+        reserve_bytes: 0,
+        notes: Vec::new(),
     })
 }
 
@@ -324,6 +335,41 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         Some(p) => formats::read_tagged(p, formats::PROFILE_FORMAT).map_err(|e| UsageError(e.to_string()))?,
         None => measure_profile(&setup)?,
     };
+    let measured_on = profile.device.device.split(':').next().unwrap_or("cpu").to_owned();
+    let target = a.target.clone().unwrap_or_else(|| measured_on.clone());
+    if target != "cpu" && target != "cuda" {
+        return Err(UsageError(format!("--target {target:?}: expected cpu or cuda")).into());
+    }
+    // What a CPU profile cannot see of a CUDA step: the CUDA context and cuBLAS/cuDNN
+    // workspaces (hundreds of MiB, outside the caching allocator's statistics but on the
+    // card) and the caching allocator's rounding and fragmentation (reserved above allocated,
+    // commonly 5-15% of the peak). 1 GiB + 10% covers both on current GPUs; `--reserve`
+    // replaces it with a figure measured on the user's own card.
+    let reserve: i64 = match (&a.reserve, target != measured_on) {
+        (Some(r), _) => {
+            let r = parse_size(r).map_err(|e| UsageError(format!("--reserve: {e}")))?;
+            i64::try_from(r).map_err(|_| UsageError("--reserve: too large".into()))?
+        }
+        (None, true) => (1i64 << 30) + budget / 10,
+        (None, false) => 0,
+    };
+    if reserve >= budget {
+        return Err(UsageError(format!(
+            "--budget {} leaves nothing to plan with after the reserve of {} for {target}",
+            format_size(budget as u64),
+            format_size(reserve as u64)
+        ))
+        .into());
+    }
+    let mut notes = Vec::new();
+    if target != measured_on {
+        notes.push(format!(
+            "planned for {target} from a {measured_on} profile: tensor bytes carry over between devices, but \
+             {} of the budget is kept in reserve for the CUDA context, library workspaces and allocator \
+             fragmentation (--reserve to change it); step times are {measured_on} times",
+            format_size(reserve as u64)
+        ));
+    }
     let shape = ShapeJson {
         model: setup.model.clone(),
         image: setup.opts.image,
@@ -332,7 +378,12 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         granularity: a.model.granularity.clone(),
         repeats: setup.repeats,
     };
-    let mut plan = plan_from_profile(&profile, budget, shape.clone())?;
+    let mut plan = plan_from_profile(&profile, budget - reserve, shape.clone())?;
+    plan.budget_bytes = budget;
+    plan.margin_bytes = budget - reserve - plan.predicted.peak_bytes;
+    plan.target_device = target.clone();
+    plan.reserve_bytes = reserve;
+    plan.notes = notes.clone();
     let mut report = None;
     if a.verify {
         // A measured correction, not a fudge factor: if the run peaks above the budget, plan
@@ -371,9 +422,12 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
                     corrections.len()
                 ));
             }
-            plan = plan_from_profile(&profile, planning_budget, shape.clone())?;
+            plan = plan_from_profile(&profile, planning_budget - reserve, shape.clone())?;
             plan.budget_bytes = budget;
-            plan.margin_bytes = budget - plan.predicted.peak_bytes;
+            plan.margin_bytes = budget - reserve - plan.predicted.peak_bytes;
+            plan.target_device = target.clone();
+            plan.reserve_bytes = reserve;
+            plan.notes = notes.clone();
         }
     }
     if let Some(out) = &a.output {
@@ -423,6 +477,9 @@ pub fn print_plan(p: &PlanJson) {
         );
     }
     println!("\nplan: {}", config_label(&p.config));
+    for n in &p.notes {
+        println!("  note: {n}");
+    }
     println!("  checkpoint regex: {}", p.checkpoint.regex);
     println!(
         "  predicted peak:   {} of {} ({} to spare), at {}",

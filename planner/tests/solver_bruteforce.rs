@@ -178,9 +178,57 @@ fn check_solution(p: &ConfigProblem, s: &ConfigSolution, what: &str) {
 
 #[test]
 fn engines_match_brute_force_on_random_instances() {
-    let mut rng = StdRng::seed_from_u64(0x5eed_cafe);
-    let (mut feasible, mut infeasible, mut milp_solves, mut dp_gave_up) = (0, 0, 0, 0);
-    for case in 0..400 {
+    let all: Vec<SolveOptions> = ENGINES
+        .iter()
+        .map(|&engine| SolveOptions {
+            engine,
+            ..Default::default()
+        })
+        .collect();
+    let c = run_cases(0x5eed_cafe, 400, &all);
+    eprintln!("{c:?}");
+    // The mix must exercise every outcome and the MILP path itself.
+    assert!(c.feasible >= 800 && c.infeasible >= 100, "{c:?}");
+    assert!(c.milp_solves >= 1000, "{c:?}");
+    assert!(
+        c.dp_gave_up >= 10,
+        "the Auto engine rarely fell back to the MILP: {c:?}"
+    );
+}
+
+/// The HiGHS backend, where it is built, under the same checks.
+#[cfg(feature = "highs")]
+#[test]
+fn highs_backend_matches_brute_force() {
+    let highs = SolveOptions {
+        engine: Engine::Milp,
+        backend: ckptune::solver::Backend::Highs,
+    };
+    let c = run_cases(0x4816_5, 200, &[highs]);
+    assert!(c.milp_solves >= 300, "{c:?}");
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    feasible: u32,
+    infeasible: u32,
+    milp_solves: u32,
+    cover_cuts: u32,
+    dp_gave_up: u32,
+}
+
+/// Random instances checked under every option set in `engines`.
+fn run_cases(seed: u64, cases: usize, engines: &[SolveOptions]) -> Counts {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut counts = Counts::default();
+    let Counts {
+        feasible,
+        infeasible,
+        milp_solves,
+        cover_cuts,
+        dp_gave_up,
+    } = &mut counts;
+    for case in 0..cases {
         let n = rng.random_range(1..=10);
         let problems: Vec<ConfigProblem> = (0..rng.random_range(1..=4))
             .map(|c| random_problem(&mut rng, n, c))
@@ -201,12 +249,9 @@ fn engines_match_brute_force_on_random_instances() {
         let refs: Vec<Reference> = problems.iter().map(|p| brute(p, budget)).collect();
         let best = refs.iter().filter_map(|r| r.best_time).min_by(f64::total_cmp);
 
-        for engine in ENGINES {
-            let opts = SolveOptions {
-                engine,
-                ..Default::default()
-            };
-            let what = format!("case {case} engine {engine:?} budget {budget}");
+        for &opts in engines {
+            let engine = opts.engine;
+            let what = format!("case {case} {opts:?} budget {budget}");
             // Per-configuration minimal peaks, exactly.
             for (p, r) in problems.iter().zip(&refs) {
                 match min_peak_with(p, opts) {
@@ -218,8 +263,9 @@ fn engines_match_brute_force_on_random_instances() {
                             "{what}: time at min peak of {}",
                             p.key
                         );
-                        milp_solves += m.stats.milp_solves;
-                        dp_gave_up += m.stats.dp_gave_up;
+                        *milp_solves += m.stats.milp_solves;
+                        *cover_cuts += m.stats.cover_cuts;
+                        *dp_gave_up += m.stats.dp_gave_up;
                         assert!(!m.stats.enumerated, "{what}: the MILP fell back to enumeration");
                     }
                     Err(SolveError::NoChainStructure { .. }) if engine == Engine::Dp => {}
@@ -255,11 +301,12 @@ fn engines_match_brute_force_on_random_instances() {
                             }
                             (want, got) => panic!("{what}: {} brute {want:?}, solver {got:?}", p.key),
                         }
-                        milp_solves += s.stats.milp_solves;
-                        dp_gave_up += s.stats.dp_gave_up;
+                        *milp_solves += s.stats.milp_solves;
+                        *cover_cuts += s.stats.cover_cuts;
+                        *dp_gave_up += s.stats.dp_gave_up;
                         assert!(!s.stats.enumerated, "{what}: the MILP fell back to enumeration");
                     }
-                    feasible += 1;
+                    *feasible += 1;
                 }
                 (
                     None,
@@ -278,23 +325,13 @@ fn engines_match_brute_force_on_random_instances() {
                     assert!(allowed(p, &x), "{what}");
                     let (peak, k) = peak_of(&p.moments, &x).unwrap();
                     assert_eq!((peak, binding.as_str()), (lo, p.moments[k].label.as_str()), "{what}");
-                    infeasible += 1;
+                    *infeasible += 1;
                 }
                 (want, got) => panic!("{what}: brute {want:?}, solver {got:?}"),
             }
         }
     }
-    eprintln!("{feasible} feasible, {infeasible} infeasible, {milp_solves} MILP solves, {dp_gave_up} DP hand-overs");
-    // The mix must exercise every outcome and the MILP path itself.
-    assert!(
-        feasible >= 800 && infeasible >= 100,
-        "{feasible} feasible, {infeasible} infeasible"
-    );
-    assert!(milp_solves >= 1000, "only {milp_solves} MILP solves");
-    assert!(
-        dp_gave_up >= 10,
-        "the Auto engine never fell back to the MILP ({dp_gave_up})"
-    );
+    counts
 }
 
 /// DESIGN.md: "A block's own backward moment does not depend on x_j, only on earlier

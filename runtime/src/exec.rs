@@ -208,7 +208,7 @@ impl Session {
                 t.micro.push(m);
             }
         }
-        let applied = self.optimizer_step(trace.as_deref_mut())?;
+        let applied = self.optimizer_step(trace)?;
         self.sync();
         let seconds = t0.elapsed().as_secs_f64();
         Ok(StepReport {

@@ -33,6 +33,8 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Train with a checkpoint regex or a plan applied; reports loss, step time and peak.
     Train(TrainArgs),
+    /// Draw trade-off plots (SVG + PNG per config) from a profile or a sweep JSON file.
+    Plot(PlotArgs),
 }
 
 /// What to train and how it may be trained.
@@ -144,6 +146,15 @@ pub struct PlanArgs {
     /// with the measured excess taken off the budget, until a verified plan fits.
     #[arg(long)]
     pub verify: bool,
+    /// The device the plan is for, when it differs from the one measured on: a CUDA budget
+    /// planned from a CPU profile keeps a reserve for what a CPU cannot see.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// Memory kept out of the budget for the CUDA context, library workspaces and allocator
+    /// fragmentation when planning a CUDA budget from a CPU profile. Default: 1 GiB + 10% of
+    /// the budget.
+    #[arg(long)]
+    pub reserve: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -183,4 +194,14 @@ pub struct TrainArgs {
     pub output: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PlotArgs {
+    /// A profile (`ckptune profile -o`) or a sweep (`ckptune sweep -o`) JSON file.
+    pub input: PathBuf,
+    /// Directory for the plots (default: the input file's directory). Each config gives
+    /// <model>-<precision>-<optimizer>-mb<N>-{tradeoff,candidates}.{svg,png}.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
 }

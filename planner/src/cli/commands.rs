@@ -21,6 +21,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Plan(a) => crate::plan_cli::plan_cmd(a),
         Command::Verify(a) => super::run_cmds::verify_cmd(a),
         Command::Train(a) => super::run_cmds::train_cmd(a),
+        Command::Plot(a) => super::plot_cmd::plot_cmd(a),
     }
 }
 
@@ -62,7 +63,7 @@ pub fn group_digits(n: i64) -> String {
     let s = n.abs().to_string();
     let mut out = String::new();
     for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(ch);

@@ -2,6 +2,7 @@
 
 pub mod args;
 pub mod commands;
+pub mod plot_cmd;
 pub mod run_cmds;
 pub mod setup;
 

@@ -27,6 +27,8 @@ use super::Reduced;
 const MAX_CLASSES: usize = 8;
 /// Largest dominance front kept per block before giving up.
 const MAX_FRONT: usize = 200_000;
+/// Largest set of candidate states filtered by pairwise dominance (three or more classes).
+const MAX_PAIRWISE: usize = 20_000;
 /// Exclusive groups are tracked as bits of a `u64`.
 const MAX_GROUPS: usize = 64;
 
@@ -147,8 +149,8 @@ pub(super) fn solve(red: &Reduced, t: &[f64], limit: i64, minimize_time: bool) -
                 });
             }
         }
-        for r in 0..rows.len() {
-            rem_neg[r] -= coef(r, q).min(0);
+        for (r, rn) in rem_neg.iter_mut().enumerate() {
+            *rn -= coef(r, q).min(0);
         }
         for c in &mut next {
             c.need = c
@@ -203,6 +205,13 @@ pub(super) fn solve(red: &Reduced, t: &[f64], limit: i64, minimize_time: bool) -
         }
         if c_cost.is_empty() {
             return Outcome::Infeasible;
+        }
+        // Beyond two classes dominance is tested pairwise, quadratic in the front.
+        if nd > 2 && c_cost.len() > MAX_PAIRWISE {
+            return Outcome::TooLarge(format!(
+                "{} states over {nd} classes at block {q} (pairwise dominance handles {MAX_PAIRWISE})",
+                c_cost.len()
+            ));
         }
         let keep = pareto(&c_sig, &c_mask, &c_cost, nd);
         if keep.len() > MAX_FRONT {
