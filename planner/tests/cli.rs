@@ -301,3 +301,33 @@ fn sweep_predictions_are_byte_exact_on_every_subset() {
         }
     }
 }
+
+#[test]
+fn profiles_are_cached_per_config_and_an_interrupted_run_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let run = |name: &str| {
+        let out = dir.path().join(name);
+        let status = Command::new(env!("CARGO_BIN_EXE_ckptune"))
+            .args(["profile", "tiny-resnet", "--image", "32", "--precision", "fp32,bf16", "--threads", "1", "--quiet"])
+            .args(["--cache-dir", cache.to_str().unwrap(), "-o", out.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        read(&out)
+    };
+    let first = run("a.json");
+    let mut files: Vec<_> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    assert_eq!(files.len(), 2, "one cache file per config");
+    // Cached: the same measurements again, not new ones (timings would differ).
+    assert_eq!(run("b.json")["configs"], first["configs"]);
+    // As if the run had been interrupted after the first config: only the second is measured.
+    let keep = read(&files[0]);
+    std::fs::remove_file(&files[1]).unwrap();
+    let resumed = run("c.json");
+    let configs = resumed["configs"].as_array().unwrap();
+    assert_eq!(configs.len(), 2);
+    assert!(configs.contains(&keep["profile"]), "the finished config is reused as it was");
+    assert!(files[1].exists(), "the missing config is measured and cached again");
+}
