@@ -22,12 +22,13 @@
 
 use std::time::Instant;
 
-use ckptune_kernels::{autocast::AutocastGuard, autograd, meter, rng};
+use ckptune_kernels::{autocast::AutocastGuard, autograd, rng};
 use ckptune_models::{Batch, Chain, Ctx};
 use tch::{Device, Kind, Tensor};
 
 use crate::config::{Precision, TrainConfig};
 use crate::error::{torch, Result, RuntimeError};
+use crate::memory::Probe;
 use crate::optim::{self, Optimizer};
 
 /// Meter readings around one block in one micro-step (bytes; levels are absolute).
@@ -103,6 +104,7 @@ pub struct Session {
     scale: f64,
     /// Seed of the next batch, so runs are reproducible.
     next_seed: i64,
+    probe: Probe,
 }
 
 /// Bytes of a tensor's elements.
@@ -135,6 +137,7 @@ impl Session {
             })
             .collect();
         let opt = optim::build(cfg.optimizer, chain.vs.trainable_variables(), cfg.lr);
+        let probe = Probe::new(device)?;
         Ok(Self {
             chain,
             cfg,
@@ -143,6 +146,7 @@ impl Session {
             buffers,
             scale: 65536.0,
             next_seed: 0,
+            probe,
         })
     }
 
@@ -192,8 +196,8 @@ impl Session {
     pub fn step(&mut self, checkpoint: &[bool], mut trace: Option<&mut StepTrace>) -> Result<StepReport> {
         self.check_mask(checkpoint)?;
         self.sync();
-        meter::reset_peak();
-        let start_level = meter::current();
+        self.probe.reset_step();
+        let start_level = self.probe.current();
         let t0 = Instant::now();
         if let Some(t) = trace.as_deref_mut() {
             *t = StepTrace::default();
@@ -215,7 +219,7 @@ impl Session {
             loss: loss_sum / self.cfg.grad_accum as f64,
             seconds,
             applied,
-            peak_bytes: meter::peak(),
+            peak_bytes: self.probe.step_peak(),
             start_bytes: start_level,
         })
     }
@@ -237,7 +241,7 @@ impl Session {
             train: true,
         };
         if let Some(t) = tr.as_deref_mut() {
-            t.start = meter::current();
+            t.start = self.probe.current();
             t.blocks = vec![BlockTrace::default(); n];
         }
 
@@ -253,8 +257,8 @@ impl Session {
             let t0 = Instant::now();
             if let Some(t) = tr.as_deref_mut() {
                 t.blocks[i].checkpointed = ck;
-                t.blocks[i].fwd_before = meter::current();
-                meter::reset_window();
+                t.blocks[i].fwd_before = self.probe.current();
+                self.probe.reset_window();
             }
             let state = if ck { Some(rng::cpu_state()?) } else { None };
             let out = {
@@ -267,8 +271,8 @@ impl Session {
             };
             if let Some(t) = tr.as_deref_mut() {
                 let b = &mut t.blocks[i];
-                b.fwd_peak = meter::window_peak();
-                b.fwd_after = meter::current();
+                b.fwd_peak = self.probe.window_peak();
+                b.fwd_after = self.probe.current();
                 b.fwd_seconds = t0.elapsed().as_secs_f64();
             }
             h = out.shallow_clone();
@@ -281,8 +285,8 @@ impl Session {
         let y = h.detach().set_requires_grad(true);
         drop(h);
         if let Some(t) = tr.as_deref_mut() {
-            t.loss_before = meter::current();
-            meter::reset_window();
+            t.loss_before = self.probe.current();
+            self.probe.reset_window();
         }
         let loss_value = {
             let loss = {
@@ -305,8 +309,8 @@ impl Session {
         let mut grad = y.grad();
         drop(y);
         if let Some(t) = tr.as_deref_mut() {
-            t.loss_peak = meter::window_peak();
-            t.loss_after = meter::current();
+            t.loss_peak = self.probe.window_peak();
+            t.loss_after = self.probe.current();
         }
 
         // ---- backward, last block first -------------------------------------------------------
@@ -319,8 +323,8 @@ impl Session {
                 drop(stored);
                 let t0 = Instant::now();
                 if let Some(t) = tr.as_deref_mut() {
-                    t.blocks[i].rec_before = meter::current();
-                    meter::reset_window();
+                    t.blocks[i].rec_before = self.probe.current();
+                    self.probe.reset_window();
                 }
                 let saved_rng = rng_states[i].take().expect("rng state of a checkpointed block");
                 let current_rng = rng::cpu_state()?;
@@ -342,8 +346,8 @@ impl Session {
                 drop(current_rng);
                 if let Some(t) = tr.as_deref_mut() {
                     let b = &mut t.blocks[i];
-                    b.rec_peak = meter::window_peak();
-                    b.rec_after = meter::current();
+                    b.rec_peak = self.probe.window_peak();
+                    b.rec_after = self.probe.current();
                     b.rec_seconds = t0.elapsed().as_secs_f64();
                 }
                 out
@@ -352,8 +356,8 @@ impl Session {
             };
             let t0 = Instant::now();
             if let Some(t) = tr.as_deref_mut() {
-                t.blocks[i].bwd_before = meter::current();
-                meter::reset_window();
+                t.blocks[i].bwd_before = self.probe.current();
+                self.probe.reset_window();
             }
             if out.requires_grad() {
                 let g = std::mem::replace(&mut grad, Tensor::new());
@@ -372,8 +376,8 @@ impl Session {
             drop(x);
             if let Some(t) = tr.as_deref_mut() {
                 let b = &mut t.blocks[i];
-                b.bwd_peak = meter::window_peak();
-                b.bwd_after = meter::current();
+                b.bwd_peak = self.probe.window_peak();
+                b.bwd_after = self.probe.current();
                 b.bwd_seconds = t0.elapsed().as_secs_f64();
                 b.grad_in_bytes = grad_in_bytes;
             }
@@ -381,7 +385,7 @@ impl Session {
         drop(grad);
         drop(mask);
         if let Some(t) = tr {
-            t.end = meter::current();
+            t.end = self.probe.current();
         }
         Ok(loss_value)
     }
@@ -401,8 +405,8 @@ impl Session {
     pub fn optimizer_step(&mut self, mut tr: Option<&mut StepTrace>) -> Result<bool> {
         let t0 = Instant::now();
         if let Some(t) = tr.as_deref_mut() {
-            t.opt_before = meter::current();
-            meter::reset_window();
+            t.opt_before = self.probe.current();
+            self.probe.reset_window();
         }
         let mut applied = true;
         if self.cfg.precision == Precision::Fp16 {
@@ -429,8 +433,8 @@ impl Session {
         }
         self.opt.zero_grad(self.cfg.set_to_none)?;
         if let Some(t) = tr {
-            t.opt_peak = meter::window_peak();
-            t.opt_after = meter::current();
+            t.opt_peak = self.probe.window_peak();
+            t.opt_after = self.probe.current();
             t.opt_seconds = t0.elapsed().as_secs_f64();
         }
         Ok(applied)
