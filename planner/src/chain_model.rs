@@ -95,6 +95,7 @@ impl Moment {
 
 /// Affine expression builder: `term(i, off, on)` adds a quantity that is `off` when block
 /// `i` is not checkpointed and `on` when it is, i.e. `off + x_i (on − off)`.
+#[derive(Clone)]
 struct Affine {
     constant: i64,
     coef: Vec<i64>,
@@ -150,9 +151,7 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
     // Forward: the prefix of kept bytes grows block by block.
     let mut kept_fwd = Affine::new(n, step.fixed);
     for (j, blk) in b.iter().enumerate() {
-        let mut m = Affine::new(n, 0);
-        m.constant = kept_fwd.constant;
-        m.coef.clone_from(&kept_fwd.coef);
+        let mut m = kept_fwd.clone();
         m.term(j, blk.fg, blk.fng);
         out.push(m.moment(format!("forward {}", blk.name)));
         kept_fwd.term(j, blk.kg, blk.kng);
@@ -163,31 +162,22 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
     for (i, blk) in b.iter().enumerate() {
         kept_all.term(i, blk.krec, blk.out);
     }
-    let mut loss = Affine::new(n, 0);
-    loss.constant = kept_all.constant;
-    loss.coef.clone_from(&kept_all.coef);
-    out.push(loss.add(step.lf).moment("loss".to_string()));
-    loss.add(step.lk.saturating_sub(step.lf).saturating_add(step.lb));
-    out.push(loss.moment("loss backward".to_string()));
+    out.push(kept_all.clone().add(step.lf).moment("loss".to_string()));
+    out.push(kept_all.add(step.lk).add(step.lb).moment("loss backward".to_string()));
 
     // Backward, last block first. base_j needs Σ_{i<j} kb_i (prefix) and Σ_{i>j} g_i
     // (suffix); build the prefixes once and walk them backwards.
     let mut prefix_kb = Vec::with_capacity(n);
     let mut acc = Affine::new(n, 0);
     for (i, blk) in b.iter().enumerate() {
-        prefix_kb.push(acc.moment(String::new()));
+        prefix_kb.push(acc.clone());
         acc.term(i, blk.krec, blk.out);
     }
     let mut grads_after: i64 = 0;
     for j in (0..n).rev() {
         let blk = &b[j];
-        let mut base = Affine::new(n, 0);
-        base.constant = prefix_kb[j]
-            .constant
-            .saturating_add(step.fixed)
-            .saturating_add(grads_after)
-            .saturating_add(blk.gout);
-        base.coef.clone_from(&prefix_kb[j].coef);
+        let mut base = prefix_kb[j].clone();
+        base.add(step.fixed).add(grads_after).add(blk.gout);
 
         // "recompute j" exists only when x_j = 1. Affine encoding: value base_j + frec_j
         // when x_j = 1 and base_j + c with c = min(0, krec_j + bta_j) − 1 when x_j = 0.
@@ -196,9 +186,7 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
         // it (so it is never reported as the binding moment) — whatever the signs of the
         // measured terms.
         let phantom = blk.krec.saturating_add(blk.bta).min(0).saturating_sub(1);
-        let mut rec = Affine::new(n, 0);
-        rec.constant = base.constant;
-        rec.coef.clone_from(&base.coef);
+        let mut rec = base.clone();
         rec.term(j, phantom, blk.frec);
         out.push(rec.moment(format!("recompute {}", blk.name)));
 

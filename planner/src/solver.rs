@@ -88,8 +88,8 @@ pub struct SolveStats {
     pub milp_solves: u32,
     /// Cover cuts added after exact `i64` arithmetic rejected a point the MILP accepted.
     pub cover_cuts: u32,
-    /// Whether a numerical failure sent a search to exact enumeration.
-    pub enumerated: bool,
+    /// The MILP failure that sent a search to exact enumeration, if one did.
+    pub enumerated: Option<String>,
 }
 
 /// The answer for one configuration.
@@ -700,9 +700,8 @@ fn search(
             (None, _) => match milp_exact(p, &red, goal, limit, warm_y.as_deref(), opts, stats) {
                 Ok(y) => y,
                 Err(detail) if red.free.len() <= MAX_ENUMERATE => {
-                    stats.enumerated = true;
-                    // Numerical trouble near the limit; enumeration is exact and small here.
-                    let _ = detail;
+                    // Numerical trouble; enumeration is exact and small enough here.
+                    stats.enumerated = Some(detail);
                     enumerate(p, &red, goal, limit)
                 }
                 Err(detail) => {
@@ -1006,7 +1005,7 @@ fn milp_once(
             if !warm_start.is_empty() {
                 model = model.with_initial_solution(warm_start);
             }
-            read_values(model.solve(), &xs)
+            read_values(model.solve(), &xs, false)
         }
         #[cfg(feature = "highs")]
         Backend::Highs => {
@@ -1014,27 +1013,35 @@ fn milp_once(
             for c in constraints {
                 model.add_constraint(c);
             }
-            // HiGHS stops at a 1e-4 relative gap by default; exactness needs a proof.
+            // HiGHS stops at a 1e-4 relative and 1e-6 absolute gap by default; exactness
+            // needs a proof. With both at zero it still reports its last gap, often a
+            // rounding-level positive number, which good_lp turns into `GapLimit`; HiGHS's
+            // own status was Optimal then, so that is accepted below.
             model = model
                 .set_mip_rel_gap(0.0)
-                .map_err(|e| format!("setting HiGHS's MIP gap: {e}"))?;
+                .and_then(|m| m.set_mip_abs_gap(0.0))
+                .map_err(|e| format!("setting HiGHS's MIP gaps: {e}"))?;
             if !warm_start.is_empty() {
                 model = model.with_initial_solution(warm_start);
             }
-            read_values(model.solve(), &xs)
+            read_values(model.solve(), &xs, true)
         }
     }?;
     Ok(values)
 }
 
-fn read_values<S: Solution>(result: Result<S, ResolutionError>, xs: &[Variable]) -> Result<Option<Vec<bool>>, String> {
+fn read_values<S: Solution>(
+    result: Result<S, ResolutionError>,
+    xs: &[Variable],
+    gap_limit_is_optimal: bool,
+) -> Result<Option<Vec<bool>>, String> {
+    use good_lp::solvers::SolutionStatus as Status;
     match result {
-        Ok(sol) => {
-            if !matches!(sol.status(), good_lp::solvers::SolutionStatus::Optimal) {
-                return Err(format!("solver stopped with status {:?}", sol.status()));
-            }
-            Ok(Some(xs.iter().map(|&v| sol.value(v) > 0.5).collect()))
-        }
+        Ok(sol) => match sol.status() {
+            Status::Optimal => Ok(Some(xs.iter().map(|&v| sol.value(v) > 0.5).collect())),
+            Status::GapLimit if gap_limit_is_optimal => Ok(Some(xs.iter().map(|&v| sol.value(v) > 0.5).collect())),
+            other => Err(format!("solver stopped with status {other:?}")),
+        },
         Err(ResolutionError::Infeasible) => Ok(None),
         Err(e) => Err(e.to_string()),
     }

@@ -11,8 +11,8 @@
 //! moments. In DESIGN.md's chain every forward moment has the prefix `kf`, and the loss,
 //! recompute and backward moments the prefix `kb`, so there are at most two classes
 //! (one in fp32, where the two prefixes coincide). A state is dropped when it is
-//! dominated — another state with no larger sums, no more exclusive groups used and no
-//! larger time — or when even the most favourable remaining choices cannot bring some
+//! dominated — another state with the same exclusive groups in use, no larger sums and
+//! no larger time — or when even the most favourable remaining choices cannot bring some
 //! moment under the limit. Every comparison is exact `i64`; only time is `f64`.
 //!
 //! The structure is discovered from the coefficients, not assumed: if classes or the
