@@ -151,6 +151,9 @@ pub struct SweepPointJson {
     pub modules: Vec<String>,
     pub peak_bytes: i64,
     pub step_seconds: StatsJson,
+    /// Every timed step's seconds, in order.
+    #[serde(default)]
+    pub step_samples: Vec<f64>,
     pub loss: f64,
     /// The profile's prediction for this subset, where a profile was available.
     pub predicted_peak_bytes: Option<i64>,

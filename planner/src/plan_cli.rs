@@ -378,7 +378,26 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         granularity: a.model.granularity.clone(),
         repeats: setup.repeats,
     };
-    let mut plan = plan_from_profile(&profile, budget - reserve, shape.clone())?;
+    let mut plan = match plan_from_profile(&profile, budget - reserve, shape.clone()) {
+        Ok(p) => p,
+        Err(e) => {
+            // With --json, scripts get the failure as data too (stdout), not only as text.
+            if let (true, Some(f)) = (a.json, e.downcast_ref::<PlanFailure>()) {
+                let v = serde_json::json!({
+                    "format": "ckptune.plan-failure/1",
+                    "budget_bytes": budget,
+                    "reserve_bytes": reserve,
+                    "min_peak_bytes": f.min_peak,
+                    "config": f.key,
+                    "checkpoint_regex": f.regex,
+                    "peak_moment": f.binding,
+                    "message": f.to_string(),
+                });
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            }
+            return Err(e);
+        }
+    };
     plan.budget_bytes = budget;
     plan.margin_bytes = budget - reserve - plan.predicted.peak_bytes;
     plan.target_device = target.clone();

@@ -168,6 +168,14 @@ fn infeasible_budget_fails_with_the_smallest_peak_and_writes_nothing() {
     assert!(err.contains("checkpoint regex"), "{err}");
     assert!(err.contains("What else could help"), "{err}");
     assert!(!plan.exists(), "no plan file for an infeasible budget");
+    // Scripts get the same as data.
+    let mut args = vec!["plan", "--budget", "1KiB", "tiny-resnet", "--image", "32", "--json"];
+    args.extend(COMMON);
+    let out = ckptune(&args);
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["format"], "ckptune.plan-failure/1");
+    assert!(v["min_peak_bytes"].as_i64().unwrap() > 1024);
 }
 
 #[test]

@@ -373,6 +373,7 @@ pub fn sweep(
             modules: names,
             peak_bytes: peaks[0],
             step_seconds: StatsJson::from(&stats),
+            step_samples: secs.clone(),
             loss,
             predicted_peak_bytes: pred.as_ref().map(|p| p.0),
             predicted_step_seconds: prof.map(|p| p.predict_seconds(mask)),

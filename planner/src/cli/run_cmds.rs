@@ -240,6 +240,8 @@ pub struct TrainStepJson {
     pub loss: f64,
     pub seconds: f64,
     pub peak_bytes: i64,
+    /// Level when the step started (parameters, buffers, optimizer state, batch, …).
+    pub start_bytes: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -319,6 +321,7 @@ pub fn train_cmd(a: TrainArgs) -> Result<ExitCode> {
             loss: r.loss,
             seconds: r.seconds,
             peak_bytes: r.peak_bytes,
+            start_bytes: r.start_bytes,
         });
     }
     let out = TrainJson {
