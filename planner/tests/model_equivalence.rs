@@ -3,7 +3,8 @@
 //! solver's plan, run for real, peaks exactly where predicted.
 
 use ckptune::chain_model::peak_of;
-use ckptune::formats::{profile_from_json, profile_to_json, ConfigJson};
+use ckptune::cli::setup::config_json;
+use ckptune::formats::{profile_from_json, profile_to_json};
 use ckptune::plan_cli::problem;
 use ckptune::solver;
 use ckptune_kernels::meter;
@@ -11,16 +12,6 @@ use ckptune_models::toy::{toy, ToyConfig};
 use ckptune_runtime::profile::{profile, ProfileSettings};
 use ckptune_runtime::{OptimizerKind, Precision, Session, TrainConfig};
 use tch::Device;
-
-fn cfg_json(c: &TrainConfig) -> ConfigJson {
-    ConfigJson {
-        precision: c.precision.name().into(),
-        optimizer: c.optimizer.name().into(),
-        micro_batch: c.micro_batch,
-        grad_accum: c.grad_accum,
-        set_to_none: c.set_to_none,
-    }
-}
 
 #[test]
 fn planner_moments_equal_runtime_prediction_and_plans_hold() {
@@ -56,7 +47,7 @@ fn planner_moments_equal_runtime_prediction_and_plans_hold() {
             },
         )
         .unwrap();
-        let json = profile_to_json(cfg_json(&cfg), &p);
+        let json = profile_to_json(config_json(&cfg), &p);
         assert_eq!(profile_from_json(&json), p, "JSON round trip");
         let prob = problem(cfg.label(), &json);
         let n = toy_cfg.blocks;
