@@ -24,6 +24,10 @@ fn main() {
     let root = env::var("LIBTORCH")
         .map(PathBuf::from)
         .unwrap_or_else(|_| lib.parent().map(Path::to_path_buf).unwrap_or_default());
+    // The PyPI CUDA packages (libnvrtc among them) sit next to torch in site-packages;
+    // `nvrtc.rs` looks for them relative to this directory at run time.
+    let root_abs = root.canonicalize().unwrap_or_else(|_| root.clone());
+    println!("cargo:rustc-env=CKPTUNE_LIBTORCH_DIR={}", root_abs.display());
     let includes = [root.join("include"), root.join("include/torch/csrc/api/include")];
     if !includes[0].join("torch/script.h").exists() {
         fail(&format!("libtorch headers not found under {}", includes[0].display()));

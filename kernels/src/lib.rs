@@ -3,6 +3,7 @@
 //! TorchScript children), and behind the `cuda` feature the CUDA allocator's statistics and
 //! device facts. This is the only crate of the workspace with native code.
 
+pub mod adam8bit;
 pub mod autocast;
 pub mod autograd;
 mod error;
@@ -13,6 +14,8 @@ pub mod rng;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
 
 pub use error::KernelError;
 pub use meter::MemoryMeter;

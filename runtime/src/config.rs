@@ -83,7 +83,9 @@ impl FromStr for Precision {
 }
 
 /// Optimizer algorithms. Their state sizes differ (sgd: none; sgd-momentum: 1×; adam/adamw: 2×;
-/// lion: 1× the parameters), which is memory the planner trades against activations.
+/// lion: 1× the parameters; adam8bit/adamw8bit: ¼ of adam's — two 8-bit codes per element plus
+/// an f32 absmax per 2048-element block and moment, 32-bit below 4096 elements), which is
+/// memory the planner trades against activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum OptimizerKind {
     Sgd,
@@ -91,15 +93,21 @@ pub enum OptimizerKind {
     Adam,
     AdamW,
     Lion,
+    /// Adam with 8-bit block-wise quantized moments (Dettmers et al., 2022).
+    Adam8bit,
+    /// AdamW with 8-bit block-wise quantized moments.
+    AdamW8bit,
 }
 
 impl OptimizerKind {
-    pub const ALL: [OptimizerKind; 5] = [
+    pub const ALL: [OptimizerKind; 7] = [
         OptimizerKind::Sgd,
         OptimizerKind::SgdMomentum,
         OptimizerKind::Adam,
         OptimizerKind::AdamW,
         OptimizerKind::Lion,
+        OptimizerKind::Adam8bit,
+        OptimizerKind::AdamW8bit,
     ];
 
     pub fn name(self) -> &'static str {
@@ -109,6 +117,8 @@ impl OptimizerKind {
             OptimizerKind::Adam => "adam",
             OptimizerKind::AdamW => "adamw",
             OptimizerKind::Lion => "lion",
+            OptimizerKind::Adam8bit => "adam8bit",
+            OptimizerKind::AdamW8bit => "adamw8bit",
         }
     }
 
@@ -116,9 +126,14 @@ impl OptimizerKind {
     pub fn family(self) -> &'static str {
         match self {
             OptimizerKind::Sgd | OptimizerKind::SgdMomentum => "sgd",
-            OptimizerKind::Adam | OptimizerKind::AdamW => "adam",
+            OptimizerKind::Adam | OptimizerKind::AdamW | OptimizerKind::Adam8bit | OptimizerKind::AdamW8bit => "adam",
             OptimizerKind::Lion => "lion",
         }
+    }
+
+    /// Whether the optimizer keeps 8-bit quantized state.
+    pub fn is_8bit(self) -> bool {
+        matches!(self, OptimizerKind::Adam8bit | OptimizerKind::AdamW8bit)
     }
 }
 
@@ -133,9 +148,8 @@ impl FromStr for OptimizerKind {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let s = s.trim().to_ascii_lowercase();
         OptimizerKind::ALL.into_iter().find(|o| o.name() == s).ok_or_else(|| {
-            RuntimeError::Config(format!(
-                "unknown optimizer {s:?}; expected one of sgd, sgd-momentum, adam, adamw, lion"
-            ))
+            let names: Vec<&str> = OptimizerKind::ALL.iter().map(|o| o.name()).collect();
+            RuntimeError::Config(format!("unknown optimizer {s:?}; expected one of {}", names.join(", ")))
         })
     }
 }

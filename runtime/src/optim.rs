@@ -4,6 +4,7 @@
 //! State is allocated lazily on the first step, as in PyTorch; the profiler's warm-up step
 //! makes it exist before anything is measured.
 
+use ckptune_kernels::adam8bit::{Adam8bit as Adam8bitKernel, AdamHyper};
 use ckptune_kernels::autograd;
 use tch::Tensor;
 
@@ -24,7 +25,7 @@ pub struct Hyper {
 impl Hyper {
     pub fn for_kind(kind: OptimizerKind, lr: f64) -> Self {
         let (betas, weight_decay) = match kind {
-            OptimizerKind::AdamW => ((0.9, 0.999), 1e-2),
+            OptimizerKind::AdamW | OptimizerKind::AdamW8bit => ((0.9, 0.999), 1e-2),
             OptimizerKind::Lion => ((0.9, 0.99), 0.0),
             _ => ((0.9, 0.999), 0.0),
         };
@@ -91,6 +92,16 @@ pub fn build(kind: OptimizerKind, params: Vec<Tensor>, lr: f64) -> Box<dyn Optim
             h,
             exp_avg: state(),
         }),
+        OptimizerKind::Adam8bit | OptimizerKind::AdamW8bit => Box::new(Adam8bit(Adam8bitKernel::new(
+            params,
+            AdamHyper {
+                lr: h.lr,
+                betas: h.betas,
+                eps: h.eps,
+                weight_decay: h.weight_decay,
+                decoupled: kind == OptimizerKind::AdamW8bit,
+            },
+        ))),
     }
 }
 
@@ -250,5 +261,23 @@ impl Optimizer for Lion {
     }
     fn params(&self) -> &[Tensor] {
         &self.params
+    }
+}
+
+/// 8-bit block-wise Adam/AdamW (Dettmers et al., 2022): the fused update and its quantized state
+/// live in `ckptune_kernels::adam8bit` (CPU, and CUDA with the kernels' `cuda` feature); this is
+/// the runtime's handle on it. A steady-state step allocates nothing on the CPU path (f32
+/// contiguous parameters), so the profiler's optimizer transient is 0 bytes.
+struct Adam8bit(Adam8bitKernel);
+
+impl Optimizer for Adam8bit {
+    fn step(&mut self) -> Result<()> {
+        Ok(self.0.step()?)
+    }
+    fn state_bytes(&self) -> i64 {
+        self.0.state_bytes()
+    }
+    fn params(&self) -> &[Tensor] {
+        self.0.params()
     }
 }
