@@ -339,3 +339,40 @@ fn profiles_are_cached_per_config_and_an_interrupted_run_resumes() {
     assert!(configs.contains(&keep["profile"]), "the finished config is reused as it was");
     assert!(files[1].exists(), "the missing config is measured and cached again");
 }
+
+#[test]
+fn allow_8bit_picks_the_8bit_optimizer_when_only_it_fits_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("profile.json");
+    let shape = ["resnet18", "--image", "32", "--batch", "2", "--precision", "fp32"];
+    let mut args = vec!["profile"];
+    args.extend(shape);
+    args.extend(["--optimizer", "adamw,adamw8bit", "-o", profile.to_str().unwrap()]);
+    args.extend(COMMON);
+    ok(&args);
+    let p = read(&profile);
+    let peak = |opt: &str| {
+        p["configs"].as_array().unwrap().iter().find(|c| c["config"]["optimizer"] == opt).unwrap()["peak_all"]
+            .as_i64()
+            .unwrap()
+    };
+    // State: 2 × 4 bytes per parameter for adamw, about a quarter of that for adamw8bit.
+    assert!(peak("adamw8bit") < peak("adamw") - 60_000_000, "{} vs {}", peak("adamw8bit"), peak("adamw"));
+    let budget = ((peak("adamw8bit") + peak("adamw")) / 2).to_string();
+    let plan = dir.path().join("plan.json");
+    let mut args = vec!["plan", "--budget", &budget];
+    args.extend(shape);
+    args.extend(["--allow-8bit", "--profile", profile.to_str().unwrap(), "-o", plan.to_str().unwrap()]);
+    args.extend(COMMON);
+    ok(&args);
+    let v = read(&plan);
+    assert_eq!(v["config"]["optimizer"], "adamw8bit");
+    let notes = v["notes"].as_array().unwrap();
+    assert!(notes.iter().any(|n| n.as_str().unwrap().contains("chosen over adamw")), "{notes:?}");
+    // Without --allow-8bit nothing fits.
+    let mut args = vec!["plan", "--budget", &budget];
+    args.extend(shape);
+    args.extend(["--profile", profile.to_str().unwrap()]);
+    args.extend(COMMON);
+    assert_eq!(ckptune(&args).status.code(), Some(1));
+}

@@ -68,9 +68,13 @@ pub struct ModelArgs {
     /// bf16-pure. Default: fp32 and bf16 for `plan`, fp32 otherwise.
     #[arg(long, value_delimiter = ',')]
     pub precision: Vec<String>,
-    /// Optimizers to consider, comma-separated: sgd, sgd-momentum, adam, adamw, lion.
+    /// Optimizers to consider, comma-separated: sgd, sgd-momentum, adam, adamw, lion,
+    /// adam8bit, adamw8bit (8-bit block-wise moments, a quarter of Adam's state).
     #[arg(long, value_delimiter = ',', default_value = "adamw")]
     pub optimizer: Vec<String>,
+    /// Also consider the 8-bit variant of each Adam-family optimizer given (adamw → adamw8bit).
+    #[arg(long)]
+    pub allow_8bit: bool,
     /// Zero gradients in place instead of freeing them after each optimizer step.
     #[arg(long)]
     pub zero_grad_in_place: bool,

@@ -72,6 +72,7 @@ fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfig)> 
         precision: vec![plan.config.precision.clone()],
         optimizer: vec![plan.config.optimizer.clone()],
         zero_grad_in_place: !plan.config.set_to_none,
+        allow_8bit: false,
         device: plan.device.device.split(':').next().unwrap_or("cpu").to_owned(),
         threads: Some(plan.device.threads),
         repeats: plan.shape.repeats,

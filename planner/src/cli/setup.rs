@@ -71,11 +71,23 @@ impl Setup {
             }
             precisions
         };
-        let optimizers: Vec<OptimizerKind> = a
+        let mut optimizers: Vec<OptimizerKind> = a
             .optimizer
             .iter()
             .map(|o| o.parse().map_err(|e| usage(format!("--optimizer: {e}"))))
             .collect::<Result<_>>()?;
+        if a.allow_8bit {
+            for o in optimizers.clone() {
+                let eight = match o {
+                    OptimizerKind::Adam => Some(OptimizerKind::Adam8bit),
+                    OptimizerKind::AdamW => Some(OptimizerKind::AdamW8bit),
+                    _ => None,
+                };
+                if let Some(e) = eight.filter(|e| !optimizers.contains(e)) {
+                    optimizers.push(e);
+                }
+            }
+        }
         let default_batch = if a.model.contains("bert") || a.model.contains("gpt") {
             4
         } else {
