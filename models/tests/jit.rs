@@ -12,12 +12,22 @@ fn fixture(name: &str) -> std::path::PathBuf {
 
 #[test]
 fn scripted_sequential_is_a_chain_of_its_children() {
-    let opts = ModelOptions { image: Some(16), ..Default::default() };
+    let opts = ModelOptions {
+        image: Some(16),
+        ..Default::default()
+    };
     let chain = chain_from_torchscript(&fixture("tiny_chain.torchscript.pt"), &opts).unwrap();
     let names: Vec<&str> = chain.blocks.iter().map(|b| b.name.as_str()).collect();
     assert_eq!(names, ["stem", "block1", "block2", "pool", "flatten", "fc"]);
     assert!(chain.modules.contains(&"block1.bn".to_owned()), "{:?}", chain.modules);
-    assert_eq!(chain.input, InputSpec::Image { channels: 3, size: 16, classes: 5 });
+    assert_eq!(
+        chain.input,
+        InputSpec::Image {
+            channels: 3,
+            size: 16,
+            classes: 5
+        }
+    );
     // Parameters are registered under their PyTorch names and shared with the module.
     let vars = chain.vs.variables();
     assert!(vars.contains_key("block1.conv.weight"));
@@ -25,7 +35,10 @@ fn scripted_sequential_is_a_chain_of_its_children() {
     assert_eq!(chain.param_count(), 3 * 4 * 9 + 4 + 2 * (4 * 4 * 9 + 8) + 4 * 5 + 5);
     // Running the blocks in order gives an output of the head's shape, with gradients.
     let batch = chain.make_batch(2, tch::Device::Cpu, 0);
-    let ctx = Ctx { attention_mask: None, train: true };
+    let ctx = Ctx {
+        attention_mask: None,
+        train: true,
+    };
     let mut h = batch.input.shallow_clone();
     for b in &chain.blocks {
         h = b.block.forward(&h, &ctx);

@@ -26,10 +26,18 @@ struct Row {
 
 fn budget_for(problems: &[ConfigProblem], f: f64) -> i64 {
     // Between the smallest achievable peak and the largest peak with nothing checkpointed.
-    let lo = problems.iter().map(|p| solver::min_peak(p).map(|s| s.peak).unwrap_or(i64::MAX)).min().unwrap_or(0);
+    let lo = problems
+        .iter()
+        .map(|p| solver::min_peak(p).map(|s| s.peak).unwrap_or(i64::MAX))
+        .min()
+        .unwrap_or(0);
     let hi = problems
         .iter()
-        .map(|p| ckptune::chain_model::peak_of(&p.moments, &vec![false; p.candidate.len()]).map(|x| x.0).unwrap_or(0))
+        .map(|p| {
+            ckptune::chain_model::peak_of(&p.moments, &vec![false; p.candidate.len()])
+                .map(|x| x.0)
+                .unwrap_or(0)
+        })
         .max()
         .unwrap_or(0);
     lo + ((hi - lo) as f64 * f) as i64
@@ -40,10 +48,22 @@ fn main() {
     #[allow(unused_mut)] // pushed to with the `highs` feature
     let mut engines: Vec<(String, SolveOptions)> = vec![
         ("default (chain DP, exact)".into(), SolveOptions::default()),
-        ("MILP microlp".into(), SolveOptions { engine: Engine::Milp, backend: Backend::Microlp }),
+        (
+            "MILP microlp".into(),
+            SolveOptions {
+                engine: Engine::Milp,
+                backend: Backend::Microlp,
+            },
+        ),
     ];
     #[cfg(feature = "highs")]
-    engines.push(("MILP HiGHS".into(), SolveOptions { engine: Engine::Milp, backend: Backend::Highs }));
+    engines.push((
+        "MILP HiGHS".into(),
+        SolveOptions {
+            engine: Engine::Milp,
+            backend: Backend::Highs,
+        },
+    ));
     let mut rows = Vec::new();
     for blocks in [12usize, 24, 100, 300] {
         let problems: Vec<ConfigProblem> = (0..12).map(|s| solver::synthetic_problem(blocks, s)).collect();
@@ -61,7 +81,11 @@ fn main() {
                 let r = solver::solve_with(&problems, budget, *opts);
                 let seconds = t0.elapsed().as_secs_f64();
                 let feasible = match &r {
-                    Ok(p) => p.configs.iter().filter(|c| c.status == solver::SolveStatus::Optimal).count(),
+                    Ok(p) => p
+                        .configs
+                        .iter()
+                        .filter(|c| c.status == solver::SolveStatus::Optimal)
+                        .count(),
                     Err(_) => 0,
                 };
                 eprintln!("{blocks:>4} blocks × 12 configs, {name}, budget at {f:.1}: {seconds:.4} s");

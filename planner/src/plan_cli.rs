@@ -511,9 +511,15 @@ pub fn eight_bit_note(p: &PlanJson) -> Option<String> {
     let chosen = p.alternatives.iter().find(|a| a.config == p.config)?;
     let saved = full.baseline_peak_bytes - chosen.baseline_peak_bytes;
     let other = if full.feasible {
-        format!("{name}'s best plan that fits runs at {:.3} s", full.predicted.step_seconds)
+        format!(
+            "{name}'s best plan that fits runs at {:.3} s",
+            full.predicted.step_seconds
+        )
     } else {
-        format!("{name} does not fit at all (its smallest peak is {})", format_size(full.predicted.peak_bytes as u64))
+        format!(
+            "{name} does not fit at all (its smallest peak is {})",
+            format_size(full.predicted.peak_bytes as u64)
+        )
     };
     Some(format!(
         "{} chosen over {name} (measured): with nothing checkpointed it peaks {} lower (8-bit moments); \

@@ -32,7 +32,11 @@ fn read(path: &Path) -> Value {
 }
 
 fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/fixtures").join(name).to_string_lossy().into_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/fixtures")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
 }
 
 const COMMON: [&str; 4] = ["--threads", "1", "--quiet", "--no-cache"];
@@ -201,8 +205,14 @@ fn bad_input_exits_2_with_a_clear_message() {
             vec!["train", "tiny-resnet", "--checkpoint", "conv1.*"],
             "not a candidate",
         ),
-        (vec!["plan", "--budget", "1GiB", &not_chain], "not the composition of its top-level children"),
-        (vec!["plan", "--budget", "1GiB", &ordered_dict], "torch.save(dict(model.state_dict()), path)"),
+        (
+            vec!["plan", "--budget", "1GiB", &not_chain],
+            "not the composition of its top-level children",
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", &ordered_dict],
+            "torch.save(dict(model.state_dict()), path)",
+        ),
     ] {
         let out = ckptune(&args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -317,7 +327,17 @@ fn profiles_are_cached_per_config_and_an_interrupted_run_resumes() {
     let run = |name: &str| {
         let out = dir.path().join(name);
         let status = Command::new(env!("CARGO_BIN_EXE_ckptune"))
-            .args(["profile", "tiny-resnet", "--image", "32", "--precision", "fp32,bf16", "--threads", "1", "--quiet"])
+            .args([
+                "profile",
+                "tiny-resnet",
+                "--image",
+                "32",
+                "--precision",
+                "fp32,bf16",
+                "--threads",
+                "1",
+                "--quiet",
+            ])
             .args(["--cache-dir", cache.to_str().unwrap(), "-o", out.to_str().unwrap()])
             .status()
             .unwrap();
@@ -336,7 +356,10 @@ fn profiles_are_cached_per_config_and_an_interrupted_run_resumes() {
     let resumed = run("c.json");
     let configs = resumed["configs"].as_array().unwrap();
     assert_eq!(configs.len(), 2);
-    assert!(configs.contains(&keep["profile"]), "the finished config is reused as it was");
+    assert!(
+        configs.contains(&keep["profile"]),
+        "the finished config is reused as it was"
+    );
     assert!(files[1].exists(), "the missing config is measured and cached again");
 }
 
@@ -352,23 +375,42 @@ fn allow_8bit_picks_the_8bit_optimizer_when_only_it_fits_and_says_why() {
     ok(&args);
     let p = read(&profile);
     let peak = |opt: &str| {
-        p["configs"].as_array().unwrap().iter().find(|c| c["config"]["optimizer"] == opt).unwrap()["peak_all"]
+        p["configs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["config"]["optimizer"] == opt)
+            .unwrap()["peak_all"]
             .as_i64()
             .unwrap()
     };
     // State: 2 × 4 bytes per parameter for adamw, about a quarter of that for adamw8bit.
-    assert!(peak("adamw8bit") < peak("adamw") - 60_000_000, "{} vs {}", peak("adamw8bit"), peak("adamw"));
+    assert!(
+        peak("adamw8bit") < peak("adamw") - 60_000_000,
+        "{} vs {}",
+        peak("adamw8bit"),
+        peak("adamw")
+    );
     let budget = ((peak("adamw8bit") + peak("adamw")) / 2).to_string();
     let plan = dir.path().join("plan.json");
     let mut args = vec!["plan", "--budget", &budget];
     args.extend(shape);
-    args.extend(["--allow-8bit", "--profile", profile.to_str().unwrap(), "-o", plan.to_str().unwrap()]);
+    args.extend([
+        "--allow-8bit",
+        "--profile",
+        profile.to_str().unwrap(),
+        "-o",
+        plan.to_str().unwrap(),
+    ]);
     args.extend(COMMON);
     ok(&args);
     let v = read(&plan);
     assert_eq!(v["config"]["optimizer"], "adamw8bit");
     let notes = v["notes"].as_array().unwrap();
-    assert!(notes.iter().any(|n| n.as_str().unwrap().contains("chosen over adamw")), "{notes:?}");
+    assert!(
+        notes.iter().any(|n| n.as_str().unwrap().contains("chosen over adamw")),
+        "{notes:?}"
+    );
     // Without --allow-8bit nothing fits.
     let mut args = vec!["plan", "--budget", &budget];
     args.extend(shape);

@@ -84,6 +84,7 @@ fn sweep(candidates: &[&str], predicted: bool) -> SweepJson {
                 modules: chosen.iter().map(|k| candidates[*k].to_owned()).collect(),
                 peak_bytes: peak,
                 step_seconds: stats(secs),
+                step_samples: vec![secs],
                 loss: 2.3,
                 predicted_peak_bytes: with_prediction.then_some(peak),
                 predicted_step_seconds: with_prediction.then_some(secs * 1.01),

@@ -34,15 +34,22 @@ impl Probe {
                 ));
             }
             other => {
-                return Err(RuntimeError::Config(format!("device {other:?} is not supported (cpu or cuda)")));
+                return Err(RuntimeError::Config(format!(
+                    "device {other:?} is not supported (cpu or cuda)"
+                )));
             }
         }
-        Ok(Self { device, step_peak: Cell::new(0) })
+        Ok(Self {
+            device,
+            step_peak: Cell::new(0),
+        })
     }
 
     #[cfg(feature = "cuda")]
     fn cuda(&self) -> ckptune_kernels::cuda::CudaMemory {
-        let Device::Cuda(i) = self.device else { unreachable!("CUDA probe on {:?}", self.device) };
+        let Device::Cuda(i) = self.device else {
+            unreachable!("CUDA probe on {:?}", self.device)
+        };
         // The device was checked when the session was made; a failure now means the driver
         // went away, and zeros would silently corrupt a profile.
         ckptune_kernels::cuda::memory(i).unwrap_or_else(|e| panic!("reading CUDA memory: {e}"))
