@@ -427,12 +427,18 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
             return Err(e);
         }
     };
-    plan.budget_bytes = budget;
-    plan.margin_bytes = budget - reserve - plan.predicted.peak_bytes;
-    plan.target_device = target.clone();
-    plan.reserve_bytes = reserve;
-    plan.notes = notes.clone();
-    plan.notes.extend(eight_bit_note(&plan));
+    // What every plan of this command states besides the solve: the user's budget (the solve
+    // may have used less), the reserve, and the notes.
+    let finish = |mut plan: PlanJson| {
+        plan.budget_bytes = budget;
+        plan.margin_bytes = budget - reserve - plan.predicted.peak_bytes;
+        plan.target_device = target.clone();
+        plan.reserve_bytes = reserve;
+        plan.notes = notes.clone();
+        plan.notes.extend(eight_bit_note(&plan));
+        plan
+    };
+    plan = finish(plan);
     let mut report = None;
     if a.verify {
         // A measured correction, not a fudge factor: if the run peaks above the budget, plan
@@ -471,13 +477,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
                     corrections.len()
                 ));
             }
-            plan = plan_from_profile(&profile, planning_budget - reserve, shape.clone())?;
-            plan.budget_bytes = budget;
-            plan.margin_bytes = budget - reserve - plan.predicted.peak_bytes;
-            plan.target_device = target.clone();
-            plan.reserve_bytes = reserve;
-            plan.notes = notes.clone();
-            plan.notes.extend(eight_bit_note(&plan));
+            plan = finish(plan_from_profile(&profile, planning_budget - reserve, shape.clone())?);
         }
     }
     if let Some(out) = &a.output {
