@@ -19,10 +19,10 @@
 
 use tch::{nn, Kind, Tensor};
 
-use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
+use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 use crate::error::{ModelError, Result};
 use crate::layers::{dropout, Activation, Embedding, LayerNorm, Linear};
-use crate::zoo::ModelOptions;
+use crate::zoo::{Granularity, ModelOptions};
 
 /// The fields of HF's `BertConfig` that shape `BertModel` (absolute position embeddings,
 /// encoder only), plus `num_labels` / `classifier_dropout` of the classification head.
@@ -309,35 +309,56 @@ impl Output {
     }
 }
 
-/// `BertLayer`: attention (`self` + `output`), `intermediate`, `output`.
-struct Layer {
+/// `BertAttention`: `self` + `output` (the residual is its own input).
+struct Attention {
     attention_self: SelfAttention,
-    attention_output: Output,
-    intermediate_dense: Linear,
-    intermediate_act_fn: Activation,
     output: Output,
 }
 
-impl Layer {
+impl Block for Attention {
     /// `BertAttention.forward`: the self-attention output tuple lives until it returns.
-    fn attention(&self, hidden_states: &Tensor, attention_mask: Option<&Tensor>, train: bool) -> Tensor {
-        let self_outputs = self.attention_self.forward(hidden_states, attention_mask, train);
-        self.attention_output.forward(&self_outputs, hidden_states, train)
+    fn forward(&self, hidden_states: &Tensor, ctx: &Ctx<'_>) -> Tensor {
+        let self_outputs = self.attention_self.forward(hidden_states, ctx.attention_mask, ctx.train);
+        self.output.forward(&self_outputs, hidden_states, ctx.train)
     }
+}
 
-    /// `BertIntermediate.forward`.
-    fn intermediate(&self, hidden_states: &Tensor) -> Tensor {
-        let mut hidden_states = self.intermediate_dense.forward(hidden_states);
+/// `BertIntermediate`: dense + activation.
+struct Intermediate {
+    dense: Linear,
+    intermediate_act_fn: Activation,
+}
+
+impl Block for Intermediate {
+    fn forward(&self, hidden_states: &Tensor, _ctx: &Ctx<'_>) -> Tensor {
+        let mut hidden_states = self.dense.forward(hidden_states);
         hidden_states = self.intermediate_act_fn.forward(&hidden_states);
         hidden_states
     }
 }
 
+/// `BertOutput` as a chain block of its own: its input is the intermediate output and its
+/// residual the attention output, which the chain hands over as skip 0.
+struct LayerOutput(Output);
+
+impl Block for LayerOutput {
+    fn forward(&self, intermediate_output: &Tensor, ctx: &Ctx<'_>) -> Tensor {
+        self.0.forward(intermediate_output, ctx.skip(0), ctx.train)
+    }
+}
+
+/// `BertLayer`: `attention`, `intermediate`, `output` as one block.
+struct Layer {
+    attention: Attention,
+    intermediate: Intermediate,
+    output: Output,
+}
+
 impl Block for Layer {
     fn forward(&self, hidden_states: &Tensor, ctx: &Ctx<'_>) -> Tensor {
-        let attention_output = self.attention(hidden_states, ctx.attention_mask, ctx.train);
+        let attention_output = self.attention.forward(hidden_states, ctx);
         // `feed_forward_chunk` (chunk_size_feed_forward is 0: called once).
-        let intermediate_output = self.intermediate(&attention_output);
+        let intermediate_output = self.intermediate.forward(&attention_output, ctx);
         self.output.forward(&intermediate_output, &attention_output, ctx.train)
     }
 }
@@ -444,9 +465,11 @@ pub(crate) fn build_with_default_seq(name: &str, cfg: &Config, opts: &ModelOptio
         token_type_ids,
         p: cfg.hidden_dropout_prob,
     };
+    let mut groups = Vec::new();
     let mut blocks = vec![ChainBlock {
         name: "embeddings".into(),
         candidate: true,
+        skips: Vec::new(),
         block: Box::new(embeddings),
     }];
     for n in 0..cfg.num_hidden_layers {
@@ -460,24 +483,46 @@ pub(crate) fn build_with_default_seq(name: &str, cfg: &Config, opts: &ModelOptio
         };
         let s = &l / "attention" / "self";
         let layer = Layer {
-            attention_self: SelfAttention {
-                query: Linear::hf(&(&s / "query"), h, h, std, spec)?,
-                key: Linear::hf(&(&s / "key"), h, h, std, spec)?,
-                value: Linear::hf(&(&s / "value"), h, h, std, spec)?,
-                heads: cfg.num_attention_heads,
-                head_size: cfg.head_size(),
-                p: cfg.attention_probs_dropout_prob,
+            attention: Attention {
+                attention_self: SelfAttention {
+                    query: Linear::hf(&(&s / "query"), h, h, std, spec)?,
+                    key: Linear::hf(&(&s / "key"), h, h, std, spec)?,
+                    value: Linear::hf(&(&s / "value"), h, h, std, spec)?,
+                    heads: cfg.num_attention_heads,
+                    head_size: cfg.head_size(),
+                    p: cfg.attention_probs_dropout_prob,
+                },
+                output: output(&(&l / "attention" / "output"), h)?,
             },
-            attention_output: output(&(&l / "attention" / "output"), h)?,
-            intermediate_dense: Linear::hf(&(&l / "intermediate" / "dense"), h, cfg.intermediate_size, std, spec)?,
-            intermediate_act_fn: cfg.hidden_act,
+            intermediate: Intermediate {
+                dense: Linear::hf(&(&l / "intermediate" / "dense"), h, cfg.intermediate_size, std, spec)?,
+                intermediate_act_fn: cfg.hidden_act,
+            },
             output: output(&(&l / "output"), cfg.intermediate_size)?,
         };
+        let name = format!("encoder.layer.{n}");
+        if opts.granularity == Granularity::Layer {
+            blocks.push(ChainBlock::new(name, true, Box::new(layer)));
+            continue;
+        }
+        // Finer: the layer's three children as blocks; `output` reads `attention`'s output
+        // for its residual. With nesting the layer itself is a group over them.
+        let first = blocks.len();
+        blocks.push(ChainBlock::new(format!("{name}.attention"), true, Box::new(layer.attention)));
+        blocks.push(ChainBlock::new(format!("{name}.intermediate"), true, Box::new(layer.intermediate)));
         blocks.push(ChainBlock {
-            name: format!("encoder.layer.{n}"),
+            name: format!("{name}.output"),
             candidate: true,
-            block: Box::new(layer),
+            skips: vec![first],
+            block: Box::new(LayerOutput(layer.output)),
         });
+        if opts.granularity == Granularity::Nested {
+            groups.push(ChainGroup {
+                name,
+                first,
+                last: first + 2,
+            });
+        }
     }
     let pooler = Pooler {
         dense: Linear::hf(&(&root / "pooler" / "dense"), h, h, std, spec)?,
@@ -485,6 +530,7 @@ pub(crate) fn build_with_default_seq(name: &str, cfg: &Config, opts: &ModelOptio
     blocks.push(ChainBlock {
         name: "pooler".into(),
         candidate: true,
+        skips: Vec::new(),
         block: Box::new(pooler),
     });
     let head = SequenceClassification {
@@ -497,6 +543,7 @@ pub(crate) fn build_with_default_seq(name: &str, cfg: &Config, opts: &ModelOptio
         name: name.to_string(),
         vs,
         blocks,
+        groups,
         head: Box::new(head),
         modules: cfg.module_names(),
         input: InputSpec::Tokens {

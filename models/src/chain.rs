@@ -17,6 +17,41 @@ pub struct Ctx<'a> {
     pub attention_mask: Option<&'a Tensor>,
     /// Training mode: dropout active, BatchNorm uses and updates batch statistics.
     pub train: bool,
+    /// The outputs of earlier blocks this block reads besides its input, in the order of its
+    /// [`ChainBlock::skips`] (e.g. BERT's `output` reads the `attention` output for its
+    /// residual sum). Empty for blocks without skips.
+    pub skips: &'a [Tensor],
+}
+
+impl<'a> Ctx<'a> {
+    /// The context of a block that reads no earlier outputs.
+    pub fn new(attention_mask: Option<&'a Tensor>, train: bool) -> Self {
+        Ctx {
+            attention_mask,
+            train,
+            skips: &[],
+        }
+    }
+
+    /// The same context with `skips` as the block's extra inputs.
+    pub fn with_skips<'b>(&self, skips: &'b [Tensor]) -> Ctx<'b>
+    where
+        'a: 'b,
+    {
+        Ctx {
+            attention_mask: self.attention_mask,
+            train: self.train,
+            skips,
+        }
+    }
+
+    /// The `k`-th skip input; a block only asks for the skips its chain entry declares, so a
+    /// missing one is a bug in the model's construction.
+    pub fn skip(&self, k: usize) -> &'a Tensor {
+        self.skips
+            .get(k)
+            .unwrap_or_else(|| panic!("block asked for skip input {k} but was given {}", self.skips.len()))
+    }
 }
 
 /// One link of the chain. `forward` must be a pure function of its input, its parameters,
@@ -34,7 +69,37 @@ pub struct ChainBlock {
     pub name: String,
     /// Whether the block may be checkpointed (it is exactly one PyTorch module).
     pub candidate: bool,
+    /// Indices of earlier blocks whose outputs this block reads besides its own input (the
+    /// previous block's output): skip connections inside a layer, such as the residual that
+    /// BERT's `output` adds to the `attention` output. They reach `forward` as [`Ctx::skips`].
+    pub skips: Vec<usize>,
     pub block: Box<dyn Block>,
+}
+
+impl ChainBlock {
+    /// A block that reads only its input.
+    pub fn new(name: impl Into<String>, candidate: bool, block: Box<dyn Block>) -> Self {
+        ChainBlock {
+            name: name.into(),
+            candidate,
+            skips: Vec::new(),
+            block,
+        }
+    }
+}
+
+/// A candidate module made of a contiguous run of chain blocks (`encoder.layer.3` over its
+/// `attention`, `intermediate` and `output`; `layer3` over `layer3.0` … `layer3.35`).
+/// Checkpointing it is `torch.utils.checkpoint` of that module: only its input is kept and
+/// the whole run is recomputed in backward. A group and any block inside it are never both
+/// checkpointed (nesting).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainGroup {
+    /// PyTorch qualified module name.
+    pub name: String,
+    /// First and last block of the run (inclusive), `first < last`.
+    pub first: usize,
+    pub last: usize,
 }
 
 impl std::fmt::Debug for ChainBlock {
@@ -91,6 +156,9 @@ pub struct Chain {
     /// Parameters and buffers; variable names equal the reference `state_dict` keys.
     pub vs: nn::VarStore,
     pub blocks: Vec<ChainBlock>,
+    /// Candidate modules spanning several blocks, in order of their first block; disjoint.
+    /// A checkpoint choice is a mask over `blocks` followed by `groups`.
+    pub groups: Vec<ChainGroup>,
     pub head: Box<dyn LossHead>,
     /// Every qualified module name of the reference PyTorch model in `named_modules()` order,
     /// sub-modules included (the root "" excluded): the universe a checkpoint regex is
@@ -107,19 +175,93 @@ impl std::fmt::Debug for Chain {
         f.debug_struct("Chain")
             .field("name", &self.name)
             .field("blocks", &self.blocks)
+            .field("groups", &self.groups)
             .field("input", &self.input)
             .finish()
     }
 }
 
 impl Chain {
-    /// Names of the blocks that may be checkpointed, in execution order.
+    /// Names of everything that may be checkpointed: candidate blocks in execution order,
+    /// then groups; the order of a checkpoint mask.
     pub fn candidates(&self) -> Vec<&str> {
         self.blocks
             .iter()
             .filter(|b| b.candidate)
             .map(|b| b.name.as_str())
+            .chain(self.groups.iter().map(|g| g.name.as_str()))
             .collect()
+    }
+
+    /// Length of a checkpoint mask: one entry per block, then one per group.
+    pub fn units(&self) -> usize {
+        self.blocks.len() + self.groups.len()
+    }
+
+    /// Name of mask entry `i` (a block, or a group after the blocks).
+    pub fn unit_name(&self, i: usize) -> &str {
+        match self.blocks.get(i) {
+            Some(b) => &b.name,
+            None => &self.groups[i - self.blocks.len()].name,
+        }
+    }
+
+    /// Whether mask entry `i` may be checkpointed.
+    pub fn unit_candidate(&self, i: usize) -> bool {
+        self.blocks.get(i).map_or(i < self.units(), |b| b.candidate)
+    }
+
+    /// Checks what the runtime relies on: skips point backwards; groups are ordered,
+    /// disjoint runs of at least two blocks; no block outside a group reads a block inside it
+    /// other than its last (a checkpointed group keeps only its output), and no block inside a
+    /// group reads a block before the group's input.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let n = self.blocks.len();
+        for (i, b) in self.blocks.iter().enumerate() {
+            if let Some(&s) = b.skips.iter().find(|&&s| s >= i) {
+                return Err(format!(
+                    "block {} (#{i}) reads block #{s} as a skip; skips must come from earlier blocks",
+                    b.name
+                ));
+            }
+        }
+        let mut prev_last: Option<usize> = None;
+        for g in &self.groups {
+            if g.first >= g.last || g.last >= n || prev_last.is_some_and(|p| g.first <= p) {
+                return Err(format!(
+                    "group {} spans blocks {}..={} of {n}; groups must be ordered, disjoint runs of 2 or more",
+                    g.name, g.first, g.last
+                ));
+            }
+            prev_last = Some(g.last);
+            for (i, b) in self.blocks.iter().enumerate() {
+                let inside = (g.first..=g.last).contains(&i);
+                for &s in &b.skips {
+                    let reads_inner = (g.first..g.last).contains(&s);
+                    if (!inside && reads_inner) || (inside && s + 1 < g.first) {
+                        return Err(format!(
+                            "block {} reads block {} across the boundary of group {}",
+                            b.name, self.blocks[s].name, g.name
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the chain's forward block by block (skips included) and returns every block's
+    /// output. With `grad`, outputs carry autograd history from the input.
+    pub fn forward_all(&self, input: &Tensor, attention_bias: Option<&Tensor>, train: bool) -> Vec<Tensor> {
+        let ctx = Ctx::new(attention_bias, train);
+        let mut outs: Vec<Tensor> = Vec::with_capacity(self.blocks.len());
+        for (i, b) in self.blocks.iter().enumerate() {
+            let x = if i == 0 { input } else { &outs[i - 1] };
+            let skips: Vec<Tensor> = b.skips.iter().map(|&s| outs[s].shallow_clone()).collect();
+            let out = b.block.forward(x, &ctx.with_skips(&skips));
+            outs.push(out);
+        }
+        outs
     }
 
     /// A deterministic random batch of `batch` samples for this model's input. Uses the global

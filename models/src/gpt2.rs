@@ -24,10 +24,10 @@
 
 use tch::{nn, Kind, Tensor};
 
-use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
+use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 use crate::error::{ModelError, Result};
 use crate::layers::{dropout, finfo_min, Activation, Conv1D, Embedding, LayerNorm, Spec};
-use crate::zoo::ModelOptions;
+use crate::zoo::{Granularity, ModelOptions};
 
 /// The fields of HF's `GPT2Config` that shape `GPT2Model`.
 #[derive(Debug, Clone, PartialEq)]
@@ -342,6 +342,42 @@ impl Block for Layer {
     }
 }
 
+/// A LayerNorm child (`h.N.ln_1`, `h.N.ln_2`) as a block of its own.
+struct Norm(LayerNorm);
+
+impl Block for Norm {
+    fn forward(&self, hidden_states: &Tensor, _ctx: &Ctx<'_>) -> Tensor {
+        self.0.forward(hidden_states)
+    }
+}
+
+/// `h.N.attn` as a block of its own: the attention output (the weights die with the call).
+struct AttnBlock(Attention);
+
+impl Block for AttnBlock {
+    fn forward(&self, hidden_states: &Tensor, ctx: &Ctx<'_>) -> Tensor {
+        self.0.forward(hidden_states, ctx.attention_mask, ctx.train).0
+    }
+}
+
+/// `h.N.mlp` as a block of its own.
+struct MlpBlock(Mlp);
+
+impl Block for MlpBlock {
+    fn forward(&self, hidden_states: &Tensor, ctx: &Ctx<'_>) -> Tensor {
+        self.0.forward(hidden_states, ctx.train)
+    }
+}
+
+/// A residual sum of `GPT2Block.forward` (not a module): its input plus skip 0.
+struct ResidualAdd;
+
+impl Block for ResidualAdd {
+    fn forward(&self, hidden_states: &Tensor, ctx: &Ctx<'_>) -> Tensor {
+        hidden_states + ctx.skip(0)
+    }
+}
+
 /// `ln_f` (then `hidden_states.view(output_shape)`, a no-op view here).
 struct FinalNorm {
     ln_f: LayerNorm,
@@ -401,10 +437,10 @@ pub fn build(name: &str, cfg: &Config, opts: &ModelOptions) -> Result<Chain> {
             why: format!("the sequence length must be in 1..={} (n_positions)", cfg.n_positions),
         });
     }
-    build_chain(name, &cfg, seq, spec)
+    build_chain(name, &cfg, seq, spec, opts.granularity)
 }
 
-fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec) -> Result<Chain> {
+fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Granularity) -> Result<Chain> {
     let vs = nn::VarStore::new(spec.device);
     let root = vs.root();
     let (d, std) = (cfg.n_embd, cfg.initializer_range);
@@ -417,9 +453,11 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec) -> Result<Chain> 
         wpe: Embedding::hf(&(&root / "wpe"), cfg.n_positions, d, None, std, spec)?,
         p: cfg.embd_pdrop,
     };
+    let mut groups = Vec::new();
     let mut blocks = vec![ChainBlock {
         name: EMBED.into(),
         candidate: false,
+        skips: Vec::new(),
         block: Box::new(embeddings),
     }];
     for n in 0..cfg.n_layer {
@@ -451,16 +489,44 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec) -> Result<Chain> 
                 p: cfg.resid_pdrop,
             },
         };
+        let name = format!("h.{n}");
+        if granularity == Granularity::Layer {
+            blocks.push(ChainBlock::new(name, true, Box::new(layer)));
+            continue;
+        }
+        // Finer: `GPT2Block.forward` statement by statement. The LayerNorms and the residual
+        // sums are blocks but not candidates (checkpointing them saves nothing); the sums read
+        // the residual as a skip: the layer's input, then the first sum.
+        let first = blocks.len();
+        blocks.push(ChainBlock::new(format!("{name}.ln_1"), false, Box::new(Norm(layer.ln_1))));
+        blocks.push(ChainBlock::new(format!("{name}.attn"), true, Box::new(AttnBlock(layer.attn))));
         blocks.push(ChainBlock {
-            name: format!("h.{n}"),
-            candidate: true,
-            block: Box::new(layer),
+            name: format!("{name} (attn residual)"),
+            candidate: false,
+            skips: vec![first - 1],
+            block: Box::new(ResidualAdd),
         });
+        blocks.push(ChainBlock::new(format!("{name}.ln_2"), false, Box::new(Norm(layer.ln_2))));
+        blocks.push(ChainBlock::new(format!("{name}.mlp"), true, Box::new(MlpBlock(layer.mlp))));
+        blocks.push(ChainBlock {
+            name: format!("{name} (mlp residual)"),
+            candidate: false,
+            skips: vec![first + 2],
+            block: Box::new(ResidualAdd),
+        });
+        if granularity == Granularity::Nested {
+            groups.push(ChainGroup {
+                name,
+                first,
+                last: first + 5,
+            });
+        }
     }
     let ln_f = LayerNorm::new(&(&root / "ln_f"), d, cfg.layer_norm_epsilon, spec)?;
     blocks.push(ChainBlock {
         name: "ln_f".into(),
         candidate: true,
+        skips: Vec::new(),
         block: Box::new(FinalNorm { ln_f }),
     });
 
@@ -468,6 +534,7 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec) -> Result<Chain> 
         name: name.to_string(),
         vs,
         blocks,
+        groups,
         head: Box::new(CausalLm {
             wte: tied,
             vocab_size: cfg.vocab_size,

@@ -114,11 +114,7 @@ pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain>
     collect_modules("", &root, &mut modules)?;
     let blocks: Vec<ChainBlock> = children
         .into_iter()
-        .map(|(name, module)| ChainBlock {
-            name,
-            candidate: true,
-            block: Box::new(JitBlock { module }),
-        })
+        .map(|(name, module)| ChainBlock::new(name, true, Box::new(JitBlock { module })))
         .collect();
 
     let mut chain = Chain {
@@ -128,6 +124,7 @@ pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain>
             .unwrap_or_else(|| shown.clone()),
         vs,
         blocks,
+        groups: Vec::new(),
         head: Box::new(LastDimCrossEntropy),
         modules,
         input,
@@ -183,10 +180,7 @@ fn classes_of(out: &Tensor) -> i64 {
 }
 
 fn chained_forward(b: &ChainBlock, h: &Tensor) -> std::result::Result<Tensor, String> {
-    let ctx = Ctx {
-        attention_mask: None,
-        train: false,
-    };
+    let ctx = Ctx::new(None, false);
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.block.forward(h, &ctx))).map_err(|p| {
         p.downcast_ref::<String>()
             .cloned()

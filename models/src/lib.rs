@@ -14,7 +14,7 @@ pub mod resnet;
 pub mod toy;
 pub mod zoo;
 
-pub use chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
+pub use chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 pub use error::ModelError;
 pub use layers::Activation;
 pub use load::{from_file, Loaded};

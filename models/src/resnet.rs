@@ -8,14 +8,16 @@
 //! are mirrored too (a reassignment frees the old value at the same point), so transient
 //! memory matches in grad and no-grad mode.
 //!
-//! Chain: `conv1+bn1+relu+maxpool` (stem group), `layer1`..`layer4` (or, at
-//! [`Granularity::Block`], every residual block `layer1.0`, `layer1.1`, …), `avgpool+fc`
-//! (head group). Groups are not candidates: a group is not one PyTorch module, and
-//! checkpointing the head would save nothing.
+//! Chain: `conv1+bn1+relu+maxpool` (stem), `layer1`..`layer4` (or, at
+//! [`Granularity::Block`], every residual block `layer1.0`, `layer1.1`, …; at
+//! [`Granularity::Nested`], the residual blocks with each stage a [`ChainGroup`] over its
+//! blocks), `avgpool+fc` (head). The stem and the head are several top-level modules run as
+//! one block and are not candidates: neither is one PyTorch module, and checkpointing the
+//! head would save nothing.
 
 use tch::{nn, Tensor};
 
-use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead};
+use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead};
 use crate::error::{ModelError, Result};
 use crate::layers::{BatchNorm2d, Conv2d, Init, Linear, Spec};
 use crate::zoo::{Granularity, ModelOptions};
@@ -199,7 +201,9 @@ impl Config {
         for (k, &blocks) in self.layers.iter().enumerate() {
             match granularity {
                 Granularity::Layer => names.push(format!("layer{}", k + 1)),
-                Granularity::Block => names.extend((0..blocks).map(|b| format!("layer{}.{b}", k + 1))),
+                Granularity::Block | Granularity::Nested => {
+                    names.extend((0..blocks).map(|b| format!("layer{}.{b}", k + 1)))
+                }
             }
         }
         names.push(HEAD.to_string());
@@ -421,9 +425,11 @@ pub(crate) fn build_with_default_image(
     let mut blocks = vec![ChainBlock {
         name: STEM.into(),
         candidate: false,
+        skips: Vec::new(),
         block: Box::new(stem),
     }];
     let mut inplanes = cfg.inplanes;
+    let mut groups = Vec::new();
     for (k, &n) in cfg.layers.iter().enumerate() {
         let layer = format!("layer{}", k + 1);
         let planes = cfg.planes(k);
@@ -449,19 +455,31 @@ pub(crate) fn build_with_default_image(
             Granularity::Layer => blocks.push(ChainBlock {
                 name: layer,
                 candidate: true,
+                skips: Vec::new(),
                 block: Box::new(Stage { blocks: residuals }),
             }),
-            Granularity::Block => blocks.extend(residuals.into_iter().enumerate().map(|(b, r)| ChainBlock {
-                name: format!("{layer}.{b}"),
-                candidate: true,
-                block: Box::new(Stage { blocks: vec![r] }),
-            })),
+            Granularity::Block | Granularity::Nested => {
+                let first = blocks.len();
+                let n = residuals.len();
+                blocks.extend(residuals.into_iter().enumerate().map(|(b, r)| {
+                    ChainBlock::new(format!("{layer}.{b}"), true, Box::new(Stage { blocks: vec![r] }))
+                }));
+                // A stage of one residual block is that block: nothing to nest.
+                if opts.granularity == Granularity::Nested && n > 1 {
+                    groups.push(ChainGroup {
+                        name: layer,
+                        first,
+                        last: first + n - 1,
+                    });
+                }
+            }
         }
     }
     let fc = Linear::torch_default(&(&root / "fc"), cfg.features(), cfg.num_classes, spec)?;
     blocks.push(ChainBlock {
         name: HEAD.into(),
         candidate: false,
+        skips: Vec::new(),
         block: Box::new(Head { fc }),
     });
 
@@ -469,6 +487,7 @@ pub(crate) fn build_with_default_image(
         name: name.to_string(),
         vs,
         blocks,
+        groups,
         head: Box::new(CrossEntropy),
         modules: cfg.module_names(),
         input: InputSpec::Image {

@@ -99,6 +99,7 @@ pub fn toy(cfg: &ToyConfig, device: tch::Device) -> Chain {
         blocks.push(ChainBlock {
             name: format!("layers.{i}"),
             candidate: true,
+            skips: Vec::new(),
             block: Box::new(ToyBlock {
                 weight,
                 bias,
@@ -121,6 +122,7 @@ pub fn toy(cfg: &ToyConfig, device: tch::Device) -> Chain {
         name: "toy".to_owned(),
         vs,
         blocks,
+        groups: Vec::new(),
         head: Box::new(CrossEntropyHead { fc }),
         modules,
         input: InputSpec::Features {

@@ -13,11 +13,16 @@ use crate::{bert, gpt2, resnet};
 /// How finely a model is cut into chain blocks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Granularity {
-    /// ResNet stages (`layer1` … `layer4`). Transformers: one block per layer either way.
+    /// Layers: ResNet stages (`layer1` … `layer4`), BERT's `encoder.layer.N`, GPT-2's `h.N`.
     #[default]
     Layer,
-    /// ResNet residual blocks (`layer1.0`, `layer1.1`, …, `layer3.35`), each a candidate.
+    /// The modules inside layers: ResNet residual blocks (`layer1.0`, …, `layer3.35`),
+    /// BERT's `encoder.layer.N.attention` / `.intermediate` / `.output`, GPT-2's `h.N.attn` /
+    /// `h.N.mlp`.
     Block,
+    /// Both levels as candidates: a layer or any of its children, never both (the layers are
+    /// chain groups over their children's blocks).
+    Nested,
 }
 
 /// Shape and placement options; `None` means the model's default.

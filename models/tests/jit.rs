@@ -35,10 +35,7 @@ fn scripted_sequential_is_a_chain_of_its_children() {
     assert_eq!(chain.param_count(), 3 * 4 * 9 + 4 + 2 * (4 * 4 * 9 + 8) + 4 * 5 + 5);
     // Running the blocks in order gives an output of the head's shape, with gradients.
     let batch = chain.make_batch(2, tch::Device::Cpu, 0);
-    let ctx = Ctx {
-        attention_mask: None,
-        train: true,
-    };
+    let ctx = Ctx::new(None, true);
     let mut h = batch.input.shallow_clone();
     for b in &chain.blocks {
         h = b.block.forward(&h, &ctx);

@@ -7,7 +7,7 @@ mod common;
 use ckptune_models::zoo::{self, Family};
 use ckptune_models::{builtin, Chain, Ctx, Granularity, InputSpec, ModelError, ModelOptions, TokenTargets};
 use common::run_blocks;
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 
 /// libtorch's generator is process-wide and tests run on parallel threads: tests that seed it
 /// and then draw from it (batches, dropout) hold this lock.
@@ -246,15 +246,14 @@ fn options_shape_the_model() {
 fn training_step(chain: &Chain, seed: i64) -> f64 {
     let batch = chain.make_batch(2, Device::Cpu, seed);
     let bias = batch.attention_mask.as_ref().map(|m| chain.attention_bias(m));
-    let ctx = Ctx {
-        attention_mask: bias.as_ref(),
-        train: true,
-    };
+    let ctx = Ctx::new(bias.as_ref(), true);
+    // inputs[k + 1] is the leaf of block k's output, read by block k + 1 and by skips.
     let mut inputs = vec![batch.input.shallow_clone()];
     let mut outputs = vec![];
     for block in &chain.blocks {
         let input = inputs.last().unwrap();
-        let out = block.block.forward(input, &ctx);
+        let skips: Vec<Tensor> = block.skips.iter().map(|&s| inputs[s + 1].shallow_clone()).collect();
+        let out = block.block.forward(input, &ctx.with_skips(&skips));
         inputs.push(out.detach().set_requires_grad(true));
         outputs.push(out);
     }
@@ -277,8 +276,15 @@ fn training_step(chain: &Chain, seed: i64) -> f64 {
 fn a_training_step_reaches_every_parameter() {
     let _rng = rng();
     tch::set_num_threads(2);
-    for name in ["tiny-resnet", "tiny-bert", "tiny-gpt2"] {
-        let chain = builtin(name, &ModelOptions::default()).unwrap();
+    for (name, granularity) in ["tiny-resnet", "tiny-bert", "tiny-gpt2"]
+        .into_iter()
+        .flat_map(|n| [(n, Granularity::Layer), (n, Granularity::Nested)])
+    {
+        let opts = ModelOptions {
+            granularity,
+            ..ModelOptions::default()
+        };
+        let chain = builtin(name, &opts).unwrap();
         let loss = training_step(&chain, 7);
         assert!(loss.is_finite() && loss > 0.0, "{name}: loss {loss}");
         for (key, t) in chain.vs.variables() {
@@ -302,16 +308,22 @@ fn a_training_step_reaches_every_parameter() {
 fn blocks_leave_their_input_alone_and_recompute_identically() {
     let _rng = rng();
     tch::set_num_threads(2);
-    for name in ["tiny-resnet", "tiny-bert", "tiny-gpt2"] {
-        let chain = builtin(name, &ModelOptions::default()).unwrap();
+    for (name, granularity) in ["tiny-resnet", "tiny-bert", "tiny-gpt2"]
+        .into_iter()
+        .flat_map(|n| [(n, Granularity::Layer), (n, Granularity::Nested)])
+    {
+        let opts = ModelOptions {
+            granularity,
+            ..ModelOptions::default()
+        };
+        let chain = builtin(name, &opts).unwrap();
         let batch = chain.make_batch(2, Device::Cpu, 3);
         let bias = batch.attention_mask.as_ref().map(|m| chain.attention_bias(m));
         let inputs = run_blocks(&chain, &batch.input, bias.as_ref(), true, true);
-        let ctx = Ctx {
-            attention_mask: bias.as_ref(),
-            train: true,
-        };
         for (i, block) in chain.blocks.iter().enumerate() {
+            let skips: Vec<Tensor> = block.skips.iter().map(|&s| inputs[s].shallow_clone()).collect();
+            let ctx = Ctx::new(bias.as_ref(), true);
+            let ctx = ctx.with_skips(&skips);
             let input = if i == 0 {
                 batch.input.shallow_clone()
             } else {

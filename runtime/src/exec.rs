@@ -227,6 +227,13 @@ impl Session {
     /// Runs forward and backward of one micro-batch, accumulating parameter gradients, and
     /// returns its (unscaled) loss. The building block of [`Session::step`]; the profiler also
     /// calls it on its own to measure the accumulation regime.
+    ///
+    /// `checkpoint` has one entry per block, then one per group ([`Chain::units`]). A
+    /// checkpointed segment (a block, or a group's run of blocks) runs forward under no-grad
+    /// and keeps only its last output; inside it, an output is dropped as soon as the last
+    /// block of the segment that reads it has run, as a PyTorch module's locals are. In
+    /// backward the whole segment is recomputed from its input, block by block with detached
+    /// boundaries, then differentiated block by block like a plain run.
     pub fn micro_step(&mut self, batch: &Batch, checkpoint: &[bool], mut tr: Option<&mut MicroTrace>) -> Result<f64> {
         self.check_mask(checkpoint)?;
         let n = self.chain.blocks.len();
@@ -236,54 +243,75 @@ impl Session {
             Some(m) => Some(self.chain.attention_bias(m)),
             None => None,
         };
-        let ctx = Ctx {
-            attention_mask: mask.as_ref(),
-            train: true,
-        };
+        let ctx = Ctx::new(mask.as_ref(), true);
         if let Some(t) = tr.as_deref_mut() {
             t.start = self.probe.current();
             t.blocks = vec![BlockTrace::default(); n];
         }
+        let segments = segments(&self.chain, checkpoint);
+        // Inside a segment: the block after which each output is dead during the no-grad
+        // forward (its last reader within the segment).
+        let mut last_reader: Vec<usize> = (0..n).map(|k| k + 1).collect();
+        for (i, b) in self.chain.blocks.iter().enumerate() {
+            for &s in &b.skips {
+                last_reader[s] = last_reader[s].max(i);
+            }
+        }
 
         // ---- forward --------------------------------------------------------------------
-        // Per block: its input leaf, its output, and for checkpointed blocks the RNG state.
-        let mut inputs: Vec<Option<Tensor>> = Vec::with_capacity(n);
-        let mut outputs: Vec<Option<Tensor>> = Vec::with_capacity(n);
-        let mut rng_states: Vec<Option<Tensor>> = Vec::with_capacity(n);
-        let mut h = batch.input.shallow_clone();
-        for (i, block) in self.chain.blocks.iter().enumerate() {
-            let x = if i == 0 { h } else { h.detach().set_requires_grad(true) };
-            let ck = checkpoint[i];
+        // Per block: its output, and the detached leaf of that output (created when the next
+        // block starts) that every reader of the output takes as input, so the gradients of
+        // all readers accumulate in one `.grad`. Per segment (by first block): the RNG state.
+        let mut outputs: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
+        let mut leaves: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
+        let mut rng_states: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
+        for i in 0..n {
+            let block = &self.chain.blocks[i];
+            let seg = segments[i];
+            let x = self.block_input(i, &batch.input, &outputs, &mut leaves);
+            let skips: Vec<Tensor> = block.skips.iter().map(|&s| leaf(&leaves, s)).collect();
             let t0 = Instant::now();
             if let Some(t) = tr.as_deref_mut() {
-                t.blocks[i].checkpointed = ck;
+                t.blocks[i].checkpointed = seg.is_some();
                 t.blocks[i].fwd_before = self.probe.current();
                 self.probe.reset_window();
             }
-            let state = if ck { Some(rng::cpu_state()?) } else { None };
+            if seg.is_some_and(|(first, _)| first == i) {
+                rng_states[i] = Some(rng::cpu_state()?);
+            }
             let out = {
                 let _ac = autocast.map(|k| AutocastGuard::new(device, k, true)).transpose()?;
-                if ck {
-                    tch::no_grad(|| block.block.forward(&x, &ctx))
+                let bctx = ctx.with_skips(&skips);
+                if seg.is_some() {
+                    tch::no_grad(|| block.block.forward(&x, &bctx))
                 } else {
-                    block.block.forward(&x, &ctx)
+                    block.block.forward(&x, &bctx)
                 }
             };
+            drop((x, skips));
+            outputs[i] = Some(out);
+            if let Some((first, last)) = seg {
+                for k in first..last {
+                    if last_reader[k] == i {
+                        outputs[k] = None;
+                        leaves[k] = None;
+                    }
+                }
+            }
             if let Some(t) = tr.as_deref_mut() {
                 let b = &mut t.blocks[i];
                 b.fwd_peak = self.probe.window_peak();
                 b.fwd_after = self.probe.current();
                 b.fwd_seconds = t0.elapsed().as_secs_f64();
             }
-            h = out.shallow_clone();
-            inputs.push(Some(x));
-            outputs.push(Some(out));
-            rng_states.push(state);
         }
 
         // ---- loss ---------------------------------------------------------------------------
-        let y = h.detach().set_requires_grad(true);
-        drop(h);
+        let y = outputs[n - 1]
+            .as_ref()
+            .expect("the last output is kept")
+            .detach()
+            .set_requires_grad(true);
         if let Some(t) = tr.as_deref_mut() {
             t.loss_before = self.probe.current();
             self.probe.reset_window();
@@ -315,45 +343,52 @@ impl Session {
 
         // ---- backward, last block first -------------------------------------------------------
         for i in (0..n).rev() {
-            let block = &self.chain.blocks[i];
-            let x = inputs[i].take().expect("input kept until the block's backward");
-            let stored = outputs[i].take().expect("output kept until the block's backward");
-            let out = if checkpoint[i] {
+            if let Some((first, last)) = segments[i].filter(|&(_, last)| last == i) {
                 // The stored no-grad output is dead: the recompute produces it again.
-                drop(stored);
-                let t0 = Instant::now();
-                if let Some(t) = tr.as_deref_mut() {
-                    t.blocks[i].rec_before = self.probe.current();
-                    self.probe.reset_window();
-                }
-                let saved_rng = rng_states[i].take().expect("rng state of a checkpointed block");
+                outputs[i] = None;
+                let saved_rng = rng_states[first].take().expect("rng state of a checkpointed segment");
                 let current_rng = rng::cpu_state()?;
                 rng::set_cpu_state(&saved_rng)?;
                 drop(saved_rng);
-                let snapshot: Vec<Tensor> = self.buffers[i].iter().map(|b| b.copy()).collect();
-                let out = {
-                    let _ac = autocast.map(|k| AutocastGuard::new(device, k, true)).transpose()?;
-                    block.block.forward(&x, &ctx)
-                };
+                let snapshot: Vec<Vec<Tensor>> = self.buffers[first..=last]
+                    .iter()
+                    .map(|bs| bs.iter().map(|b| b.copy()).collect())
+                    .collect();
+                for k in first..=last {
+                    let t0 = Instant::now();
+                    if let Some(t) = tr.as_deref_mut() {
+                        t.blocks[k].rec_before = self.probe.current();
+                        self.probe.reset_window();
+                    }
+                    let block = &self.chain.blocks[k];
+                    let x = self.block_input(k, &batch.input, &outputs, &mut leaves);
+                    let skips: Vec<Tensor> = block.skips.iter().map(|&s| leaf(&leaves, s)).collect();
+                    let out = {
+                        let _ac = autocast.map(|a| AutocastGuard::new(device, a, true)).transpose()?;
+                        block.block.forward(&x, &ctx.with_skips(&skips))
+                    };
+                    drop((x, skips));
+                    outputs[k] = Some(out);
+                    if let Some(t) = tr.as_deref_mut() {
+                        let b = &mut t.blocks[k];
+                        b.rec_peak = self.probe.window_peak();
+                        b.rec_after = self.probe.current();
+                        b.rec_seconds = t0.elapsed().as_secs_f64();
+                    }
+                }
                 // Swap the snapshot in as the buffers' storage instead of copying it back: the
                 // recompute's graph saved these buffers (batch_norm's backward takes the running
                 // statistics), and an in-place copy would bump their version counter and fail
                 // that backward. Training-mode backward never reads them, so the swap is safe.
-                for (b, s) in self.buffers[i].iter().zip(snapshot) {
-                    b.shallow_clone().set_data(&s);
+                for (bs, ss) in self.buffers[first..=last].iter().zip(snapshot) {
+                    for (b, s) in bs.iter().zip(ss) {
+                        b.shallow_clone().set_data(&s);
+                    }
                 }
                 rng::set_cpu_state(&current_rng)?;
-                drop(current_rng);
-                if let Some(t) = tr.as_deref_mut() {
-                    let b = &mut t.blocks[i];
-                    b.rec_peak = self.probe.window_peak();
-                    b.rec_after = self.probe.current();
-                    b.rec_seconds = t0.elapsed().as_secs_f64();
-                }
-                out
-            } else {
-                stored
-            };
+            }
+            let block = &self.chain.blocks[i];
+            let out = outputs[i].take().expect("output kept until the block's backward");
             let t0 = Instant::now();
             if let Some(t) = tr.as_deref_mut() {
                 t.blocks[i].bwd_before = self.probe.current();
@@ -371,9 +406,17 @@ impl Session {
             } else {
                 drop(out);
             }
-            grad = if i > 0 { x.grad() } else { Tensor::new() };
+            // Every reader of the input has now run its backward: its leaf's gradient is
+            // complete and is the previous block's output gradient.
+            grad = match (i > 0).then(|| leaves[i - 1].take()).flatten() {
+                Some(x) => {
+                    let g = x.grad();
+                    drop(x);
+                    g
+                }
+                None => Tensor::new(),
+            };
             let grad_in_bytes = nbytes(&grad);
-            drop(x);
             if let Some(t) = tr.as_deref_mut() {
                 let b = &mut t.blocks[i];
                 b.bwd_peak = self.probe.window_peak();
@@ -388,6 +431,19 @@ impl Session {
             t.end = self.probe.current();
         }
         Ok(loss_value)
+    }
+
+    /// Block `i`'s input: the batch for the first block, else the leaf of the previous output
+    /// (created on first use).
+    fn block_input(&self, i: usize, input: &Tensor, outputs: &[Option<Tensor>], leaves: &mut [Option<Tensor>]) -> Tensor {
+        if i == 0 {
+            return input.shallow_clone();
+        }
+        if leaves[i - 1].is_none() {
+            let out = outputs[i - 1].as_ref().expect("a block's input is alive when it runs");
+            leaves[i - 1] = Some(out.detach().set_requires_grad(true));
+        }
+        leaf(leaves, i - 1)
     }
 
     fn loss_scale(&self) -> f64 {
@@ -441,21 +497,30 @@ impl Session {
     }
 
     fn check_mask(&self, checkpoint: &[bool]) -> Result<()> {
-        if checkpoint.len() != self.chain.blocks.len() {
+        let chain = &self.chain;
+        if checkpoint.len() != chain.units() {
             return Err(RuntimeError::Invalid(format!(
-                "checkpoint mask has {} entries but {} has {} blocks",
+                "checkpoint mask has {} entries but {} has {} blocks and {} groups",
                 checkpoint.len(),
-                self.chain.name,
-                self.chain.blocks.len()
+                chain.name,
+                chain.blocks.len(),
+                chain.groups.len()
             )));
         }
-        for (b, &c) in self.chain.blocks.iter().zip(checkpoint) {
-            if c && !b.candidate {
+        for (i, &c) in checkpoint.iter().enumerate() {
+            if c && !chain.unit_candidate(i) {
                 return Err(RuntimeError::Invalid(format!(
                     "block {} of {} is not a checkpoint candidate",
-                    b.name, self.chain.name
+                    chain.unit_name(i),
+                    chain.name
                 )));
             }
+        }
+        if let Some((g, k)) = nested_conflict(chain, checkpoint) {
+            return Err(RuntimeError::Invalid(format!(
+                "{} and its child {} of {} are both checkpointed; checkpoint one or the other",
+                chain.groups[g].name, chain.blocks[k].name, chain.name
+            )));
         }
         Ok(())
     }
@@ -484,23 +549,54 @@ impl Session {
     }
 }
 
-/// Which blocks of `chain` a checkpoint regex selects. The regex is applied to each block name
-/// as a full match; a match on a non-candidate block is an error, since it cannot be honoured.
+/// A checkpointed group with a checkpointed block inside it, if any: (group, block).
+fn nested_conflict(chain: &Chain, checkpoint: &[bool]) -> Option<(usize, usize)> {
+    let n = chain.blocks.len();
+    chain.groups.iter().enumerate().find_map(|(g, grp)| {
+        if !checkpoint[n + g] {
+            return None;
+        }
+        (grp.first..=grp.last).find(|&k| checkpoint[k]).map(|k| (g, k))
+    })
+}
+
+/// Per block: the checkpointed segment `(first, last)` it belongs to, if any.
+fn segments(chain: &Chain, checkpoint: &[bool]) -> Vec<Option<(usize, usize)>> {
+    let n = chain.blocks.len();
+    let mut seg: Vec<Option<(usize, usize)>> = (0..n).map(|i| checkpoint[i].then_some((i, i))).collect();
+    for (g, grp) in chain.groups.iter().enumerate() {
+        if checkpoint[n + g] {
+            for s in &mut seg[grp.first..=grp.last] {
+                *s = Some((grp.first, grp.last));
+            }
+        }
+    }
+    seg
+}
+
+/// A handle on leaf `k`, which must exist.
+fn leaf(leaves: &[Option<Tensor>], k: usize) -> Tensor {
+    leaves[k].as_ref().expect("a leaf is alive while a reader runs").shallow_clone()
+}
+
+/// Which blocks and groups of `chain` a checkpoint regex selects, as a mask over
+/// [`Chain::units`]. The regex is applied to each name as a full match (Python's
+/// `re.fullmatch` of the emitted anchored regexes); a match on a non-candidate block, or on a
+/// group and one of its blocks, is an error, since it cannot be honoured.
 pub fn select(chain: &Chain, pattern: &str) -> Result<Vec<bool>> {
     let full = format!("^(?:{pattern})$");
     let re = regex::Regex::new(&full).map_err(|e| RuntimeError::Regex {
         pattern: pattern.to_owned(),
         message: e.to_string(),
     })?;
-    chain
-        .blocks
-        .iter()
-        .map(|b| {
-            let hit = re.is_match(&b.name);
-            if hit && !b.candidate {
+    let mask = (0..chain.units())
+        .map(|i| {
+            let name = chain.unit_name(i);
+            let hit = re.is_match(name);
+            if hit && !chain.unit_candidate(i) {
                 Err(RuntimeError::NotCandidate {
                     pattern: pattern.to_owned(),
-                    name: b.name.clone(),
+                    name: name.to_owned(),
                     model: chain.name.clone(),
                     candidates: chain.candidates().join(", "),
                 })
@@ -508,5 +604,13 @@ pub fn select(chain: &Chain, pattern: &str) -> Result<Vec<bool>> {
                 Ok(hit)
             }
         })
-        .collect()
+        .collect::<Result<Vec<bool>>>()?;
+    if let Some((g, k)) = nested_conflict(chain, &mask) {
+        return Err(RuntimeError::Invalid(format!(
+            "checkpoint regex {pattern:?} selects both {} and its child {} of {}; a module and its child \
+             are never both checkpointed (the child's recompute would run inside the parent's): select one",
+            chain.groups[g].name, chain.blocks[k].name, chain.name
+        )));
+    }
+    Ok(mask)
 }

@@ -50,6 +50,25 @@ pub struct BlockProfile {
     pub rec_seconds: f64,
 }
 
+/// Terms of a group (a module over a run of blocks) checkpointed as a whole, from the step
+/// with every group checkpointed (step C). Bytes are above the group's forward start, or in
+/// backward above its base: what earlier blocks keep plus `carry`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupProfile {
+    pub name: String,
+    pub first: usize,
+    pub last: usize,
+    /// Kept after the group's no-grad forward (its last block's output).
+    pub kept: i64,
+    /// Per block of the group, in order: forward peak above the group's start.
+    pub fwd_transient: Vec<i64>,
+    /// Gradient bytes alive when the group's recompute starts, above what earlier blocks keep.
+    pub carry: i64,
+    /// Per block: recompute peak and VJP peak above the group's backward base.
+    pub rec_transient: Vec<i64>,
+    pub bwd_transient: Vec<i64>,
+}
+
 /// The terms of one micro-step regime: the first micro-step of an optimizer step allocates
 /// parameter gradients (with `set_to_none`); later micro-steps accumulate into existing ones.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,6 +79,8 @@ pub struct RegimeProfile {
     /// Loss forward+backward peak above the level the chain leaves.
     pub loss_transient: i64,
     pub blocks: Vec<BlockProfile>,
+    /// The chain's groups (empty when it has none).
+    pub groups: Vec<GroupProfile>,
 }
 
 /// Bytes of the step's fixed state, by category.
@@ -121,8 +142,8 @@ pub struct ConfigProfile {
     /// Step times (whole optimizer step, all micro-steps) with nothing / everything checkpointed.
     pub seconds_none: Stats,
     pub seconds_all: Stats,
-    /// Extra seconds per optimizer step if the block is checkpointed (its no-grad forward, once
-    /// per micro-step).
+    /// Extra seconds per optimizer step if the block (then, after the blocks, the group) is
+    /// checkpointed: its no-grad forward, once per micro-step.
     pub recompute_seconds: Vec<f64>,
     pub steps_run: usize,
     pub wall_seconds: f64,
@@ -166,10 +187,14 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
     let t0 = Instant::now();
     let repeats = settings.repeats.max(1);
     let n = session.chain.blocks.len();
-    let none = vec![false; n];
-    let all: Vec<bool> = session.chain.blocks.iter().map(|b| b.candidate).collect();
+    let chain = &session.chain;
+    let none = vec![false; chain.units()];
+    let all: Vec<bool> = (0..chain.units()).map(|i| i < n && chain.unit_candidate(i)).collect();
+    // Step C, only for chains with groups: every group checkpointed as a whole.
+    let grouped: Option<Vec<bool>> = (!chain.groups.is_empty()).then(|| (0..chain.units()).map(|i| i >= n).collect());
+    let kinds = 2 + usize::from(grouped.is_some());
     let pb = progress_bar(
-        (2 + 2 * repeats) as u64,
+        (kinds + kinds * repeats) as u64,
         &format!("profiling {}", session.cfg.label()),
         settings.quiet,
     );
@@ -178,7 +203,13 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
     pb.inc(1);
     session.step(&all, None)?;
     pb.inc(1);
+    if let Some(c) = &grouped {
+        session.step(c, None)?;
+        pb.inc(1);
+    }
 
+    let mut trace_c = StepTrace::default();
+    let mut group_secs: Vec<Vec<f64>> = vec![Vec::new(); session.chain.groups.len()];
     let mut trace_a = StepTrace::default();
     let mut trace_b = StepTrace::default();
     let mut secs_a = Vec::new();
@@ -204,6 +235,22 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
             peak_all = rb.peak_bytes;
             trace_b = tb;
         }
+        if let Some(c) = &grouped {
+            let mut tc = StepTrace::default();
+            session.step(c, Some(&mut tc))?;
+            pb.inc(1);
+            for (g, v) in session.chain.groups.iter().zip(group_secs.iter_mut()) {
+                v.push(
+                    tc.micro
+                        .iter()
+                        .map(|m| m.blocks[g.first..=g.last].iter().map(|b| b.fwd_seconds).sum::<f64>())
+                        .sum(),
+                );
+            }
+            if r == 0 {
+                trace_c = tc;
+            }
+        }
     }
     pb.finish_and_clear();
 
@@ -211,6 +258,7 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
         "first micro-step",
         &trace_a.micro[0],
         &trace_b.micro[0],
+        trace_c.micro.first(),
         &session.chain,
     )?];
     if trace_a.micro.len() > 1 {
@@ -218,6 +266,7 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
             "accumulating micro-step",
             &trace_a.micro[1],
             &trace_b.micro[1],
+            trace_c.micro.get(1),
             &session.chain,
         )?);
     }
@@ -227,6 +276,7 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
         .iter()
         .zip(&session.chain.blocks)
         .map(|(v, b)| if b.candidate { Stats::of(v).median } else { 0.0 })
+        .chain(group_secs.iter().map(|v| Stats::of(v).median))
         .collect();
 
     let (parameters, buffers) = session.param_and_buffer_bytes();
@@ -256,7 +306,7 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
         seconds_none: Stats::of(&secs_a),
         seconds_all: Stats::of(&secs_b),
         recompute_seconds,
-        steps_run: 2 + 2 * repeats,
+        steps_run: kinds + kinds * repeats,
         wall_seconds: t0.elapsed().as_secs_f64(),
     })
 }
@@ -270,10 +320,16 @@ fn batch_bytes(session: &mut Session) -> i64 {
     n
 }
 
-/// Terms of one regime from the instrumented micro-steps of steps A (plain) and B (all
-/// candidates checkpointed).
-fn regime(label: &str, a: &MicroTrace, b: &MicroTrace, chain: &ckptune_models::Chain) -> Result<RegimeProfile> {
-    if a.start != b.start {
+/// Terms of one regime from the instrumented micro-steps of steps A (plain), B (all
+/// candidate blocks checkpointed) and, for chains with groups, C (all groups checkpointed).
+fn regime(
+    label: &str,
+    a: &MicroTrace,
+    b: &MicroTrace,
+    c: Option<&MicroTrace>,
+    chain: &ckptune_models::Chain,
+) -> Result<RegimeProfile> {
+    if a.start != b.start || c.is_some_and(|c| c.start != a.start) {
         return Err(RuntimeError::Invalid(format!(
             "profile of {}: the {label} started at {} bytes with nothing checkpointed but at {} with \
              everything checkpointed; the step is not in a steady state (another thread allocating?)",
@@ -318,11 +374,36 @@ fn regime(label: &str, a: &MicroTrace, b: &MicroTrace, chain: &ckptune_models::C
             rec_seconds: tb.rec_seconds,
         });
     }
+    let groups = match c {
+        None => Vec::new(),
+        Some(c) => chain
+            .groups
+            .iter()
+            .map(|g| {
+                let blocks = &c.blocks[g.first..=g.last];
+                // Level at the group's forward start: what earlier blocks keep. The same bytes
+                // are below the group in backward, so its base there is that plus the carry.
+                let start = blocks[0].fwd_before;
+                let base = blocks[0].rec_before;
+                GroupProfile {
+                    name: g.name.clone(),
+                    first: g.first,
+                    last: g.last,
+                    kept: blocks[blocks.len() - 1].fwd_after - start,
+                    fwd_transient: blocks.iter().map(|t| t.fwd_peak - start).collect(),
+                    carry: base - start,
+                    rec_transient: blocks.iter().map(|t| t.rec_peak - base).collect(),
+                    bwd_transient: blocks.iter().map(|t| t.bwd_peak - base).collect(),
+                }
+            })
+            .collect(),
+    };
     Ok(RegimeProfile {
         label: label.to_owned(),
         fixed: f,
         loss_transient: a.loss_peak - a.loss_before,
         blocks,
+        groups,
     })
 }
 
@@ -332,43 +413,84 @@ impl ConfigProfile {
     /// DESIGN.md's chain model in this runtime's terms. With per-block autocast regions, what a
     /// block keeps during the forward is also what it keeps until its backward, so one "kept"
     /// term per mode suffices.
+    ///
+    /// `x` covers the blocks, then the groups ([`ckptune_models::Chain::units`]); a shorter
+    /// mask leaves the groups off. A checkpointed group replaces its blocks' terms by its own.
     pub fn predict_moments(&self, x: &[bool]) -> Vec<(String, i64)> {
         let mut out = Vec::new();
         for r in &self.regimes {
-            let kept = |i: usize| {
-                let b = &r.blocks[i];
-                if x[i] {
-                    b.kept_nograd
-                } else {
-                    b.kept_grad
+            let n = r.blocks.len();
+            // Units in order: a plain or checkpointed block, or a checkpointed group.
+            let mut units: Vec<Result<usize, &GroupProfile>> = Vec::new();
+            let mut j = 0;
+            while j < n {
+                let on = r.groups.iter().enumerate().find(|(g, grp)| grp.first == j && x.get(n + g) == Some(&true));
+                match on {
+                    Some((_, grp)) => {
+                        units.push(Err(grp));
+                        j = grp.last + 1;
+                    }
+                    None => {
+                        units.push(Ok(j));
+                        j += 1;
+                    }
                 }
+            }
+            let kept = |u: &Result<usize, &GroupProfile>| match *u {
+                Ok(i) if x[i] => r.blocks[i].kept_nograd,
+                Ok(i) => r.blocks[i].kept_grad,
+                Err(g) => g.kept,
             };
             let mut level = r.fixed;
-            for (j, b) in r.blocks.iter().enumerate() {
-                let t = if x[j] {
-                    b.fwd_transient_nograd
-                } else {
-                    b.fwd_transient_grad
-                };
-                out.push((format!("{}: forward {}", r.label, b.name), level + t));
-                level += kept(j);
+            for u in &units {
+                match *u {
+                    Ok(j) => {
+                        let b = &r.blocks[j];
+                        let t = if x[j] {
+                            b.fwd_transient_nograd
+                        } else {
+                            b.fwd_transient_grad
+                        };
+                        out.push((format!("{}: forward {}", r.label, b.name), level + t));
+                    }
+                    Err(g) => {
+                        for (k, t) in (g.first..=g.last).zip(&g.fwd_transient) {
+                            out.push((format!("{}: forward {}", r.label, r.blocks[k].name), level + t));
+                        }
+                    }
+                }
+                level += kept(u);
             }
             out.push((format!("{}: loss", r.label), level + r.loss_transient));
             let mut below = level;
-            for (j, b) in r.blocks.iter().enumerate().rev() {
-                below -= kept(j);
-                let base = below + b.carry;
-                if x[j] {
-                    out.push((format!("{}: recompute {}", r.label, b.name), base + b.rec_transient));
-                    out.push((
-                        format!("{}: backward {}", r.label, b.name),
-                        base + b.kept_recompute + b.bwd_transient_ckpt,
-                    ));
-                } else {
-                    out.push((
-                        format!("{}: backward {}", r.label, b.name),
-                        base + b.kept_grad + b.bwd_transient,
-                    ));
+            for u in units.iter().rev() {
+                below -= kept(u);
+                match *u {
+                    Ok(j) => {
+                        let b = &r.blocks[j];
+                        let base = below + b.carry;
+                        if x[j] {
+                            out.push((format!("{}: recompute {}", r.label, b.name), base + b.rec_transient));
+                            out.push((
+                                format!("{}: backward {}", r.label, b.name),
+                                base + b.kept_recompute + b.bwd_transient_ckpt,
+                            ));
+                        } else {
+                            out.push((
+                                format!("{}: backward {}", r.label, b.name),
+                                base + b.kept_grad + b.bwd_transient,
+                            ));
+                        }
+                    }
+                    Err(g) => {
+                        let base = below + g.carry;
+                        for k in (g.first..=g.last).rev() {
+                            let name = &r.blocks[k].name;
+                            let q = k - g.first;
+                            out.push((format!("{}: recompute {name}", r.label), base + g.rec_transient[q]));
+                            out.push((format!("{}: backward {name}", r.label), base + g.bwd_transient[q]));
+                        }
+                    }
                 }
             }
         }

@@ -60,13 +60,12 @@ pub fn run_blocks(
     train: bool,
     grad: bool,
 ) -> Vec<Tensor> {
-    let ctx = Ctx {
-        attention_mask: attention_bias,
-        train,
-    };
+    let ctx = Ctx::new(attention_bias, train);
     let mut h = input.shallow_clone();
-    let mut outs = Vec::new();
+    let mut outs: Vec<Tensor> = Vec::new();
     for block in &chain.blocks {
+        let skips: Vec<Tensor> = block.skips.iter().map(|&s| outs[s].shallow_clone()).collect();
+        let ctx = ctx.with_skips(&skips);
         let out = if grad {
             block.block.forward(&h, &ctx)
         } else {

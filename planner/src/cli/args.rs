@@ -60,8 +60,9 @@ pub struct ModelArgs {
     /// Output classes of the classification head.
     #[arg(long)]
     pub classes: Option<i64>,
-    /// Candidate granularity: `layer` (ResNet stages, transformer layers) or `block` (every
-    /// residual block, e.g. `layer3.17`).
+    /// Candidate granularity: `layer` (ResNet stages, transformer layers), `block` (the
+    /// modules inside them: `layer3.17`, `encoder.layer.3.attention`, `h.5.mlp`) or `nested`
+    /// (both: a layer or any of its children, never both).
     #[arg(long, default_value = "layer")]
     pub granularity: String,
     /// Precisions to consider, comma-separated: fp32, bf16 (autocast), fp16 (CUDA only),

@@ -49,7 +49,8 @@ impl Setup {
         let granularity = match a.granularity.as_str() {
             "layer" => Granularity::Layer,
             "block" => Granularity::Block,
-            other => return Err(usage(format!("--granularity {other:?}: expected layer or block"))),
+            "nested" => Granularity::Nested,
+            other => return Err(usage(format!("--granularity {other:?}: expected layer, block or nested"))),
         };
         let precisions: Vec<Precision> = if a.precision.is_empty() {
             default_precisions.to_vec()
