@@ -318,7 +318,9 @@ struct Attention {
 impl Block for Attention {
     /// `BertAttention.forward`: the self-attention output tuple lives until it returns.
     fn forward(&self, hidden_states: &Tensor, ctx: &Ctx<'_>) -> Tensor {
-        let self_outputs = self.attention_self.forward(hidden_states, ctx.attention_mask, ctx.train);
+        let self_outputs = self
+            .attention_self
+            .forward(hidden_states, ctx.attention_mask, ctx.train);
         self.output.forward(&self_outputs, hidden_states, ctx.train)
     }
 }
@@ -508,8 +510,16 @@ pub(crate) fn build_with_default_seq(name: &str, cfg: &Config, opts: &ModelOptio
         // Finer: the layer's three children as blocks; `output` reads `attention`'s output
         // for its residual. With nesting the layer itself is a group over them.
         let first = blocks.len();
-        blocks.push(ChainBlock::new(format!("{name}.attention"), true, Box::new(layer.attention)));
-        blocks.push(ChainBlock::new(format!("{name}.intermediate"), true, Box::new(layer.intermediate)));
+        blocks.push(ChainBlock::new(
+            format!("{name}.attention"),
+            true,
+            Box::new(layer.attention),
+        ));
+        blocks.push(ChainBlock::new(
+            format!("{name}.intermediate"),
+            true,
+            Box::new(layer.intermediate),
+        ));
         blocks.push(ChainBlock {
             name: format!("{name}.output"),
             candidate: true,

@@ -211,6 +211,36 @@ impl Chain {
         self.blocks.get(i).map_or(i < self.units(), |b| b.candidate)
     }
 
+    /// A checkpointed group with a checkpointed block inside it, if `mask` (over
+    /// [`Chain::units`]) has one: `(group, block)`.
+    pub fn nested_conflict(&self, mask: &[bool]) -> Option<(usize, usize)> {
+        let n = self.blocks.len();
+        self.groups.iter().enumerate().find_map(|(g, grp)| {
+            if mask.get(n + g) != Some(&true) {
+                return None;
+            }
+            (grp.first..=grp.last).find(|&k| mask[k]).map(|k| (g, k))
+        })
+    }
+
+    /// Names of the units `mask` checkpoints, in execution order (a group where its first
+    /// block runs).
+    pub fn names_of(&self, mask: &[bool]) -> Vec<String> {
+        let n = self.blocks.len();
+        let mut out = Vec::new();
+        for (j, b) in self.blocks.iter().enumerate() {
+            for (g, grp) in self.groups.iter().enumerate() {
+                if grp.first == j && mask.get(n + g) == Some(&true) {
+                    out.push(grp.name.clone());
+                }
+            }
+            if mask.get(j) == Some(&true) {
+                out.push(b.name.clone());
+            }
+        }
+        out
+    }
+
     /// Checks what the runtime relies on: skips point backwards; groups are ordered,
     /// disjoint runs of at least two blocks; no block outside a group reads a block inside it
     /// other than its last (a checkpointed group keeps only its output), and no block inside a

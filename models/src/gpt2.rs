@@ -498,16 +498,32 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Gran
         // sums are blocks but not candidates (checkpointing them saves nothing); the sums read
         // the residual as a skip: the layer's input, then the first sum.
         let first = blocks.len();
-        blocks.push(ChainBlock::new(format!("{name}.ln_1"), false, Box::new(Norm(layer.ln_1))));
-        blocks.push(ChainBlock::new(format!("{name}.attn"), true, Box::new(AttnBlock(layer.attn))));
+        blocks.push(ChainBlock::new(
+            format!("{name}.ln_1"),
+            false,
+            Box::new(Norm(layer.ln_1)),
+        ));
+        blocks.push(ChainBlock::new(
+            format!("{name}.attn"),
+            true,
+            Box::new(AttnBlock(layer.attn)),
+        ));
         blocks.push(ChainBlock {
             name: format!("{name} (attn residual)"),
             candidate: false,
             skips: vec![first - 1],
             block: Box::new(ResidualAdd),
         });
-        blocks.push(ChainBlock::new(format!("{name}.ln_2"), false, Box::new(Norm(layer.ln_2))));
-        blocks.push(ChainBlock::new(format!("{name}.mlp"), true, Box::new(MlpBlock(layer.mlp))));
+        blocks.push(ChainBlock::new(
+            format!("{name}.ln_2"),
+            false,
+            Box::new(Norm(layer.ln_2)),
+        ));
+        blocks.push(ChainBlock::new(
+            format!("{name}.mlp"),
+            true,
+            Box::new(MlpBlock(layer.mlp)),
+        ));
         blocks.push(ChainBlock {
             name: format!("{name} (mlp residual)"),
             candidate: false,

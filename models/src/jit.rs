@@ -9,7 +9,7 @@ use tch::{nn, Kind, Tensor};
 
 use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
 use crate::error::{ModelError, Result};
-use crate::zoo::ModelOptions;
+use crate::zoo::{Granularity, ModelOptions};
 
 struct JitBlock {
     module: JitModule,
@@ -74,6 +74,14 @@ fn register(vs: &nn::VarStore, name: &str, t: Tensor, trainable: bool) {
 /// Loads a TorchScript file whose top-level children form a chain.
 pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain> {
     let shown = path.display().to_string();
+    if opts.granularity != Granularity::Layer {
+        return Err(ModelError::InvalidOption {
+            model: shown,
+            option: "granularity",
+            value: format!("{:?}", opts.granularity).to_lowercase(),
+            why: "a TorchScript model's candidates are its top-level children; use --granularity layer".into(),
+        });
+    }
     let bad = |reason: String| ModelError::NotAChain {
         path: path.to_path_buf(),
         reason,

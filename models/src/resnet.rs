@@ -461,9 +461,11 @@ pub(crate) fn build_with_default_image(
             Granularity::Block | Granularity::Nested => {
                 let first = blocks.len();
                 let n = residuals.len();
-                blocks.extend(residuals.into_iter().enumerate().map(|(b, r)| {
-                    ChainBlock::new(format!("{layer}.{b}"), true, Box::new(Stage { blocks: vec![r] }))
-                }));
+                blocks.extend(
+                    residuals.into_iter().enumerate().map(|(b, r)| {
+                        ChainBlock::new(format!("{layer}.{b}"), true, Box::new(Stage { blocks: vec![r] }))
+                    }),
+                );
                 // A stage of one residual block is that block: nothing to nest.
                 if opts.granularity == Granularity::Nested && n > 1 {
                     groups.push(ChainGroup {

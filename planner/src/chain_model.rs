@@ -42,6 +42,29 @@ pub struct BlockTerms {
     pub recompute_seconds: f64,
 }
 
+/// Measured terms of a group: a candidate module over blocks `first..=last`, checkpointed
+/// as a whole (`encoder.layer.3` over its attention, intermediate and output). Its variable
+/// `z` follows the blocks' in a choice (index `n + g`); a group and any of its blocks are
+/// never both checkpointed (the solver's exclusive pairs), so with `z = 1` its blocks are off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupTerms {
+    pub name: String,
+    pub first: usize,
+    pub last: usize,
+    /// Kept after the group's no-grad forward (its output), during forward and backward.
+    pub kept: i64,
+    /// Per block of the group: its forward peak above the level earlier blocks leave.
+    pub fwd: Vec<i64>,
+    /// Bytes alive when the group's recompute starts, above what earlier blocks keep and
+    /// the gradients of blocks after the group (`Σ g`): like `gout` of a block.
+    pub carry: i64,
+    /// Per block: recompute peak and VJP peak above the group's backward base
+    /// (`F + Σ_{i>last} g_i + Σ_{i<first} kb_i + carry`).
+    pub rec: Vec<i64>,
+    pub bwd: Vec<i64>,
+    pub recompute_seconds: f64,
+}
+
 /// Measured terms of one training step in one configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepTerms {
@@ -59,6 +82,8 @@ pub struct StepTerms {
     pub base_seconds: f64,
     /// Blocks in execution order.
     pub blocks: Vec<BlockTerms>,
+    /// Groups over runs of blocks, ordered and disjoint (empty for a plain chain).
+    pub groups: Vec<GroupTerms>,
 }
 
 /// One moment of the step: `constant + Σ_i coef[i] · x_i`, in bytes.
@@ -120,6 +145,11 @@ impl Affine {
         self
     }
 
+    fn coef_add(&mut self, i: usize, v: i64) -> &mut Self {
+        self.coef[i] = self.coef[i].saturating_add(v);
+        self
+    }
+
     fn moment(&self, label: String) -> Moment {
         Moment {
             label,
@@ -143,24 +173,76 @@ impl Affine {
 ///
 /// Coefficients are filled for every block, candidate or not; whether a block may be
 /// checkpointed is the solver's business ([`ConfigProblem::candidate`]).
+///
+/// Groups (nested candidates) add a variable `z_g` each, after the blocks. A checkpointed
+/// group keeps `kept_g` in place of its blocks' `Σ kf`/`Σ kb`: a term in every later moment.
+/// Its own moments exist only when `z_g = 1` and its blocks' moments only when `z_g = 0`, so
+/// each site of the group appears twice, and the absent copy is pushed below a present
+/// moment with the same prefix: group copies sit 1 byte under the lowest value any block
+/// copy can take; block copies drop by one shift per group and phase, enough to sit under
+/// the group's highest site. One shift per phase (not per site) keeps the block copies of
+/// a group in one class for the chain DP, and the group copies close at `z_g`, so the DP's
+/// state stays a handful of sums when `z_g` is ordered just before its blocks
+/// ([`solver_order`]).
 pub fn moments(step: &StepTerms) -> Vec<Moment> {
     let n = step.blocks.len();
+    let nv = n + step.groups.len();
     let b = &step.blocks;
     let mut out = Vec::with_capacity(3 * n + 3);
+    let mut group_of: Vec<Option<usize>> = vec![None; n];
+    for (g, grp) in step.groups.iter().enumerate() {
+        for slot in &mut group_of[grp.first..=grp.last] {
+            *slot = Some(g);
+        }
+    }
+    let starts = |j: usize| step.groups.iter().position(|grp| grp.first == j);
+    let ends = |j: usize| step.groups.iter().position(|grp| grp.last == j);
 
     // Forward: the prefix of kept bytes grows block by block.
-    let mut kept_fwd = Affine::new(n, step.fixed);
+    let mut kept_fwd = Affine::new(nv, step.fixed);
+    let mut shift_fwd = vec![0i64; step.groups.len()];
     for (j, blk) in b.iter().enumerate() {
+        if let Some(g) = starts(j) {
+            let grp = &step.groups[g];
+            let (mut acc, mut acc_lo) = (0i64, 0i64);
+            let (mut flat_max, mut lo_min) = (i64::MIN, i64::MAX);
+            for k in &b[grp.first..=grp.last] {
+                flat_max = flat_max.max(acc + k.fg);
+                lo_min = lo_min.min(acc_lo + k.fg.min(k.fng));
+                acc += k.kg;
+                acc_lo += k.kg.min(k.kng);
+            }
+            let top = grp.fwd.iter().copied().max().unwrap_or(i64::MIN);
+            shift_fwd[g] = (flat_max - top + 1).max(0);
+            let off = lo_min - 1;
+            for (k, &v) in (grp.first..=grp.last).zip(&grp.fwd) {
+                let mut m = kept_fwd.clone();
+                m.add(off).coef_add(n + g, v - off);
+                out.push(m.moment(format!("forward {}", b[k].name)));
+            }
+        }
         let mut m = kept_fwd.clone();
         m.term(j, blk.fg, blk.fng);
+        if let Some(g) = group_of[j] {
+            m.coef_add(n + g, -shift_fwd[g]);
+        }
         out.push(m.moment(format!("forward {}", blk.name)));
         kept_fwd.term(j, blk.kg, blk.kng);
+        if let Some(g) = ends(j) {
+            let grp = &step.groups[g];
+            let inner: i64 = b[grp.first..=grp.last].iter().map(|k| k.kg).sum();
+            kept_fwd.coef_add(n + g, grp.kept - inner);
+        }
     }
 
-    // After the forward's autocast region closes, block i keeps kb_i.
-    let mut kept_all = Affine::new(n, step.fixed);
+    // After the forward's autocast region closes, block i keeps kb_i (a group its kept).
+    let mut kept_all = Affine::new(nv, step.fixed);
     for (i, blk) in b.iter().enumerate() {
         kept_all.term(i, blk.krec, blk.out);
+    }
+    for (g, grp) in step.groups.iter().enumerate() {
+        let inner: i64 = b[grp.first..=grp.last].iter().map(|k| k.krec).sum();
+        kept_all.coef_add(n + g, grp.kept - inner);
     }
     out.push(kept_all.clone().add(step.lf).moment("loss".to_string()));
     out.push(kept_all.add(step.lk).add(step.lb).moment("loss backward".to_string()));
@@ -168,35 +250,84 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
     // Backward, last block first. base_j needs Σ_{i<j} kb_i (prefix) and Σ_{i>j} g_i
     // (suffix); build the prefixes once and walk them backwards.
     let mut prefix_kb = Vec::with_capacity(n);
-    let mut acc = Affine::new(n, 0);
+    let mut acc = Affine::new(nv, 0);
     for (i, blk) in b.iter().enumerate() {
         prefix_kb.push(acc.clone());
         acc.term(i, blk.krec, blk.out);
+        if let Some(g) = ends(i) {
+            let grp = &step.groups[g];
+            let inner: i64 = b[grp.first..=grp.last].iter().map(|k| k.krec).sum();
+            acc.coef_add(n + g, grp.kept - inner);
+        }
     }
+    // "recompute j" exists only when x_j = 1. Affine encoding: value base_j + frec_j when
+    // x_j = 1 and base_j + c with c = min(0, krec_j + bta_j) − 1 when x_j = 0. With x_j = 0
+    // the vjp moment is base_j + krec_j + bta_j ≥ base_j + c + 1, so the phantom is strictly
+    // below a real moment and can neither raise the peak nor tie it (so it is never reported
+    // as the binding moment) — whatever the signs of the measured terms.
+    let phantom = |blk: &BlockTerms| blk.krec.saturating_add(blk.bta).min(0).saturating_sub(1);
+    let mut shift_bwd = vec![0i64; step.groups.len()];
+    // Per group: the value its group copies take when z_g = 0, and Σ_{i>last} g_i.
+    let mut group_base = vec![(0i64, 0i64); step.groups.len()];
     let mut grads_after: i64 = 0;
     for j in (0..n).rev() {
         let blk = &b[j];
+        if let Some(g) = ends(j) {
+            // Block copies' values with the group's blocks off, above the group's prefix,
+            // and the lowest values any choice of them gives.
+            let grp = &step.groups[g];
+            let (mut flat_max, mut lo_min) = (i64::MIN, i64::MAX);
+            let mut later_g = 0i64;
+            for k in (grp.first..=grp.last).rev() {
+                let before: i64 = b[grp.first..k].iter().map(|i| i.krec).sum();
+                let before_lo: i64 = b[grp.first..k].iter().map(|i| i.krec.min(i.out)).sum();
+                let bk = &b[k];
+                let base = later_g + before + bk.gout;
+                let base_lo = later_g + before_lo + bk.gout;
+                flat_max = flat_max.max(base + phantom(bk)).max(base + bk.krec + bk.bta);
+                lo_min = lo_min
+                    .min(base_lo + phantom(bk).min(bk.frec))
+                    .min(base_lo + bk.krec + bk.bta.min(bk.btb));
+                later_g += bk.g;
+            }
+            let top = grp.rec.iter().chain(&grp.bwd).copied().max().unwrap_or(i64::MIN) + grp.carry;
+            shift_bwd[g] = (flat_max - top + 1).max(0);
+            group_base[g] = (lo_min - 1, grads_after);
+        }
         let mut base = prefix_kb[j].clone();
         base.add(step.fixed).add(grads_after).add(blk.gout);
+        if let Some(g) = group_of[j] {
+            base.coef_add(n + g, -shift_bwd[g]);
+        }
 
-        // "recompute j" exists only when x_j = 1. Affine encoding: value base_j + frec_j
-        // when x_j = 1 and base_j + c with c = min(0, krec_j + bta_j) − 1 when x_j = 0.
-        // With x_j = 0 the vjp moment is base_j + krec_j + bta_j ≥ base_j + c + 1, so the
-        // phantom is strictly below a real moment and can neither raise the peak nor tie
-        // it (so it is never reported as the binding moment) — whatever the signs of the
-        // measured terms.
-        let phantom = blk.krec.saturating_add(blk.bta).min(0).saturating_sub(1);
         let mut rec = base.clone();
-        rec.term(j, phantom, blk.frec);
+        rec.term(j, phantom(blk), blk.frec);
         out.push(rec.moment(format!("recompute {}", blk.name)));
 
         base.add(blk.krec).term(j, blk.bta, blk.btb);
         out.push(base.moment(format!("backward {}", blk.name)));
 
         grads_after = grads_after.saturating_add(blk.g);
+
+        if let Some(g) = starts(j) {
+            let grp = &step.groups[g];
+            let (off, later) = group_base[g];
+            let mut p = prefix_kb[grp.first].clone();
+            p.add(step.fixed).add(later).add(off);
+            for k in (grp.first..=grp.last).rev() {
+                let q = k - grp.first;
+                let name = &b[k].name;
+                let mut m = p.clone();
+                m.coef_add(n + g, grp.carry + grp.rec[q] - off);
+                out.push(m.moment(format!("recompute {name}")));
+                let mut m = p.clone();
+                m.coef_add(n + g, grp.carry + grp.bwd[q] - off);
+                out.push(m.moment(format!("backward {name}")));
+            }
+        }
     }
 
-    let opt = Affine::new(n, step.fixed.saturating_add(grads_after).saturating_add(step.otmp));
+    let opt = Affine::new(nv, step.fixed.saturating_add(grads_after).saturating_add(step.otmp));
     out.push(opt.moment("optimizer".to_string()));
     out
 }
@@ -234,17 +365,96 @@ pub fn step_seconds(step: &StepTerms, x: &[bool]) -> f64 {
             .sum::<f64>()
 }
 
-/// The solver's input for one configuration measured as `step`. Blocks form a clean
-/// chain, so there are no exclusive groups; callers with nested candidates add them.
+/// The solver's input for one configuration measured as `step`, over blocks then groups
+/// (unit order). Each group is exclusive with each of its candidate blocks.
 pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem {
+    let n = step.blocks.len();
     ConfigProblem {
         key: key.into(),
         moments: moments(step),
         seconds_base: step.base_seconds,
-        seconds_coef: step.blocks.iter().map(|b| b.recompute_seconds).collect(),
-        candidate: step.blocks.iter().map(|b| b.candidate).collect(),
-        exclusive: Vec::new(),
+        seconds_coef: step
+            .blocks
+            .iter()
+            .map(|b| b.recompute_seconds)
+            .chain(step.groups.iter().map(|g| g.recompute_seconds))
+            .collect(),
+        candidate: step
+            .blocks
+            .iter()
+            .map(|b| b.candidate)
+            .chain(step.groups.iter().map(|_| true))
+            .collect(),
+        exclusive: exclusive_pairs(n, &step.blocks, &step.groups),
     }
+}
+
+/// `[n + g, k]` for every group `g` and candidate block `k` inside it.
+pub fn exclusive_pairs(n: usize, blocks: &[BlockTerms], groups: &[GroupTerms]) -> Vec<Vec<usize>> {
+    groups
+        .iter()
+        .enumerate()
+        .flat_map(|(g, grp)| {
+            (grp.first..=grp.last)
+                .filter(|&k| blocks[k].candidate)
+                .map(move |k| vec![n + g, k])
+        })
+        .collect()
+}
+
+/// The order in which the solver should see the units (blocks `0..n`, then groups given by
+/// their `(first, last)`): execution order with each group's variable just before its first
+/// block. Entry `v` is the unit index of solver variable `v`.
+pub fn solver_order(n: usize, groups: &[(usize, usize)]) -> Vec<usize> {
+    let mut order = Vec::with_capacity(n + groups.len());
+    for j in 0..n {
+        order.extend(
+            groups
+                .iter()
+                .enumerate()
+                .filter(|(_, &(first, _))| first == j)
+                .map(|(g, _)| n + g),
+        );
+        order.push(j);
+    }
+    order
+}
+
+/// `p` with its variables reordered: variable `v` of the result is unit `order[v]` of `p`.
+pub fn permute(p: ConfigProblem, order: &[usize]) -> ConfigProblem {
+    let mut inverse = vec![0; order.len()];
+    for (v, &u) in order.iter().enumerate() {
+        inverse[u] = v;
+    }
+    ConfigProblem {
+        key: p.key,
+        moments: p
+            .moments
+            .into_iter()
+            .map(|m| Moment {
+                label: m.label,
+                constant: m.constant,
+                coef: order.iter().map(|&u| m.coef[u]).collect(),
+            })
+            .collect(),
+        seconds_base: p.seconds_base,
+        seconds_coef: order.iter().map(|&u| p.seconds_coef[u]).collect(),
+        candidate: order.iter().map(|&u| p.candidate[u]).collect(),
+        exclusive: p
+            .exclusive
+            .into_iter()
+            .map(|g| g.into_iter().map(|u| inverse[u]).collect())
+            .collect(),
+    }
+}
+
+/// A choice over solver variables back in unit order.
+pub fn unpermute(x: &[bool], order: &[usize]) -> Vec<bool> {
+    let mut out = vec![false; x.len()];
+    for (v, &u) in order.iter().enumerate() {
+        out[u] = x[v];
+    }
+    out
 }
 
 #[cfg(test)]
@@ -279,6 +489,7 @@ mod tests {
             otmp: 50,
             base_seconds: 1.0,
             blocks: vec![block("a", 1), block("b", 2), block("c", 3)],
+            groups: Vec::new(),
         }
     }
 

@@ -51,6 +51,24 @@ pub struct BlockJson {
     pub candidate: bool,
 }
 
+/// A candidate module over blocks `first..=last` of the chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupJson {
+    pub name: String,
+    pub first: usize,
+    pub last: usize,
+}
+
+impl ModelJson {
+    /// Names of the checkpoint units: blocks, then groups.
+    pub fn unit_names(&self) -> impl Iterator<Item = &str> {
+        self.blocks
+            .iter()
+            .map(|b| b.name.as_str())
+            .chain(self.groups.iter().map(|g| g.name.as_str()))
+    }
+}
+
 /// What a profile, sweep or plan was measured on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelJson {
@@ -60,6 +78,10 @@ pub struct ModelJson {
     pub reference_params: i64,
     pub input: String,
     pub blocks: Vec<BlockJson>,
+    /// Candidate modules spanning several blocks (`--granularity nested`); a checkpoint
+    /// choice covers the blocks, then these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupJson>,
     /// Every qualified module name (the universe a checkpoint regex is checked against).
     pub modules: Vec<String>,
 }
@@ -110,12 +132,27 @@ pub struct BlockProfileJson {
     pub rec_seconds: f64,
 }
 
+/// A group's terms when checkpointed as a whole (see the runtime's `GroupProfile`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupProfileJson {
+    pub name: String,
+    pub first: usize,
+    pub last: usize,
+    pub kept: i64,
+    pub fwd_transient: Vec<i64>,
+    pub carry: i64,
+    pub rec_transient: Vec<i64>,
+    pub bwd_transient: Vec<i64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RegimeJson {
     pub label: String,
     pub fixed: i64,
     pub loss_transient: i64,
     pub blocks: Vec<BlockProfileJson>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupProfileJson>,
 }
 
 /// One config's measurements.
@@ -242,6 +279,20 @@ pub fn profile_to_json(config: ConfigJson, p: &rt::ConfigProfile) -> ConfigProfi
                         rec_seconds: b.rec_seconds,
                     })
                     .collect(),
+                groups: r
+                    .groups
+                    .iter()
+                    .map(|g| GroupProfileJson {
+                        name: g.name.clone(),
+                        first: g.first,
+                        last: g.last,
+                        kept: g.kept,
+                        fwd_transient: g.fwd_transient.clone(),
+                        carry: g.carry,
+                        rec_transient: g.rec_transient.clone(),
+                        bwd_transient: g.bwd_transient.clone(),
+                    })
+                    .collect(),
             })
             .collect(),
         optimizer_peak: p.optimizer_peak,
@@ -285,6 +336,20 @@ pub fn profile_from_json(c: &ConfigProfileJson) -> rt::ConfigProfile {
                         fwd_nograd_seconds: b.fwd_nograd_seconds,
                         bwd_seconds: b.bwd_seconds,
                         rec_seconds: b.rec_seconds,
+                    })
+                    .collect(),
+                groups: r
+                    .groups
+                    .iter()
+                    .map(|g| rt::GroupProfile {
+                        name: g.name.clone(),
+                        first: g.first,
+                        last: g.last,
+                        kept: g.kept,
+                        fwd_transient: g.fwd_transient.clone(),
+                        carry: g.carry,
+                        rec_transient: g.rec_transient.clone(),
+                        bwd_transient: g.bwd_transient.clone(),
                     })
                     .collect(),
             })

@@ -8,7 +8,7 @@ use ckptune_runtime::Precision;
 use serde::{Deserialize, Serialize};
 
 use crate::budget::{format_size, parse_size};
-use crate::chain_model::{self, BlockTerms, StepTerms};
+use crate::chain_model::{self, BlockTerms, GroupTerms, StepTerms};
 use crate::cli::args::PlanArgs;
 use crate::cli::commands::measure_profile;
 use crate::cli::setup::{config_json, Setup};
@@ -108,11 +108,15 @@ pub struct ShapeJson {
 /// regions: what a block keeps after its forward is what it keeps until its backward),
 /// `gout = carry` with `g = 0` (the carry already holds every gradient alive when the block's
 /// backward starts), `btB = kept_recompute + bwd_transient_ckpt − kept_grad`, `lf = loss
-/// transient`, `otmp = optimizer peak − F`. The mapping is exact: the planner's prediction
-/// equals the runtime's `predict_peak` for every subset (tested).
+/// transient`, `otmp = optimizer peak − F`; groups map field for field. The mapping is exact:
+/// the planner's prediction equals the runtime's `predict_peak` for every allowed choice
+/// (tested). Variables are in unit order (blocks, then groups); see [`solver_problem`] for
+/// the order the solver gets.
 pub fn problem(key: String, c: &ConfigProfileJson) -> ConfigProblem {
     let mut moments = Vec::new();
+    let mut first: Option<ConfigProblem> = None;
     for r in &c.regimes {
+        let n = r.blocks.len();
         let step = StepTerms {
             fixed: r.fixed,
             lk: 0,
@@ -141,23 +145,47 @@ pub fn problem(key: String, c: &ConfigProfileJson) -> ConfigProblem {
                     recompute_seconds: t,
                 })
                 .collect(),
+            groups: r
+                .groups
+                .iter()
+                .enumerate()
+                .map(|(g, grp)| GroupTerms {
+                    name: grp.name.clone(),
+                    first: grp.first,
+                    last: grp.last,
+                    kept: grp.kept,
+                    fwd: grp.fwd_transient.clone(),
+                    carry: grp.carry,
+                    rec: grp.rec_transient.clone(),
+                    bwd: grp.bwd_transient.clone(),
+                    recompute_seconds: c.recompute_seconds.get(n + g).copied().unwrap_or(0.0),
+                })
+                .collect(),
         };
-        for mut m in chain_model::moments(&step) {
+        let p = chain_model::config_problem(key.clone(), &step);
+        for mut m in p.moments.iter().cloned() {
             if c.regimes.len() > 1 {
                 m.label = format!("{} ({})", m.label, r.label);
             }
             moments.push(m);
         }
+        first.get_or_insert(p);
     }
-    let blocks = &c.regimes[0].blocks;
-    ConfigProblem {
-        key,
-        moments,
-        seconds_base: c.seconds_none.median,
-        seconds_coef: c.recompute_seconds.clone(),
-        candidate: blocks.iter().map(|b| b.candidate).collect(),
-        exclusive: Vec::new(),
-    }
+    let first = first.expect("a profile has at least one regime");
+    ConfigProblem { moments, ..first }
+}
+
+/// Solver variable `v` is unit `order[v]`: each group just before its first block, which
+/// keeps the chain DP's state small (see `chain_model::moments`).
+pub fn unit_order(c: &ConfigProfileJson) -> Vec<usize> {
+    let r = &c.regimes[0];
+    let groups: Vec<(usize, usize)> = r.groups.iter().map(|g| (g.first, g.last)).collect();
+    chain_model::solver_order(r.blocks.len(), &groups)
+}
+
+/// [`problem`] in the solver's variable order ([`unit_order`]).
+pub fn solver_problem(key: String, c: &ConfigProfileJson) -> ConfigProblem {
+    chain_model::permute(problem(key, c), &unit_order(c))
 }
 
 pub fn config_label(c: &ConfigJson) -> String {
@@ -171,13 +199,16 @@ pub fn config_label(c: &ConfigJson) -> String {
     )
 }
 
+/// Names of the checkpointed units of choice `x` (unit order), in execution order: a group
+/// where its first block would be.
 fn chosen_names(model: &ModelJson, x: &[bool]) -> Vec<String> {
-    model
-        .blocks
-        .iter()
-        .zip(x)
-        .filter(|(_, c)| **c)
-        .map(|(b, _)| b.name.clone())
+    let n = model.blocks.len();
+    let groups: Vec<(usize, usize)> = model.groups.iter().map(|g| (g.first, g.last)).collect();
+    let names: Vec<&str> = model.unit_names().collect();
+    chain_model::solver_order(n, &groups)
+        .into_iter()
+        .filter(|&u| x.get(u) == Some(&true))
+        .map(|u| names[u].to_string())
         .collect()
 }
 
@@ -192,12 +223,13 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
     let problems: Vec<ConfigProblem> = profile
         .configs
         .iter()
-        .map(|c| problem(config_label(&c.config), c))
+        .map(|c| solver_problem(config_label(&c.config), c))
         .collect();
+    let orders: Vec<Vec<usize>> = profile.configs.iter().map(unit_order).collect();
     let t0 = std::time::Instant::now();
     let result = solver::solve(&problems, budget);
     let solve_seconds = t0.elapsed().as_secs_f64();
-    let plan = match result {
+    let mut plan = match result {
         Ok(p) => p,
         Err(SolveError::Infeasible {
             min_peak,
@@ -206,6 +238,8 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
             x,
             ..
         }) => {
+            let k = problems.iter().position(|p| p.key == key).unwrap_or(0);
+            let x = chain_model::unpermute(&x, &orders[k]);
             let regex = checkpoint_json(&profile.model, &x)?.regex;
             return Err(PlanFailure {
                 budget,
@@ -219,6 +253,9 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
         }
         Err(e) => return Err(e.into()),
     };
+    for (sol, order) in plan.configs.iter_mut().zip(&orders) {
+        sol.x = chain_model::unpermute(&sol.x, order);
+    }
     let mut alternatives = Vec::new();
     for (sol, c) in plan.configs.iter().zip(&profile.configs) {
         let base = c.seconds_none.median;

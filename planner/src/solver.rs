@@ -1214,6 +1214,7 @@ fn synthetic_step(n: usize, seed: u64) -> StepTerms {
         otmp: grads / 8,
         base_seconds: 3.0 * fwd + 0.01,
         blocks,
+        groups: Vec::new(),
     }
 }
 

@@ -49,6 +49,7 @@ fn model(candidates: &[&str]) -> ModelJson {
         input: "4x8".into(),
         modules: blocks.iter().map(|b| b.name.clone()).collect(),
         blocks,
+        groups: Vec::new(),
     }
 }
 
@@ -337,6 +338,7 @@ fn profile_plots_predicted_singles_and_the_candidates() {
             fixed: 31_000,
             loss_transient: 500,
             blocks,
+            groups: Vec::new(),
         }],
         optimizer_peak: 60_000,
         peak_none: 100_000,

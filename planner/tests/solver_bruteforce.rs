@@ -1,7 +1,7 @@
 //! Every solver engine against brute force over all subsets and configurations, on
 //! hundreds of random small instances, with exact `i64` checks of every returned choice.
 
-use ckptune::chain_model::{self, peak_of, BlockTerms, Moment, StepTerms};
+use ckptune::chain_model::{self, peak_of, BlockTerms, GroupTerms, Moment, StepTerms};
 use ckptune::solver::{
     min_peak_with, solve_with, synthetic_problem, ConfigProblem, ConfigSolution, Engine, SolveError, SolveOptions,
     SolveStatus,
@@ -107,7 +107,147 @@ fn random_chain(rng: &mut StdRng, n: usize, scale: f64) -> StepTerms {
         otmp: v(0.0, 400.0),
         base_seconds: 0.0,
         blocks,
+        groups: Vec::new(),
     }
+}
+
+/// Adds `count` (1 or 2) disjoint groups (nested candidates) over runs of two to four
+/// blocks, with random terms of the same magnitudes as the blocks'. Needs `2 · count` blocks.
+fn add_groups(rng: &mut StdRng, step: &mut StepTerms, count: usize, scale: f64) {
+    let n = step.blocks.len();
+    assert!(n >= 2 * count);
+    // Group g lives in its own slice of the chain, so the groups are disjoint and ordered.
+    let slice = n / count;
+    for g in 0..count {
+        let (lo, hi) = (g * slice, if g + 1 == count { n } else { (g + 1) * slice });
+        let first = rng.random_range(lo..hi - 1);
+        let last = rng.random_range(first + 1..hi.min(first + 4));
+        let len = last - first + 1;
+        let mut v = |lo: f64, hi: f64| (rng.random_range(lo..hi) * scale).round() as i64;
+        let out = step.blocks[last].out;
+        step.groups.push(GroupTerms {
+            name: format!("g{g}"),
+            first,
+            last,
+            kept: out + v(0.0, 10.0),
+            fwd: (0..len).map(|_| v(0.0, 300.0)).collect(),
+            carry: v(0.0, 60.0),
+            rec: (0..len).map(|_| v(0.0, 400.0)).collect(),
+            bwd: (0..len).map(|_| v(0.0, 500.0)).collect(),
+            recompute_seconds: 0.0,
+        });
+    }
+}
+
+/// The peak of `step` under `x` (blocks, then groups) by walking the step as the runtime
+/// executes it: the reference for the affine encoding of groups.
+fn walked_peak(step: &StepTerms, x: &[bool]) -> i64 {
+    let (b, n) = (&step.blocks, step.blocks.len());
+    let mut units: Vec<Result<usize, &GroupTerms>> = Vec::new();
+    let mut j = 0;
+    while j < n {
+        match step
+            .groups
+            .iter()
+            .enumerate()
+            .find(|(g, grp)| grp.first == j && x[n + g])
+        {
+            Some((_, grp)) => {
+                units.push(Err(grp));
+                j = grp.last + 1;
+            }
+            None => {
+                units.push(Ok(j));
+                j += 1;
+            }
+        }
+    }
+    let kf = |u: &Result<usize, &GroupTerms>| match *u {
+        Ok(i) => {
+            if x[i] {
+                b[i].kng
+            } else {
+                b[i].kg
+            }
+        }
+        Err(g) => g.kept,
+    };
+    let kb = |u: &Result<usize, &GroupTerms>| match *u {
+        Ok(i) => {
+            if x[i] {
+                b[i].out
+            } else {
+                b[i].krec
+            }
+        }
+        Err(g) => g.kept,
+    };
+    let mut peak = i64::MIN;
+    let mut level = step.fixed;
+    for u in &units {
+        match *u {
+            Ok(j) => peak = peak.max(level + if x[j] { b[j].fng } else { b[j].fg }),
+            Err(g) => peak = peak.max(level + g.fwd.iter().max().unwrap()),
+        }
+        level += kf(u);
+    }
+    let all: i64 = step.fixed + units.iter().map(kb).sum::<i64>();
+    peak = peak.max(all + step.lf).max(all + step.lk + step.lb);
+    let mut below = all;
+    let mut grads = 0;
+    for u in units.iter().rev() {
+        below -= kb(u);
+        match *u {
+            Ok(j) => {
+                let base = below + grads + b[j].gout;
+                if x[j] {
+                    peak = peak.max(base + b[j].frec);
+                }
+                peak = peak.max(base + b[j].krec + if x[j] { b[j].btb } else { b[j].bta });
+                grads += b[j].g;
+            }
+            Err(g) => {
+                let base = below + grads + g.carry;
+                peak = peak.max(base + g.rec.iter().chain(&g.bwd).max().unwrap());
+                grads += b[g.first..=g.last].iter().map(|k| k.g).sum::<i64>();
+            }
+        }
+    }
+    peak.max(step.fixed + grads + step.otmp)
+}
+
+/// The affine moments of a chain with groups give, for every allowed choice, the peak of
+/// the step walked as the runtime runs it; and permuting into the solver's order and back
+/// changes nothing.
+#[test]
+fn nested_moments_equal_the_walked_step() {
+    let mut rng = StdRng::seed_from_u64(0x6e57);
+    let mut checked = 0;
+    for case in 0..300 {
+        let n = rng.random_range(2..=7);
+        let scale = if rng.random_bool(0.5) { 1.0 } else { 1e9 };
+        let mut step = random_chain(&mut rng, n, scale);
+        let count = rng.random_range(1..=n / 2).min(2);
+        add_groups(&mut rng, &mut step, count, scale);
+        let p = chain_model::config_problem("nested", &step);
+        let groups: Vec<(usize, usize)> = step.groups.iter().map(|g| (g.first, g.last)).collect();
+        let order = chain_model::solver_order(n, &groups);
+        let q = chain_model::permute(p.clone(), &order);
+        let units = p.candidate.len();
+        for mask in 0u32..1 << units {
+            let x: Vec<bool> = (0..units).map(|i| mask >> i & 1 == 1).collect();
+            if !allowed(&p, &x) {
+                continue;
+            }
+            let want = walked_peak(&step, &x);
+            assert_eq!(peak_of(&p.moments, &x).unwrap().0, want, "case {case} {x:?}");
+            let y: Vec<bool> = order.iter().map(|&u| x[u]).collect();
+            assert_eq!(chain_model::unpermute(&y, &order), x);
+            assert_eq!(peak_of(&q.moments, &y).unwrap().0, want, "case {case} permuted {x:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 3000, "{checked} choices checked");
 }
 
 /// Arbitrary affine moments with mixed signs: no chain structure at all.
@@ -131,6 +271,31 @@ fn random_moments(rng: &mut StdRng, n: usize, scale: f64) -> Vec<Moment> {
 
 fn random_problem(rng: &mut StdRng, n: usize, c: usize) -> ConfigProblem {
     let scale = if rng.random_bool(0.5) { 1.0 } else { 1e9 };
+    // Nested candidates: n − k blocks and k groups, in the solver's order.
+    if n >= 3 && rng.random_bool(0.25) {
+        let k = if n >= 6 { 2 } else { 1 };
+        let mut step = random_chain(rng, n - k, scale);
+        add_groups(rng, &mut step, k, scale);
+        let quantized = rng.random_bool(0.3);
+        let mut t = || {
+            if quantized {
+                f64::from(rng.random_range(0..4u8)) * 0.25
+            } else {
+                rng.random_range(0.0..1.0)
+            }
+        };
+        for b in &mut step.blocks {
+            b.recompute_seconds = t();
+        }
+        for g in &mut step.groups {
+            g.recompute_seconds = t();
+        }
+        let groups: Vec<(usize, usize)> = step.groups.iter().map(|g| (g.first, g.last)).collect();
+        let p = chain_model::config_problem(format!("config{c}"), &step);
+        let mut p = chain_model::permute(p, &chain_model::solver_order(n - k, &groups));
+        p.seconds_base = rng.random_range(1.0..2.0);
+        return p;
+    }
     let moments = if rng.random_bool(0.75) {
         chain_model::moments(&random_chain(rng, n, scale))
     } else {
@@ -392,6 +557,96 @@ fn synthetic_chains_agree_across_engines() {
                 times.iter().all(|&t| close(t, times[0])),
                 "seed {seed} f {f}: {times:?}"
             );
+        }
+    }
+}
+
+/// A BERT-like chain at nested granularity: `layers` identical layers of three blocks, each
+/// layer also a group, between two plain blocks. Identical layers make many choices tie,
+/// the hardest case for the DP's dominance pruning.
+fn nested_layers(rng: &mut StdRng, layers: usize) -> (StepTerms, Vec<usize>) {
+    let ends = random_chain(rng, 2, 1e6);
+    let layer = random_chain(rng, 3, 1e6);
+    let mut step = StepTerms {
+        blocks: vec![ends.blocks[0].clone()],
+        ..ends.clone()
+    };
+    let mut proto = layer.clone();
+    add_groups(rng, &mut proto, 1, 1e6);
+    let mut g = proto.groups[0].clone();
+    // The group covers the whole layer.
+    g.first = 0;
+    g.last = 2;
+    g.fwd.resize(3, g.fwd[0]);
+    g.rec.resize(3, g.rec[0]);
+    g.bwd.resize(3, g.bwd[0]);
+    for l in 0..layers {
+        let first = step.blocks.len();
+        for (k, b) in layer.blocks.iter().enumerate() {
+            let mut b = b.clone();
+            b.name = format!("layer.{l}.{k}");
+            b.recompute_seconds = 0.1 * (k + 1) as f64;
+            step.blocks.push(b);
+        }
+        step.groups.push(GroupTerms {
+            name: format!("layer.{l}"),
+            first,
+            last: first + 2,
+            recompute_seconds: 0.55,
+            ..g.clone()
+        });
+    }
+    step.blocks.push(ends.blocks[1].clone());
+    let groups: Vec<(usize, usize)> = step.groups.iter().map(|g| (g.first, g.last)).collect();
+    let order = chain_model::solver_order(step.blocks.len(), &groups);
+    (step, order)
+}
+
+/// The DP keeps nested chains in its small state (no fallback to the MILP), agrees with brute
+/// force where that is possible, and at 24 layers never loses to checkpointing every layer
+/// whole when that fits.
+#[test]
+fn dp_solves_nested_chains() {
+    let mut rng = StdRng::seed_from_u64(0xbe27);
+    for layers in [2, 3, 24] {
+        for _ in 0..4 {
+            let (step, order) = nested_layers(&mut rng, layers);
+            let p = chain_model::permute(chain_model::config_problem("nested", &step), &order);
+            let units = p.candidate.len();
+            let lo = min_peak_with(
+                &p,
+                SolveOptions {
+                    engine: Engine::Dp,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let hi = peak_of(&p.moments, &vec![false; units]).unwrap().0;
+            for f in [0.0, 0.3, 0.7] {
+                let budget = lo.peak + ((hi - lo.peak) as f64 * f) as i64;
+                let dp = SolveOptions {
+                    engine: Engine::Dp,
+                    ..Default::default()
+                };
+                let plan = solve_with(std::slice::from_ref(&p), budget, dp).unwrap();
+                let s = plan.chosen();
+                check_solution(&p, s, "nested dp");
+                assert!(s.peak <= budget);
+                if units <= 14 {
+                    let r = brute(&p, budget);
+                    assert!(close(s.seconds, r.best_time.unwrap()), "{layers} layers f {f}");
+                } else {
+                    let n = step.blocks.len();
+                    let mut whole = vec![false; units];
+                    for (v, &u) in order.iter().enumerate() {
+                        whole[v] = u >= n;
+                    }
+                    let (peak, _) = peak_of(&p.moments, &whole).unwrap();
+                    if peak <= budget {
+                        assert!(s.seconds <= seconds(&p, &whole) + 1e-9, "{layers} layers f {f}");
+                    }
+                }
+            }
         }
     }
 }

@@ -118,6 +118,9 @@ pub fn nbytes(t: &Tensor) -> i64 {
 impl Session {
     pub fn new(mut chain: Chain, cfg: TrainConfig, device: Device) -> Result<Self> {
         cfg.validate(device)?;
+        chain
+            .validate()
+            .map_err(|e| RuntimeError::Invalid(format!("model {}: {e}", chain.name)))?;
         if cfg.precision == Precision::Bf16Pure {
             chain.vs.bfloat16();
         }
@@ -435,7 +438,13 @@ impl Session {
 
     /// Block `i`'s input: the batch for the first block, else the leaf of the previous output
     /// (created on first use).
-    fn block_input(&self, i: usize, input: &Tensor, outputs: &[Option<Tensor>], leaves: &mut [Option<Tensor>]) -> Tensor {
+    fn block_input(
+        &self,
+        i: usize,
+        input: &Tensor,
+        outputs: &[Option<Tensor>],
+        leaves: &mut [Option<Tensor>],
+    ) -> Tensor {
         if i == 0 {
             return input.shallow_clone();
         }
@@ -516,7 +525,7 @@ impl Session {
                 )));
             }
         }
-        if let Some((g, k)) = nested_conflict(chain, checkpoint) {
+        if let Some((g, k)) = chain.nested_conflict(checkpoint) {
             return Err(RuntimeError::Invalid(format!(
                 "{} and its child {} of {} are both checkpointed; checkpoint one or the other",
                 chain.groups[g].name, chain.blocks[k].name, chain.name
@@ -549,17 +558,6 @@ impl Session {
     }
 }
 
-/// A checkpointed group with a checkpointed block inside it, if any: (group, block).
-fn nested_conflict(chain: &Chain, checkpoint: &[bool]) -> Option<(usize, usize)> {
-    let n = chain.blocks.len();
-    chain.groups.iter().enumerate().find_map(|(g, grp)| {
-        if !checkpoint[n + g] {
-            return None;
-        }
-        (grp.first..=grp.last).find(|&k| checkpoint[k]).map(|k| (g, k))
-    })
-}
-
 /// Per block: the checkpointed segment `(first, last)` it belongs to, if any.
 fn segments(chain: &Chain, checkpoint: &[bool]) -> Vec<Option<(usize, usize)>> {
     let n = chain.blocks.len();
@@ -576,7 +574,10 @@ fn segments(chain: &Chain, checkpoint: &[bool]) -> Vec<Option<(usize, usize)>> {
 
 /// A handle on leaf `k`, which must exist.
 fn leaf(leaves: &[Option<Tensor>], k: usize) -> Tensor {
-    leaves[k].as_ref().expect("a leaf is alive while a reader runs").shallow_clone()
+    leaves[k]
+        .as_ref()
+        .expect("a leaf is alive while a reader runs")
+        .shallow_clone()
 }
 
 /// Which blocks and groups of `chain` a checkpoint regex selects, as a mask over
@@ -605,7 +606,27 @@ pub fn select(chain: &Chain, pattern: &str) -> Result<Vec<bool>> {
             }
         })
         .collect::<Result<Vec<bool>>>()?;
-    if let Some((g, k)) = nested_conflict(chain, &mask) {
+    if !mask.contains(&true) {
+        // A regex naming modules that exist but are not units of this chain (sub-modules at
+        // layer granularity) would silently checkpoint nothing. One matching nothing at all
+        // is how a plan says "checkpoint nothing".
+        let modules: Vec<&str> = chain
+            .modules
+            .iter()
+            .filter(|m| re.is_match(m))
+            .map(|m| m.as_str())
+            .collect();
+        if !modules.is_empty() {
+            return Err(RuntimeError::Invalid(format!(
+                "checkpoint regex {pattern:?} matches {} of {}, which this chain does not run as a checkpoint \
+                 unit; candidates: {} (--granularity block or nested makes the modules inside layers candidates)",
+                modules.join(", "),
+                chain.name,
+                chain.candidates().join(", ")
+            )));
+        }
+    }
+    if let Some((g, k)) = chain.nested_conflict(&mask) {
         return Err(RuntimeError::Invalid(format!(
             "checkpoint regex {pattern:?} selects both {} and its child {} of {}; a module and its child \
              are never both checkpointed (the child's recompute would run inside the parent's): select one",

@@ -424,7 +424,11 @@ impl ConfigProfile {
             let mut units: Vec<Result<usize, &GroupProfile>> = Vec::new();
             let mut j = 0;
             while j < n {
-                let on = r.groups.iter().enumerate().find(|(g, grp)| grp.first == j && x.get(n + g) == Some(&true));
+                let on = r
+                    .groups
+                    .iter()
+                    .enumerate()
+                    .find(|(g, grp)| grp.first == j && x.get(n + g) == Some(&true));
                 match on {
                     Some((_, grp)) => {
                         units.push(Err(grp));

@@ -11,10 +11,13 @@ use ckptune_runtime::profile::{measured_moments, profile, ProfileSettings};
 use ckptune_runtime::{select, OptimizerKind, Precision, Session, StepTrace, TrainConfig};
 use tch::Device;
 
+/// Builds a fresh chain (sessions consume theirs).
+type MakeChain = Box<dyn Fn() -> Chain>;
+
 /// The three families with nesting: BERT (`encoder.layer.N` over attention / intermediate /
 /// output, with the residual skip), GPT-2 (`h.N` over ln_1, attn, residual, ln_2, mlp,
 /// residual) and a ResNet with two residual blocks in its first two stages.
-fn models() -> Vec<(&'static str, Box<dyn Fn() -> Chain>)> {
+fn models() -> Vec<(&'static str, MakeChain)> {
     let nested = |seq: Option<i64>, image: Option<i64>| ModelOptions {
         seq,
         image,
@@ -37,7 +40,7 @@ fn models() -> Vec<(&'static str, Box<dyn Fn() -> Chain>)> {
                     layers: [2, 2, 1, 1],
                     ..resnet::Config::tiny()
                 };
-                resnet::build("resnet-2211", &cfg, &nested(None, Some(16))).unwrap()
+                resnet::build("resnet-2211", &cfg, &nested(None, Some(32))).unwrap()
             }),
         ),
     ]
@@ -68,11 +71,18 @@ fn allowed_masks(chain: &Chain) -> Vec<Vec<bool>> {
 
 fn session(make: &dyn Fn() -> Chain, precision: Precision) -> Session {
     tch::manual_seed(3);
-    Session::new(make(), TrainConfig::new(precision, OptimizerKind::AdamW, 2), Device::Cpu).unwrap()
+    Session::new(
+        make(),
+        TrainConfig::new(precision, OptimizerKind::AdamW, 2),
+        Device::Cpu,
+    )
+    .unwrap()
 }
 
 #[test]
 fn chains_validate_and_groups_cover_their_children() {
+    // Building models draws from the global RNG, which the other tests seed.
+    let _lock = meter::exclusive();
     for (name, make) in models() {
         let chain = make();
         chain.validate().unwrap();
@@ -87,12 +97,23 @@ fn chains_validate_and_groups_cover_their_children() {
 
 #[test]
 fn regex_selects_layers_or_children_but_never_both() {
+    let _lock = meter::exclusive();
     let chain = models().remove(0).1();
-    let s = Session::new(chain, TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, 2), Device::Cpu).unwrap();
+    let s = Session::new(
+        chain,
+        TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, 2),
+        Device::Cpu,
+    )
+    .unwrap();
     let x = select(&s.chain, r"encoder\.layer\.0|encoder\.layer\.1\.(attention|output)").unwrap();
     let on: Vec<&str> = (0..x.len()).filter(|&i| x[i]).map(|i| s.chain.unit_name(i)).collect();
-    assert_eq!(on, ["encoder.layer.1.attention", "encoder.layer.1.output", "encoder.layer.0"]);
-    let err = select(&s.chain, r"encoder\.layer\.1(\.intermediate)?").unwrap_err().to_string();
+    assert_eq!(
+        on,
+        ["encoder.layer.1.attention", "encoder.layer.1.output", "encoder.layer.0"]
+    );
+    let err = select(&s.chain, r"encoder\.layer\.1(\.intermediate)?")
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("encoder.layer.1") && err.contains("child encoder.layer.1.intermediate"),
         "{err}"

@@ -218,20 +218,32 @@ fn print_profile(p: &ProfileJson) {
                 rec * 1e3
             );
         }
+        let n = c.regimes[0].blocks.len();
+        for (g, grp) in c.regimes[0].groups.iter().enumerate() {
+            let inner: i64 = c.regimes[0].blocks[grp.first..=grp.last]
+                .iter()
+                .map(|b| b.kept_grad)
+                .sum();
+            let rec = c.recompute_seconds.get(n + g).copied().unwrap_or(0.0);
+            println!(
+                "  {:<28} {:>12} {:>12} {:>12} {:>8.1}ms",
+                grp.name,
+                format_size(inner.max(0) as u64),
+                format_size(grp.kept.max(0) as u64),
+                format_size((inner - grp.kept).max(0) as u64),
+                rec * 1e3
+            );
+        }
     }
 }
 
-/// Every subset of the candidate blocks, as masks over the chain.
-fn all_subsets(candidates: &[bool]) -> Result<Vec<Vec<bool>>> {
-    let idx: Vec<usize> = candidates
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| **c)
-        .map(|(i, _)| i)
-        .collect();
+/// Every allowed choice of candidates (blocks and groups, never a group with one of its
+/// blocks), as masks over the chain's units.
+fn all_subsets(chain: &ckptune_models::Chain) -> Result<Vec<Vec<bool>>> {
+    let idx: Vec<usize> = (0..chain.units()).filter(|&i| chain.unit_candidate(i)).collect();
     if idx.len() > 10 {
         return Err(UsageError(format!(
-            "--all-subsets: {} candidates would be {} subsets; pass --checkpoint regexes instead",
+            "--all-subsets: {} candidates would be up to {} subsets; pass --checkpoint regexes instead",
             idx.len(),
             1u64 << idx.len().min(63)
         ))
@@ -239,23 +251,18 @@ fn all_subsets(candidates: &[bool]) -> Result<Vec<Vec<bool>>> {
     }
     Ok((0..1u32 << idx.len())
         .map(|m| {
-            let mut mask = vec![false; candidates.len()];
+            let mut mask = vec![false; chain.units()];
             for (k, &i) in idx.iter().enumerate() {
                 mask[i] = m >> k & 1 == 1;
             }
             mask
         })
+        .filter(|mask| chain.nested_conflict(mask).is_none())
         .collect())
 }
 
 fn names_of(chain: &ckptune_models::Chain, mask: &[bool]) -> Vec<String> {
-    chain
-        .blocks
-        .iter()
-        .zip(mask)
-        .filter(|(_, m)| **m)
-        .map(|(b, _)| b.name.clone())
-        .collect()
+    chain.names_of(mask)
 }
 
 /// Regex selecting exactly `names` among the model's modules.
@@ -291,8 +298,7 @@ fn sweep_cmd(a: SweepArgs) -> Result<ExitCode> {
             masks.push(s.select(re).map_err(|e| UsageError(e.to_string()))?);
         }
         if a.all_subsets {
-            let cands: Vec<bool> = s.chain.blocks.iter().map(|b| b.candidate).collect();
-            for m in all_subsets(&cands)? {
+            for m in all_subsets(&s.chain)? {
                 if !masks.contains(&m) {
                     masks.push(m);
                 }

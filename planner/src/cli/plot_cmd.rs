@@ -216,37 +216,41 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
             ))
             .into());
         }
-        if c.recompute_seconds.len() != regime.blocks.len() {
+        let n = regime.blocks.len();
+        let units = n + regime.groups.len();
+        if c.recompute_seconds.len() != units {
             return Err(UsageError(format!(
-                "the profile of {name} has {} recompute times for {} blocks",
+                "the profile of {name} has {} recompute times for {n} blocks and {} groups",
                 c.recompute_seconds.len(),
-                regime.blocks.len()
+                regime.groups.len()
             ))
             .into());
         }
 
-        let bars: Vec<CandidateBar> = regime
+        // Per candidate (blocks, then groups): the bytes it keeps plain minus checkpointed.
+        let bar = |label: &str, saved: i64, rec: f64| CandidateBar {
+            block: label.to_owned(),
+            saved_bytes: saved,
+            saved_pct: 100.0 * saved as f64 / c.peak_none as f64,
+            cost_seconds: rec,
+            cost_pct: 100.0 * rec / t0,
+            // The profile keeps one recompute time per candidate, not its spread.
+            cost_range_pct: None,
+        };
+        let mut bars: Vec<CandidateBar> = regime
             .blocks
             .iter()
             .zip(&c.recompute_seconds)
             .filter(|(b, _)| b.candidate)
-            .map(|(b, &rec)| {
-                let saved = b.kept_grad - b.kept_nograd;
-                CandidateBar {
-                    block: b.name.clone(),
-                    saved_bytes: saved,
-                    saved_pct: 100.0 * saved as f64 / c.peak_none as f64,
-                    cost_seconds: rec,
-                    cost_pct: 100.0 * rec / t0,
-                    // The profile keeps one recompute time per block, not its spread.
-                    cost_range_pct: None,
-                }
-            })
+            .map(|(b, &rec)| bar(&b.name, b.kept_grad - b.kept_nograd, rec))
             .collect();
+        for (g, grp) in regime.groups.iter().enumerate() {
+            let inner: i64 = regime.blocks[grp.first..=grp.last].iter().map(|b| b.kept_grad).sum();
+            bars.push(bar(&grp.name, inner - grp.kept, c.recompute_seconds[n + g]));
+        }
 
         let rt = formats::profile_from_json(c);
-        let n = regime.blocks.len();
-        let none = vec![false; n];
+        let none = vec![false; units];
         let (pp0, pt0) = (rt.predict_peak(&none).0 as f64, rt.predict_seconds(&none));
         let predict = |mask: &[bool]| Tradeoff {
             throughput_lost_pct: lost_pct(pt0, rt.predict_seconds(mask)),
@@ -262,18 +266,25 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
             predicted: Some(predict(&none)),
             throughput_lost_range_pct: None,
         }];
-        for (i, b) in regime.blocks.iter().enumerate().filter(|(_, b)| b.candidate) {
+        let names: Vec<&str> = regime
+            .blocks
+            .iter()
+            .map(|b| b.name.as_str())
+            .chain(regime.groups.iter().map(|g| g.name.as_str()))
+            .collect();
+        let candidate = |i: usize| regime.blocks.get(i).is_none_or(|b| b.candidate);
+        for i in (0..units).filter(|&i| candidate(i)) {
             let mut mask = none.clone();
             mask[i] = true;
             points.push(TradeoffPoint {
-                label: b.name.clone(),
+                label: names[i].to_owned(),
                 baseline: false,
                 measured: None,
                 predicted: Some(predict(&mask)),
                 throughput_lost_range_pct: None,
             });
         }
-        let all: Vec<bool> = regime.blocks.iter().map(|b| b.candidate).collect();
+        let all: Vec<bool> = (0..units).map(|i| i < n && candidate(i)).collect();
         if all.iter().filter(|x| **x).count() > 1 {
             let measured = (c.peak_all > 0 && c.seconds_all.median > 0.0).then(|| Tradeoff {
                 throughput_lost_pct: lost_pct(t0, c.seconds_all.median),

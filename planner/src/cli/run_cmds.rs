@@ -281,18 +281,11 @@ pub fn train_cmd(a: TrainArgs) -> Result<ExitCode> {
     let chain = setup.chain()?;
     let mut s = Session::new(chain, cfg.clone(), setup.device).map_err(|e| UsageError(e.to_string()))?;
     let mask = if regex.is_empty() {
-        vec![false; s.chain.blocks.len()]
+        vec![false; s.chain.units()]
     } else {
         s.select(&regex).map_err(|e| UsageError(e.to_string()))?
     };
-    let modules: Vec<String> = s
-        .chain
-        .blocks
-        .iter()
-        .zip(&mask)
-        .filter(|(_, m)| **m)
-        .map(|(b, _)| b.name.clone())
-        .collect();
+    let modules = s.chain.names_of(&mask);
     if !a.json {
         println!(
             "training {} ({}), checkpointing {}",

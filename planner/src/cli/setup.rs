@@ -10,7 +10,7 @@ use tch::Device;
 
 use super::args::ModelArgs;
 use super::UsageError;
-use crate::formats::{BlockJson, ConfigJson, DeviceJson, ModelJson};
+use crate::formats::{BlockJson, ConfigJson, DeviceJson, GroupJson, ModelJson};
 
 /// Resolved model and config space.
 #[derive(Debug, Clone)]
@@ -50,7 +50,11 @@ impl Setup {
             "layer" => Granularity::Layer,
             "block" => Granularity::Block,
             "nested" => Granularity::Nested,
-            other => return Err(usage(format!("--granularity {other:?}: expected layer, block or nested"))),
+            other => {
+                return Err(usage(format!(
+                    "--granularity {other:?}: expected layer, block or nested"
+                )))
+            }
         };
         let precisions: Vec<Precision> = if a.precision.is_empty() {
             default_precisions.to_vec()
@@ -220,7 +224,8 @@ impl Setup {
             Err(_) => self.model.clone(),
         };
         format!(
-            "v{}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|{}|{:?}|threads={}|repeats={}",
+            // `chain2`: the chain layout with groups and skips; profiles of older layouts miss.
+            "v{}|chain2|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             model_id,
             self.opts.image,
@@ -278,6 +283,15 @@ pub fn model_json(chain: &Chain) -> ModelJson {
             .map(|b| BlockJson {
                 name: b.name.clone(),
                 candidate: b.candidate,
+            })
+            .collect(),
+        groups: chain
+            .groups
+            .iter()
+            .map(|g| GroupJson {
+                name: g.name.clone(),
+                first: g.first,
+                last: g.last,
             })
             .collect(),
         modules: chain.modules.clone(),

@@ -29,7 +29,7 @@ const MAX_CLASSES: usize = 8;
 const MAX_FRONT: usize = 200_000;
 /// Largest set of candidate states filtered by pairwise dominance (three or more classes).
 const MAX_PAIRWISE: usize = 20_000;
-/// Exclusive groups are tracked as bits of a `u64`.
+/// Exclusive groups open at the same block are tracked as bits of a `u64`.
 const MAX_GROUPS: usize = 64;
 
 pub(super) enum Outcome {
@@ -56,9 +56,6 @@ struct Class {
 /// blocks subject to every row ≤ `limit` and the exclusive groups.
 pub(super) fn solve(red: &Reduced, t: &[f64], limit: i64, minimize_time: bool) -> Outcome {
     let k = red.free.len();
-    if red.groups.len() > MAX_GROUPS {
-        return Outcome::TooLarge(format!("{} exclusive groups (at most {MAX_GROUPS})", red.groups.len()));
-    }
     let rows = &red.rows;
     // Dense per-row coefficient lookup is k·rows i64; fine for the sizes that reach here
     // (300 blocks × 900 moments = 2 MiB).
@@ -104,14 +101,42 @@ pub(super) fn solve(red: &Reduced, t: &[f64], limit: i64, minimize_time: bool) -
         });
     }
 
-    // Exclusive groups: which contain block q, and which are still open after q.
+    // Exclusive groups as bits of a u64: a bit is reused once its group has closed (interval
+    // colouring by first member), so only groups open at the same block count against
+    // MAX_GROUPS — nested candidates give thousands of pairs, but few overlap.
+    let span: Vec<(usize, usize)> = red
+        .groups
+        .iter()
+        .map(|m| {
+            (
+                m.iter().copied().min().unwrap_or(0),
+                m.iter().copied().max().unwrap_or(0),
+            )
+        })
+        .collect();
+    let mut by_first: Vec<usize> = (0..span.len()).collect();
+    by_first.sort_by_key(|&g| span[g]);
+    let mut slot_end: Vec<usize> = Vec::new();
+    let mut slot = vec![0usize; span.len()];
+    for g in by_first {
+        let (first, last) = span[g];
+        match slot_end.iter().position(|&e| e < first) {
+            Some(s) => {
+                slot[g] = s;
+                slot_end[s] = last;
+            }
+            None if slot_end.len() < MAX_GROUPS => {
+                slot[g] = slot_end.len();
+                slot_end.push(last);
+            }
+            None => return Outcome::TooLarge(format!("more than {MAX_GROUPS} exclusive groups open at block {first}")),
+        }
+    }
     let mut groups_at: Vec<u64> = vec![0; k];
-    let mut last_member: Vec<usize> = Vec::with_capacity(red.groups.len());
     for (g, members) in red.groups.iter().enumerate() {
         for &q in members {
-            groups_at[q] |= 1 << g;
+            groups_at[q] |= 1 << slot[g];
         }
-        last_member.push(members.iter().copied().max().unwrap_or(0));
     }
 
     // Current front: per state its sums (stride d), group mask, time and history index.
@@ -166,11 +191,11 @@ pub(super) fn solve(red: &Reduced, t: &[f64], limit: i64, minimize_time: bool) -
                 next.len()
             ));
         }
-        let open_after: u64 = last_member
+        let open_after: u64 = span
             .iter()
-            .enumerate()
-            .filter(|&(_, &l)| l > q)
-            .fold(0, |m, (g, _)| m | 1 << g);
+            .zip(&slot)
+            .filter(|&(&(first, last), _)| first <= q && last > q)
+            .fold(0, |m, (_, &s)| m | 1 << s);
 
         // Expand every state by y ∈ {0, 1}.
         let nd = next.len();
