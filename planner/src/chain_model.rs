@@ -42,10 +42,14 @@ pub struct BlockTerms {
     pub recompute_seconds: f64,
 }
 
-/// Measured terms of a group: a candidate module over blocks `first..=last`, checkpointed
-/// as a whole (`encoder.layer.3` over its attention, intermediate and output). Its variable
-/// `z` follows the blocks' in a choice (index `n + g`); a group and any of its blocks are
-/// never both checkpointed (the solver's exclusive pairs), so with `z = 1` its blocks are off.
+/// Measured terms of a group: a candidate module over blocks `first..=last`
+/// (`encoder.layer.3` over its attention, intermediate and output). A choice has two
+/// variables per group after the blocks': `z_g` (index `n + g`), the group checkpointed as a
+/// whole, and `f_g` (index `n + m + g`), the group fused: nothing in it checkpointed, run as
+/// one graph as PyTorch runs the module (the runtime fuses exactly then). Of `z_g`, `f_g` and
+/// the group's blocks, `z_g` and `f_g` exclude each other and every block; a covering moment
+/// makes "none of them" infeasible, so `f_g = 1` exactly when nothing in the group is
+/// checkpointed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupTerms {
     pub name: String,
@@ -63,7 +67,29 @@ pub struct GroupTerms {
     pub rec: Vec<i64>,
     pub bwd: Vec<i64>,
     pub recompute_seconds: f64,
+    /// Terms of the fused run; `None` when the group never runs fused (then `f_g` is not a
+    /// candidate and the blocks' plain terms apply with nothing checkpointed).
+    pub fused: Option<FusedTerms>,
 }
+
+/// A group run fused: one graph from its input to its output, one VJP.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FusedTerms {
+    /// Kept after its forward.
+    pub kept: i64,
+    /// Per block: forward peak above the level earlier blocks leave.
+    pub fwd: Vec<i64>,
+    /// Bytes alive when its VJP starts above what earlier blocks keep, `Σ_{i>last} g_i` and
+    /// `kept`.
+    pub carry: i64,
+    /// Peak of its VJP above the VJP's start.
+    pub bwd: i64,
+}
+
+/// Height of the covering moment that rules out a group with none of `z_g`, `f_g` or its
+/// blocks on: 64 TiB, above any budget the planner passes (it clamps budgets below this), and
+/// small enough that a covering moment over a group of 120 blocks stays within 2^53.
+pub const UNDECIDED: i64 = 1 << 46;
 
 /// Measured terms of one training step in one configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -174,19 +200,23 @@ impl Affine {
 /// Coefficients are filled for every block, candidate or not; whether a block may be
 /// checkpointed is the solver's business ([`ConfigProblem::candidate`]).
 ///
-/// Groups (nested candidates) add a variable `z_g` each, after the blocks. A checkpointed
-/// group keeps `kept_g` in place of its blocks' `Σ kf`/`Σ kb`: a term in every later moment.
-/// Its own moments exist only when `z_g = 1` and its blocks' moments only when `z_g = 0`, so
-/// each site of the group appears twice, and the absent copy is pushed below a present
-/// moment with the same prefix: group copies sit 1 byte under the lowest value any block
-/// copy can take; block copies drop by one shift per group and phase, enough to sit under
-/// the group's highest site. One shift per phase (not per site) keeps the block copies of
-/// a group in one class for the chain DP, and the group copies close at `z_g`, so the DP's
-/// state stays a handful of sums when `z_g` is ordered just before its blocks
+/// Groups (nested candidates) add `z_g` (checkpointed whole) and `f_g` (fused) each, after the
+/// blocks ([`GroupTerms`]). A checkpointed or fused group keeps its own bytes in place of its
+/// blocks' `Σ kf`/`Σ kb`: a term in every later moment. Each site of a group (each block's
+/// forward, recompute and backward) exists in the state that runs it, so it appears once per
+/// state: a block copy (`z = f = 0`), a checkpointed copy and a fused copy (whose backward is
+/// one site). A copy whose state is off is pushed below a present moment with the same
+/// prefix: group copies sit 1 byte under the lowest value the other states' copies can take;
+/// block copies drop by one shift per state and phase, enough to sit under that state's
+/// highest site. One shift per phase (not per site) keeps the block copies of a group in one
+/// class for the chain DP, and the group copies close at their variable, so the DP's state
+/// stays a handful of sums when the group's variables come just before its blocks
 /// ([`solver_order`]).
 pub fn moments(step: &StepTerms) -> Vec<Moment> {
     let n = step.blocks.len();
-    let nv = n + step.groups.len();
+    let m = step.groups.len();
+    let nv = n + 2 * m;
+    let (zv, fv) = (|g: usize| n + g, |g: usize| n + m + g);
     let b = &step.blocks;
     let mut out = Vec::with_capacity(3 * n + 3);
     let mut group_of: Vec<Option<usize>> = vec![None; n];
@@ -197,10 +227,17 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
     }
     let starts = |j: usize| step.groups.iter().position(|grp| grp.first == j);
     let ends = |j: usize| step.groups.iter().position(|grp| grp.last == j);
+    let minmax = |v: &[i64]| {
+        (
+            v.iter().copied().min().unwrap_or(0),
+            v.iter().copied().max().unwrap_or(0),
+        )
+    };
 
     // Forward: the prefix of kept bytes grows block by block.
     let mut kept_fwd = Affine::new(nv, step.fixed);
-    let mut shift_fwd = vec![0i64; step.groups.len()];
+    // Per group: block copies' shifts when z = 1 and when f = 1.
+    let mut shift_fwd = vec![(0i64, 0i64); m];
     for (j, blk) in b.iter().enumerate() {
         if let Some(g) = starts(j) {
             let grp = &step.groups[g];
@@ -212,37 +249,59 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
                 acc += k.kg;
                 acc_lo += k.kg.min(k.kng);
             }
-            let top = grp.fwd.iter().copied().max().unwrap_or(i64::MIN);
-            shift_fwd[g] = (flat_max - top + 1).max(0);
-            let off = lo_min - 1;
+            let (low_c, top_c) = minmax(&grp.fwd);
+            let fused = grp.fused.as_ref().map(|f| minmax(&f.fwd));
+            shift_fwd[g] = (
+                (flat_max - top_c + 1).max(0),
+                fused.map_or(0, |(_, top_f)| (flat_max - top_f + 1).max(0)),
+            );
+            let off_c = lo_min.min(fused.map_or(i64::MAX, |(low_f, _)| low_f)) - 1;
             for (k, &v) in (grp.first..=grp.last).zip(&grp.fwd) {
-                let mut m = kept_fwd.clone();
-                m.add(off).coef_add(n + g, v - off);
-                out.push(m.moment(format!("forward {}", b[k].name)));
+                let mut mo = kept_fwd.clone();
+                mo.add(off_c).coef_add(zv(g), v - off_c);
+                out.push(mo.moment(format!("forward {}", b[k].name)));
+            }
+            if let Some(f) = &grp.fused {
+                let off_f = lo_min.min(low_c) - 1;
+                for (k, &v) in (grp.first..=grp.last).zip(&f.fwd) {
+                    let mut mo = kept_fwd.clone();
+                    mo.add(off_f).coef_add(fv(g), v - off_f);
+                    out.push(mo.moment(format!("forward {}", b[k].name)));
+                }
             }
         }
-        let mut m = kept_fwd.clone();
-        m.term(j, blk.fg, blk.fng);
+        let mut mo = kept_fwd.clone();
+        mo.term(j, blk.fg, blk.fng);
         if let Some(g) = group_of[j] {
-            m.coef_add(n + g, -shift_fwd[g]);
+            mo.coef_add(zv(g), -shift_fwd[g].0).coef_add(fv(g), -shift_fwd[g].1);
         }
-        out.push(m.moment(format!("forward {}", blk.name)));
+        out.push(mo.moment(format!("forward {}", blk.name)));
         kept_fwd.term(j, blk.kg, blk.kng);
         if let Some(g) = ends(j) {
             let grp = &step.groups[g];
             let inner: i64 = b[grp.first..=grp.last].iter().map(|k| k.kg).sum();
-            kept_fwd.coef_add(n + g, grp.kept - inner);
+            kept_fwd.coef_add(zv(g), grp.kept - inner);
+            if let Some(f) = &grp.fused {
+                kept_fwd.coef_add(fv(g), f.kept - inner);
+            }
         }
     }
 
     // After the forward's autocast region closes, block i keeps kb_i (a group its kept).
+    let group_kb = |a: &mut Affine, g: usize| {
+        let grp = &step.groups[g];
+        let inner: i64 = b[grp.first..=grp.last].iter().map(|k| k.krec).sum();
+        a.coef_add(zv(g), grp.kept - inner);
+        if let Some(f) = &grp.fused {
+            a.coef_add(fv(g), f.kept - inner);
+        }
+    };
     let mut kept_all = Affine::new(nv, step.fixed);
     for (i, blk) in b.iter().enumerate() {
         kept_all.term(i, blk.krec, blk.out);
     }
-    for (g, grp) in step.groups.iter().enumerate() {
-        let inner: i64 = b[grp.first..=grp.last].iter().map(|k| k.krec).sum();
-        kept_all.coef_add(n + g, grp.kept - inner);
+    for g in 0..m {
+        group_kb(&mut kept_all, g);
     }
     out.push(kept_all.clone().add(step.lf).moment("loss".to_string()));
     out.push(kept_all.add(step.lk).add(step.lb).moment("loss backward".to_string()));
@@ -255,9 +314,7 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
         prefix_kb.push(acc.clone());
         acc.term(i, blk.krec, blk.out);
         if let Some(g) = ends(i) {
-            let grp = &step.groups[g];
-            let inner: i64 = b[grp.first..=grp.last].iter().map(|k| k.krec).sum();
-            acc.coef_add(n + g, grp.kept - inner);
+            group_kb(&mut acc, g);
         }
     }
     // "recompute j" exists only when x_j = 1. Affine encoding: value base_j + frec_j when
@@ -266,9 +323,9 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
     // below a real moment and can neither raise the peak nor tie it (so it is never reported
     // as the binding moment) — whatever the signs of the measured terms.
     let phantom = |blk: &BlockTerms| blk.krec.saturating_add(blk.bta).min(0).saturating_sub(1);
-    let mut shift_bwd = vec![0i64; step.groups.len()];
-    // Per group: the value its group copies take when z_g = 0, and Σ_{i>last} g_i.
-    let mut group_base = vec![(0i64, 0i64); step.groups.len()];
+    let mut shift_bwd = vec![(0i64, 0i64); m];
+    // Per group: the lowest block-copy value and Σ_{i>last} g_i.
+    let mut group_base = vec![(0i64, 0i64); m];
     let mut grads_after: i64 = 0;
     for j in (0..n).rev() {
         let blk = &b[j];
@@ -290,14 +347,18 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
                     .min(base_lo + bk.krec + bk.bta.min(bk.btb));
                 later_g += bk.g;
             }
-            let top = grp.rec.iter().chain(&grp.bwd).copied().max().unwrap_or(i64::MIN) + grp.carry;
-            shift_bwd[g] = (flat_max - top + 1).max(0);
-            group_base[g] = (lo_min - 1, grads_after);
+            let top_c = grp.rec.iter().chain(&grp.bwd).copied().max().unwrap_or(0) + grp.carry;
+            let fused = grp.fused.as_ref().map(|f| f.carry + f.kept + f.bwd);
+            shift_bwd[g] = (
+                (flat_max - top_c + 1).max(0),
+                fused.map_or(0, |v| (flat_max - v + 1).max(0)),
+            );
+            group_base[g] = (lo_min, grads_after);
         }
         let mut base = prefix_kb[j].clone();
         base.add(step.fixed).add(grads_after).add(blk.gout);
         if let Some(g) = group_of[j] {
-            base.coef_add(n + g, -shift_bwd[g]);
+            base.coef_add(zv(g), -shift_bwd[g].0).coef_add(fv(g), -shift_bwd[g].1);
         }
 
         let mut rec = base.clone();
@@ -311,24 +372,60 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
 
         if let Some(g) = starts(j) {
             let grp = &step.groups[g];
-            let (off, later) = group_base[g];
+            let (lo_min, later) = group_base[g];
             let mut p = prefix_kb[grp.first].clone();
-            p.add(step.fixed).add(later).add(off);
+            p.add(step.fixed).add(later);
+            let ckpt: Vec<i64> = grp.rec.iter().chain(&grp.bwd).map(|v| grp.carry + v).collect();
+            let low_c = ckpt.iter().copied().min().unwrap_or(0);
+            let fused = grp.fused.as_ref().map(|f| f.carry + f.kept + f.bwd);
+            let off_c = lo_min.min(fused.unwrap_or(i64::MAX)) - 1;
             for k in (grp.first..=grp.last).rev() {
                 let q = k - grp.first;
                 let name = &b[k].name;
-                let mut m = p.clone();
-                m.coef_add(n + g, grp.carry + grp.rec[q] - off);
-                out.push(m.moment(format!("recompute {name}")));
-                let mut m = p.clone();
-                m.coef_add(n + g, grp.carry + grp.bwd[q] - off);
-                out.push(m.moment(format!("backward {name}")));
+                for (label, v) in [
+                    ("recompute", grp.carry + grp.rec[q]),
+                    ("backward", grp.carry + grp.bwd[q]),
+                ] {
+                    let mut mo = p.clone();
+                    mo.add(off_c).coef_add(zv(g), v - off_c);
+                    out.push(mo.moment(format!("{label} {name}")));
+                }
+            }
+            if let Some(v) = fused {
+                let off_f = lo_min.min(low_c) - 1;
+                let mut mo = p.clone();
+                mo.add(off_f).coef_add(fv(g), v - off_f);
+                out.push(mo.moment(format!("backward {}", grp.name)));
             }
         }
     }
 
     let opt = Affine::new(nv, step.fixed.saturating_add(grads_after).saturating_add(step.otmp));
     out.push(opt.moment("optimizer".to_string()));
+
+    // A group with nothing on (neither checkpointed, fused, nor any block checkpointed) is not
+    // a state the runtime runs: the covering moment puts it above any budget.
+    for (g, grp) in step.groups.iter().enumerate() {
+        if grp.fused.is_none() {
+            continue;
+        }
+        let mut mo = Affine::new(nv, UNDECIDED);
+        mo.coef_add(zv(g), -UNDECIDED).coef_add(fv(g), -UNDECIDED);
+        for k in (grp.first..=grp.last).filter(|&k| b[k].candidate) {
+            mo.coef_add(k, -UNDECIDED);
+        }
+        out.push(mo.moment(format!("{}: checkpointed, fused or split (one must hold)", grp.name)));
+    }
+    out
+}
+
+/// The full choice (blocks, `z`, then `f`) for a runtime checkpoint mask over blocks and
+/// groups: `f_g` is on exactly when the runtime fuses the group.
+pub fn with_fused(x: &[bool], n: usize, groups: &[(usize, usize)]) -> Vec<bool> {
+    let mut out = x.to_vec();
+    for (g, &(first, last)) in groups.iter().enumerate() {
+        out.push(!x[n + g] && !x[first..=last].contains(&true));
+    }
     out
 }
 
@@ -365,10 +462,25 @@ pub fn step_seconds(step: &StepTerms, x: &[bool]) -> f64 {
             .sum::<f64>()
 }
 
-/// The solver's input for one configuration measured as `step`, over blocks then groups
-/// (unit order). Each group is exclusive with each of its candidate blocks.
+/// The solver's input for one configuration measured as `step`, over blocks, then groups
+/// checkpointed, then groups fused (unit order). Within a group, `z`, `f` and each candidate
+/// block exclude each other pairwise, except blocks among themselves.
 pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem {
     let n = step.blocks.len();
+    let m = step.groups.len();
+    let mut exclusive = Vec::new();
+    for (g, grp) in step.groups.iter().enumerate() {
+        let fused = grp.fused.is_some();
+        if fused {
+            exclusive.push(vec![n + g, n + m + g]);
+        }
+        for k in (grp.first..=grp.last).filter(|&k| step.blocks[k].candidate) {
+            exclusive.push(vec![n + g, k]);
+            if fused {
+                exclusive.push(vec![n + m + g, k]);
+            }
+        }
+    }
     ConfigProblem {
         key: key.into(),
         moments: moments(step),
@@ -378,43 +490,30 @@ pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem
             .iter()
             .map(|b| b.recompute_seconds)
             .chain(step.groups.iter().map(|g| g.recompute_seconds))
+            .chain(step.groups.iter().map(|_| 0.0))
             .collect(),
         candidate: step
             .blocks
             .iter()
             .map(|b| b.candidate)
             .chain(step.groups.iter().map(|_| true))
+            .chain(step.groups.iter().map(|g| g.fused.is_some()))
             .collect(),
-        exclusive: exclusive_pairs(n, &step.blocks, &step.groups),
+        exclusive,
     }
 }
 
-/// `[n + g, k]` for every group `g` and candidate block `k` inside it.
-pub fn exclusive_pairs(n: usize, blocks: &[BlockTerms], groups: &[GroupTerms]) -> Vec<Vec<usize>> {
-    groups
-        .iter()
-        .enumerate()
-        .flat_map(|(g, grp)| {
-            (grp.first..=grp.last)
-                .filter(|&k| blocks[k].candidate)
-                .map(move |k| vec![n + g, k])
-        })
-        .collect()
-}
-
-/// The order in which the solver should see the units (blocks `0..n`, then groups given by
-/// their `(first, last)`): execution order with each group's variable just before its first
-/// block. Entry `v` is the unit index of solver variable `v`.
+/// The order in which the solver should see the variables of a chain of `n` blocks with
+/// `groups` (`(first, last)` each; variables as in [`config_problem`]): execution order with
+/// each group's `z` and `f` just before its first block. Entry `v` is the unit index of
+/// solver variable `v`.
 pub fn solver_order(n: usize, groups: &[(usize, usize)]) -> Vec<usize> {
-    let mut order = Vec::with_capacity(n + groups.len());
+    let m = groups.len();
+    let mut order = Vec::with_capacity(n + 2 * m);
     for j in 0..n {
-        order.extend(
-            groups
-                .iter()
-                .enumerate()
-                .filter(|(_, &(first, _))| first == j)
-                .map(|(g, _)| n + g),
-        );
+        for (g, _) in groups.iter().enumerate().filter(|(_, &(first, _))| first == j) {
+            order.extend([n + g, n + m + g]);
+        }
         order.push(j);
     }
     order

@@ -143,6 +143,10 @@ pub struct GroupProfileJson {
     pub carry: i64,
     pub rec_transient: Vec<i64>,
     pub bwd_transient: Vec<i64>,
+    pub fused_kept: i64,
+    pub fused_fwd_transient: Vec<i64>,
+    pub fused_carry: i64,
+    pub fused_bwd_transient: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -291,6 +295,10 @@ pub fn profile_to_json(config: ConfigJson, p: &rt::ConfigProfile) -> ConfigProfi
                         carry: g.carry,
                         rec_transient: g.rec_transient.clone(),
                         bwd_transient: g.bwd_transient.clone(),
+                        fused_kept: g.fused_kept,
+                        fused_fwd_transient: g.fused_fwd_transient.clone(),
+                        fused_carry: g.fused_carry,
+                        fused_bwd_transient: g.fused_bwd_transient,
                     })
                     .collect(),
             })
@@ -350,6 +358,10 @@ pub fn profile_from_json(c: &ConfigProfileJson) -> rt::ConfigProfile {
                         carry: g.carry,
                         rec_transient: g.rec_transient.clone(),
                         bwd_transient: g.bwd_transient.clone(),
+                        fused_kept: g.fused_kept,
+                        fused_fwd_transient: g.fused_fwd_transient.clone(),
+                        fused_carry: g.fused_carry,
+                        fused_bwd_transient: g.fused_bwd_transient,
                     })
                     .collect(),
             })

@@ -8,7 +8,7 @@ use ckptune_runtime::Precision;
 use serde::{Deserialize, Serialize};
 
 use crate::budget::{format_size, parse_size};
-use crate::chain_model::{self, BlockTerms, GroupTerms, StepTerms};
+use crate::chain_model::{self, BlockTerms, FusedTerms, GroupTerms, StepTerms};
 use crate::cli::args::PlanArgs;
 use crate::cli::commands::measure_profile;
 use crate::cli::setup::{config_json, Setup};
@@ -159,6 +159,12 @@ pub fn problem(key: String, c: &ConfigProfileJson) -> ConfigProblem {
                     rec: grp.rec_transient.clone(),
                     bwd: grp.bwd_transient.clone(),
                     recompute_seconds: c.recompute_seconds.get(n + g).copied().unwrap_or(0.0),
+                    fused: Some(FusedTerms {
+                        kept: grp.fused_kept,
+                        fwd: grp.fused_fwd_transient.clone(),
+                        carry: grp.fused_carry,
+                        bwd: grp.fused_bwd_transient,
+                    }),
                 })
                 .collect(),
         };
@@ -227,7 +233,9 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
         .collect();
     let orders: Vec<Vec<usize>> = profile.configs.iter().map(unit_order).collect();
     let t0 = std::time::Instant::now();
-    let result = solver::solve(&problems, budget);
+    // Nested groups carry a covering moment of chain_model::UNDECIDED bytes that must stay
+    // above the budget; no real step comes near half of it (32 TiB).
+    let result = solver::solve(&problems, budget.min(chain_model::UNDECIDED / 2));
     let solve_seconds = t0.elapsed().as_secs_f64();
     let mut plan = match result {
         Ok(p) => p,
@@ -239,7 +247,8 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
             ..
         }) => {
             let k = problems.iter().position(|p| p.key == key).unwrap_or(0);
-            let x = chain_model::unpermute(&x, &orders[k]);
+            let mut x = chain_model::unpermute(&x, &orders[k]);
+            x.truncate(profile.model.blocks.len() + profile.model.groups.len());
             let regex = checkpoint_json(&profile.model, &x)?.regex;
             return Err(PlanFailure {
                 budget,
@@ -253,8 +262,11 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
         }
         Err(e) => return Err(e.into()),
     };
+    let units = profile.model.blocks.len() + profile.model.groups.len();
     for (sol, order) in plan.configs.iter_mut().zip(&orders) {
+        // Back in unit order, without the fused variables (the runtime fuses by itself).
         sol.x = chain_model::unpermute(&sol.x, order);
+        sol.x.truncate(units);
     }
     let mut alternatives = Vec::new();
     for (sol, c) in plan.configs.iter().zip(&profile.configs) {

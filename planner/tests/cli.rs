@@ -186,6 +186,7 @@ fn infeasible_budget_fails_with_the_smallest_peak_and_writes_nothing() {
 fn bad_input_exits_2_with_a_clear_message() {
     let not_chain = fixture("tiny_not_chain.torchscript.pt");
     let ordered_dict = fixture("ordered_dict.pt");
+    let torchscript = fixture("tiny_chain.torchscript.pt");
     for (args, needle) in [
         (vec!["plan", "--budget", "12 parsecs", "tiny-resnet"], "--budget"),
         (vec!["plan", "--budget", "1GiB", "resnet150"], "unknown model"),
@@ -212,6 +213,31 @@ fn bad_input_exits_2_with_a_clear_message() {
         (
             vec!["plan", "--budget", "1GiB", &ordered_dict],
             "torch.save(dict(model.state_dict()), path)",
+        ),
+        // A child of a layer at layer granularity: not a unit there, and the fix is named.
+        (
+            vec!["train", "tiny-bert", "--checkpoint", r"encoder\.layer\.0\.attention"],
+            "--granularity block or nested",
+        ),
+        // A layer and its child both.
+        (
+            vec![
+                "train",
+                "tiny-bert",
+                "--granularity",
+                "nested",
+                "--checkpoint",
+                r"encoder\.layer\.0(\.output)?",
+            ],
+            "never both checkpointed",
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", "tiny-bert", "--granularity", "sub"],
+            "expected layer, block or nested",
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", &torchscript, "--granularity", "nested"],
+            "top-level children",
         ),
     ] {
         let out = ckptune(&args);

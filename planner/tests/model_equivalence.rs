@@ -104,7 +104,8 @@ fn nested_plans_equal_runtime_prediction_and_hold() {
         assert_eq!(profile_from_json(&json), p, "JSON round trip");
         let prob = problem(cfg.label(), &json);
         let units = s.chain.units();
-        assert_eq!(prob.candidate.len(), units);
+        let groups: Vec<(usize, usize)> = s.chain.groups.iter().map(|g| (g.first, g.last)).collect();
+        assert_eq!(prob.candidate.len(), units + groups.len());
         let cands: Vec<usize> = (0..units).filter(|&i| s.chain.unit_candidate(i)).collect();
         let mut allowed = 0;
         for m in 0..1u32 << cands.len() {
@@ -116,8 +117,9 @@ fn nested_plans_equal_runtime_prediction_and_hold() {
                 continue;
             }
             allowed += 1;
+            let full = ckptune::chain_model::with_fused(&x, s.chain.blocks.len(), &groups);
             assert_eq!(
-                peak_of(&prob.moments, &x).unwrap().0,
+                peak_of(&prob.moments, &full).unwrap().0,
                 p.predict_peak(&x).0,
                 "{model} {x:?}"
             );

@@ -1,7 +1,7 @@
 //! Every solver engine against brute force over all subsets and configurations, on
 //! hundreds of random small instances, with exact `i64` checks of every returned choice.
 
-use ckptune::chain_model::{self, peak_of, BlockTerms, GroupTerms, Moment, StepTerms};
+use ckptune::chain_model::{self, peak_of, BlockTerms, FusedTerms, GroupTerms, Moment, StepTerms};
 use ckptune::solver::{
     min_peak_with, solve_with, synthetic_problem, ConfigProblem, ConfigSolution, Engine, SolveError, SolveOptions,
     SolveStatus,
@@ -135,7 +135,19 @@ fn add_groups(rng: &mut StdRng, step: &mut StepTerms, count: usize, scale: f64) 
             rec: (0..len).map(|_| v(0.0, 400.0)).collect(),
             bwd: (0..len).map(|_| v(0.0, 500.0)).collect(),
             recompute_seconds: 0.0,
+            fused: None,
         });
+        // Most groups also run fused (as every measured group does).
+        if rng.random_bool(0.8) {
+            let mut v = |lo: f64, hi: f64| (rng.random_range(lo..hi) * scale).round() as i64;
+            let fused = FusedTerms {
+                kept: out + v(0.0, 40.0),
+                fwd: (0..len).map(|_| v(0.0, 300.0)).collect(),
+                carry: v(0.0, 60.0),
+                bwd: v(0.0, 500.0),
+            };
+            step.groups.last_mut().expect("just pushed").fused = Some(fused);
+        }
     }
 }
 
@@ -143,51 +155,45 @@ fn add_groups(rng: &mut StdRng, step: &mut StepTerms, count: usize, scale: f64) 
 /// executes it: the reference for the affine encoding of groups.
 fn walked_peak(step: &StepTerms, x: &[bool]) -> i64 {
     let (b, n) = (&step.blocks, step.blocks.len());
-    let mut units: Vec<Result<usize, &GroupTerms>> = Vec::new();
+    // Ok(block), Err((group, fused)).
+    type Unit<'a> = Result<usize, (&'a GroupTerms, bool)>;
+    let mut units: Vec<Unit<'_>> = Vec::new();
     let mut j = 0;
     while j < n {
-        match step
-            .groups
-            .iter()
-            .enumerate()
-            .find(|(g, grp)| grp.first == j && x[n + g])
-        {
-            Some((_, grp)) => {
-                units.push(Err(grp));
+        let found = step.groups.iter().enumerate().find(|(_, grp)| grp.first == j);
+        match found {
+            Some((g, grp)) if x[n + g] => {
+                units.push(Err((grp, false)));
                 j = grp.last + 1;
             }
-            None => {
+            Some((_, grp)) if grp.fused.is_some() && !x[grp.first..=grp.last].contains(&true) => {
+                units.push(Err((grp, true)));
+                j = grp.last + 1;
+            }
+            _ => {
                 units.push(Ok(j));
                 j += 1;
             }
         }
     }
-    let kf = |u: &Result<usize, &GroupTerms>| match *u {
-        Ok(i) => {
-            if x[i] {
-                b[i].kng
-            } else {
-                b[i].kg
-            }
-        }
-        Err(g) => g.kept,
+    let group_kept = |g: &GroupTerms, fused: bool| if fused { g.fused.as_ref().unwrap().kept } else { g.kept };
+    let kf = |u: &Unit<'_>| match *u {
+        Ok(i) if x[i] => b[i].kng,
+        Ok(i) => b[i].kg,
+        Err((g, fused)) => group_kept(g, fused),
     };
-    let kb = |u: &Result<usize, &GroupTerms>| match *u {
-        Ok(i) => {
-            if x[i] {
-                b[i].out
-            } else {
-                b[i].krec
-            }
-        }
-        Err(g) => g.kept,
+    let kb = |u: &Unit<'_>| match *u {
+        Ok(i) if x[i] => b[i].out,
+        Ok(i) => b[i].krec,
+        Err((g, fused)) => group_kept(g, fused),
     };
     let mut peak = i64::MIN;
     let mut level = step.fixed;
     for u in &units {
         match *u {
             Ok(j) => peak = peak.max(level + if x[j] { b[j].fng } else { b[j].fg }),
-            Err(g) => peak = peak.max(level + g.fwd.iter().max().unwrap()),
+            Err((g, false)) => peak = peak.max(level + g.fwd.iter().max().unwrap()),
+            Err((g, true)) => peak = peak.max(level + g.fused.as_ref().unwrap().fwd.iter().max().unwrap()),
         }
         level += kf(u);
     }
@@ -206,9 +212,13 @@ fn walked_peak(step: &StepTerms, x: &[bool]) -> i64 {
                 peak = peak.max(base + b[j].krec + if x[j] { b[j].btb } else { b[j].bta });
                 grads += b[j].g;
             }
-            Err(g) => {
-                let base = below + grads + g.carry;
-                peak = peak.max(base + g.rec.iter().chain(&g.bwd).max().unwrap());
+            Err((g, fused)) => {
+                peak = peak.max(if fused {
+                    let f = g.fused.as_ref().unwrap();
+                    below + grads + f.carry + f.kept + f.bwd
+                } else {
+                    below + grads + g.carry + g.rec.iter().chain(&g.bwd).max().unwrap()
+                });
                 grads += b[g.first..=g.last].iter().map(|k| k.g).sum::<i64>();
             }
         }
@@ -233,13 +243,18 @@ fn nested_moments_equal_the_walked_step() {
         let groups: Vec<(usize, usize)> = step.groups.iter().map(|g| (g.first, g.last)).collect();
         let order = chain_model::solver_order(n, &groups);
         let q = chain_model::permute(p.clone(), &order);
-        let units = p.candidate.len();
+        // Runtime masks cover blocks and groups; the fused variables follow from them.
+        let units = n + step.groups.len();
         for mask in 0u32..1 << units {
-            let x: Vec<bool> = (0..units).map(|i| mask >> i & 1 == 1).collect();
-            if !allowed(&p, &x) {
+            let r: Vec<bool> = (0..units).map(|i| mask >> i & 1 == 1).collect();
+            let mut x = chain_model::with_fused(&r, n, &groups);
+            for (g, grp) in step.groups.iter().enumerate() {
+                x[units + g] &= grp.fused.is_some();
+            }
+            if !allowed(&p, &x) || !(0..n).all(|i| !x[i] || p.candidate[i]) {
                 continue;
             }
-            let want = walked_peak(&step, &x);
+            let want = walked_peak(&step, &r);
             assert_eq!(peak_of(&p.moments, &x).unwrap().0, want, "case {case} {x:?}");
             let y: Vec<bool> = order.iter().map(|&u| x[u]).collect();
             assert_eq!(chain_model::unpermute(&y, &order), x);
@@ -271,10 +286,11 @@ fn random_moments(rng: &mut StdRng, n: usize, scale: f64) -> Vec<Moment> {
 
 fn random_problem(rng: &mut StdRng, n: usize, c: usize) -> ConfigProblem {
     let scale = if rng.random_bool(0.5) { 1.0 } else { 1e9 };
-    // Nested candidates: n − k blocks and k groups, in the solver's order.
-    if n >= 3 && rng.random_bool(0.25) {
-        let k = if n >= 6 { 2 } else { 1 };
-        let mut step = random_chain(rng, n - k, scale);
+    // Nested candidates: n − 2k blocks and k groups (a checkpointed and a fused variable
+    // each), in the solver's order.
+    if n >= 4 && rng.random_bool(0.25) {
+        let k = if n >= 8 { 2 } else { 1 };
+        let mut step = random_chain(rng, n - 2 * k, scale);
         add_groups(rng, &mut step, k, scale);
         let quantized = rng.random_bool(0.3);
         let mut t = || {
@@ -292,7 +308,7 @@ fn random_problem(rng: &mut StdRng, n: usize, c: usize) -> ConfigProblem {
         }
         let groups: Vec<(usize, usize)> = step.groups.iter().map(|g| (g.first, g.last)).collect();
         let p = chain_model::config_problem(format!("config{c}"), &step);
-        let mut p = chain_model::permute(p, &chain_model::solver_order(n - k, &groups));
+        let mut p = chain_model::permute(p, &chain_model::solver_order(n - 2 * k, &groups));
         p.seconds_base = rng.random_range(1.0..2.0);
         return p;
     }
@@ -593,6 +609,12 @@ fn nested_layers(rng: &mut StdRng, layers: usize) -> (StepTerms, Vec<usize>) {
             first,
             last: first + 2,
             recompute_seconds: 0.55,
+            fused: Some(FusedTerms {
+                kept: layer.blocks.iter().map(|b| b.kg).sum::<i64>() - 1_000_000,
+                fwd: vec![g.fwd[0]; 3],
+                carry: g.carry,
+                bwd: g.bwd[0],
+            }),
             ..g.clone()
         });
     }
@@ -621,7 +643,14 @@ fn dp_solves_nested_chains() {
                 },
             )
             .unwrap();
-            let hi = peak_of(&p.moments, &vec![false; units]).unwrap().0;
+            // Nothing checkpointed: every group fused.
+            let n = step.blocks.len();
+            let m = step.groups.len();
+            let mut fused_all = vec![false; units];
+            for (v, &u) in order.iter().enumerate() {
+                fused_all[v] = u >= n + m;
+            }
+            let hi = peak_of(&p.moments, &fused_all).unwrap().0;
             for f in [0.0, 0.3, 0.7] {
                 let budget = lo.peak + ((hi - lo.peak) as f64 * f) as i64;
                 let dp = SolveOptions {
@@ -636,10 +665,9 @@ fn dp_solves_nested_chains() {
                     let r = brute(&p, budget);
                     assert!(close(s.seconds, r.best_time.unwrap()), "{layers} layers f {f}");
                 } else {
-                    let n = step.blocks.len();
                     let mut whole = vec![false; units];
                     for (v, &u) in order.iter().enumerate() {
-                        whole[v] = u >= n;
+                        whole[v] = (n..n + m).contains(&u);
                     }
                     let (peak, _) = peak_of(&p.moments, &whole).unwrap();
                     if peak <= budget {

@@ -35,6 +35,9 @@ use crate::optim::{self, Optimizer};
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BlockTrace {
     pub checkpointed: bool,
+    /// Ran inside a fused group (one graph, no boundaries inside; see [`Session::fuse_groups`]).
+    /// The group's single backward is recorded on its last block.
+    pub fused: bool,
     /// Level before the block's forward, highest level during it, level after it (autocast
     /// region closed).
     pub fwd_before: i64,
@@ -105,6 +108,11 @@ pub struct Session {
     /// Seed of the next batch, so runs are reproducible.
     next_seed: i64,
     probe: Probe,
+    /// Run a group none of whose units is checkpointed as one graph, without boundaries inside
+    /// (what PyTorch does with the module: an output no later op saved dies with the module's
+    /// locals, where a boundary would keep it until backward). On by default; the profiler
+    /// turns it off once to measure the blocks' own terms.
+    pub fuse_groups: bool,
 }
 
 /// Bytes of a tensor's elements.
@@ -150,6 +158,7 @@ impl Session {
             scale: 65536.0,
             next_seed: 0,
             probe,
+            fuse_groups: true,
         })
     }
 
@@ -252,6 +261,11 @@ impl Session {
             t.blocks = vec![BlockTrace::default(); n];
         }
         let segments = segments(&self.chain, checkpoint);
+        let fused = if self.fuse_groups {
+            fused_groups(&self.chain, checkpoint)
+        } else {
+            vec![None; n]
+        };
         // Inside a segment: the block after which each output is dead during the no-grad
         // forward (its last reader within the segment).
         let mut last_reader: Vec<usize> = (0..n).map(|k| k + 1).collect();
@@ -271,11 +285,35 @@ impl Session {
         for i in 0..n {
             let block = &self.chain.blocks[i];
             let seg = segments[i];
-            let x = self.block_input(i, &batch.input, &outputs, &mut leaves);
-            let skips: Vec<Tensor> = block.skips.iter().map(|&s| leaf(&leaves, s)).collect();
+            // Inside a fused group, blocks read the raw outputs of the group's earlier blocks
+            // (one graph); everything else reads leaves.
+            let inner = |s: usize| fused[i].is_some_and(|(first, _)| s >= first);
+            let x = if i > 0 && inner(i - 1) {
+                outputs[i - 1]
+                    .as_ref()
+                    .expect("a fused block's input is alive")
+                    .shallow_clone()
+            } else {
+                self.block_input(i, &batch.input, &outputs, &mut leaves)
+            };
+            let skips: Vec<Tensor> = block
+                .skips
+                .iter()
+                .map(|&s| {
+                    if inner(s) {
+                        outputs[s]
+                            .as_ref()
+                            .expect("a fused block's skip is alive")
+                            .shallow_clone()
+                    } else {
+                        leaf(&leaves, s)
+                    }
+                })
+                .collect();
             let t0 = Instant::now();
             if let Some(t) = tr.as_deref_mut() {
                 t.blocks[i].checkpointed = seg.is_some();
+                t.blocks[i].fused = fused[i].is_some();
                 t.blocks[i].fwd_before = self.probe.current();
                 self.probe.reset_window();
             }
@@ -293,7 +331,9 @@ impl Session {
             };
             drop((x, skips));
             outputs[i] = Some(out);
-            if let Some((first, last)) = seg {
+            // Inside a checkpointed or fused run, an output dies after its last reader there
+            // (the graph keeps whatever it saved).
+            if let Some((first, last)) = seg.or(fused[i]) {
                 for k in first..last {
                     if last_reader[k] == i {
                         outputs[k] = None;
@@ -345,7 +385,12 @@ impl Session {
         }
 
         // ---- backward, last block first -------------------------------------------------------
-        for i in (0..n).rev() {
+        let mut next = n;
+        while next > 0 {
+            let i = next - 1;
+            // A fused group is one VJP, from its last block's output to its input leaf.
+            let start = fused[i].map_or(i, |(first, _)| first);
+            next = start;
             if let Some((first, last)) = segments[i].filter(|&(_, last)| last == i) {
                 // The stored no-grad output is dead: the recompute produces it again.
                 outputs[i] = None;
@@ -411,7 +456,7 @@ impl Session {
             }
             // Every reader of the input has now run its backward: its leaf's gradient is
             // complete and is the previous block's output gradient.
-            grad = match (i > 0).then(|| leaves[i - 1].take()).flatten() {
+            grad = match (start > 0).then(|| leaves[start - 1].take()).flatten() {
                 Some(x) => {
                     let g = x.grad();
                     drop(x);
@@ -556,6 +601,21 @@ impl Session {
             .map(|(n, t)| (n, t.grad().copy()))
             .collect()
     }
+}
+
+/// Per block: the group `(first, last)` it runs fused in, if any: a group that is not
+/// checkpointed and none of whose blocks is.
+fn fused_groups(chain: &Chain, checkpoint: &[bool]) -> Vec<Option<(usize, usize)>> {
+    let n = chain.blocks.len();
+    let mut out = vec![None; n];
+    for (g, grp) in chain.groups.iter().enumerate() {
+        if !checkpoint[n + g] && !checkpoint[grp.first..=grp.last].contains(&true) {
+            for s in &mut out[grp.first..=grp.last] {
+                *s = Some((grp.first, grp.last));
+            }
+        }
+    }
+    out
 }
 
 /// Per block: the checkpointed segment `(first, last)` it belongs to, if any.

@@ -67,6 +67,13 @@ pub struct GroupProfile {
     /// Per block: recompute peak and VJP peak above the group's backward base.
     pub rec_transient: Vec<i64>,
     pub bwd_transient: Vec<i64>,
+    /// Run fused (nothing in it checkpointed: one graph, as PyTorch runs the module): kept
+    /// after its forward, forward peak per block above its start, carry, and the peak of its
+    /// single VJP above the VJP's start.
+    pub fused_kept: i64,
+    pub fused_fwd_transient: Vec<i64>,
+    pub fused_carry: i64,
+    pub fused_bwd_transient: i64,
 }
 
 /// The terms of one micro-step regime: the first micro-step of an optimizer step allocates
@@ -190,11 +197,14 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
     let chain = &session.chain;
     let none = vec![false; chain.units()];
     let all: Vec<bool> = (0..chain.units()).map(|i| i < n && chain.unit_candidate(i)).collect();
-    // Step C, only for chains with groups: every group checkpointed as a whole.
+    // Chains with groups: step C checkpoints every group whole, and step A (nothing
+    // checkpointed) runs them fused as in production, so one more step, instrumented once
+    // and with fusing off, measures the blocks' own plain terms (A′).
     let grouped: Option<Vec<bool>> = (!chain.groups.is_empty()).then(|| (0..chain.units()).map(|i| i >= n).collect());
     let kinds = 2 + usize::from(grouped.is_some());
+    let split_steps = usize::from(grouped.is_some());
     let pb = progress_bar(
-        (kinds + kinds * repeats) as u64,
+        (kinds + kinds * repeats + split_steps) as u64,
         &format!("profiling {}", session.cfg.label()),
         settings.quiet,
     );
@@ -252,21 +262,35 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
             }
         }
     }
+    // A′: the blocks' plain terms, with boundaries inside groups.
+    let trace_split = match &grouped {
+        None => None,
+        Some(_) => {
+            let mut t = StepTrace::default();
+            session.fuse_groups = false;
+            let r = session.step(&none, Some(&mut t));
+            session.fuse_groups = true;
+            r?;
+            pb.inc(1);
+            Some(t)
+        }
+    };
     pb.finish_and_clear();
 
-    let mut regimes = vec![regime(
-        "first micro-step",
-        &trace_a.micro[0],
-        &trace_b.micro[0],
-        trace_c.micro.first(),
-        &session.chain,
-    )?];
-    if trace_a.micro.len() > 1 {
+    // With groups, A is the fused step and A′ gives the blocks' plain terms.
+    let plain = trace_split.as_ref().unwrap_or(&trace_a);
+    let fused = trace_split.as_ref().map(|_| &trace_a);
+    let mut regimes = Vec::new();
+    for (k, label) in ["first micro-step", "accumulating micro-step"]
+        .into_iter()
+        .enumerate()
+        .take(trace_a.micro.len().min(2))
+    {
         regimes.push(regime(
-            "accumulating micro-step",
-            &trace_a.micro[1],
-            &trace_b.micro[1],
-            trace_c.micro.get(1),
+            label,
+            &plain.micro[k],
+            &trace_b.micro[k],
+            trace_c.micro.get(k).zip(fused.map(|f| &f.micro[k])),
             &session.chain,
         )?);
     }
@@ -306,7 +330,7 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
         seconds_none: Stats::of(&secs_a),
         seconds_all: Stats::of(&secs_b),
         recompute_seconds,
-        steps_run: kinds + kinds * repeats,
+        steps_run: kinds + kinds * repeats + split_steps,
         wall_seconds: t0.elapsed().as_secs_f64(),
     })
 }
@@ -320,16 +344,17 @@ fn batch_bytes(session: &mut Session) -> i64 {
     n
 }
 
-/// Terms of one regime from the instrumented micro-steps of steps A (plain), B (all
-/// candidate blocks checkpointed) and, for chains with groups, C (all groups checkpointed).
+/// Terms of one regime from the instrumented micro-steps of steps A (plain blocks), B (all
+/// candidate blocks checkpointed) and, for chains with groups, C (all groups checkpointed)
+/// with D (all groups fused).
 fn regime(
     label: &str,
     a: &MicroTrace,
     b: &MicroTrace,
-    c: Option<&MicroTrace>,
+    cd: Option<(&MicroTrace, &MicroTrace)>,
     chain: &ckptune_models::Chain,
 ) -> Result<RegimeProfile> {
-    if a.start != b.start || c.is_some_and(|c| c.start != a.start) {
+    if a.start != b.start || cd.is_some_and(|(c, d)| c.start != a.start || d.start != a.start) {
         return Err(RuntimeError::Invalid(format!(
             "profile of {}: the {label} started at {} bytes with nothing checkpointed but at {} with \
              everything checkpointed; the step is not in a steady state (another thread allocating?)",
@@ -374,12 +399,16 @@ fn regime(
             rec_seconds: tb.rec_seconds,
         });
     }
-    let groups = match c {
+    let groups = match cd {
         None => Vec::new(),
-        Some(c) => chain
+        Some((c, d)) => chain
             .groups
             .iter()
             .map(|g| {
+                let fb = &d.blocks[g.first..=g.last];
+                let fstart = fb[0].fwd_before;
+                let fused_kept = fb[fb.len() - 1].fwd_after - fstart;
+                let vjp = &fb[fb.len() - 1];
                 let blocks = &c.blocks[g.first..=g.last];
                 // Level at the group's forward start: what earlier blocks keep. The same bytes
                 // are below the group in backward, so its base there is that plus the carry.
@@ -394,6 +423,11 @@ fn regime(
                     carry: base - start,
                     rec_transient: blocks.iter().map(|t| t.rec_peak - base).collect(),
                     bwd_transient: blocks.iter().map(|t| t.bwd_peak - base).collect(),
+                    fused_kept,
+                    fused_fwd_transient: fb.iter().map(|t| t.fwd_peak - fstart).collect(),
+                    // Level at the VJP's start, less what earlier blocks and the group keep.
+                    fused_carry: vjp.bwd_before - fstart - fused_kept,
+                    fused_bwd_transient: vjp.bwd_peak - vjp.bwd_before,
                 }
             })
             .collect(),
@@ -417,51 +451,60 @@ impl ConfigProfile {
     /// `x` covers the blocks, then the groups ([`ckptune_models::Chain::units`]); a shorter
     /// mask leaves the groups off. A checkpointed group replaces its blocks' terms by its own.
     pub fn predict_moments(&self, x: &[bool]) -> Vec<(String, i64)> {
+        /// How a run of the chain executes.
+        enum Unit<'g> {
+            Block(usize),
+            Checkpointed(&'g GroupProfile),
+            Fused(&'g GroupProfile),
+        }
         let mut out = Vec::new();
         for r in &self.regimes {
             let n = r.blocks.len();
-            // Units in order: a plain or checkpointed block, or a checkpointed group.
-            let mut units: Vec<Result<usize, &GroupProfile>> = Vec::new();
+            let on = |i: usize| x.get(i) == Some(&true);
+            let mut units: Vec<Unit<'_>> = Vec::new();
             let mut j = 0;
             while j < n {
-                let on = r
-                    .groups
-                    .iter()
-                    .enumerate()
-                    .find(|(g, grp)| grp.first == j && x.get(n + g) == Some(&true));
-                match on {
-                    Some((_, grp)) => {
-                        units.push(Err(grp));
+                let found = r.groups.iter().enumerate().find(|(_, grp)| grp.first == j);
+                match found {
+                    Some((g, grp)) if on(n + g) => {
+                        units.push(Unit::Checkpointed(grp));
                         j = grp.last + 1;
                     }
-                    None => {
-                        units.push(Ok(j));
+                    Some((_, grp)) if !(grp.first..=grp.last).any(on) => {
+                        units.push(Unit::Fused(grp));
+                        j = grp.last + 1;
+                    }
+                    _ => {
+                        units.push(Unit::Block(j));
                         j += 1;
                     }
                 }
             }
-            let kept = |u: &Result<usize, &GroupProfile>| match *u {
-                Ok(i) if x[i] => r.blocks[i].kept_nograd,
-                Ok(i) => r.blocks[i].kept_grad,
-                Err(g) => g.kept,
+            let kept = |u: &Unit<'_>| match *u {
+                Unit::Block(i) if on(i) => r.blocks[i].kept_nograd,
+                Unit::Block(i) => r.blocks[i].kept_grad,
+                Unit::Checkpointed(g) => g.kept,
+                Unit::Fused(g) => g.fused_kept,
             };
             let mut level = r.fixed;
             for u in &units {
-                match *u {
-                    Ok(j) => {
+                let (first, fwd) = match *u {
+                    Unit::Block(j) => {
                         let b = &r.blocks[j];
-                        let t = if x[j] {
+                        let t = if on(j) {
                             b.fwd_transient_nograd
                         } else {
                             b.fwd_transient_grad
                         };
                         out.push((format!("{}: forward {}", r.label, b.name), level + t));
+                        level += kept(u);
+                        continue;
                     }
-                    Err(g) => {
-                        for (k, t) in (g.first..=g.last).zip(&g.fwd_transient) {
-                            out.push((format!("{}: forward {}", r.label, r.blocks[k].name), level + t));
-                        }
-                    }
+                    Unit::Checkpointed(g) => (g.first, &g.fwd_transient),
+                    Unit::Fused(g) => (g.first, &g.fused_fwd_transient),
+                };
+                for (k, t) in (first..).zip(fwd) {
+                    out.push((format!("{}: forward {}", r.label, r.blocks[k].name), level + t));
                 }
                 level += kept(u);
             }
@@ -470,10 +513,10 @@ impl ConfigProfile {
             for u in units.iter().rev() {
                 below -= kept(u);
                 match *u {
-                    Ok(j) => {
+                    Unit::Block(j) => {
                         let b = &r.blocks[j];
                         let base = below + b.carry;
-                        if x[j] {
+                        if on(j) {
                             out.push((format!("{}: recompute {}", r.label, b.name), base + b.rec_transient));
                             out.push((
                                 format!("{}: backward {}", r.label, b.name),
@@ -486,7 +529,7 @@ impl ConfigProfile {
                             ));
                         }
                     }
-                    Err(g) => {
+                    Unit::Checkpointed(g) => {
                         let base = below + g.carry;
                         for k in (g.first..=g.last).rev() {
                             let name = &r.blocks[k].name;
@@ -495,6 +538,10 @@ impl ConfigProfile {
                             out.push((format!("{}: backward {name}", r.label), base + g.bwd_transient[q]));
                         }
                     }
+                    Unit::Fused(g) => out.push((
+                        format!("{}: backward {}", r.label, g.name),
+                        below + g.fused_carry + g.fused_kept + g.fused_bwd_transient,
+                    )),
                 }
             }
         }
@@ -536,7 +583,14 @@ pub fn measured_moments(trace: &StepTrace, chain: &ckptune_models::Chain, regime
             out.push((format!("{label}: forward {}", cb.name), b.fwd_peak));
         }
         out.push((format!("{label}: loss"), m.loss_peak));
-        for (b, cb) in m.blocks.iter().zip(&chain.blocks).rev() {
+        for (j, (b, cb)) in m.blocks.iter().zip(&chain.blocks).enumerate().rev() {
+            if b.fused {
+                // A fused group has one backward, recorded on its last block.
+                if let Some(g) = chain.groups.iter().find(|g| g.last == j) {
+                    out.push((format!("{label}: backward {}", g.name), b.bwd_peak));
+                }
+                continue;
+            }
             if b.checkpointed {
                 out.push((format!("{label}: recompute {}", cb.name), b.rec_peak));
             }

@@ -56,6 +56,12 @@ fn models(json: bool) -> Result<ExitCode> {
             shown
         );
     }
+    println!(
+        "\nCandidates above are layers (--granularity layer, the default). --granularity nested adds each \
+         layer's children,\nany of which a plan may checkpoint instead of the whole layer: residual blocks \
+         (layer3.17), BERT's\nencoder.layer.N.attention / .intermediate / .output, GPT-2's h.N.attn / h.N.mlp; \
+         --granularity block offers only the children."
+    );
     Ok(ExitCode::SUCCESS)
 }
 
