@@ -29,7 +29,17 @@ def main(out, layer_profile):
                  f"children); a plan checkpoints a layer or any of its children, never both. The layer plans come from "
                  f"`{layer_profile}` ({len(layer['model']['blocks'])} blocks), measured separately with the same shape.")
     lines.append("")
-    lines.append("What one layer's candidates save and cost (nested profile, first micro-step):")
+    lines.append("Nothing checkpointed, the layers of the nested chain run fused (one graph each, as PyTorch runs "
+                 "them), so it peaks where the layer chain does:")
+    lines.append("")
+    lines.append("| config | peak, nothing checkpointed (layer chain) | peak, nothing checkpointed (nested chain) |")
+    lines.append("|---|---|---|")
+    for c, l in zip(prof["configs"], layer["configs"]):
+        lines.append(f"| {c['config']['precision']} | {l['peak_none']:,} | {c['peak_none']:,} |")
+    lines.append("")
+    lines.append("What one layer's candidates save and cost (nested profile, first micro-step). A child saves what it "
+                 "keeps plain minus checkpointed, with the layer split at its children; the whole layer saves what "
+                 "it keeps run fused minus checkpointed:")
     lines.append("")
     lines.append("| config | candidate | saves | recompute s |")
     lines.append("|---|---|---|---|")
@@ -42,8 +52,7 @@ def main(out, layer_profile):
                 lines.append(f"| {k['precision']} | {b['name']} | {size(b['kept_grad'] - b['kept_nograd'])} | "
                              f"{c['recompute_seconds'][i]:.3f} |")
         g = r["groups"][0]
-        inner = sum(b["kept_grad"] for b in r["blocks"][g["first"]:g["last"] + 1])
-        lines.append(f"| {k['precision']} | {g['name']} (whole layer) | {size(inner - g['kept'])} | "
+        lines.append(f"| {k['precision']} | {g['name']} (whole layer) | {size(g['fused_kept'] - g['kept'])} | "
                      f"{c['recompute_seconds'][n]:.3f} |")
     lines.append("")
     lines.append("Plans at the same budgets, each verified by a run (step times are medians of 3 steps; "
@@ -69,6 +78,31 @@ def main(out, layer_profile):
                          f"{plan['predicted']['peak_bytes']:,} | {measured_peak} | "
                          f"{plan['predicted']['step_seconds']:.3f} | {measured_step} |")
     lines.append("")
+    sweep = load(os.path.join(out, "sweep.json"))
+    if sweep:
+        points = {tuple(sorted(p["modules"])): p for c in sweep["configs"] for p in c["points"]}
+        base = points.get(())
+        lines.append("The bf16 plans' checkpoint sets measured back to back in one run on the nested chain (a layer "
+                     f"plan's regex checkpoints whole layers there), {sweep['repeats']} timed steps each, against "
+                     "the nested profile's prediction:")
+        lines.append("")
+        lines.append("| budget | candidates | measured peak | predicted peak | measured step s (median) | slowdown vs nothing checkpointed, measured | predicted |")
+        lines.append("|---|---|---|---|---|---|---|")
+        t0 = base["step_seconds"]["median"] if base else None
+        p0 = base["predicted_step_seconds"] if base else None
+        for b in budgets:
+            for gran in ("layer", "nested"):
+                plan = load(os.path.join(out, "plans", f"{gran}-{b}.json"))
+                if plan is None or plan["config"]["precision"] != "bf16":
+                    continue
+                pt = points.get(tuple(sorted(plan["checkpoint"]["modules"])))
+                if pt is None:
+                    continue
+                slow = f"{pt['step_seconds']['median'] / t0 - 1:+.1%}" if t0 else "—"
+                pslow = f"{pt['predicted_step_seconds'] / p0 - 1:+.1%}" if p0 else "—"
+                lines.append(f"| {size(b)} | {gran} | {pt['peak_bytes']:,} | {pt['predicted_peak_bytes']:,} | "
+                             f"{pt['step_seconds']['median']:.3f} | {slow} | {pslow} |")
+        lines.append("")
     for png in sorted(glob.glob(os.path.join(out, "plots", "profile", "*candidates.png"))):
         rel = os.path.relpath(png, out)
         lines.append(f"![{os.path.basename(png)}]({rel})")

@@ -32,7 +32,8 @@ def main(out):
     lines.append(f"Machine: {cpu_model()}, {os.cpu_count()} cores. Memory is exact CPU tensor bytes from the counting allocator.")
     lines.append("")
     for model_dir in sorted(d for d in glob.glob(os.path.join(out, "*")) if os.path.isdir(d)):
-        if not os.path.exists(os.path.join(model_dir, "profile.json")):
+        # results/nested has its own README (scripts/results_nested).
+        if os.path.basename(model_dir) == "nested" or not os.path.exists(os.path.join(model_dir, "profile.json")):
             continue
         prof = json.load(open(os.path.join(model_dir, "profile.json")))
         model = prof["model"]["name"]
@@ -84,6 +85,12 @@ def main(out):
                              f"{v['peak_error_bytes']} B | {v['predicted']['step_seconds']:.3f} | {v['measured']['step_seconds']['median']:.3f} | "
                              f"{100 * v['step_error_relative']:+.1f}% | {'yes' if v['within_budget'] else 'NO'} |")
             lines.append("")
+    if os.path.exists(os.path.join(out, "nested", "README.md")):
+        lines.append("## Nested candidates")
+        lines.append("")
+        lines.append("bert-base-uncased at `--granularity nested` (a layer or any of its children): "
+                     "[nested/README.md](nested/README.md), by `scripts/results_nested`.")
+        lines.append("")
     print("\n".join(lines))
 
 

@@ -287,13 +287,15 @@ fn training_with_and_without_checkpointing_gives_the_same_losses() {
 #[test]
 fn sweep_predictions_are_byte_exact_on_every_subset() {
     let dir = tempfile::tempdir().unwrap();
-    for model in [
-        ["tiny-bert", "--seq"],
-        ["tiny-gpt2", "--seq"],
-        ["tiny-resnet", "--image"],
+    for (model, granularity) in [
+        (["tiny-bert", "--seq"], "layer"),
+        (["tiny-gpt2", "--seq"], "layer"),
+        (["tiny-resnet", "--image"], "layer"),
+        // Every allowed choice of layers and their children (324), through the binary.
+        (["tiny-bert", "--seq"], "nested"),
     ] {
         let size = if model[0] == "tiny-resnet" { "32" } else { "16" };
-        let stem = Path::new(model[0]).file_name().unwrap().to_string_lossy().into_owned();
+        let stem = format!("{}-{granularity}", model[0]);
         let profile = dir.path().join(format!("{stem}-profile.json"));
         let sweep = dir.path().join(format!("{stem}-sweep.json"));
         for precision in ["fp32", "bf16"] {
@@ -306,6 +308,8 @@ fn sweep_predictions_are_byte_exact_on_every_subset() {
                 "2",
                 "--precision",
                 precision,
+                "--granularity",
+                granularity,
             ];
             args.extend(["-o", profile.to_str().unwrap()]);
             args.extend(COMMON);
@@ -319,6 +323,8 @@ fn sweep_predictions_are_byte_exact_on_every_subset() {
                 "2",
                 "--precision",
                 precision,
+                "--granularity",
+                granularity,
                 "--all-subsets",
             ];
             args.extend([
@@ -334,7 +340,8 @@ fn sweep_predictions_are_byte_exact_on_every_subset() {
             let s = read(&sweep);
             assert_eq!(s["format"], "ckptune.sweep/1");
             let points = s["configs"][0]["points"].as_array().unwrap();
-            assert!(points.len() >= 8, "{}: all subsets", model[0]);
+            let want = if granularity == "nested" { 324 } else { 8 };
+            assert!(points.len() >= want, "{}: all subsets", model[0]);
             for p in points {
                 assert_eq!(
                     p["peak_bytes"], p["predicted_peak_bytes"],

@@ -225,18 +225,15 @@ fn print_profile(p: &ProfileJson) {
             );
         }
         let n = c.regimes[0].blocks.len();
+        // Groups: kept when run plain (fused, one graph) and when checkpointed whole.
         for (g, grp) in c.regimes[0].groups.iter().enumerate() {
-            let inner: i64 = c.regimes[0].blocks[grp.first..=grp.last]
-                .iter()
-                .map(|b| b.kept_grad)
-                .sum();
             let rec = c.recompute_seconds.get(n + g).copied().unwrap_or(0.0);
             println!(
                 "  {:<28} {:>12} {:>12} {:>12} {:>8.1}ms",
                 grp.name,
-                format_size(inner.max(0) as u64),
+                format_size(grp.fused_kept.max(0) as u64),
                 format_size(grp.kept.max(0) as u64),
-                format_size((inner - grp.kept).max(0) as u64),
+                format_size((grp.fused_kept - grp.kept).max(0) as u64),
                 rec * 1e3
             );
         }

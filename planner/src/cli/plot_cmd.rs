@@ -237,17 +237,20 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
             // The profile keeps one recompute time per candidate, not its spread.
             cost_range_pct: None,
         };
-        let mut bars: Vec<CandidateBar> = regime
-            .blocks
-            .iter()
-            .zip(&c.recompute_seconds)
-            .filter(|(b, _)| b.candidate)
-            .map(|(b, &rec)| bar(&b.name, b.kept_grad - b.kept_nograd, rec))
+        // In execution order, a group just before its blocks. A block saves what it keeps plain
+        // minus checkpointed; a group what it keeps run plain (fused) minus checkpointed.
+        let spans: Vec<(usize, usize)> = regime.groups.iter().map(|g| (g.first, g.last)).collect();
+        let bars: Vec<CandidateBar> = crate::chain_model::solver_order(n, &spans)
+            .into_iter()
+            .filter_map(|u| match regime.blocks.get(u) {
+                Some(b) if b.candidate => Some(bar(&b.name, b.kept_grad - b.kept_nograd, c.recompute_seconds[u])),
+                Some(_) => None,
+                None => regime
+                    .groups
+                    .get(u - n)
+                    .map(|g| bar(&g.name, g.fused_kept - g.kept, c.recompute_seconds[u])),
+            })
             .collect();
-        for (g, grp) in regime.groups.iter().enumerate() {
-            let inner: i64 = regime.blocks[grp.first..=grp.last].iter().map(|b| b.kept_grad).sum();
-            bars.push(bar(&grp.name, inner - grp.kept, c.recompute_seconds[n + g]));
-        }
 
         let rt = formats::profile_from_json(c);
         let none = vec![false; units];
