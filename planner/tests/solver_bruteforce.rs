@@ -678,3 +678,59 @@ fn dp_solves_nested_chains() {
         }
     }
 }
+
+/// A stage of 36 blocks nested in one group (ResNet-152's `layer3`): the DP keeps the
+/// group's 73 exclusive pairs in two bits, so it solves it itself, and exactly as the
+/// exhaustive engines do on a shorter stage.
+#[test]
+fn dp_solves_a_stage_of_36_nested_blocks() {
+    let mut rng = StdRng::seed_from_u64(0x36);
+    for blocks in [6, 38] {
+        let mut step = random_chain(&mut rng, blocks, 1e6);
+        add_groups(&mut rng, &mut step, 1, 1e6);
+        let g = &mut step.groups[0];
+        g.first = 1;
+        g.last = blocks - 2;
+        let len = g.last - g.first + 1;
+        g.fwd.resize(len, g.fwd[0]);
+        g.rec.resize(len, g.rec[0]);
+        g.bwd.resize(len, g.bwd[0]);
+        let f = g.fused.get_or_insert(FusedTerms {
+            kept: 0,
+            fwd: vec![],
+            carry: 0,
+            bwd: 0,
+        });
+        f.fwd.resize(len, 1_000_000);
+        f.kept = step.blocks[1..blocks - 1].iter().map(|b| b.kg).sum::<i64>() / 2;
+        for (i, b) in step.blocks.iter_mut().enumerate() {
+            b.recompute_seconds = 0.01 * (1 + i % 5) as f64;
+        }
+        step.groups[0].recompute_seconds = 0.5;
+        let groups: Vec<(usize, usize)> = step.groups.iter().map(|g| (g.first, g.last)).collect();
+        let order = chain_model::solver_order(blocks, &groups);
+        let p = chain_model::permute(chain_model::config_problem("stage", &step), &order);
+        let dp = SolveOptions {
+            engine: Engine::Dp,
+            ..Default::default()
+        };
+        let lo = min_peak_with(&p, dp).unwrap();
+        let mut fused = vec![false; p.candidate.len()];
+        fused[order.iter().position(|&u| u == blocks + 1).unwrap()] = true;
+        let hi = peak_of(&p.moments, &fused).unwrap().0;
+        for f in [0.0, 0.25, 0.5, 0.75] {
+            let budget = lo.peak + ((hi - lo.peak) as f64 * f) as i64;
+            let s = solve_with(std::slice::from_ref(&p), budget, dp).unwrap();
+            check_solution(&p, s.chosen(), "stage");
+            assert!(s.chosen().peak <= budget);
+            if blocks <= 8 {
+                let e = SolveOptions {
+                    engine: Engine::Enumerate,
+                    ..Default::default()
+                };
+                let r = solve_with(std::slice::from_ref(&p), budget, e).unwrap();
+                assert!(close(s.chosen().seconds, r.chosen().seconds), "{blocks} blocks f {f}");
+            }
+        }
+    }
+}

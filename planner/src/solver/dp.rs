@@ -101,25 +101,49 @@ pub(super) fn solve(red: &Reduced, t: &[f64], limit: i64, minimize_time: bool) -
         });
     }
 
-    // Exclusive groups as bits of a u64: a bit is reused once its group has closed (interval
-    // colouring by first member), so only groups open at the same block count against
-    // MAX_GROUPS — nested candidates give thousands of pairs, but few overlap.
-    let span: Vec<(usize, usize)> = red
-        .groups
-        .iter()
-        .map(|m| {
-            (
-                m.iter().copied().min().unwrap_or(0),
-                m.iter().copied().max().unwrap_or(0),
-            )
-        })
-        .collect();
-    let mut by_first: Vec<usize> = (0..span.len()).collect();
-    by_first.sort_by_key(|&g| span[g]);
+    // Exclusive groups as bits of a u64. Only later members need to see that an earlier one
+    // was taken, so a member sets the bit unless it is its group's last, and checks it unless
+    // it is the first. Pairs with the same first member (a nested candidate and each of its
+    // blocks) share one bit, set by that member and checked by the others: a layer of 36
+    // blocks is two bits, not 72. A bit is reused once its groups have closed (interval
+    // colouring by first member), so only bits open at the same block count against
+    // MAX_GROUPS.
+    struct Bit {
+        first: usize,
+        last: usize,
+        setters: Vec<usize>,
+        checkers: Vec<usize>,
+    }
+    let mut bits: Vec<Bit> = Vec::new();
+    let mut star: BTreeMap<usize, usize> = BTreeMap::new();
+    for members in &red.groups {
+        let mut m = members.clone();
+        m.sort_unstable();
+        m.dedup();
+        let (Some(&first), Some(&last)) = (m.first(), m.last()) else {
+            continue;
+        };
+        if m.len() == 2 {
+            if let Some(&b) = star.get(&first) {
+                bits[b].last = bits[b].last.max(last);
+                bits[b].checkers.push(last);
+                continue;
+            }
+            star.insert(first, bits.len());
+        }
+        bits.push(Bit {
+            first,
+            last,
+            setters: m[..m.len() - 1].to_vec(),
+            checkers: m[1..].to_vec(),
+        });
+    }
+    let mut by_first: Vec<usize> = (0..bits.len()).collect();
+    by_first.sort_by_key(|&g| (bits[g].first, bits[g].last));
     let mut slot_end: Vec<usize> = Vec::new();
-    let mut slot = vec![0usize; span.len()];
+    let mut slot = vec![0usize; bits.len()];
     for g in by_first {
-        let (first, last) = span[g];
+        let (first, last) = (bits[g].first, bits[g].last);
         match slot_end.iter().position(|&e| e < first) {
             Some(s) => {
                 slot[g] = s;
@@ -132,12 +156,17 @@ pub(super) fn solve(red: &Reduced, t: &[f64], limit: i64, minimize_time: bool) -
             None => return Outcome::TooLarge(format!("more than {MAX_GROUPS} exclusive groups open at block {first}")),
         }
     }
-    let mut groups_at: Vec<u64> = vec![0; k];
-    for (g, members) in red.groups.iter().enumerate() {
-        for &q in members {
-            groups_at[q] |= 1 << slot[g];
+    let mut set_at: Vec<u64> = vec![0; k];
+    let mut check_at: Vec<u64> = vec![0; k];
+    for (g, bit) in bits.iter().enumerate() {
+        for &q in &bit.setters {
+            set_at[q] |= 1 << slot[g];
+        }
+        for &q in &bit.checkers {
+            check_at[q] |= 1 << slot[g];
         }
     }
+    let span: Vec<(usize, usize)> = bits.iter().map(|b| (b.first, b.last)).collect();
 
     // Current front: per state its sums (stride d), group mask, time and history index.
     let mut d = classes.len();
@@ -207,7 +236,7 @@ pub(super) fn solve(red: &Reduced, t: &[f64], limit: i64, minimize_time: bool) -
         for s in 0..cost.len() {
             let sv = &sig[s * d..(s + 1) * d];
             'y: for y in [false, true] {
-                if y && mask[s] & groups_at[q] != 0 {
+                if y && mask[s] & check_at[q] != 0 {
                     continue;
                 }
                 let yi = usize::from(y);
@@ -223,7 +252,7 @@ pub(super) fn solve(red: &Reduced, t: &[f64], limit: i64, minimize_time: bool) -
                     }
                 }
                 c_sig.extend_from_slice(&buf);
-                c_mask.push((mask[s] | if y { groups_at[q] } else { 0 }) & open_after);
+                c_mask.push((mask[s] | if y { set_at[q] } else { 0 }) & open_after);
                 c_cost.push(if minimize_time && y { cost[s] + t[q] } else { cost[s] });
                 c_hist.push((hist[s], y));
             }
