@@ -91,6 +91,9 @@ pub struct DeviceJson {
     pub device: String,
     pub threads: i32,
     pub memory: String,
+    /// The CPU (model name and vector extensions): on CPU, kernels and so memory depend on it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cpu: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -410,6 +410,16 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
                     missing.join(", ")
                 ));
             }
+            let here = crate::cli::setup::cpu_identity();
+            if !prof.device.cpu.is_empty() && prof.device.cpu != here {
+                notes.push(format!(
+                    "profile {} was measured on CPU {:?}, this is {here:?}: libtorch's CPU \
+                     kernels (and their workspaces) differ between CPUs, so profile here for \
+                     byte-exact predictions",
+                    p.display(),
+                    prof.device.cpu
+                ));
+            }
             prof
         }
         None => measure_profile(&setup)?,

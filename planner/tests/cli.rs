@@ -120,6 +120,35 @@ fn plan_fits_and_verifies_to_the_byte() {
     assert_eq!(r["within_budget"], true);
     assert_eq!(r["peak_error_bytes"], 0, "CPU prediction is byte-exact: {r}");
     assert_eq!(r["mismatches"].as_array().unwrap().len(), 0, "{r}");
+
+    // The profile names its CPU; planning from one measured on another CPU says so.
+    let cpu = p["device"]["cpu"].as_str().unwrap();
+    assert!(!cpu.is_empty() && cpu != "unknown", "{cpu:?}");
+    let mut other = p.clone();
+    other["device"]["cpu"] = Value::from("Some Other CPU [avx512f]");
+    let other_file = dir.path().join("other-cpu.json");
+    std::fs::write(&other_file, serde_json::to_string(&other).unwrap()).unwrap();
+    let mut args = vec![
+        "plan",
+        "--budget",
+        &b,
+        "tiny-bert",
+        "--batch",
+        "4",
+        "--seq",
+        "16",
+        "--precision",
+        "fp32",
+        "--profile",
+        other_file.to_str().unwrap(),
+    ];
+    args.extend(COMMON);
+    let out = ok(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("was measured on CPU \"Some Other CPU [avx512f]\""),
+        "{text}"
+    );
 }
 
 #[test]

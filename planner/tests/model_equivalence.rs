@@ -134,6 +134,7 @@ fn nested_plans_equal_runtime_prediction_and_hold() {
                 device: "cpu".into(),
                 threads: 1,
                 memory: "exact".into(),
+                cpu: String::new(),
             },
             repeats: 1,
             configs: vec![json.clone()],

@@ -58,6 +58,7 @@ fn device() -> DeviceJson {
         device: "cpu".into(),
         threads: 1,
         memory: "exact CPU tensor bytes".into(),
+        cpu: String::new(),
     }
 }
 

@@ -44,8 +44,9 @@ pub struct BlockTrace {
     pub fwd_peak: i64,
     pub fwd_after: i64,
     pub fwd_seconds: f64,
-    /// Checkpointed blocks: level once the stored output is dropped (recompute start), highest
-    /// level during recompute, level after it.
+    /// Checkpointed blocks: level at the recompute's start (for a segment's first block, once
+    /// the stored output is dropped and before the RNG swap and buffer snapshot, which its
+    /// window covers), highest level during recompute, level after it.
     pub rec_before: i64,
     pub rec_peak: i64,
     pub rec_after: i64,
@@ -394,6 +395,15 @@ impl Session {
             if let Some((first, last)) = segments[i].filter(|&(_, last)| last == i) {
                 // The stored no-grad output is dead: the recompute produces it again.
                 outputs[i] = None;
+                // The first recompute's window opens here: swapping the RNG state holds two
+                // states at once and the buffer snapshot is allocated, and every allocation of
+                // the step must fall inside some moment's window, or the step's peak could sit
+                // in a gap no moment reports (on AVX2 CPUs it does, for a checkpointed pooler).
+                let prelude = Instant::now();
+                if let Some(t) = tr.as_deref_mut() {
+                    t.blocks[first].rec_before = self.probe.current();
+                    self.probe.reset_window();
+                }
                 let saved_rng = rng_states[first].take().expect("rng state of a checkpointed segment");
                 let current_rng = rng::cpu_state()?;
                 rng::set_cpu_state(&saved_rng)?;
@@ -403,8 +413,8 @@ impl Session {
                     .map(|bs| bs.iter().map(|b| b.copy()).collect())
                     .collect();
                 for k in first..=last {
-                    let t0 = Instant::now();
-                    if let Some(t) = tr.as_deref_mut() {
+                    let t0 = if k == first { prelude } else { Instant::now() };
+                    if let Some(t) = tr.as_deref_mut().filter(|_| k > first) {
                         t.blocks[k].rec_before = self.probe.current();
                         self.probe.reset_window();
                     }

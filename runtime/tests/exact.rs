@@ -171,9 +171,15 @@ fn check_exact(toy_cfg: &ToyConfig, cfg: TrainConfig) {
         assert_eq!(predicted, measured, "{label} {mask:?}: predicted at {moment}");
         // Not only the peak: every moment of the step, as an instrumented step sees it.
         let mut trace = StepTrace::default();
-        s.step(&mask, Some(&mut trace)).unwrap();
+        let traced = s.step(&mask, Some(&mut trace)).unwrap().peak_bytes;
         let seen = measured_moments(&trace, &s.chain, p.regimes.len());
         assert_eq!(p.predict_moments(&mask), seen, "{label} {mask:?}: moments");
+        // Every allocation of the step lies in some moment's window: none peaks in a gap.
+        let highest = seen.iter().map(|(_, v)| *v).max().unwrap();
+        assert_eq!(
+            traced, highest,
+            "{label} {mask:?}: the step peaked outside every moment"
+        );
     }
 }
 

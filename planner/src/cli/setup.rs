@@ -207,6 +207,7 @@ impl Setup {
                 Device::Cpu => "exact CPU tensor bytes (counting allocator)".into(),
                 _ => "CUDA caching allocator, allocated bytes".into(),
             },
+            cpu: cpu_identity(),
         }
     }
 
@@ -225,8 +226,12 @@ impl Setup {
         };
         format!(
             // `chain2`: the chain layout with groups and skips; profiles of older layouts miss.
-            "v{}|chain2|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|{}|{:?}|threads={}|repeats={}",
+            // `win2`: every allocation of the step inside a moment's window (the recompute's
+            // RNG swap joined its window). `cpu`: oneDNN picks kernels, and so workspace
+            // sizes, by the CPU's vector extensions; a profile from another CPU is not exact.
+            "v{}|chain2|win2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
+            cpu_identity(),
             model_id,
             self.opts.image,
             self.opts.seq,
@@ -296,4 +301,25 @@ pub fn model_json(chain: &Chain) -> ModelJson {
             .collect(),
         modules: chain.modules.clone(),
     }
+}
+
+/// The CPU's model name and the vector extensions libtorch's kernels dispatch on, from
+/// `/proc/cpuinfo` ("unknown" where it cannot be read).
+pub fn cpu_identity() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    let Some(model) = field("model name") else {
+        return "unknown".into();
+    };
+    let flags = field("flags").unwrap_or_default();
+    let simd: Vec<&str> = flags
+        .split_whitespace()
+        .filter(|f| f.starts_with("avx") || f.starts_with("amx") || f.starts_with("fma"))
+        .collect();
+    format!("{model} [{}]", simd.join(" "))
 }
