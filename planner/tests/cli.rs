@@ -41,6 +41,27 @@ fn fixture(name: &str) -> String {
 
 const COMMON: [&str; 4] = ["--threads", "1", "--quiet", "--no-cache"];
 
+/// `plan` for the fp32 tiny-BERT (batch 4, sequence 16) from a saved profile, plus `extra`.
+fn plan_tiny_bert(budget: &str, profile: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "plan",
+        "--budget",
+        budget,
+        "tiny-bert",
+        "--batch",
+        "4",
+        "--seq",
+        "16",
+        "--precision",
+        "fp32",
+        "--profile",
+        profile.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    args.extend(COMMON);
+    ok(&args)
+}
+
 #[test]
 fn models_lists_reference_parameter_counts() {
     let out = ok(&["models", "--json"]);
@@ -78,25 +99,7 @@ fn plan_fits_and_verifies_to_the_byte() {
     let budget = (all + none) / 2;
     let plan = dir.path().join("plan.json");
     let b = budget.to_string();
-    let mut args = vec![
-        "plan",
-        "--budget",
-        &b,
-        "tiny-bert",
-        "--batch",
-        "4",
-        "--seq",
-        "16",
-        "--precision",
-        "fp32",
-        "--profile",
-        profile.to_str().unwrap(),
-        "-o",
-        plan.to_str().unwrap(),
-        "--verify",
-    ];
-    args.extend(COMMON);
-    ok(&args);
+    plan_tiny_bert(&b, &profile, &["-o", plan.to_str().unwrap(), "--verify"]);
     let v = read(&plan);
     assert_eq!(v["format"], "ckptune.plan/1");
     assert_eq!(v["budget_bytes"], budget);
@@ -128,27 +131,26 @@ fn plan_fits_and_verifies_to_the_byte() {
     other["device"]["cpu"] = Value::from("Some Other CPU [avx512f]");
     let other_file = dir.path().join("other-cpu.json");
     std::fs::write(&other_file, serde_json::to_string(&other).unwrap()).unwrap();
-    let mut args = vec![
-        "plan",
-        "--budget",
-        &b,
-        "tiny-bert",
-        "--batch",
-        "4",
-        "--seq",
-        "16",
-        "--precision",
-        "fp32",
-        "--profile",
-        other_file.to_str().unwrap(),
-    ];
-    args.extend(COMMON);
-    let out = ok(&args);
+    let out = plan_tiny_bert(&b, &other_file, &[]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("was measured on CPU \"Some Other CPU [avx512f]\""),
         "{text}"
     );
+
+    // A budget the un-checkpointed step fits: the plan checkpoints nothing, and says so next
+    // to the never-matching regex rather than leaving the reader to decode it.
+    let roomy = none.to_string();
+    let out = plan_tiny_bert(&roomy, &profile, &["-o", plan.to_str().unwrap()]);
+    let v = read(&plan);
+    assert!(v["checkpoint"]["modules"].as_array().unwrap().is_empty(), "{v}");
+    assert_eq!(v["predicted"]["peak_bytes"], none);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = format!(
+        "checkpoint regex: {} (matches no module: nothing needs checkpointing)",
+        v["checkpoint"]["regex"].as_str().unwrap()
+    );
+    assert!(text.contains(&line), "{text}");
 }
 
 #[test]
