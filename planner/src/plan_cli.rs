@@ -622,15 +622,13 @@ pub fn print_plan(p: &PlanJson) {
         println!("  note: {n}");
     }
 
-    if p.checkpoint.modules.is_empty() {
-        // The never-matching pattern puzzles readers who have not seen it; say what it means.
-        println!(
-            "  checkpoint regex: {} (matches no module: nothing needs checkpointing)",
-            p.checkpoint.regex
-        );
+    // The never-matching pattern puzzles readers who have not seen it; say what it means.
+    let meaning = if p.checkpoint.modules.is_empty() {
+        " (matches no module: nothing needs checkpointing)"
     } else {
-        println!("  checkpoint regex: {}", p.checkpoint.regex);
-    }
+        ""
+    };
+    println!("  checkpoint regex: {}{meaning}", p.checkpoint.regex);
     println!(
         "  predicted peak:   {} of {} ({} to spare), at {}",
         format_size(p.predicted.peak_bytes as u64),
