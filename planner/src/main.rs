@@ -1,24 +1,27 @@
-//! The `ckptune` binary: parses arguments, runs a command, maps errors to exit codes
-//! (0 success, 1 the work failed — e.g. no plan fits, a verification exceeded its budget —,
-//! 2 bad input).
+//! The `ckptune` binary: parses arguments, runs a command, maps errors to exit codes by their
+//! type (0 success, 1 the work failed — e.g. no plan fits, a verification exceeded its
+//! budget —, 2 bad input; see `cli::error`).
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-use ckptune::cli::{args::Cli, commands, UsageError};
+use ckptune::cli::{self, args::Cli, error::exit_code, output::write_failure};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match commands::run(cli) {
+    let code = match cli::run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            if e.chain().any(|c| c.is::<UsageError>()) {
-                ExitCode::from(2)
-            } else {
-                ExitCode::from(1)
-            }
+            exit_code(&e)
         }
+    };
+    match write_failure() {
+        Some(message) => {
+            eprintln!("error: {message}");
+            ExitCode::from(1)
+        }
+        None => code,
     }
 }

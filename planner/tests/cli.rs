@@ -1,45 +1,12 @@
 //! Drives the real `ckptune` binary on tiny models and checks its output files and exit codes.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
+use common::{ckptune, fixture, ok, read, COMMON};
 use serde_json::Value;
-
-fn ckptune(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ckptune"))
-        .args(args)
-        .env(
-            "CKPTUNE_CACHE",
-            std::env::temp_dir().join(format!("ckptune-test-cache-{}", std::process::id())),
-        )
-        .output()
-        .expect("runs ckptune")
-}
-
-fn ok(args: &[&str]) -> Output {
-    let out = ckptune(args);
-    assert!(
-        out.status.success(),
-        "ckptune {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    out
-}
-
-fn read(path: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).expect("file written")).expect("valid JSON")
-}
-
-fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../models/fixtures")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
-
-const COMMON: [&str; 4] = ["--threads", "1", "--quiet", "--no-cache"];
 
 /// `plan` for the fp32 tiny-BERT (batch 4, sequence 16) from a saved profile, plus `extra`.
 fn plan_tiny_bert(budget: &str, profile: &Path, extra: &[&str]) -> Output {

@@ -2,25 +2,21 @@
 //! promised size, with exactly one marker per point; bad input fails with exit code 2 and a
 //! message naming the file and the problem.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-use ckptune::formats::{
-    self, BlockJson, BlockProfileJson, ConfigJson, ConfigProfileJson, DeviceJson, FixedJson, ModelJson, ProfileJson,
-    RegimeJson, StatsJson, SweepConfigJson, SweepJson, SweepPointJson,
-};
+use std::path::Path;
+
+use common::ckptune;
+
 use ckptune::plot::{self, MARKER_OPACITY};
+use ckptune_solver::formats::{
+    self, BlockJson, DeviceJson, ModelJson, ProfileJson, SweepConfigJson, SweepJson, SweepPointJson,
+};
+use ckptune_solver::profile::{BlockProfile, ConfigProfile, ConfigSpec, FixedBytes, RegimeProfile, Stats};
 use regex::Regex;
 
-fn ckptune(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ckptune"))
-        .args(args)
-        .output()
-        .expect("runs ckptune")
-}
-
-fn config() -> ConfigJson {
-    ConfigJson {
+fn config() -> ConfigSpec {
+    ConfigSpec {
         precision: "fp32".into(),
         optimizer: "adamw".into(),
         micro_batch: 4,
@@ -62,8 +58,8 @@ fn device() -> DeviceJson {
     }
 }
 
-fn stats(median: f64) -> StatsJson {
-    StatsJson {
+fn stats(median: f64) -> Stats {
+    Stats {
         median,
         min: median * 0.98,
         max: median * 1.03,
@@ -229,7 +225,7 @@ fn many_subsets_still_get_one_marker_each() {
     // 2^6 = 64 subsets: more than the legend holds, so they share a style; still 64 markers.
     let dir = tempfile::tempdir().unwrap();
     let s = sweep(&["a", "b", "c", "d", "e", "f"], false);
-    ckptune::cli::plot_cmd::plot_sweep(&s, dir.path()).unwrap();
+    ckptune::cli::commands::plot::plot_sweep(&s, dir.path()).unwrap();
     let svg = std::fs::read_to_string(dir.path().join("toy-fp32-adamw-mb4-tradeoff.svg")).unwrap();
     assert_eq!(count_markers(&svg), (64, 0));
 }
@@ -276,7 +272,7 @@ fn unknown_format_tags_are_refused_clearly() {
 
     let untagged = dir.path().join("data.json");
     std::fs::write(&untagged, r#"{"points": []}"#).unwrap();
-    let err = ckptune::cli::plot_cmd::plot_file(&untagged, dir.path()).unwrap_err();
+    let err = ckptune::cli::commands::plot::plot_file(&untagged, dir.path()).unwrap_err();
     assert!(format!("{err:#}").contains("has no \"format\" tag"), "{err:#}");
 
     // Another version of a known kind: the version check's message, with its hint.
@@ -286,7 +282,7 @@ fn unknown_format_tags_are_refused_clearly() {
     std::fs::write(&newer, future.to_string()).unwrap();
     let err = format!(
         "{:#}",
-        ckptune::cli::plot_cmd::plot_file(&newer, dir.path()).unwrap_err()
+        ckptune::cli::commands::plot::plot_file(&newer, dir.path()).unwrap_err()
     );
     assert!(
         err.contains("\"ckptune.sweep/2\"") && err.contains("regenerate it"),
@@ -294,8 +290,8 @@ fn unknown_format_tags_are_refused_clearly() {
     );
 }
 
-fn block(name: &str, candidate: bool, kept: i64) -> BlockProfileJson {
-    BlockProfileJson {
+fn block(name: &str, candidate: bool, kept: i64) -> BlockProfile {
+    BlockProfile {
         name: name.into(),
         candidate,
         kept_grad: kept,
@@ -323,9 +319,9 @@ fn profile_plots_predicted_singles_and_the_candidates() {
         block("b", true, 20_000),
         block("head", false, 100),
     ];
-    let c = ConfigProfileJson {
+    let c = ConfigProfile {
         config: config(),
-        fixed: FixedJson {
+        fixed: FixedBytes {
             parameters: 10_000,
             buffers: 0,
             gradients: 10_000,
@@ -334,7 +330,7 @@ fn profile_plots_predicted_singles_and_the_candidates() {
             batch: 1000,
             other: 0,
         },
-        regimes: vec![RegimeJson {
+        regimes: vec![RegimeProfile {
             label: "first micro-step".into(),
             fixed: 31_000,
             loss_transient: 500,
@@ -359,7 +355,7 @@ fn profile_plots_predicted_singles_and_the_candidates() {
         configs: vec![c],
     };
     let dir = tempfile::tempdir().unwrap();
-    let written = ckptune::cli::plot_cmd::plot_profile(&p, dir.path()).unwrap();
+    let written = ckptune::cli::commands::plot::plot_profile(&p, dir.path()).unwrap();
     assert_eq!(written.len(), 4);
     let svg = std::fs::read_to_string(dir.path().join("toy-fp32-adamw-mb4-tradeoff.svg")).unwrap();
     // Measured: nothing and everything checkpointed; predicted: those and each candidate alone.

@@ -1,5 +1,6 @@
 //! Training configs: precision × optimizer × micro-batch × gradient accumulation × set_to_none.
 
+use ckptune_solver::profile::ConfigSpec;
 use std::fmt;
 use std::str::FromStr;
 
@@ -182,6 +183,32 @@ impl TrainConfig {
     /// Samples per optimizer step.
     pub fn global_batch(&self) -> i64 {
         self.micro_batch * self.grad_accum
+    }
+
+    /// The config as every format names it.
+    pub fn spec(&self) -> ConfigSpec {
+        ConfigSpec {
+            precision: self.precision.name().into(),
+            optimizer: self.optimizer.name().into(),
+            micro_batch: self.micro_batch,
+            grad_accum: self.grad_accum,
+            set_to_none: self.set_to_none,
+        }
+    }
+
+    /// The config a format names; an unknown precision or optimizer, or sizes below 1, are
+    /// errors naming the value.
+    pub fn from_spec(c: &ConfigSpec) -> Result<Self, RuntimeError> {
+        if c.micro_batch < 1 || c.grad_accum < 1 {
+            return Err(RuntimeError::Config(format!(
+                "config {}: micro_batch and grad_accum must be at least 1",
+                c.label()
+            )));
+        }
+        let mut t = TrainConfig::new(c.precision.parse()?, c.optimizer.parse()?, c.micro_batch);
+        t.grad_accum = c.grad_accum;
+        t.set_to_none = c.set_to_none;
+        Ok(t)
     }
 
     /// A stable label, used as a cache key and in reports.

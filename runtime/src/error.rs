@@ -17,6 +17,9 @@ pub enum RuntimeError {
         model: String,
         candidates: String,
     },
+    /// A checkpoint regex that selects something the chain cannot checkpoint as asked.
+    #[error("{0}")]
+    Selection(String),
     #[error("unsupported config: {0}")]
     Config(String),
     #[error("{0}")]

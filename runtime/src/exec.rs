@@ -1,6 +1,6 @@
 //! Checkpointed execution of a chain: one training step with any set of blocks checkpointed.
 //!
-//! The scheme (DESIGN.md, "Execution scheme that makes it exact"):
+//! The scheme (docs/memory-model.md, "The execution scheme the model assumes"):
 //! - every block boundary is `h.detach().set_requires_grad(true)`, a leaf sharing storage with
 //!   the producer's output, so each block's backward is a separate graph run from its output;
 //! - a checkpointed block runs forward under no-grad, keeping only its output (its input is
@@ -687,7 +687,7 @@ pub fn select(chain: &Chain, pattern: &str) -> Result<Vec<bool>> {
             .map(|m| m.as_str())
             .collect();
         if !modules.is_empty() {
-            return Err(RuntimeError::Invalid(format!(
+            return Err(RuntimeError::Selection(format!(
                 "checkpoint regex {pattern:?} matches {} of {}, which this chain does not run as a checkpoint \
                  unit; candidates: {} (--granularity block or nested makes the modules inside layers candidates)",
                 modules.join(", "),
@@ -697,7 +697,7 @@ pub fn select(chain: &Chain, pattern: &str) -> Result<Vec<bool>> {
         }
     }
     if let Some((g, k)) = chain.nested_conflict(&mask) {
-        return Err(RuntimeError::Invalid(format!(
+        return Err(RuntimeError::Selection(format!(
             "checkpoint regex {pattern:?} selects both {} and its child {} of {}; a module and its child \
              are never both checkpointed (the child's recompute would run inside the parent's): select one",
             chain.groups[g].name, chain.blocks[k].name, chain.name

@@ -7,6 +7,7 @@ pub mod exec;
 pub mod memory;
 pub mod optim;
 pub mod profile;
+pub mod progress;
 
 pub use config::{OptimizerKind, Precision, TrainConfig};
 pub use error::{Result, RuntimeError};

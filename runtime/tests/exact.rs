@@ -8,6 +8,7 @@ use ckptune_kernels::{meter, rng};
 use ckptune_models::toy::{toy, ToyConfig};
 use ckptune_runtime::profile::{measured_moments, profile, ProfileSettings};
 use ckptune_runtime::{OptimizerKind, Precision, Session, StepTrace, TrainConfig};
+use ckptune_solver::model::{moments_at, peak_at};
 use tch::{Device, Tensor};
 
 fn session(toy_cfg: &ToyConfig, cfg: TrainConfig) -> Session {
@@ -155,25 +156,25 @@ fn check_exact(toy_cfg: &ToyConfig, cfg: TrainConfig) {
     )
     .unwrap();
     assert_eq!(
-        p.predict_peak(&vec![false; toy_cfg.blocks]).0,
+        peak_at(&p, &vec![false; toy_cfg.blocks]).0,
         p.peak_none,
         "{label}: nothing checkpointed"
     );
     assert_eq!(
-        p.predict_peak(&vec![true; toy_cfg.blocks]).0,
+        peak_at(&p, &vec![true; toy_cfg.blocks]).0,
         p.peak_all,
         "{label}: everything checkpointed"
     );
     for mask in masks(toy_cfg.blocks) {
         s.step(&mask, None).unwrap(); // warm-up of this subset
         let measured = s.step(&mask, None).unwrap().peak_bytes;
-        let (predicted, moment) = p.predict_peak(&mask);
+        let (predicted, moment) = peak_at(&p, &mask);
         assert_eq!(predicted, measured, "{label} {mask:?}: predicted at {moment}");
         // Not only the peak: every moment of the step, as an instrumented step sees it.
         let mut trace = StepTrace::default();
         let traced = s.step(&mask, Some(&mut trace)).unwrap().peak_bytes;
         let seen = measured_moments(&trace, &s.chain, p.regimes.len());
-        assert_eq!(p.predict_moments(&mask), seen, "{label} {mask:?}: moments");
+        assert_eq!(moments_at(&p, &mask), seen, "{label} {mask:?}: moments");
         // Every allocation of the step lies in some moment's window: none peaks in a gap.
         let highest = seen.iter().map(|(_, v)| *v).max().unwrap();
         assert_eq!(

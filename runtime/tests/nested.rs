@@ -9,6 +9,7 @@ use ckptune_kernels::meter;
 use ckptune_models::{builtin, resnet, Chain, Granularity, ModelOptions};
 use ckptune_runtime::profile::{measured_moments, profile, ProfileSettings};
 use ckptune_runtime::{select, OptimizerKind, Precision, Session, StepTrace, TrainConfig};
+use ckptune_solver::model::{moments_at, peak_at};
 use tch::Device;
 
 /// Builds a fresh chain (sessions consume theirs).
@@ -175,9 +176,9 @@ fn every_allowed_choice_peaks_exactly_as_predicted() {
                 let mut trace = StepTrace::default();
                 let report = s.step(&x, Some(&mut trace)).unwrap();
                 let measured = measured_moments(&trace, &s.chain, p.regimes.len());
-                let predicted = p.predict_moments(&x);
+                let predicted = moments_at(&p, &x);
                 assert_eq!(measured, predicted, "{name} {precision} {x:?}");
-                assert_eq!(report.peak_bytes, p.predict_peak(&x).0, "{name} {precision} {x:?}");
+                assert_eq!(report.peak_bytes, peak_at(&p, &x).0, "{name} {precision} {x:?}");
             }
         }
     }

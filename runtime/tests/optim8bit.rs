@@ -10,6 +10,7 @@ use ckptune_models::toy::{toy, ToyConfig};
 use ckptune_runtime::exec::StepTrace;
 use ckptune_runtime::profile::{profile, ProfileSettings};
 use ckptune_runtime::{OptimizerKind, Precision, Session, TrainConfig};
+use ckptune_solver::model::peak_at;
 use tch::Device;
 
 fn session(toy_cfg: &ToyConfig, cfg: TrainConfig) -> Session {
@@ -167,7 +168,7 @@ fn profile_predicts_every_subset_s_peak_with_adamw8bit() {
         let mask: Vec<bool> = (0..toy_cfg.blocks).map(|i| m >> i & 1 == 1).collect();
         s.step(&mask, None).unwrap();
         let measured = s.step(&mask, None).unwrap().peak_bytes;
-        let (predicted, moment) = p.predict_peak(&mask);
+        let (predicted, moment) = peak_at(&p, &mask);
         assert_eq!(predicted, measured, "{mask:?}: predicted at {moment}");
     }
 }

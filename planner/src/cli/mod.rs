@@ -1,19 +1,29 @@
-//! The CLI: thin glue from arguments to the runtime, the solver and the formats.
+//! The CLI: thin glue from arguments to the runtime, the solver and the formats. One file per
+//! subcommand under [`commands`]; [`setup`] resolves flags and builds the sessions every
+//! command that runs a model starts from; [`error`] decides exit codes by error type;
+//! [`output`] prints to stdout without panicking on a closed pipe.
 
 pub mod args;
 pub mod commands;
-pub mod plot_cmd;
-pub mod run_cmds;
+pub mod error;
+pub mod output;
 pub mod setup;
 
-/// Bad input (exit code 2), as opposed to a failure of the work itself (exit code 1).
-#[derive(Debug)]
-pub struct UsageError(pub String);
+use std::process::ExitCode;
 
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+use anyhow::Result;
+
+use args::{Cli, Command};
+
+/// Runs one subcommand.
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Models { json } => commands::models::models(json),
+        Command::Profile(a) => commands::profile::profile_cmd(a),
+        Command::Sweep(a) => commands::sweep::sweep_cmd(a),
+        Command::Plan(a) => commands::plan::plan_cmd(a),
+        Command::Verify(a) => commands::verify::verify_cmd(a),
+        Command::Train(a) => commands::train::train_cmd(a),
+        Command::Plot(a) => commands::plot::plot_cmd(a),
     }
 }
-
-impl std::error::Error for UsageError {}

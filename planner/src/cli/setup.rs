@@ -3,14 +3,15 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::{Context, Result};
 use ckptune_models::{Chain, Granularity, ModelOptions};
-use ckptune_runtime::{OptimizerKind, Precision, TrainConfig};
+use ckptune_runtime::profile::{profile, ProfileSettings};
+use ckptune_runtime::{OptimizerKind, Precision, Session, TrainConfig};
+use ckptune_solver::formats::{self, BlockJson, CachedConfig, DeviceJson, GroupJson, ModelJson, ProfileJson};
 use tch::Device;
 
 use super::args::ModelArgs;
-use super::UsageError;
-use crate::formats::{BlockJson, ConfigJson, DeviceJson, GroupJson, ModelJson};
+use super::error::UsageError;
 
 /// Resolved model and config space.
 #[derive(Debug, Clone)]
@@ -195,6 +196,13 @@ impl Setup {
         }
     }
 
+    /// A session of a fresh chain under `cfg`: what every command that runs the model starts
+    /// from. A config the device cannot run is bad input.
+    pub fn session(&self, cfg: &TrainConfig) -> Result<Session> {
+        let chain = self.chain()?;
+        Ok(Session::new(chain, cfg.clone(), self.device)?)
+    }
+
     pub fn device_json(&self) -> DeviceJson {
         DeviceJson {
             device: match self.device {
@@ -256,26 +264,6 @@ fn default_cache_dir() -> PathBuf {
     base.join("ckptune").join("profiles")
 }
 
-pub fn config_json(c: &TrainConfig) -> ConfigJson {
-    ConfigJson {
-        precision: c.precision.name().into(),
-        optimizer: c.optimizer.name().into(),
-        micro_batch: c.micro_batch,
-        grad_accum: c.grad_accum,
-        set_to_none: c.set_to_none,
-    }
-}
-
-pub fn config_from_json(c: &ConfigJson) -> Result<TrainConfig> {
-    let mut t = TrainConfig::new(c.precision.parse()?, c.optimizer.parse()?, c.micro_batch);
-    t.grad_accum = c.grad_accum;
-    t.set_to_none = c.set_to_none;
-    if c.micro_batch < 1 || c.grad_accum < 1 {
-        bail!("config {c:?}: micro_batch and grad_accum must be at least 1");
-    }
-    Ok(t)
-}
-
 pub fn model_json(chain: &Chain) -> ModelJson {
     ModelJson {
         name: chain.name.clone(),
@@ -322,4 +310,67 @@ pub fn cpu_identity() -> String {
         .filter(|f| f.starts_with("avx") || f.starts_with("amx") || f.starts_with("fma"))
         .collect();
     format!("{model} [{}]", simd.join(" "))
+}
+
+/// Profiles every config of `setup`, reusing cached profiles; each finished config is cached
+/// at once, so an interrupted run resumes where it stopped.
+pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
+    tch::set_num_threads(setup.threads);
+    ckptune_kernels::meter::install()?;
+    let mut model = None;
+    let mut configs = Vec::new();
+    for cfg in &setup.configs {
+        let key = setup.cache_key(cfg);
+        let cache_file = setup
+            .cache_dir
+            .as_ref()
+            .map(|d| d.join(format!("{:016x}.json", fnv1a(&key))));
+        if let Some(f) = &cache_file {
+            if let Ok(cached) = formats::read_tagged::<CachedConfig>(f, formats::CACHE_FORMAT) {
+                if cached.key == key {
+                    model.get_or_insert(cached.model);
+                    configs.push(cached.profile);
+                    continue;
+                }
+            }
+        }
+        let mut session = setup.session(cfg)?;
+        let mj = model_json(&session.chain);
+        let p = profile(
+            &mut session,
+            &ProfileSettings {
+                repeats: setup.repeats,
+                quiet: setup.quiet,
+            },
+        )
+        .with_context(|| format!("profiling {} under {}", setup.model, cfg.label()))?;
+        let pj = p;
+        if let Some(f) = &cache_file {
+            formats::write_atomic(
+                f,
+                &CachedConfig {
+                    format: formats::CACHE_FORMAT.into(),
+                    key,
+                    model: mj.clone(),
+                    profile: pj.clone(),
+                },
+            )?;
+        }
+        model.get_or_insert(mj);
+        configs.push(pj);
+    }
+    Ok(ProfileJson {
+        format: formats::PROFILE_FORMAT.into(),
+        ckptune_version: env!("CARGO_PKG_VERSION").into(),
+        model: model.context("no config was profiled")?,
+        device: setup.device_json(),
+        repeats: setup.repeats,
+        configs,
+    })
+}
+
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }

@@ -1,0 +1,748 @@
+//! The chain memory model (docs/memory-model.md, which defines every short name below), written as the
+//! affine moments of one training step that the solver constrains.
+//!
+//! Every moment of the step is `constant + Σ coef_i · x_i` with `x_i = 1` when block `i` is
+//! checkpointed, so peak memory is the maximum of a list of affine functions and the
+//! solver never needs to know where the list came from. Other regimes (gradient
+//! accumulation, `set_to_none = false`) can supply their own list.
+
+use crate::solver::ConfigProblem;
+
+/// Measured terms of one block, all bytes as `i64` (they are differences of allocator
+/// counters), named as in docs/memory-model.md.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockTerms {
+    /// Qualified module name, e.g. `layer1` or `encoder.layer.3`.
+    pub name: String,
+    /// Whether the planner may checkpoint this block; others keep `x = 0`.
+    pub candidate: bool,
+    /// Kept after the grad-mode forward (output included).
+    pub kg: i64,
+    /// Transient peak of the grad-mode forward above its start.
+    pub fg: i64,
+    /// Kept after the no-grad forward (output, plus autocast casts in bf16).
+    pub kng: i64,
+    /// Transient peak of the no-grad forward.
+    pub fng: i64,
+    /// Output bytes.
+    pub out: i64,
+    /// Bytes of the output's gradient.
+    pub gout: i64,
+    /// Kept after the recompute in backward.
+    pub krec: i64,
+    /// Transient peak of the recompute.
+    pub frec: i64,
+    /// Backward transient when not checkpointed (step A).
+    pub bta: i64,
+    /// Backward transient after a recompute (step B).
+    pub btb: i64,
+    /// Parameter-gradient bytes.
+    pub g: i64,
+    /// Extra seconds per step when this block is checkpointed.
+    pub recompute_seconds: f64,
+}
+
+/// Measured terms of a group: a candidate module over blocks `first..=last`
+/// (`encoder.layer.3` over its attention, intermediate and output). A choice has two
+/// variables per group after the blocks': `z_g` (index `n + g`), the group checkpointed as a
+/// whole, and `f_g` (index `n + m + g`), the group fused: nothing in it checkpointed, run as
+/// one graph as PyTorch runs the module (the runtime fuses exactly then). Of `z_g`, `f_g` and
+/// the group's blocks, `z_g` and `f_g` exclude each other and every block; a covering moment
+/// makes "none of them" infeasible, so `f_g = 1` exactly when nothing in the group is
+/// checkpointed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupTerms {
+    pub name: String,
+    pub first: usize,
+    pub last: usize,
+    /// Kept after the group's no-grad forward (its output), during forward and backward.
+    pub kept: i64,
+    /// Per block of the group: its forward peak above the level earlier blocks leave.
+    pub fwd: Vec<i64>,
+    /// Bytes alive when the group's recompute starts, above what earlier blocks keep and
+    /// the gradients of blocks after the group (`Σ g`): like `gout` of a block.
+    pub carry: i64,
+    /// Per block: recompute peak and VJP peak above the group's backward base
+    /// (`F + Σ_{i>last} g_i + Σ_{i<first} kb_i + carry`).
+    pub rec: Vec<i64>,
+    pub bwd: Vec<i64>,
+    pub recompute_seconds: f64,
+    /// Terms of the fused run; `None` when the group never runs fused (then `f_g` is not a
+    /// candidate and the blocks' plain terms apply with nothing checkpointed).
+    pub fused: Option<FusedTerms>,
+}
+
+/// A group run fused: one graph from its input to its output, one VJP.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FusedTerms {
+    /// Kept after its forward.
+    pub kept: i64,
+    /// Per block: forward peak above the level earlier blocks leave.
+    pub fwd: Vec<i64>,
+    /// Bytes alive when its VJP starts above what earlier blocks keep, `Σ_{i>last} g_i` and
+    /// `kept`.
+    pub carry: i64,
+    /// Peak of its VJP above the VJP's start.
+    pub bwd: i64,
+}
+
+/// Height of the covering moment that rules out a group with none of `z_g`, `f_g` or its
+/// blocks on: 64 TiB, above any budget the planner passes (it clamps budgets below this), and
+/// small enough that a covering moment over a group of 120 blocks stays within 2^53.
+pub const UNDECIDED: i64 = 1 << 46;
+
+/// Measured terms of one training step in one configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepTerms {
+    /// `F`: level at step start (parameters, buffers, optimizer state, batch).
+    pub fixed: i64,
+    /// Bytes the loss keeps.
+    pub lk: i64,
+    /// Transient of the loss forward.
+    pub lf: i64,
+    /// Transient of the loss backward.
+    pub lb: i64,
+    /// Transient of the optimizer step.
+    pub otmp: i64,
+    /// Step time with nothing checkpointed.
+    pub base_seconds: f64,
+    /// Blocks in execution order.
+    pub blocks: Vec<BlockTerms>,
+    /// Groups over runs of blocks, ordered and disjoint (empty for a plain chain).
+    pub groups: Vec<GroupTerms>,
+}
+
+/// One moment of the step: `constant + Σ_i coef[i] · x_i`, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Moment {
+    /// Where in the step, e.g. `forward layer2`, `loss`, `recompute layer1`.
+    pub label: String,
+    pub constant: i64,
+    /// Per block: bytes added when that block is checkpointed.
+    pub coef: Vec<i64>,
+    /// Under which choices the step passes through this moment. The solver needs only the
+    /// values (a moment that does not occur is encoded below one that does), but comparing
+    /// the model with a measured step moment by moment needs to know which ones happen.
+    pub occurs: Occurs,
+}
+
+/// When a [`Moment`] happens in the step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Occurs {
+    /// Under every choice.
+    Always,
+    /// When every listed variable has the listed value (`x[v] == on`).
+    When(Vec<(usize, bool)>),
+    /// Never: a constraint for the solver only (a group's covering moment).
+    Never,
+}
+
+impl Occurs {
+    /// Whether the moment happens under choice `x`.
+    pub fn under(&self, x: &[bool]) -> bool {
+        match self {
+            Occurs::Always => true,
+            Occurs::When(conds) => conds.iter().all(|&(v, on)| x.get(v).copied().unwrap_or(false) == on),
+            Occurs::Never => false,
+        }
+    }
+}
+
+impl Moment {
+    /// Exact value under checkpoint choice `x` (one entry per block).
+    ///
+    /// Saturates instead of wrapping; the solver rejects any moment whose magnitude
+    /// exceeds 2^53 bytes, far below where saturation could start.
+    pub fn eval(&self, x: &[bool]) -> i64 {
+        assert_eq!(
+            x.len(),
+            self.coef.len(),
+            "moment {:?} has {} coefficients but the choice has {} entries",
+            self.label,
+            self.coef.len(),
+            x.len()
+        );
+        self.coef
+            .iter()
+            .zip(x)
+            .filter(|(_, &on)| on)
+            .fold(self.constant, |acc, (&c, _)| acc.saturating_add(c))
+    }
+}
+
+/// Affine expression builder: `term(i, off, on)` adds a quantity that is `off` when block
+/// `i` is not checkpointed and `on` when it is, i.e. `off + x_i (on − off)`.
+#[derive(Clone)]
+struct Affine {
+    constant: i64,
+    coef: Vec<i64>,
+}
+
+impl Affine {
+    fn new(n: usize, constant: i64) -> Self {
+        Affine {
+            constant,
+            coef: vec![0; n],
+        }
+    }
+
+    fn add(&mut self, v: i64) -> &mut Self {
+        self.constant = self.constant.saturating_add(v);
+        self
+    }
+
+    fn term(&mut self, i: usize, off: i64, on: i64) -> &mut Self {
+        self.constant = self.constant.saturating_add(off);
+        self.coef[i] = self.coef[i].saturating_add(on.saturating_sub(off));
+        self
+    }
+
+    fn coef_add(&mut self, i: usize, v: i64) -> &mut Self {
+        self.coef[i] = self.coef[i].saturating_add(v);
+        self
+    }
+
+    fn moment(&self, label: String, occurs: Occurs) -> Moment {
+        Moment {
+            label,
+            constant: self.constant,
+            coef: self.coef.clone(),
+            occurs,
+        }
+    }
+}
+
+/// The moments of one training step, in execution order, as docs/memory-model.md derives them:
+///
+/// ```text
+/// kf_i = x_i ? kng_i : kg_i          kb_i = x_i ? out_i : krec_i
+/// forward j   : F + Σ_{i<j} kf_i + (x_j ? fng_j : fg_j)
+/// loss        : F + Σ_i kb_i + lf ;  loss backward: F + Σ_i kb_i + lk + lb
+/// backward j  : base_j = F + Σ_{i>j} g_i + Σ_{i<j} kb_i + gout_j
+///   recompute : base_j + frec_j                       (only if x_j)
+///   vjp       : base_j + krec_j + (x_j ? btb_j : bta_j)
+/// optimizer   : F + Σ_i g_i + otmp
+/// ```
+///
+/// Coefficients are filled for every block, candidate or not; whether a block may be
+/// checkpointed is the solver's business ([`ConfigProblem::candidate`]).
+///
+/// Groups (nested candidates) add `z_g` (checkpointed whole) and `f_g` (fused) each, after the
+/// blocks ([`GroupTerms`]). A checkpointed or fused group keeps its own bytes in place of its
+/// blocks' `Σ kf`/`Σ kb`: a term in every later moment. Each site of a group (each block's
+/// forward, recompute and backward) exists in the state that runs it, so it appears once per
+/// state: a block copy (`z = f = 0`), a checkpointed copy and a fused copy (whose backward is
+/// one site). A copy whose state is off is pushed below a present moment with the same
+/// prefix: group copies sit 1 byte under the lowest value the other states' copies can take;
+/// block copies drop by one shift per state and phase, enough to sit under that state's
+/// highest site. One shift per phase (not per site) keeps the block copies of a group in one
+/// class for the chain DP, and the group copies close at their variable, so the DP's state
+/// stays a handful of sums when the group's variables come just before its blocks
+/// ([`solver_order`]).
+pub fn moments(step: &StepTerms) -> Vec<Moment> {
+    let n = step.blocks.len();
+    let m = step.groups.len();
+    let nv = n + 2 * m;
+    let (zv, fv) = (|g: usize| n + g, |g: usize| n + m + g);
+    let b = &step.blocks;
+    let mut out = Vec::with_capacity(3 * n + 3);
+    let mut group_of: Vec<Option<usize>> = vec![None; n];
+    for (g, grp) in step.groups.iter().enumerate() {
+        for slot in &mut group_of[grp.first..=grp.last] {
+            *slot = Some(g);
+        }
+    }
+    let starts = |j: usize| step.groups.iter().position(|grp| grp.first == j);
+    let ends = |j: usize| step.groups.iter().position(|grp| grp.last == j);
+    let minmax = |v: &[i64]| {
+        (
+            v.iter().copied().min().unwrap_or(0),
+            v.iter().copied().max().unwrap_or(0),
+        )
+    };
+
+    // A block's own sites happen when its group (if any) is neither checkpointed nor fused.
+    let in_blocks = |j: usize, extra: &[(usize, bool)]| {
+        let mut conds = extra.to_vec();
+        if let Some(g) = group_of[j] {
+            conds.extend([(zv(g), false), (fv(g), false)]);
+        }
+        if conds.is_empty() {
+            Occurs::Always
+        } else {
+            Occurs::When(conds)
+        }
+    };
+
+    // Forward: the prefix of kept bytes grows block by block.
+    let mut kept_fwd = Affine::new(nv, step.fixed);
+    // Per group: block copies' shifts when z = 1 and when f = 1.
+    let mut shift_fwd = vec![(0i64, 0i64); m];
+    for (j, blk) in b.iter().enumerate() {
+        if let Some(g) = starts(j) {
+            let grp = &step.groups[g];
+            let (mut acc, mut acc_lo) = (0i64, 0i64);
+            let (mut flat_max, mut lo_min) = (i64::MIN, i64::MAX);
+            for k in &b[grp.first..=grp.last] {
+                flat_max = flat_max.max(acc + k.fg);
+                lo_min = lo_min.min(acc_lo + k.fg.min(k.fng));
+                acc += k.kg;
+                acc_lo += k.kg.min(k.kng);
+            }
+            let (low_c, top_c) = minmax(&grp.fwd);
+            let fused = grp.fused.as_ref().map(|f| minmax(&f.fwd));
+            shift_fwd[g] = (
+                (flat_max - top_c + 1).max(0),
+                fused.map_or(0, |(_, top_f)| (flat_max - top_f + 1).max(0)),
+            );
+            let off_c = lo_min.min(fused.map_or(i64::MAX, |(low_f, _)| low_f)) - 1;
+            for (k, &v) in (grp.first..=grp.last).zip(&grp.fwd) {
+                let mut mo = kept_fwd.clone();
+                mo.add(off_c).coef_add(zv(g), v - off_c);
+                out.push(mo.moment(format!("forward {}", b[k].name), Occurs::When(vec![(zv(g), true)])));
+            }
+            if let Some(f) = &grp.fused {
+                let off_f = lo_min.min(low_c) - 1;
+                for (k, &v) in (grp.first..=grp.last).zip(&f.fwd) {
+                    let mut mo = kept_fwd.clone();
+                    mo.add(off_f).coef_add(fv(g), v - off_f);
+                    out.push(mo.moment(format!("forward {}", b[k].name), Occurs::When(vec![(fv(g), true)])));
+                }
+            }
+        }
+        let mut mo = kept_fwd.clone();
+        mo.term(j, blk.fg, blk.fng);
+        if let Some(g) = group_of[j] {
+            mo.coef_add(zv(g), -shift_fwd[g].0).coef_add(fv(g), -shift_fwd[g].1);
+        }
+        out.push(mo.moment(format!("forward {}", blk.name), in_blocks(j, &[])));
+        kept_fwd.term(j, blk.kg, blk.kng);
+        if let Some(g) = ends(j) {
+            let grp = &step.groups[g];
+            let inner: i64 = b[grp.first..=grp.last].iter().map(|k| k.kg).sum();
+            kept_fwd.coef_add(zv(g), grp.kept - inner);
+            if let Some(f) = &grp.fused {
+                kept_fwd.coef_add(fv(g), f.kept - inner);
+            }
+        }
+    }
+
+    // After the forward's autocast region closes, block i keeps kb_i (a group its kept).
+    let group_kb = |a: &mut Affine, g: usize| {
+        let grp = &step.groups[g];
+        let inner: i64 = b[grp.first..=grp.last].iter().map(|k| k.krec).sum();
+        a.coef_add(zv(g), grp.kept - inner);
+        if let Some(f) = &grp.fused {
+            a.coef_add(fv(g), f.kept - inner);
+        }
+    };
+    let mut kept_all = Affine::new(nv, step.fixed);
+    for (i, blk) in b.iter().enumerate() {
+        kept_all.term(i, blk.krec, blk.out);
+    }
+    for g in 0..m {
+        group_kb(&mut kept_all, g);
+    }
+    out.push(kept_all.clone().add(step.lf).moment("loss".to_string(), Occurs::Always));
+    out.push(
+        kept_all
+            .add(step.lk)
+            .add(step.lb)
+            .moment("loss backward".to_string(), Occurs::Always),
+    );
+
+    // Backward, last block first. base_j needs Σ_{i<j} kb_i (prefix) and Σ_{i>j} g_i
+    // (suffix); build the prefixes once and walk them backwards.
+    let mut prefix_kb = Vec::with_capacity(n);
+    let mut acc = Affine::new(nv, 0);
+    for (i, blk) in b.iter().enumerate() {
+        prefix_kb.push(acc.clone());
+        acc.term(i, blk.krec, blk.out);
+        if let Some(g) = ends(i) {
+            group_kb(&mut acc, g);
+        }
+    }
+    // "recompute j" exists only when x_j = 1. Affine encoding: value base_j + frec_j when
+    // x_j = 1 and base_j + c with c = min(0, krec_j + bta_j) − 1 when x_j = 0. With x_j = 0
+    // the vjp moment is base_j + krec_j + bta_j ≥ base_j + c + 1, so the phantom is strictly
+    // below a real moment and can neither raise the peak nor tie it (so it is never reported
+    // as the binding moment) — whatever the signs of the measured terms.
+    let phantom = |blk: &BlockTerms| blk.krec.saturating_add(blk.bta).min(0).saturating_sub(1);
+    let mut shift_bwd = vec![(0i64, 0i64); m];
+    // Per group: the lowest block-copy value and Σ_{i>last} g_i.
+    let mut group_base = vec![(0i64, 0i64); m];
+    let mut grads_after: i64 = 0;
+    for j in (0..n).rev() {
+        let blk = &b[j];
+        if let Some(g) = ends(j) {
+            // Block copies' values with the group's blocks off, above the group's prefix,
+            // and the lowest values any choice of them gives.
+            let grp = &step.groups[g];
+            let (mut flat_max, mut lo_min) = (i64::MIN, i64::MAX);
+            let mut later_g = 0i64;
+            for k in (grp.first..=grp.last).rev() {
+                let before: i64 = b[grp.first..k].iter().map(|i| i.krec).sum();
+                let before_lo: i64 = b[grp.first..k].iter().map(|i| i.krec.min(i.out)).sum();
+                let bk = &b[k];
+                let base = later_g + before + bk.gout;
+                let base_lo = later_g + before_lo + bk.gout;
+                flat_max = flat_max.max(base + phantom(bk)).max(base + bk.krec + bk.bta);
+                lo_min = lo_min
+                    .min(base_lo + phantom(bk).min(bk.frec))
+                    .min(base_lo + bk.krec + bk.bta.min(bk.btb));
+                later_g += bk.g;
+            }
+            let top_c = grp.rec.iter().chain(&grp.bwd).copied().max().unwrap_or(0) + grp.carry;
+            let fused = grp.fused.as_ref().map(|f| f.carry + f.kept + f.bwd);
+            shift_bwd[g] = (
+                (flat_max - top_c + 1).max(0),
+                fused.map_or(0, |v| (flat_max - v + 1).max(0)),
+            );
+            group_base[g] = (lo_min, grads_after);
+        }
+        let mut base = prefix_kb[j].clone();
+        base.add(step.fixed).add(grads_after).add(blk.gout);
+        if let Some(g) = group_of[j] {
+            base.coef_add(zv(g), -shift_bwd[g].0).coef_add(fv(g), -shift_bwd[g].1);
+        }
+
+        let mut rec = base.clone();
+        rec.term(j, phantom(blk), blk.frec);
+        out.push(rec.moment(format!("recompute {}", blk.name), in_blocks(j, &[(j, true)])));
+
+        base.add(blk.krec).term(j, blk.bta, blk.btb);
+        out.push(base.moment(format!("backward {}", blk.name), in_blocks(j, &[])));
+
+        grads_after = grads_after.saturating_add(blk.g);
+
+        if let Some(g) = starts(j) {
+            let grp = &step.groups[g];
+            let (lo_min, later) = group_base[g];
+            let mut p = prefix_kb[grp.first].clone();
+            p.add(step.fixed).add(later);
+            let ckpt: Vec<i64> = grp.rec.iter().chain(&grp.bwd).map(|v| grp.carry + v).collect();
+            let low_c = ckpt.iter().copied().min().unwrap_or(0);
+            let fused = grp.fused.as_ref().map(|f| f.carry + f.kept + f.bwd);
+            let off_c = lo_min.min(fused.unwrap_or(i64::MAX)) - 1;
+            for k in (grp.first..=grp.last).rev() {
+                let q = k - grp.first;
+                let name = &b[k].name;
+                for (label, v) in [
+                    ("recompute", grp.carry + grp.rec[q]),
+                    ("backward", grp.carry + grp.bwd[q]),
+                ] {
+                    let mut mo = p.clone();
+                    mo.add(off_c).coef_add(zv(g), v - off_c);
+                    out.push(mo.moment(format!("{label} {name}"), Occurs::When(vec![(zv(g), true)])));
+                }
+            }
+            if let Some(v) = fused {
+                let off_f = lo_min.min(low_c) - 1;
+                let mut mo = p.clone();
+                mo.add(off_f).coef_add(fv(g), v - off_f);
+                out.push(mo.moment(format!("backward {}", grp.name), Occurs::When(vec![(fv(g), true)])));
+            }
+        }
+    }
+
+    let opt = Affine::new(nv, step.fixed.saturating_add(grads_after).saturating_add(step.otmp));
+    out.push(opt.moment("optimizer".to_string(), Occurs::Always));
+
+    // A group with nothing on (neither checkpointed, fused, nor any block checkpointed) is not
+    // a state the runtime runs: the covering moment puts it above any budget.
+    for (g, grp) in step.groups.iter().enumerate() {
+        if grp.fused.is_none() {
+            continue;
+        }
+        let mut mo = Affine::new(nv, UNDECIDED);
+        mo.coef_add(zv(g), -UNDECIDED).coef_add(fv(g), -UNDECIDED);
+        for k in (grp.first..=grp.last).filter(|&k| b[k].candidate) {
+            mo.coef_add(k, -UNDECIDED);
+        }
+        out.push(mo.moment(
+            format!("{}: checkpointed, fused or split (one must hold)", grp.name),
+            Occurs::Never,
+        ));
+    }
+    out
+}
+
+/// The full choice (blocks, `z`, then `f`) for a runtime checkpoint mask over blocks and
+/// groups: `f_g` is on exactly when the runtime fuses the group.
+pub fn with_fused(x: &[bool], n: usize, groups: &[(usize, usize)]) -> Vec<bool> {
+    let mut out = x.to_vec();
+    for (g, &(first, last)) in groups.iter().enumerate() {
+        out.push(!x[n + g] && !x[first..=last].contains(&true));
+    }
+    out
+}
+
+/// Index and value of the largest moment under `x`; the first one on ties, so the
+/// earliest moment of the step is reported as binding. `None` when `moments` is empty.
+pub fn peak_of(moments: &[Moment], x: &[bool]) -> Option<(i64, usize)> {
+    moments
+        .iter()
+        .enumerate()
+        .map(|(k, m)| (m.eval(x), k))
+        .fold(None, |best, (v, k)| match best {
+            Some((bv, _)) if bv >= v => best,
+            _ => Some((v, k)),
+        })
+}
+
+/// Peak bytes of the step under `x` and the label of the moment that attains it.
+pub fn peak(step: &StepTerms, x: &[bool]) -> (i64, String) {
+    let ms = moments(step);
+    // moments() always yields at least the loss and optimizer moments.
+    let (v, k) = peak_of(&ms, x).unwrap_or((step.fixed, 0));
+    (v, ms[k].label.clone())
+}
+
+/// Predicted step time under `x`: `time(∅) + Σ_{i∈S} recompute_seconds_i`.
+pub fn step_seconds(step: &StepTerms, x: &[bool]) -> f64 {
+    step.base_seconds
+        + step
+            .blocks
+            .iter()
+            .zip(x)
+            .filter(|(_, &on)| on)
+            .map(|(b, _)| b.recompute_seconds)
+            .sum::<f64>()
+}
+
+/// The solver's input for one configuration measured as `step`, over blocks, then groups
+/// checkpointed, then groups fused (unit order). Within a group, `z`, `f` and each candidate
+/// block exclude each other pairwise, except blocks among themselves.
+pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem {
+    let n = step.blocks.len();
+    let m = step.groups.len();
+    let mut exclusive = Vec::new();
+    for (g, grp) in step.groups.iter().enumerate() {
+        let fused = grp.fused.is_some();
+        if fused {
+            exclusive.push(vec![n + g, n + m + g]);
+        }
+        for k in (grp.first..=grp.last).filter(|&k| step.blocks[k].candidate) {
+            exclusive.push(vec![n + g, k]);
+            if fused {
+                exclusive.push(vec![n + m + g, k]);
+            }
+        }
+    }
+    ConfigProblem {
+        key: key.into(),
+        moments: moments(step),
+        seconds_base: step.base_seconds,
+        seconds_coef: step
+            .blocks
+            .iter()
+            .map(|b| b.recompute_seconds)
+            .chain(step.groups.iter().map(|g| g.recompute_seconds))
+            .chain(step.groups.iter().map(|_| 0.0))
+            .collect(),
+        candidate: step
+            .blocks
+            .iter()
+            .map(|b| b.candidate)
+            .chain(step.groups.iter().map(|_| true))
+            .chain(step.groups.iter().map(|g| g.fused.is_some()))
+            .collect(),
+        exclusive,
+    }
+}
+
+/// The order in which the solver should see the variables of a chain of `n` blocks with
+/// `groups` (`(first, last)` each; variables as in [`config_problem`]): execution order with
+/// each group's `z` and `f` just before its first block. Entry `v` is the unit index of
+/// solver variable `v`.
+pub fn solver_order(n: usize, groups: &[(usize, usize)]) -> Vec<usize> {
+    let m = groups.len();
+    let mut order = Vec::with_capacity(n + 2 * m);
+    for j in 0..n {
+        for (g, _) in groups.iter().enumerate().filter(|(_, &(first, _))| first == j) {
+            order.extend([n + g, n + m + g]);
+        }
+        order.push(j);
+    }
+    order
+}
+
+/// `p` with its variables reordered: variable `v` of the result is unit `order[v]` of `p`.
+pub fn permute(p: ConfigProblem, order: &[usize]) -> ConfigProblem {
+    let mut inverse = vec![0; order.len()];
+    for (v, &u) in order.iter().enumerate() {
+        inverse[u] = v;
+    }
+    ConfigProblem {
+        key: p.key,
+        moments: p
+            .moments
+            .into_iter()
+            .map(|m| Moment {
+                label: m.label,
+                constant: m.constant,
+                coef: order.iter().map(|&u| m.coef[u]).collect(),
+                occurs: match m.occurs {
+                    Occurs::When(conds) => Occurs::When(conds.into_iter().map(|(u, on)| (inverse[u], on)).collect()),
+                    other => other,
+                },
+            })
+            .collect(),
+        seconds_base: p.seconds_base,
+        seconds_coef: order.iter().map(|&u| p.seconds_coef[u]).collect(),
+        candidate: order.iter().map(|&u| p.candidate[u]).collect(),
+        exclusive: p
+            .exclusive
+            .into_iter()
+            .map(|g| g.into_iter().map(|u| inverse[u]).collect())
+            .collect(),
+    }
+}
+
+/// A choice over solver variables back in unit order.
+pub fn unpermute(x: &[bool], order: &[usize]) -> Vec<bool> {
+    let mut out = vec![false; x.len()];
+    for (v, &u) in order.iter().enumerate() {
+        out[u] = x[v];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(name: &str, seed: i64) -> BlockTerms {
+        BlockTerms {
+            name: name.to_string(),
+            candidate: true,
+            kg: 100 * seed,
+            fg: 120 * seed,
+            kng: 10 * seed,
+            fng: 30 * seed,
+            out: 10 * seed,
+            gout: 10 * seed,
+            krec: 95 * seed,
+            frec: 20 * seed,
+            bta: 40 * seed,
+            btb: 45 * seed,
+            g: 7 * seed,
+            recompute_seconds: 0.1 * seed as f64,
+        }
+    }
+
+    fn step() -> StepTerms {
+        StepTerms {
+            fixed: 1000,
+            lk: 5,
+            lf: 9,
+            lb: 3,
+            otmp: 50,
+            base_seconds: 1.0,
+            blocks: vec![block("a", 1), block("b", 2), block("c", 3)],
+            groups: Vec::new(),
+        }
+    }
+
+    /// The formulas of docs/memory-model.md worked by hand for blocks a, b, c (terms of c are 3× those of a).
+    /// kf deltas (kng − kg): −90, −180, −270; kb deltas (out − krec): −85, −170, −255.
+    #[test]
+    fn hand_computed_three_blocks() {
+        let ms = moments(&step());
+        let got: Vec<(&str, i64, Vec<i64>)> = ms
+            .iter()
+            .map(|m| (m.label.as_str(), m.constant, m.coef.clone()))
+            .collect();
+        let want: Vec<(&str, i64, Vec<i64>)> = vec![
+            // F + fg_a = 1000 + 120; own term fng_a − fg_a = −90.
+            ("forward a", 1120, vec![-90, 0, 0]),
+            // F + kg_a + fg_b = 1000 + 100 + 240; own term 60 − 240.
+            ("forward b", 1340, vec![-90, -180, 0]),
+            // F + kg_a + kg_b + fg_c = 1000 + 100 + 200 + 360; own term 90 − 360.
+            ("forward c", 1660, vec![-90, -180, -270]),
+            // F + Σ krec + lf = 1000 + 95 + 190 + 285 + 9.
+            ("loss", 1579, vec![-85, -170, -255]),
+            // F + Σ krec + lk + lb = 1570 + 5 + 3.
+            ("loss backward", 1578, vec![-85, -170, -255]),
+            // base_c = F + 0 + krec_a + krec_b + gout_c = 1000 + 95 + 190 + 30 = 1315;
+            // phantom −1 when x_c = 0, frec_c = 60 when x_c = 1: coefficient 61.
+            ("recompute c", 1314, vec![-85, -170, 61]),
+            // base_c + krec_c + bta_c = 1315 + 285 + 120; btb − bta = 15.
+            ("backward c", 1720, vec![-85, -170, 15]),
+            // base_b = F + g_c + krec_a + gout_b = 1000 + 21 + 95 + 20 = 1136.
+            ("recompute b", 1135, vec![-85, 41, 0]),
+            ("backward b", 1406, vec![-85, 10, 0]),
+            // base_a = F + g_b + g_c + gout_a = 1000 + 14 + 21 + 10 = 1045.
+            ("recompute a", 1044, vec![21, 0, 0]),
+            ("backward a", 1180, vec![5, 0, 0]),
+            // F + Σ g + otmp = 1000 + 42 + 50.
+            ("optimizer", 1092, vec![0, 0, 0]),
+        ];
+        assert_eq!(got, want);
+        let s = step();
+        assert_eq!(peak(&s, &[false, false, false]), (1720, "backward c".to_string()));
+        // All checkpointed: forward c 1120, loss 1069, recompute c 1120, backward c 1480.
+        assert_eq!(peak(&s, &[true, true, true]), (1480, "backward c".to_string()));
+        // a and c: forward c 1300, backward c 1720 − 85 + 15 = 1650.
+        assert_eq!(peak(&s, &[true, false, true]), (1650, "backward c".to_string()));
+    }
+
+    /// Every moment, for every x, equals the formula evaluated directly with branches.
+    #[test]
+    fn affine_moments_match_direct_formulas() {
+        let s = step();
+        let ms = moments(&s);
+        let n = s.blocks.len();
+        for mask in 0..1u32 << n {
+            let x: Vec<bool> = (0..n).map(|i| mask >> i & 1 == 1).collect();
+            let b = &s.blocks;
+            let kf = |i: usize| if x[i] { b[i].kng } else { b[i].kg };
+            let kb = |i: usize| if x[i] { b[i].out } else { b[i].krec };
+            let mut want = Vec::new();
+            for j in 0..n {
+                let f = if x[j] { b[j].fng } else { b[j].fg };
+                want.push(s.fixed + (0..j).map(kf).sum::<i64>() + f);
+            }
+            let all: i64 = (0..n).map(kb).sum();
+            want.push(s.fixed + all + s.lf);
+            want.push(s.fixed + all + s.lk + s.lb);
+            for j in (0..n).rev() {
+                let base = s.fixed + (j + 1..n).map(|i| b[i].g).sum::<i64>() + (0..j).map(kb).sum::<i64>() + b[j].gout;
+                let vjp = base + b[j].krec + if x[j] { b[j].btb } else { b[j].bta };
+                // The phantom recompute moment when x_j = 0 must stay below vjp.
+                let rec = if x[j] { base + b[j].frec } else { vjp - 1 };
+                let got = ms[want.len()].eval(&x);
+                if x[j] {
+                    assert_eq!(got, rec, "recompute {j} x={x:?}");
+                } else {
+                    assert!(got < vjp, "phantom recompute {j} x={x:?}");
+                }
+                want.push(got);
+                want.push(vjp);
+            }
+            want.push(s.fixed + b.iter().map(|b| b.g).sum::<i64>() + s.otmp);
+            let got: Vec<i64> = ms.iter().map(|m| m.eval(&x)).collect();
+            assert_eq!(got, want, "x={x:?}");
+        }
+    }
+
+    /// Even with negative measured terms the phantom recompute moment never binds.
+    #[test]
+    fn phantom_recompute_never_binds() {
+        let mut s = step();
+        s.blocks[1].krec = 5;
+        s.blocks[1].bta = -50;
+        let ms = moments(&s);
+        let x = [false, false, false];
+        let rec = ms.iter().position(|m| m.label == "recompute b").unwrap();
+        let vjp = ms.iter().position(|m| m.label == "backward b").unwrap();
+        assert!(ms[rec].eval(&x) < ms[vjp].eval(&x));
+    }
+
+    #[test]
+    fn seconds_add_recompute_time() {
+        let s = step();
+        let t = step_seconds(&s, &[true, false, true]);
+        assert!((t - 1.4).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,108 @@
+//! The plan document (`ckptune.plan/1`) and its failure report (`ckptune.plan-failure/1`).
+
+use serde::{Deserialize, Serialize};
+
+use super::{DeviceJson, ModelJson};
+use crate::profile::{ConfigProfile, ConfigSpec};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointJson {
+    pub regex: String,
+    pub modules: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictedJson {
+    pub peak_bytes: i64,
+    pub step_seconds: f64,
+    /// Fraction of this config's throughput lost to recompute: 1 − t(nothing) / t(plan).
+    pub throughput_loss: f64,
+    /// The moment of the step where the peak occurs.
+    pub peak_moment: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AlternativeJson {
+    pub config: ConfigSpec,
+    pub feasible: bool,
+    pub checkpoint: CheckpointJson,
+    pub predicted: PredictedJson,
+    /// Peak and time of this config with nothing checkpointed.
+    pub baseline_peak_bytes: i64,
+    pub baseline_step_seconds: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SolverJson {
+    pub status: String,
+    pub backend: String,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanJson {
+    pub format: String,
+    pub ckptune_version: String,
+    pub model: ModelJson,
+    pub device: DeviceJson,
+    pub budget_bytes: i64,
+    pub config: ConfigSpec,
+    pub checkpoint: CheckpointJson,
+    pub predicted: PredictedJson,
+    /// budget − predicted peak.
+    pub margin_bytes: i64,
+    pub solver: SolverJson,
+    /// The best plan for every config considered, the chosen one included.
+    pub alternatives: Vec<AlternativeJson>,
+    /// Model shape options the plan was measured with, so `verify` rebuilds the same model.
+    pub shape: ShapeJson,
+    /// The chosen config's profile, so `verify` can compare every moment of the step.
+    pub profile: ConfigProfile,
+    /// Budget reductions `plan --verify` applied after measuring a plan over budget.
+    #[serde(default)]
+    pub corrections: Vec<CorrectionJson>,
+    /// The device the plan is for, and the bytes kept out of the budget for what the profile's
+    /// device cannot see (0 when planning for the device measured on).
+    #[serde(default)]
+    pub target_device: String,
+    #[serde(default)]
+    pub reserve_bytes: i64,
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CorrectionJson {
+    pub regex: String,
+    pub predicted_peak_bytes: i64,
+    pub measured_peak_bytes: i64,
+    pub moment: String,
+    /// The budget the next round planned with: the previous one minus the measured excess.
+    pub planning_budget_bytes: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShapeJson {
+    pub model: String,
+    pub image: Option<i64>,
+    pub seq: Option<i64>,
+    pub classes: Option<i64>,
+    pub granularity: String,
+    pub repeats: usize,
+}
+
+/// `plan --json` when nothing fits: the failure as data, for scripts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Fields are in alphabetical order, as the document has always been written.
+pub struct PlanFailureJson {
+    pub budget_bytes: i64,
+    /// The checkpoint set attaining the smallest peak.
+    pub checkpoint_regex: String,
+    /// The config whose smallest peak is lowest.
+    pub config: String,
+    pub format: String,
+    pub message: String,
+    pub min_peak_bytes: i64,
+    pub peak_moment: String,
+    pub reserve_bytes: i64,
+}

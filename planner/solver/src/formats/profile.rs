@@ -1,0 +1,77 @@
+//! The profile document (`ckptune.profile/1`) and the model and device descriptions every
+//! document shares. A profile's per-config measurements are [`ConfigProfile`] itself.
+
+use serde::{Deserialize, Serialize};
+
+use crate::profile::ConfigProfile;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockJson {
+    pub name: String,
+    pub candidate: bool,
+}
+
+/// A candidate module over blocks `first..=last` of the chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupJson {
+    pub name: String,
+    pub first: usize,
+    pub last: usize,
+}
+
+impl ModelJson {
+    /// Names of the checkpoint units: blocks, then groups.
+    pub fn unit_names(&self) -> impl Iterator<Item = &str> {
+        self.blocks
+            .iter()
+            .map(|b| b.name.as_str())
+            .chain(self.groups.iter().map(|g| g.name.as_str()))
+    }
+}
+
+/// What a profile, sweep or plan was measured on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelJson {
+    pub name: String,
+    /// Parameters of the whole trained chain (loss head included) and of the reference model.
+    pub params: i64,
+    pub reference_params: i64,
+    pub input: String,
+    pub blocks: Vec<BlockJson>,
+    /// Candidate modules spanning several blocks (`--granularity nested`); a checkpoint
+    /// choice covers the blocks, then these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupJson>,
+    /// Every qualified module name (the universe a checkpoint regex is checked against).
+    pub modules: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceJson {
+    pub device: String,
+    pub threads: i32,
+    pub memory: String,
+    /// The CPU (model name and vector extensions): on CPU, kernels and so memory depend on it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cpu: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileJson {
+    pub format: String,
+    pub ckptune_version: String,
+    pub model: ModelJson,
+    pub device: DeviceJson,
+    pub repeats: usize,
+    pub configs: Vec<ConfigProfile>,
+}
+
+/// One built-in model as `ckptune models --json` lists it (fields in alphabetical order, as
+/// the listing has always been written).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelListing {
+    pub candidates: Vec<String>,
+    pub family: String,
+    pub name: String,
+    pub reference_params: i64,
+}

@@ -1,0 +1,69 @@
+//! Documents of runs: `verify` (`ckptune.verify/1`) and `train` (`ckptune.train/1`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::profile::{ConfigSpec, Stats};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictedRun {
+    pub peak_bytes: i64,
+    pub step_seconds: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MeasuredRun {
+    pub peak_bytes: i64,
+    pub step_seconds: Stats,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MismatchJson {
+    pub moment: String,
+    pub predicted_bytes: i64,
+    pub measured_bytes: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VerifyJson {
+    pub format: String,
+    pub model: String,
+    pub device: String,
+    pub threads: i32,
+    pub budget_bytes: i64,
+    pub config: ConfigSpec,
+    pub regex: String,
+    pub modules: Vec<String>,
+    pub predicted: PredictedRun,
+    pub measured: MeasuredRun,
+    /// measured − predicted, and that over predicted.
+    pub peak_error_bytes: i64,
+    pub peak_error_relative: f64,
+    pub step_error_seconds: f64,
+    pub step_error_relative: f64,
+    pub within_budget: bool,
+    /// Where the measured step's peak occurred.
+    pub peak_moment: String,
+    /// Every moment where the measurement differs from the model (empty: byte-exact). A
+    /// difference is a defect of the model, reported with the moment where it occurred.
+    pub mismatches: Vec<MismatchJson>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainStepJson {
+    pub step: usize,
+    pub loss: f64,
+    pub seconds: f64,
+    pub peak_bytes: i64,
+    /// Level when the step started (parameters, buffers, optimizer state, batch, …).
+    pub start_bytes: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainJson {
+    pub format: String,
+    pub model: String,
+    pub config: ConfigSpec,
+    pub regex: String,
+    pub modules: Vec<String>,
+    pub steps: Vec<TrainStepJson>,
+}

@@ -1,0 +1,175 @@
+//! What a profile holds: per config, the measured terms of every block and group in each
+//! memory regime, the fixed bytes, the optimizer's peak and the step times. The runtime's
+//! profiler fills these types, the memory model ([`crate::model`]) reads them, and the
+//! planner's profile format serializes them as they are (feature `serde`), so no copy of them
+//! exists anywhere else. Bytes are `i64` differences of allocator counters; the meaning of
+//! every term is in `docs/memory-model.md`.
+
+/// A training config as every format names it: precision and optimizer by their CLI names.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ConfigSpec {
+    pub precision: String,
+    pub optimizer: String,
+    pub micro_batch: i64,
+    pub grad_accum: i64,
+    pub set_to_none: bool,
+}
+
+impl ConfigSpec {
+    /// `bf16/adamw/mb8x1`, with `/zero` when gradients are zeroed in place.
+    pub fn label(&self) -> String {
+        format!(
+            "{}/{}/mb{}x{}{}",
+            self.precision,
+            self.optimizer,
+            self.micro_batch,
+            self.grad_accum,
+            if self.set_to_none { "" } else { "/zero" }
+        )
+    }
+}
+
+/// Per-block terms for one memory regime (bytes are deltas; seconds per micro-step).
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct BlockProfile {
+    pub name: String,
+    pub candidate: bool,
+    /// Kept after a grad-mode forward (output and saved activations), and the forward's peak
+    /// above its start.
+    pub kept_grad: i64,
+    pub fwd_transient_grad: i64,
+    /// Kept after a no-grad forward (output and the RNG state), and its peak above its start.
+    pub kept_nograd: i64,
+    pub fwd_transient_nograd: i64,
+    /// Gradient bytes alive when this block's backward starts (its output's gradient, the
+    /// parameter gradients accumulated so far, the loss head's), above what earlier blocks keep.
+    pub carry: i64,
+    /// Plain block: peak of its VJP above the VJP's start.
+    pub bwd_transient: i64,
+    /// Checkpointed block: recompute peak above the backward base, kept after recompute, and
+    /// its VJP's peak above the VJP's start.
+    pub rec_transient: i64,
+    pub kept_recompute: i64,
+    pub bwd_transient_ckpt: i64,
+    /// Output bytes and input-gradient bytes (informational; computed from shapes).
+    pub grad_in_bytes: i64,
+    pub fwd_seconds: f64,
+    pub fwd_nograd_seconds: f64,
+    pub bwd_seconds: f64,
+    pub rec_seconds: f64,
+}
+
+/// Terms of a group (a module over a run of blocks) checkpointed as a whole, from the step
+/// with every group checkpointed (step C). Bytes are above the group's forward start, or in
+/// backward above its base: what earlier blocks keep plus `carry`.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct GroupProfile {
+    pub name: String,
+    pub first: usize,
+    pub last: usize,
+    /// Kept after the group's no-grad forward (its last block's output).
+    pub kept: i64,
+    /// Per block of the group, in order: forward peak above the group's start.
+    pub fwd_transient: Vec<i64>,
+    /// Gradient bytes alive when the group's recompute starts, above what earlier blocks keep.
+    pub carry: i64,
+    /// Per block: recompute peak and VJP peak above the group's backward base.
+    pub rec_transient: Vec<i64>,
+    pub bwd_transient: Vec<i64>,
+    /// Run fused (nothing in it checkpointed: one graph, as PyTorch runs the module): kept
+    /// after its forward, forward peak per block above its start, carry, and the peak of its
+    /// single VJP above the VJP's start.
+    pub fused_kept: i64,
+    pub fused_fwd_transient: Vec<i64>,
+    pub fused_carry: i64,
+    pub fused_bwd_transient: i64,
+}
+
+/// The terms of one micro-step regime: the first micro-step of an optimizer step allocates
+/// parameter gradients (with `set_to_none`); later micro-steps accumulate into existing ones.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RegimeProfile {
+    pub label: String,
+    /// Level at the micro-step's start.
+    pub fixed: i64,
+    /// Loss forward+backward peak above the level the chain leaves.
+    pub loss_transient: i64,
+    pub blocks: Vec<BlockProfile>,
+    /// The chain's groups (empty when it has none).
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub groups: Vec<GroupProfile>,
+}
+
+/// Bytes of the step's fixed state, by category.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct FixedBytes {
+    pub parameters: i64,
+    pub buffers: i64,
+    pub gradients: i64,
+    pub optimizer_state: i64,
+    /// Always 0 today: no config keeps fp32 master copies of low-precision parameters.
+    pub master_weights: i64,
+    pub batch: i64,
+    /// Level at step start minus the categories above (tensors the process held before,
+    /// e.g. the loaded model's originals): counted, never guessed.
+    pub other: i64,
+}
+
+/// Median, min and max of repeated measurements.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Stats {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub n: usize,
+}
+
+impl Stats {
+    pub fn of(xs: &[f64]) -> Stats {
+        if xs.is_empty() {
+            return Stats::default();
+        }
+        let mut v = xs.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let mid = v.len() / 2;
+        let median = if v.len() % 2 == 1 {
+            v[mid]
+        } else {
+            0.5 * (v[mid - 1] + v[mid])
+        };
+        Stats {
+            median,
+            min: v[0],
+            max: v[v.len() - 1],
+            n: v.len(),
+        }
+    }
+}
+
+/// Everything measured for one config. Fields are in the order of the profile format.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ConfigProfile {
+    pub config: ConfigSpec,
+    pub fixed: FixedBytes,
+    pub regimes: Vec<RegimeProfile>,
+    /// Absolute level at the optimizer step's peak.
+    pub optimizer_peak: i64,
+    /// Measured whole-step peaks (absolute) with nothing and with everything checkpointed.
+    pub peak_none: i64,
+    pub peak_all: i64,
+    /// Step times (whole optimizer step, all micro-steps) with nothing / everything checkpointed.
+    pub seconds_none: Stats,
+    pub seconds_all: Stats,
+    /// Extra seconds per optimizer step if the block (then, after the blocks, the group) is
+    /// checkpointed: its no-grad forward, once per micro-step.
+    pub recompute_seconds: Vec<f64>,
+    pub steps_run: usize,
+    pub wall_seconds: f64,
+}

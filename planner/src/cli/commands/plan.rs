@@ -1,0 +1,469 @@
+//! `ckptune plan`: the fastest config and checkpoint set whose peak fits the budget, solved
+//! exactly over a profile (measured here, or given with `--profile`), optionally verified by
+//! running it.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use ckptune_runtime::{Precision, TrainConfig};
+use ckptune_solver::budget::{format_size, parse_size};
+use ckptune_solver::formats::{
+    self, AlternativeJson, CheckpointJson, CorrectionJson, ModelJson, PlanFailureJson, PlanJson, PredictedJson,
+    ProfileJson, ShapeJson, SolverJson,
+};
+use ckptune_solver::model::{solver_problem, unit_order};
+use ckptune_solver::profile::ConfigSpec;
+use ckptune_solver::solver::{self, ConfigProblem, SolveError, SolveStatus};
+use ckptune_solver::{chain_model, regex_emit};
+
+use super::verify::{print_verify, verify_plan};
+use crate::cli::args::PlanArgs;
+use crate::cli::error::UsageError;
+use crate::cli::output::{outln, print_json};
+use crate::cli::setup::{cpu_identity, measure_profile, Setup};
+
+/// Names of the checkpointed units of choice `x` (unit order), in execution order: a group
+/// where its first block would be.
+fn chosen_names(model: &ModelJson, x: &[bool]) -> Vec<String> {
+    let n = model.blocks.len();
+    let groups: Vec<(usize, usize)> = model.groups.iter().map(|g| (g.first, g.last)).collect();
+    let names: Vec<&str> = model.unit_names().collect();
+    chain_model::solver_order(n, &groups)
+        .into_iter()
+        .filter(|&u| x.get(u) == Some(&true))
+        .map(|u| names[u].to_string())
+        .collect()
+}
+
+fn checkpoint_json(model: &ModelJson, x: &[bool]) -> Result<CheckpointJson> {
+    let modules = chosen_names(model, x);
+    let regex = regex_emit::checkpoint_regex(&modules, &model.modules)?;
+    Ok(CheckpointJson { regex, modules })
+}
+
+/// Solves a plan for `profile` under `budget`. `Err` of [`PlanFailure`] when nothing fits.
+pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -> Result<PlanJson> {
+    let problems: Vec<ConfigProblem> = profile
+        .configs
+        .iter()
+        .map(|c| solver_problem(c.config.label(), c))
+        .collect();
+    let orders: Vec<Vec<usize>> = profile.configs.iter().map(unit_order).collect();
+    let t0 = std::time::Instant::now();
+    let result = solver::solve(&problems, budget);
+    let solve_seconds = t0.elapsed().as_secs_f64();
+    let mut plan = match result {
+        Ok(p) => p,
+        Err(SolveError::Infeasible {
+            min_peak,
+            key,
+            binding,
+            x,
+            ..
+        }) => {
+            let k = problems.iter().position(|p| p.key == key).unwrap_or(0);
+            let mut x = chain_model::unpermute(&x, &orders[k]);
+            x.truncate(profile.model.blocks.len() + profile.model.groups.len());
+            let regex = checkpoint_json(&profile.model, &x)?.regex;
+            return Err(PlanFailure {
+                budget,
+                min_peak,
+                key,
+                binding,
+                regex,
+                profile: profile.clone(),
+            }
+            .into());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let units = profile.model.blocks.len() + profile.model.groups.len();
+    for (sol, order) in plan.configs.iter_mut().zip(&orders) {
+        // Back in unit order, without the fused variables (the runtime fuses by itself).
+        sol.x = chain_model::unpermute(&sol.x, order);
+        sol.x.truncate(units);
+    }
+    let mut alternatives = Vec::new();
+    for (sol, c) in plan.configs.iter().zip(&profile.configs) {
+        let base = c.seconds_none.median;
+        alternatives.push(AlternativeJson {
+            config: c.config.clone(),
+            feasible: sol.status == SolveStatus::Optimal,
+            checkpoint: checkpoint_json(&profile.model, &sol.x)?,
+            predicted: PredictedJson {
+                peak_bytes: sol.peak,
+                step_seconds: sol.seconds,
+                throughput_loss: if sol.seconds > 0.0 {
+                    1.0 - base / sol.seconds
+                } else {
+                    0.0
+                },
+                peak_moment: sol.binding.clone(),
+            },
+            baseline_peak_bytes: c.peak_none,
+            baseline_step_seconds: base,
+        });
+    }
+    let best = alternatives[plan.best].clone();
+    let chosen_profile = profile.configs[plan.best].clone();
+    Ok(PlanJson {
+        format: formats::PLAN_FORMAT.into(),
+        ckptune_version: env!("CARGO_PKG_VERSION").into(),
+        model: profile.model.clone(),
+        device: profile.device.clone(),
+        budget_bytes: budget,
+        config: best.config.clone(),
+        checkpoint: best.checkpoint.clone(),
+        predicted: best.predicted.clone(),
+        margin_bytes: budget - best.predicted.peak_bytes,
+        solver: SolverJson {
+            status: "optimal".into(),
+            backend: "chain dynamic program / good_lp microlp".into(),
+            seconds: solve_seconds,
+        },
+        alternatives,
+        shape,
+        profile: chosen_profile,
+        corrections: Vec::new(),
+        target_device: profile.device.device.clone(),
+        reserve_bytes: 0,
+        notes: Vec::new(),
+    })
+}
+
+/// No plan fits: what would, and what else could help.
+#[derive(Debug)]
+pub struct PlanFailure {
+    pub budget: i64,
+    pub min_peak: i64,
+    pub key: String,
+    pub binding: String,
+    pub regex: String,
+    pub profile: ProfileJson,
+}
+
+impl std::fmt::Display for PlanFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no configuration of {} fits the budget {}: the smallest achievable peak is {} ({} bytes), \
+             with config {} and checkpoint regex {} (peak at: {}).",
+            self.profile.model.name,
+            format_size(self.budget as u64),
+            format_size(self.min_peak as u64),
+            self.min_peak,
+            self.key,
+            self.regex,
+            self.binding
+        )?;
+        let has = |p: &str| self.profile.configs.iter().any(|c| c.config.precision == p);
+        let opt = |o: &str| self.profile.configs.iter().any(|c| c.config.optimizer == o);
+        let min_mb = self
+            .profile
+            .configs
+            .iter()
+            .map(|c| c.config.micro_batch)
+            .min()
+            .unwrap_or(1);
+        write!(f, " What else could help:")?;
+        if min_mb > 1 {
+            write!(
+                f,
+                " a smaller micro-batch with gradient accumulation (--batch {} --global-batch N);",
+                min_mb / 2
+            )?;
+        }
+        if !has("bf16") {
+            write!(f, " bf16 autocast (--precision fp32,bf16);")?;
+        }
+        if !has("bf16-pure") {
+            write!(f, " bf16 parameters and optimizer state (--precision bf16-pure);")?;
+        }
+        if !opt("sgd") && !opt("lion") {
+            write!(
+                f,
+                " an optimizer with less state (--optimizer adamw,lion,sgd-momentum);"
+            )?;
+        }
+        write!(f, " a larger budget.")
+    }
+}
+
+impl std::error::Error for PlanFailure {}
+
+pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
+    let budget = parse_size(&a.budget).map_err(|e| UsageError(format!("--budget: {e}")))?;
+    let budget = i64::try_from(budget).map_err(|_| UsageError(format!("--budget {}: too large", a.budget)))?;
+    let setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
+    let mut notes = Vec::new();
+    let profile: ProfileJson = match &a.profile {
+        Some(p) => {
+            let mut prof: ProfileJson = formats::read_tagged(p, formats::PROFILE_FORMAT)?;
+            // The flags say which configs are allowed; a profile may hold more (or fewer).
+            let allowed: Vec<ConfigSpec> = setup.configs.iter().map(TrainConfig::spec).collect();
+            let measured: Vec<String> = prof.configs.iter().map(|c| c.config.label()).collect();
+            prof.configs.retain(|c| allowed.contains(&c.config));
+            if prof.configs.is_empty() {
+                return Err(UsageError(format!(
+                    "profile {} holds none of the configs allowed by the flags ({}); it has: {}",
+                    p.display(),
+                    allowed.iter().map(ConfigSpec::label).collect::<Vec<_>>().join(", "),
+                    measured.join(", ")
+                ))
+                .into());
+            }
+            let missing: Vec<String> = allowed
+                .iter()
+                .filter(|c| !prof.configs.iter().any(|pc| &pc.config == *c))
+                .map(ConfigSpec::label)
+                .collect();
+            if !missing.is_empty() {
+                notes.push(format!(
+                    "not in profile {}, so not considered: {}",
+                    p.display(),
+                    missing.join(", ")
+                ));
+            }
+            let here = cpu_identity();
+            if !prof.device.cpu.is_empty() && prof.device.cpu != here {
+                notes.push(format!(
+                    "profile {} was measured on CPU {:?}, this is {here:?}: libtorch's CPU \
+                     kernels (and their workspaces) differ between CPUs, so profile here for \
+                     byte-exact predictions",
+                    p.display(),
+                    prof.device.cpu
+                ));
+            }
+            prof
+        }
+        None => measure_profile(&setup)?,
+    };
+    let measured_on = profile.device.device.split(':').next().unwrap_or("cpu").to_owned();
+    let target = a.target.clone().unwrap_or_else(|| measured_on.clone());
+    if target != "cpu" && target != "cuda" {
+        return Err(UsageError(format!("--target {target:?}: expected cpu or cuda")).into());
+    }
+    // What a CPU profile cannot see of a CUDA step: the CUDA context and cuBLAS/cuDNN
+    // workspaces (hundreds of MiB, outside the caching allocator's statistics but on the
+    // card) and the caching allocator's rounding and fragmentation (reserved above allocated,
+    // commonly 5-15% of the peak). 1 GiB + 10% covers both on current GPUs; `--reserve`
+    // replaces it with a figure measured on the user's own card.
+    let reserve: i64 = match (&a.reserve, target != measured_on) {
+        (Some(r), _) => {
+            let r = parse_size(r).map_err(|e| UsageError(format!("--reserve: {e}")))?;
+            i64::try_from(r).map_err(|_| UsageError("--reserve: too large".into()))?
+        }
+        (None, true) => (1i64 << 30) + budget / 10,
+        (None, false) => 0,
+    };
+    if reserve >= budget {
+        return Err(UsageError(format!(
+            "--budget {} leaves nothing to plan with after the reserve of {} for {target}",
+            format_size(budget as u64),
+            format_size(reserve as u64)
+        ))
+        .into());
+    }
+    if target != measured_on {
+        notes.push(format!(
+            "planned for {target} from a {measured_on} profile: tensor bytes carry over between devices, but \
+             {} of the budget is kept in reserve for the CUDA context, library workspaces and allocator \
+             fragmentation (--reserve to change it); step times are {measured_on} times",
+            format_size(reserve as u64)
+        ));
+    }
+    let shape = ShapeJson {
+        model: setup.model.clone(),
+        image: setup.opts.image,
+        seq: setup.opts.seq,
+        classes: setup.opts.classes,
+        granularity: a.model.granularity.clone(),
+        repeats: setup.repeats,
+    };
+    let mut plan = match plan_from_profile(&profile, budget - reserve, shape.clone()) {
+        Ok(p) => p,
+        Err(e) => {
+            // With --json, scripts get the failure as data too (stdout), not only as text.
+            if let (true, Some(f)) = (a.json, e.downcast_ref::<PlanFailure>()) {
+                print_json(&PlanFailureJson {
+                    budget_bytes: budget,
+                    checkpoint_regex: f.regex.clone(),
+                    config: f.key.clone(),
+                    format: formats::PLAN_FAILURE_FORMAT.into(),
+                    message: f.to_string(),
+                    min_peak_bytes: f.min_peak,
+                    peak_moment: f.binding.clone(),
+                    reserve_bytes: reserve,
+                })?;
+            }
+            return Err(e);
+        }
+    };
+    // What every plan of this command states besides the solve: the user's budget (the solve
+    // may have used less), the reserve, and the notes.
+    let finish = |mut plan: PlanJson| {
+        plan.budget_bytes = budget;
+        plan.margin_bytes = budget - reserve - plan.predicted.peak_bytes;
+        plan.target_device = target.clone();
+        plan.reserve_bytes = reserve;
+        plan.notes = notes.clone();
+        plan.notes.extend(eight_bit_note(&plan));
+        plan
+    };
+    plan = finish(plan);
+    let mut report = None;
+    if a.verify {
+        // A measured correction, not a fudge factor: if the run peaks above the budget, plan
+        // again with the measured excess taken off the budget (on CPU the model is exact and
+        // this loop ends after one verification).
+        let mut corrections = Vec::new();
+        let mut planning_budget = budget;
+        for round in 0..4 {
+            let r = verify_plan(&plan, setup.repeats, setup.quiet)?;
+            if r.within_budget {
+                plan.corrections = corrections;
+                report = Some(r);
+                break;
+            }
+            // The model's error at this plan; planning `error` below the budget makes a plan
+            // with the same error fit. If a round repeats an error, step down again.
+            let error = (r.measured.peak_bytes - r.predicted.peak_bytes).max(1);
+            let next = (budget - error).min(planning_budget);
+            planning_budget = if next < planning_budget {
+                next
+            } else {
+                planning_budget - error
+            };
+            corrections.push(CorrectionJson {
+                regex: plan.checkpoint.regex.clone(),
+                predicted_peak_bytes: r.predicted.peak_bytes,
+                measured_peak_bytes: r.measured.peak_bytes,
+                moment: r.peak_moment.clone(),
+                planning_budget_bytes: planning_budget,
+            });
+            if round == 3 {
+                return Err(anyhow::anyhow!(
+                    "plan --verify: the measured peak {} still exceeds the budget {} after {} corrections",
+                    format_size(r.measured.peak_bytes as u64),
+                    format_size(budget as u64),
+                    corrections.len()
+                ));
+            }
+            plan = finish(plan_from_profile(&profile, planning_budget - reserve, shape.clone())?);
+        }
+    }
+    if let Some(out) = &a.output {
+        formats::write_atomic(out, &plan).with_context(|| "writing the plan")?;
+    }
+    if a.json {
+        print_json(&plan)?;
+    } else {
+        print_plan(&plan);
+        if let Some(r) = &report {
+            outln!();
+            print_verify(r);
+        }
+        if let Some(out) = &a.output {
+            outln!("\nwrote {}", out.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Why an 8-bit optimizer was chosen: the measured state saved and the measured step time
+/// against the same config with the 32-bit optimizer, when both were profiled.
+pub fn eight_bit_note(p: &PlanJson) -> Option<String> {
+    let name = p.config.optimizer.strip_suffix("8bit")?;
+    let full = p.alternatives.iter().find(|a| {
+        a.config.optimizer == name
+            && a.config.precision == p.config.precision
+            && a.config.micro_batch == p.config.micro_batch
+            && a.config.set_to_none == p.config.set_to_none
+    })?;
+    let chosen = p.alternatives.iter().find(|a| a.config == p.config)?;
+    let saved = full.baseline_peak_bytes - chosen.baseline_peak_bytes;
+    let other = if full.feasible {
+        format!(
+            "{name}'s best plan that fits runs at {:.3} s",
+            full.predicted.step_seconds
+        )
+    } else {
+        format!(
+            "{name} does not fit at all (its smallest peak is {})",
+            format_size(full.predicted.peak_bytes as u64)
+        )
+    };
+    Some(format!(
+        "{} chosen over {name} (measured): with nothing checkpointed it peaks {} lower (8-bit moments); \
+         its plan runs at {:.3} s per step, and {other}",
+        p.config.optimizer,
+        format_size(saved.max(0) as u64),
+        chosen.predicted.step_seconds,
+    ))
+}
+
+pub fn print_plan(p: &PlanJson) {
+    outln!(
+        "{} on {} ({} threads), budget {}\n",
+        p.model.name,
+        p.device.device,
+        p.device.threads,
+        format_size(p.budget_bytes as u64)
+    );
+    outln!(
+        "  {:<26} {:>5} {:>12} {:>12} {:>9}  checkpoint",
+        "config",
+        "fits",
+        "peak",
+        "step",
+        "slowdown"
+    );
+    for a in &p.alternatives {
+        let mark = if a.config == p.config { "*" } else { " " };
+        outln!(
+            "{mark} {:<26} {:>5} {:>12} {:>10.3} s {:>8.1}%  {}",
+            a.config.label(),
+            if a.feasible { "yes" } else { "no" },
+            format_size(a.predicted.peak_bytes as u64),
+            a.predicted.step_seconds,
+            100.0 * (a.predicted.step_seconds / a.baseline_step_seconds - 1.0),
+            if a.checkpoint.modules.is_empty() {
+                "(nothing)".into()
+            } else {
+                a.checkpoint.modules.join(",")
+            }
+        );
+    }
+    outln!("\nplan: {}", p.config.label());
+    for n in &p.notes {
+        outln!("  note: {n}");
+    }
+
+    // The never-matching pattern puzzles readers who have not seen it; say what it means.
+    let meaning = if p.checkpoint.modules.is_empty() {
+        " (matches no module: nothing needs checkpointing)"
+    } else {
+        ""
+    };
+    outln!("  checkpoint regex: {}{meaning}", p.checkpoint.regex);
+    outln!(
+        "  predicted peak:   {} of {} ({} to spare), at {}",
+        format_size(p.predicted.peak_bytes as u64),
+        format_size(p.budget_bytes as u64),
+        format_size(p.margin_bytes.max(0) as u64),
+        p.predicted.peak_moment
+    );
+    outln!(
+        "  predicted step:   {:.3} s ({:.1}% throughput lost to recompute)",
+        p.predicted.step_seconds,
+        100.0 * p.predicted.throughput_loss
+    );
+    outln!(
+        "  training config:  precision {}, optimizer {}, micro-batch {}, gradient accumulation {}, set_to_none {}",
+        p.config.precision,
+        p.config.optimizer,
+        p.config.micro_batch,
+        p.config.grad_accum,
+        p.config.set_to_none
+    );
+}

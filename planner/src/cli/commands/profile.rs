@@ -1,0 +1,100 @@
+//! `ckptune profile`: per config, what checkpointing each candidate saves and costs.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use ckptune_runtime::Precision;
+use ckptune_solver::budget::format_size;
+use ckptune_solver::formats::{self, ProfileJson};
+
+use crate::cli::args::ProfileArgs;
+use crate::cli::output::{group_digits, outln, print_json};
+use crate::cli::setup::{measure_profile, Setup};
+
+pub fn profile_cmd(a: ProfileArgs) -> Result<ExitCode> {
+    let setup = Setup::resolve(&a.model, &[Precision::Fp32])?;
+    let p = measure_profile(&setup)?;
+    if let Some(out) = &a.output {
+        formats::write_atomic(out, &p)?;
+    }
+    if a.json {
+        print_json(&p)?;
+    } else {
+        print_profile(&p);
+        if let Some(out) = &a.output {
+            outln!("wrote {}", out.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_profile(p: &ProfileJson) {
+    outln!(
+        "{} ({} parameters), {} with {} threads",
+        p.model.name,
+        group_digits(p.model.params),
+        p.device.device,
+        p.device.threads
+    );
+    for c in &p.configs {
+        let cfg = &c.config;
+        outln!(
+            "\n{} / {} / micro-batch {} × {} / {}: peak {} with nothing checkpointed, {} with everything; \
+             step {:.3} s (median of {}, {:.3}–{:.3})",
+            cfg.precision,
+            cfg.optimizer,
+            cfg.micro_batch,
+            cfg.grad_accum,
+            if cfg.set_to_none { "set_to_none" } else { "zeroed grads" },
+            format_size(c.peak_none as u64),
+            format_size(c.peak_all as u64),
+            c.seconds_none.median,
+            c.seconds_none.n,
+            c.seconds_none.min,
+            c.seconds_none.max
+        );
+        outln!(
+            "  fixed: parameters {}, buffers {}, optimizer state {}, gradients {}, batch {}",
+            format_size(c.fixed.parameters as u64),
+            format_size(c.fixed.buffers as u64),
+            format_size(c.fixed.optimizer_state as u64),
+            format_size(c.fixed.gradients as u64),
+            format_size(c.fixed.batch as u64)
+        );
+        outln!(
+            "  {:<28} {:>12} {:>12} {:>12} {:>10}",
+            "block",
+            "kept",
+            "if ckpt",
+            "saves",
+            "recompute"
+        );
+        for (b, rec) in c.regimes[0].blocks.iter().zip(&c.recompute_seconds) {
+            if !b.candidate {
+                outln!("  {:<28} {:>12}", b.name, format_size(b.kept_grad.max(0) as u64));
+                continue;
+            }
+            outln!(
+                "  {:<28} {:>12} {:>12} {:>12} {:>8.1}ms",
+                b.name,
+                format_size(b.kept_grad.max(0) as u64),
+                format_size(b.kept_nograd.max(0) as u64),
+                format_size((b.kept_grad - b.kept_nograd).max(0) as u64),
+                rec * 1e3
+            );
+        }
+        let n = c.regimes[0].blocks.len();
+        // Groups: kept when run plain (fused, one graph) and when checkpointed whole.
+        for (g, grp) in c.regimes[0].groups.iter().enumerate() {
+            let rec = c.recompute_seconds.get(n + g).copied().unwrap_or(0.0);
+            outln!(
+                "  {:<28} {:>12} {:>12} {:>12} {:>8.1}ms",
+                grp.name,
+                format_size(grp.fused_kept.max(0) as u64),
+                format_size(grp.kept.max(0) as u64),
+                format_size((grp.fused_kept - grp.kept).max(0) as u64),
+                rec * 1e3
+            );
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! `ckptune verify`: a plan run for real, every moment of an instrumented step compared with
+//! the memory model to the byte.
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use ckptune_runtime::profile::measured_moments;
+use ckptune_runtime::progress::progress_bar;
+use ckptune_runtime::{StepTrace, TrainConfig};
+use ckptune_solver::budget::format_size;
+use ckptune_solver::formats::{self, MeasuredRun, MismatchJson, PlanJson, PredictedRun, VerifyJson};
+use ckptune_solver::model::moments_at;
+use ckptune_solver::profile::Stats;
+
+use crate::cli::args::{ModelArgs, VerifyArgs};
+use crate::cli::output::{group_digits, outln, print_json};
+use crate::cli::setup::Setup;
+
+/// A setup that rebuilds the plan's model and config.
+pub(crate) fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfig)> {
+    let args = ModelArgs {
+        model: plan.shape.model.clone(),
+        batch: vec![plan.config.micro_batch],
+        global_batch: Some(plan.config.micro_batch * plan.config.grad_accum),
+        image: plan.shape.image,
+        seq: plan.shape.seq,
+        classes: plan.shape.classes,
+        granularity: plan.shape.granularity.clone(),
+        precision: vec![plan.config.precision.clone()],
+        optimizer: vec![plan.config.optimizer.clone()],
+        zero_grad_in_place: !plan.config.set_to_none,
+        allow_8bit: false,
+        device: plan.device.device.split(':').next().unwrap_or("cpu").to_owned(),
+        threads: Some(plan.device.threads),
+        repeats: plan.shape.repeats,
+        cache_dir: None,
+        no_cache: true,
+        quiet,
+    };
+    let setup = Setup::resolve(&args, &[])?;
+    let cfg = TrainConfig::from_spec(&plan.config)?;
+    Ok((setup, cfg))
+}
+
+/// Runs `plan` for real: one warm-up step, `steps` timed steps, and one instrumented step whose
+/// every moment is compared with the model.
+pub fn verify_plan(plan: &PlanJson, steps: usize, quiet: bool) -> Result<VerifyJson> {
+    let (setup, cfg) = setup_for_plan(plan, quiet)?;
+    tch::set_num_threads(setup.threads);
+    ckptune_kernels::meter::install()?;
+    let mut s = setup.session(&cfg)?;
+    let mask = s.select(&plan.checkpoint.regex)?;
+    let pb = progress_bar((steps + 2) as u64, "verifying plan", quiet);
+    // Warm-up twice as the profiler does (nothing, everything checkpointed would differ from
+    // the plan; what matters is optimizer state and caches existing), then the plan.
+    s.step(&mask, None)?;
+    pb.inc(1);
+    let mut secs = Vec::new();
+    let mut peak = 0;
+    for _ in 0..steps.max(1) {
+        let r = s.step(&mask, None)?;
+        pb.inc(1);
+        secs.push(r.seconds);
+        peak = peak.max(r.peak_bytes);
+    }
+    let mut trace = StepTrace::default();
+    let r = s.step(&mask, Some(&mut trace))?;
+    pb.finish_and_clear();
+    peak = peak.max(r.peak_bytes);
+
+    let predicted = moments_at(&plan.profile, &mask);
+    let measured = measured_moments(&trace, &s.chain, plan.profile.regimes.len());
+    let mut mismatches = Vec::new();
+    for ((pl, pv), (ml, mv)) in predicted.iter().zip(&measured) {
+        if pl != ml {
+            bail!("verify: the model's moment {pl:?} does not line up with the run's {ml:?}");
+        }
+        if pv != mv {
+            mismatches.push(MismatchJson {
+                moment: pl.clone(),
+                predicted_bytes: *pv,
+                measured_bytes: *mv,
+            });
+        }
+    }
+    let peak_moment = measured
+        .iter()
+        .max_by_key(|(_, v)| *v)
+        .map(|(l, _)| l.clone())
+        .unwrap_or_default();
+    let stats = Stats::of(&secs);
+    let pred = PredictedRun {
+        peak_bytes: plan.predicted.peak_bytes,
+        step_seconds: plan.predicted.step_seconds,
+    };
+    Ok(VerifyJson {
+        format: formats::VERIFY_FORMAT.into(),
+        model: plan.model.name.clone(),
+        device: plan.device.device.clone(),
+        threads: setup.threads,
+        budget_bytes: plan.budget_bytes,
+        config: cfg.spec(),
+        regex: plan.checkpoint.regex.clone(),
+        modules: plan.checkpoint.modules.clone(),
+        peak_error_bytes: peak - pred.peak_bytes,
+        peak_error_relative: (peak - pred.peak_bytes) as f64 / pred.peak_bytes.max(1) as f64,
+        step_error_seconds: stats.median - pred.step_seconds,
+        step_error_relative: (stats.median - pred.step_seconds) / pred.step_seconds.max(f64::MIN_POSITIVE),
+        within_budget: peak <= plan.budget_bytes,
+        predicted: pred,
+        measured: MeasuredRun {
+            peak_bytes: peak,
+            step_seconds: stats.clone(),
+        },
+        peak_moment,
+        mismatches,
+    })
+}
+
+pub fn print_verify(r: &VerifyJson) {
+    outln!(
+        "verify {} ({} / {} / micro-batch {} × {}), checkpoint {}",
+        r.model,
+        r.config.precision,
+        r.config.optimizer,
+        r.config.micro_batch,
+        r.config.grad_accum,
+        r.regex
+    );
+    outln!(
+        "  peak: measured {} ({} B), predicted {} ({} B), error {} B ({:+.4}%)",
+        format_size(r.measured.peak_bytes as u64),
+        group_digits(r.measured.peak_bytes),
+        format_size(r.predicted.peak_bytes as u64),
+        group_digits(r.predicted.peak_bytes),
+        r.peak_error_bytes,
+        100.0 * r.peak_error_relative
+    );
+    outln!(
+        "  step: measured {:.3} s (median of {}), predicted {:.3} s, error {:+.1}%",
+        r.measured.step_seconds.median,
+        r.measured.step_seconds.n,
+        r.predicted.step_seconds,
+        100.0 * r.step_error_relative
+    );
+    if r.mismatches.is_empty() {
+        outln!("  every moment of the step matched the model to the byte");
+    } else {
+        outln!("  MODEL DEFECT: {} moments differ from the model:", r.mismatches.len());
+        for m in r.mismatches.iter().take(5) {
+            outln!(
+                "    {}: predicted {} B, measured {} B ({:+} B)",
+                m.moment,
+                m.predicted_bytes,
+                m.measured_bytes,
+                m.measured_bytes - m.predicted_bytes
+            );
+        }
+    }
+    if r.within_budget {
+        outln!("  within budget {} ✓", format_size(r.budget_bytes as u64));
+    } else {
+        outln!(
+            "  OVER BUDGET: measured peak {} exceeds the budget {} by {} (at {})",
+            format_size(r.measured.peak_bytes as u64),
+            format_size(r.budget_bytes as u64),
+            format_size((r.measured.peak_bytes - r.budget_bytes) as u64),
+            r.peak_moment
+        );
+    }
+}
+
+pub fn verify_cmd(a: VerifyArgs) -> Result<ExitCode> {
+    let plan: PlanJson = formats::read_tagged(&a.plan, formats::PLAN_FORMAT)?;
+    let steps = a.steps.unwrap_or(plan.shape.repeats);
+    let r = verify_plan(&plan, steps, a.quiet).with_context(|| format!("verifying {}", a.plan.display()))?;
+    if let Some(out) = &a.output {
+        formats::write_atomic(out, &r)?;
+    }
+    if a.json {
+        print_json(&r)?;
+    } else {
+        print_verify(&r);
+    }
+    if !r.within_budget {
+        eprintln!(
+            "error: verification failed: measured peak {} is over the budget {}",
+            format_size(r.measured.peak_bytes as u64),
+            format_size(r.budget_bytes as u64)
+        );
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}

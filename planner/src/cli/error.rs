@@ -1,0 +1,65 @@
+//! Exit codes by error type: 2 for bad input (a flag, a file, a model, a regex the user gave),
+//! 1 for work that failed (nothing fits, a run over budget, a libtorch failure). Commands
+//! propagate typed errors with context; only [`exit_code`] decides, so every command gives
+//! the same code for the same bad input.
+
+use std::process::ExitCode;
+
+use ckptune_models::ModelError;
+use ckptune_runtime::RuntimeError;
+use ckptune_solver::budget::SizeError;
+use ckptune_solver::formats::FormatError;
+use ckptune_solver::regex_emit::RegexError;
+use ckptune_solver::solver::SolveError;
+
+/// Bad input that no library error type names (a flag's value, a missing file, a
+/// combination of flags that cannot work).
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Whether one error of a chain says the input was bad.
+fn is_bad_input(e: &(dyn std::error::Error + 'static)) -> bool {
+    if e.is::<UsageError>() || e.is::<SizeError>() {
+        return true;
+    }
+    if let Some(m) = e.downcast_ref::<ModelError>() {
+        // A model that cannot be read or built is the user's file or name; a libtorch call
+        // failing while building it is not.
+        return !matches!(m, ModelError::Torch { .. });
+    }
+    if let Some(f) = e.downcast_ref::<FormatError>() {
+        // Reading a document the user named; writing an output is the work failing.
+        return !matches!(f, FormatError::Write { .. });
+    }
+    if let Some(r) = e.downcast_ref::<RuntimeError>() {
+        return matches!(
+            r,
+            RuntimeError::Regex { .. }
+                | RuntimeError::NotCandidate { .. }
+                | RuntimeError::Selection(_)
+                | RuntimeError::Config(_)
+        );
+    }
+    if let Some(s) = e.downcast_ref::<SolveError>() {
+        return matches!(s, SolveError::InvalidBudget { .. });
+    }
+    // A regex the user named that selects modules the model lacks.
+    e.is::<RegexError>()
+}
+
+/// The exit code for an error that ended a command.
+pub fn exit_code(e: &anyhow::Error) -> ExitCode {
+    if e.chain().any(is_bad_input) {
+        ExitCode::from(2)
+    } else {
+        ExitCode::from(1)
+    }
+}

@@ -1,0 +1,174 @@
+//! ARCHITECTURE.md's invariants, checked: dependencies point one way (the solver crate has no
+//! libtorch anywhere below it; models and kernels know nothing of planning; the runtime
+//! nothing of the binary), only `kernels/` has native code, and serde appears only in the
+//! formats module and the profile types it serializes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every package each workspace crate depends on, transitively (normal dependencies, all
+/// features of the workspace build).
+fn dependency_closure() -> BTreeMap<String, BTreeSet<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // Only this machine's platform: other platforms' crates are not downloaded, and the
+    // check must not need the network.
+    let rustc = Command::new("rustc").arg("-vV").output().expect("runs rustc -vV");
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .expect("rustc -vV names the host");
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--offline", "--filter-platform", &host])
+        .arg("--manifest-path")
+        .arg(root().join("Cargo.toml"))
+        .output()
+        .expect("runs cargo metadata");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: Value = serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON");
+    let name_of: BTreeMap<&str, &str> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["id"].as_str().unwrap(), p["name"].as_str().unwrap()))
+        .collect();
+    // Normal (non-dev, non-build) edges of the resolved graph.
+    let mut edges: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for node in meta["resolve"]["nodes"].as_array().unwrap() {
+        let id = node["id"].as_str().unwrap();
+        let deps = node["deps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["dep_kinds"].as_array().unwrap().iter().any(|k| k["kind"].is_null()))
+            .map(|d| d["pkg"].as_str().unwrap())
+            .collect();
+        edges.insert(id, deps);
+    }
+    let mut closure = BTreeMap::new();
+    for member in meta["workspace_members"].as_array().unwrap() {
+        let start = member.as_str().unwrap();
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![start];
+        while let Some(id) = stack.pop() {
+            for &d in edges.get(id).map(Vec::as_slice).unwrap_or_default() {
+                if seen.insert(name_of[d].to_string()) {
+                    stack.push(d);
+                }
+            }
+        }
+        closure.insert(name_of[start].to_string(), seen);
+    }
+    closure
+}
+
+#[test]
+fn dependencies_point_one_way() {
+    let deps = dependency_closure();
+    let has = |krate: &str, dep: &str| deps[krate].contains(dep);
+    for libtorch in ["tch", "torch-sys", "ckptune-kernels"] {
+        assert!(
+            !has("ckptune-solver", libtorch),
+            "the solver crate depends on {libtorch}"
+        );
+    }
+    for upper in ["ckptune", "ckptune-runtime", "ckptune-solver"] {
+        assert!(!has("ckptune-models", upper), "models depends on {upper}");
+        assert!(!has("ckptune-kernels", upper), "kernels depends on {upper}");
+    }
+    assert!(
+        !has("ckptune-runtime", "ckptune"),
+        "the runtime depends on the binary's crate"
+    );
+    // The runtime reads the solver crate's profile types and memory model, never the solver.
+    let mut files = Vec::new();
+    rust_files(&root().join("runtime/src"), &mut files);
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert!(
+            !text.contains("ckptune_solver::solver"),
+            "{} uses the solver",
+            f.display()
+        );
+    }
+    assert!(has("ckptune", "ckptune-solver") && has("ckptune", "ckptune-runtime"));
+}
+
+/// Every `.rs` file of the workspace's crates, tests and examples included.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy();
+        if path.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                rust_files(&path, out);
+            }
+        } else if name.ends_with(".rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn serde_lives_in_the_formats_module() {
+    let mut files = Vec::new();
+    for krate in [
+        "planner/src",
+        "planner/solver/src",
+        "runtime/src",
+        "models/src",
+        "kernels/src",
+    ] {
+        rust_files(&root().join(krate), &mut files);
+    }
+    let allowed = |p: &Path| {
+        let p = p.to_string_lossy();
+        p.contains("planner/solver/src/formats/") || p.ends_with("planner/solver/src/profile.rs")
+    };
+    let offenders: Vec<String> = files
+        .iter()
+        .filter(|f| !allowed(f))
+        .filter(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            text.contains("serde::") || text.contains("serde_json::") || text.contains("use serde")
+        })
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(offenders.is_empty(), "serde outside the formats module: {offenders:?}");
+}
+
+#[test]
+fn only_kernels_has_native_code() {
+    let mut files = Vec::new();
+    for dir in ["planner", "runtime", "models"] {
+        collect_native(&root().join(dir), &mut files);
+    }
+    assert!(files.is_empty(), "native sources outside kernels/: {files:?}");
+    let mut kernels = Vec::new();
+    collect_native(&root().join("kernels"), &mut kernels);
+    assert!(!kernels.is_empty(), "kernels/ has the shim");
+}
+
+fn collect_native(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            collect_native(&path, out);
+        } else if ["cpp", "cc", "c", "cu", "h", "hpp"]
+            .iter()
+            .any(|e| path.extension().is_some_and(|x| x == *e))
+        {
+            out.push(path);
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! Set-up shared by the binary's integration tests: running `ckptune`, reading its JSON, the
+//! fixtures' paths. Each test file uses what it needs.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// Runs the binary with a per-process profile cache, so tests never share cached profiles.
+pub fn ckptune(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ckptune"))
+        .args(args)
+        .env(
+            "CKPTUNE_CACHE",
+            std::env::temp_dir().join(format!("ckptune-test-cache-{}", std::process::id())),
+        )
+        .output()
+        .expect("runs ckptune")
+}
+
+pub fn ok(args: &[&str]) -> Output {
+    let out = ckptune(args);
+    assert!(
+        out.status.success(),
+        "ckptune {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+pub fn read(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("file written")).expect("valid JSON")
+}
+
+pub fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/fixtures")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Flags every test run passes: one thread, no progress bars, no cache.
+pub const COMMON: [&str; 4] = ["--threads", "1", "--quiet", "--no-cache"];

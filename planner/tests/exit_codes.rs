@@ -1,0 +1,139 @@
+//! Every subcommand gives the same exit code for the same bad input (2, decided by the
+//! error's type in one place), and none panics when its standard output is already closed
+//! (`ckptune models | head -1`): printing stops quietly and the work finishes.
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+use common::{ckptune, ok, COMMON};
+
+const TINY_BERT: [&str; 7] = ["tiny-bert", "--batch", "2", "--seq", "8", "--precision", "fp32"];
+
+fn assert_bad_input(args: &[&str], names: &str) {
+    let out = ckptune(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "ckptune {args:?} should exit 2: {stderr}");
+    assert!(
+        stderr.contains(names),
+        "ckptune {args:?}: the message should name {names:?}: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "ckptune {args:?} panicked: {stderr}");
+}
+
+#[test]
+fn the_same_bad_input_exits_2_in_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let corrupt = dir.path().join("corrupt.json");
+    std::fs::write(&corrupt, "{ not json").unwrap();
+    let corrupt = corrupt.to_str().unwrap();
+    // A document that cannot be read, wherever a command reads one.
+    for args in [
+        vec!["plan", "--budget", "1GiB", "tiny-bert", "--profile", corrupt],
+        vec!["sweep", "tiny-bert", "--checkpoint", "x", "--profile", corrupt],
+        vec!["verify", corrupt],
+        vec!["train", "tiny-bert", "--plan", corrupt],
+        vec!["plot", corrupt],
+    ] {
+        assert_bad_input(&args, "corrupt.json");
+    }
+    // A model file that does not exist, wherever a command takes a model.
+    let missing = "/nonexistent/model.safetensors";
+    for args in [
+        vec!["profile", missing],
+        vec!["sweep", missing, "--checkpoint", "x"],
+        vec!["plan", "--budget", "1GiB", missing],
+        vec!["train", missing],
+    ] {
+        assert_bad_input(&args, missing);
+    }
+    // A flag value out of range, wherever the flag exists.
+    for cmd in [
+        vec!["profile"],
+        vec!["sweep", "--all-subsets"],
+        vec!["plan", "--budget", "1GiB"],
+        vec!["train"],
+    ] {
+        let mut args = cmd.clone();
+        args.extend(["tiny-bert", "--batch", "0"]);
+        assert_bad_input(&args, "--batch 0");
+    }
+}
+
+/// Runs `args` with stdout a pipe whose reading end is closed before the command starts.
+fn run_with_closed_stdout(args: &[&str]) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_ckptune"))
+        .args(args)
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "ckptune {args:?} panicked: {stderr}");
+    assert_eq!(out.status.code(), Some(0), "ckptune {args:?}: {stderr}");
+}
+
+#[test]
+fn a_closed_stdout_ends_every_command_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("profile.json");
+    let plan = dir.path().join("plan.json");
+    let with = |base: &[&str], extra: &[&str]| -> Vec<String> {
+        base.iter().chain(extra).chain(&COMMON).map(|s| s.to_string()).collect()
+    };
+    let profile_s = profile.to_str().unwrap();
+    let plan_s = plan.to_str().unwrap();
+    // The files the later commands read, made with stdout intact.
+    let mut args = with(&["profile"], &TINY_BERT);
+    args.extend(["--repeats", "1", "-o", profile_s].map(String::from));
+    ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut args = with(&["plan", "--budget", "1GiB"], &TINY_BERT);
+    args.extend(["--profile", profile_s, "-o", plan_s].map(String::from));
+    ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+
+    let plots = dir.path().join("plots");
+    let commands: Vec<Vec<String>> = vec![
+        vec!["models".into()],
+        vec!["models".into(), "--json".into()],
+        {
+            let mut a = with(&["profile"], &TINY_BERT);
+            a.extend(["--repeats", "1"].map(String::from));
+            a
+        },
+        {
+            let mut a = with(&["sweep"], &TINY_BERT);
+            a.extend(["--checkpoint", r"encoder\.layer\.0", "--repeats", "1"].map(String::from));
+            a
+        },
+        {
+            let mut a = with(&["plan", "--budget", "1GiB"], &TINY_BERT);
+            a.extend(["--profile", profile_s, "--json"].map(String::from));
+            a
+        },
+        vec![
+            "verify".into(),
+            plan_s.into(),
+            "--steps".into(),
+            "1".into(),
+            "--quiet".into(),
+        ],
+        {
+            let mut a = with(&["train"], &TINY_BERT);
+            a.extend(["--steps", "2"].map(String::from));
+            a
+        },
+        vec![
+            "plot".into(),
+            profile_s.into(),
+            "-o".into(),
+            plots.to_str().unwrap().into(),
+        ],
+    ];
+    for args in &commands {
+        run_with_closed_stdout(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    // The work still finished: plot wrote its files although it could not say so.
+    assert!(std::fs::read_dir(&plots).unwrap().count() > 0, "plot wrote nothing");
+}
