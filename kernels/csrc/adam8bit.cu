@@ -1,5 +1,5 @@
 // 8-bit block-wise Adam/AdamW (Dettmers et al., ICLR 2022): the CUDA twin of the CPU update in
-// kernels/src/adam8bit.rs, compiled at run time by NVRTC (kernels/src/nvrtc.rs).
+// kernels/src/adam8bit/, compiled at run time by NVRTC (kernels/src/nvrtc.rs).
 //
 // The Rust side prepends a prelude defining
 //   CKPT_QBLOCK                       quantization block length (2048),
@@ -26,7 +26,7 @@ __device__ __forceinline__ unsigned int ckpt_nearest(const float *__restrict__ m
     return lo;
 }
 
-// One element's Adam/AdamW update, operation for operation as `adam_element` in adam8bit.rs
+// One element's Adam/AdamW update, operation for operation as `adam_element` in adam8bit/update.rs
 // (torch.optim.AdamW's single-tensor formulas). l2 = 0 for AdamW and decay = 1 for Adam leave
 // finite g and p unchanged, so one formula serves both (and the CPU evaluates the same one).
 struct CkptAdamOut {

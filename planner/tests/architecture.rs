@@ -25,7 +25,14 @@ fn dependency_closure() -> BTreeMap<String, BTreeSet<String>> {
         .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
         .expect("rustc -vV names the host");
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline", "--filter-platform", &host])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--filter-platform",
+            &host,
+        ])
         .arg("--manifest-path")
         .arg(root().join("Cargo.toml"))
         .output()

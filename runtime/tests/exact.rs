@@ -4,34 +4,14 @@
 //!
 //! Every test holds the meter's process-wide lock: the counters see every allocation.
 
+mod common;
+
 use ckptune_kernels::{meter, rng};
-use ckptune_models::toy::{toy, ToyConfig};
-use ckptune_runtime::profile::{measured_moments, profile, ProfileSettings};
-use ckptune_runtime::{OptimizerKind, Precision, Session, StepTrace, TrainConfig};
+use ckptune_models::toy::ToyConfig;
+use ckptune_runtime::profile::measured_moments;
+use ckptune_runtime::{OptimizerKind, Precision, StepTrace, TrainConfig};
 use ckptune_solver::model::{moments_at, peak_at};
-use tch::{Device, Tensor};
-
-fn session(toy_cfg: &ToyConfig, cfg: TrainConfig) -> Session {
-    tch::manual_seed(42);
-    Session::new(toy(toy_cfg, Device::Cpu), cfg, Device::Cpu).expect("session")
-}
-
-fn masks(n: usize) -> Vec<Vec<bool>> {
-    (0..1u32 << n)
-        .map(|m| (0..n).map(|i| m >> i & 1 == 1).collect())
-        .collect()
-}
-
-fn assert_bitwise(what: &str, a: &[(String, Tensor)], b: &[(String, Tensor)]) {
-    assert_eq!(a.len(), b.len());
-    for ((na, ta), (nb, tb)) in a.iter().zip(b) {
-        assert_eq!(na, nb);
-        assert_eq!(ta.defined(), tb.defined(), "{what}: {na} defined");
-        if ta.defined() {
-            assert!(ta.equal(tb), "{what}: {na} differs");
-        }
-    }
-}
+use common::{assert_bitwise, quick_profile, subsets, toy_session};
 
 #[test]
 fn gradients_and_state_are_bitwise_equal_under_every_subset() {
@@ -46,7 +26,7 @@ fn gradients_and_state_are_bitwise_equal_under_every_subset() {
     };
     for precision in [Precision::Fp32, Precision::Bf16, Precision::Bf16Pure] {
         let cfg = TrainConfig::new(precision, OptimizerKind::AdamW, 8);
-        let mut reference = session(&toy_cfg, cfg.clone());
+        let mut reference = toy_session(&toy_cfg, cfg.clone());
         tch::manual_seed(1);
         let rng0 = rng::cpu_state().unwrap();
         let batch = reference.make_batch();
@@ -54,8 +34,8 @@ fn gradients_and_state_are_bitwise_equal_under_every_subset() {
         let grads = reference.named_grads();
         let state = reference.named_parameters();
         let rng_after = rng::cpu_state().unwrap();
-        for mask in masks(4).into_iter().skip(1) {
-            let mut s = session(&toy_cfg, cfg.clone());
+        for mask in subsets(4).into_iter().skip(1) {
+            let mut s = toy_session(&toy_cfg, cfg.clone());
             rng::set_cpu_state(&rng0).unwrap();
             let batch = s.make_batch();
             s.micro_step(&batch, &mask, None).unwrap();
@@ -84,8 +64,8 @@ fn whole_steps_with_and_without_checkpointing_train_identically() {
     };
     let mut cfg = TrainConfig::new(Precision::Fp32, OptimizerKind::Adam, 4);
     cfg.grad_accum = 2;
-    let mut a = session(&toy_cfg, cfg.clone());
-    let mut b = session(&toy_cfg, cfg);
+    let mut a = toy_session(&toy_cfg, cfg.clone());
+    let mut b = toy_session(&toy_cfg, cfg);
     tch::manual_seed(3);
     let la: Vec<f64> = (0..3).map(|_| a.step(&[false; 3], None).unwrap().loss).collect();
     tch::manual_seed(3);
@@ -106,15 +86,8 @@ fn kept_bytes_match_an_analytic_count() {
         blocks: 3,
         ..Default::default()
     };
-    let mut s = session(&toy_cfg, TrainConfig::new(Precision::Fp32, OptimizerKind::Sgd, batch));
-    let p = profile(
-        &mut s,
-        &ProfileSettings {
-            repeats: 1,
-            quiet: true,
-        },
-    )
-    .unwrap();
+    let mut s = toy_session(&toy_cfg, TrainConfig::new(Precision::Fp32, OptimizerKind::Sgd, batch));
+    let p = quick_profile(&mut s);
     let act = batch * width * 4;
     let rng_state = ckptune_runtime::exec::nbytes(&rng::cpu_state().unwrap());
     let r = &p.regimes[0];
@@ -146,15 +119,8 @@ fn check_exact(toy_cfg: &ToyConfig, cfg: TrainConfig) {
     let _lock = meter::exclusive();
     tch::set_num_threads(1);
     let label = cfg.label();
-    let mut s = session(toy_cfg, cfg);
-    let p = profile(
-        &mut s,
-        &ProfileSettings {
-            repeats: 1,
-            quiet: true,
-        },
-    )
-    .unwrap();
+    let mut s = toy_session(toy_cfg, cfg);
+    let p = quick_profile(&mut s);
     assert_eq!(
         peak_at(&p, &vec![false; toy_cfg.blocks]).0,
         p.peak_none,
@@ -165,7 +131,7 @@ fn check_exact(toy_cfg: &ToyConfig, cfg: TrainConfig) {
         p.peak_all,
         "{label}: everything checkpointed"
     );
-    for mask in masks(toy_cfg.blocks) {
+    for mask in subsets(toy_cfg.blocks) {
         s.step(&mask, None).unwrap(); // warm-up of this subset
         let measured = s.step(&mask, None).unwrap().peak_bytes;
         let (predicted, moment) = peak_at(&p, &mask);

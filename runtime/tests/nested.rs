@@ -5,11 +5,14 @@
 //!
 //! Every test holds the meter's process-wide lock: the counters see every allocation.
 
+mod common;
+
 use ckptune_kernels::meter;
 use ckptune_models::{builtin, resnet, Chain, Granularity, ModelOptions};
-use ckptune_runtime::profile::{measured_moments, profile, ProfileSettings};
+use ckptune_runtime::profile::measured_moments;
 use ckptune_runtime::{select, OptimizerKind, Precision, Session, StepTrace, TrainConfig};
 use ckptune_solver::model::{moments_at, peak_at};
+use common::{assert_bitwise, quick_profile};
 use tch::Device;
 
 /// Builds a fresh chain (sessions consume theirs).
@@ -143,12 +146,8 @@ fn nested_checkpointing_equals_plain_bit_for_bit() {
             picks.push(all_groups);
             for x in picks {
                 let (g, p) = grads(x);
-                for ((na, a), (_, b)) in g0.iter().chain(&p0).zip(g.iter().chain(&p)) {
-                    assert_eq!(a.defined(), b.defined(), "{name} {precision} {na}");
-                    if a.defined() {
-                        assert!(a.equal(b), "{name} {precision} {x:?}: {na} differs");
-                    }
-                }
+                assert_bitwise(&format!("{name} {precision} {x:?} gradients"), &g0, &g);
+                assert_bitwise(&format!("{name} {precision} {x:?} parameters"), &p0, &p);
             }
         }
     }
@@ -161,14 +160,7 @@ fn every_allowed_choice_peaks_exactly_as_predicted() {
     for (name, make) in models() {
         for precision in [Precision::Fp32, Precision::Bf16] {
             let mut s = session(&*make, precision);
-            let p = profile(
-                &mut s,
-                &ProfileSettings {
-                    repeats: 1,
-                    quiet: true,
-                },
-            )
-            .unwrap();
+            let p = quick_profile(&mut s);
             assert_eq!(p.recompute_seconds.len(), s.chain.units());
             let masks = allowed_masks(&s.chain);
             assert!(masks.len() >= 25, "{name}: {} choices", masks.len());

@@ -5,23 +5,19 @@
 //!
 //! Every test holds the meter's process-wide lock: the counters see every allocation.
 
-use ckptune_kernels::meter;
-use ckptune_models::toy::{toy, ToyConfig};
-use ckptune_runtime::exec::StepTrace;
-use ckptune_runtime::profile::{profile, ProfileSettings};
-use ckptune_runtime::{OptimizerKind, Precision, Session, TrainConfig};
-use ckptune_solver::model::peak_at;
-use tch::Device;
+mod common;
 
-fn session(toy_cfg: &ToyConfig, cfg: TrainConfig) -> Session {
-    tch::manual_seed(42);
-    Session::new(toy(toy_cfg, Device::Cpu), cfg, Device::Cpu).expect("session")
-}
+use ckptune_kernels::meter;
+use ckptune_models::toy::ToyConfig;
+use ckptune_runtime::exec::StepTrace;
+use ckptune_runtime::{OptimizerKind, Precision, TrainConfig};
+use ckptune_solver::model::peak_at;
+use common::{quick_profile, toy_session};
 
 /// Trains on one fixed batch (so the loss can fall; `Session::step` draws a fresh random batch
 /// each step) for `steps` optimizer steps, checkpointing every other block.
 fn losses(toy_cfg: &ToyConfig, cfg: TrainConfig, steps: usize) -> Vec<f64> {
-    let mut s = session(toy_cfg, cfg);
+    let mut s = toy_session(toy_cfg, cfg);
     let mask: Vec<bool> = (0..toy_cfg.blocks).map(|i| i % 2 == 1).collect();
     let batch = s.make_batch();
     (0..steps)
@@ -101,7 +97,7 @@ fn optimizer_state_bytes_equal_the_exact_count() {
             blocks,
             ..Default::default()
         };
-        let mut s = session(&toy_cfg, TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW8bit, 8));
+        let mut s = toy_session(&toy_cfg, TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW8bit, 8));
         assert_eq!(s.optimizer_state_bytes(), 0, "state is allocated by the first step");
         // Per block a width×width weight and a bias; the head a 10×width weight and a bias.
         let mut numels = vec![];
@@ -152,18 +148,11 @@ fn profile_predicts_every_subset_s_peak_with_adamw8bit() {
         batch_norm: true,
         ..Default::default()
     };
-    let mut s = session(
+    let mut s = toy_session(
         &toy_cfg,
         TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW8bit, 16),
     );
-    let p = profile(
-        &mut s,
-        &ProfileSettings {
-            repeats: 1,
-            quiet: true,
-        },
-    )
-    .unwrap();
+    let p = quick_profile(&mut s);
     for m in 0..1u32 << toy_cfg.blocks {
         let mask: Vec<bool> = (0..toy_cfg.blocks).map(|i| m >> i & 1 == 1).collect();
         s.step(&mask, None).unwrap();

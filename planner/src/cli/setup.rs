@@ -62,7 +62,7 @@ impl Setup {
         } else {
             a.precision
                 .iter()
-                .map(|p| p.parse().map_err(|e| usage(format!("--precision: {e}"))))
+                .map(|p| p.parse::<Precision>().context("--precision"))
                 .collect::<Result<_>>()?
         };
         let precisions: Vec<Precision> = if a.precision.is_empty() {
@@ -73,14 +73,14 @@ impl Setup {
                 .collect()
         } else {
             for p in &precisions {
-                p.check_device(device).map_err(|e| usage(format!("--precision: {e}")))?;
+                p.check_device(device).context("--precision")?;
             }
             precisions
         };
         let mut optimizers: Vec<OptimizerKind> = a
             .optimizer
             .iter()
-            .map(|o| o.parse().map_err(|e| usage(format!("--optimizer: {e}"))))
+            .map(|o| o.parse::<OptimizerKind>().context("--optimizer"))
             .collect::<Result<_>>()?;
         if a.allow_8bit {
             for o in optimizers.clone() {
@@ -188,11 +188,11 @@ impl Setup {
                 }
                 other => other,
             };
-            loaded.map_err(|e| usage(format!("loading model {}: {e}", path.display())))
+            Ok(loaded.with_context(|| format!("loading model {}", path.display()))?)
         } else if self.model.ends_with(".pt") || self.model.ends_with(".safetensors") || self.model.contains('/') {
             Err(usage(format!("model file {} does not exist", self.model)))
         } else {
-            ckptune_models::builtin(&self.model, &self.opts).map_err(|e| usage(e.to_string()))
+            Ok(ckptune_models::builtin(&self.model, &self.opts)?)
         }
     }
 

@@ -192,7 +192,7 @@ impl std::fmt::Display for PlanFailure {
 impl std::error::Error for PlanFailure {}
 
 pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
-    let budget = parse_size(&a.budget).map_err(|e| UsageError(format!("--budget: {e}")))?;
+    let budget = parse_size(&a.budget).context("--budget")?;
     let budget = i64::try_from(budget).map_err(|_| UsageError(format!("--budget {}: too large", a.budget)))?;
     let setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
     let mut notes = Vec::new();
@@ -250,7 +250,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
     // replaces it with a figure measured on the user's own card.
     let reserve: i64 = match (&a.reserve, target != measured_on) {
         (Some(r), _) => {
-            let r = parse_size(r).map_err(|e| UsageError(format!("--reserve: {e}")))?;
+            let r = parse_size(r).context("--reserve")?;
             i64::try_from(r).map_err(|_| UsageError("--reserve: too large".into()))?
         }
         (None, true) => (1i64 << 30) + budget / 10,

@@ -1,0 +1,45 @@
+//! Set-up shared by the runtime's tests: sessions on the toy chain, a quick profile, and the
+//! bitwise comparison of named tensors. Each test file uses what it needs.
+#![allow(dead_code)]
+
+use ckptune_models::toy::{toy, ToyConfig};
+use ckptune_runtime::profile::{profile, ConfigProfile, ProfileSettings};
+use ckptune_runtime::{Session, TrainConfig};
+use tch::{Device, Tensor};
+
+/// A session on the toy chain with seeded weights.
+pub fn toy_session(toy_cfg: &ToyConfig, cfg: TrainConfig) -> Session {
+    tch::manual_seed(42);
+    Session::new(toy(toy_cfg, Device::Cpu), cfg, Device::Cpu).expect("session")
+}
+
+/// A profile with one timed repeat (memory needs no more) and no progress bar.
+pub fn quick_profile(s: &mut Session) -> ConfigProfile {
+    profile(
+        s,
+        &ProfileSettings {
+            repeats: 1,
+            quiet: true,
+        },
+    )
+    .expect("profile")
+}
+
+/// Every subset of `n` blocks as masks.
+pub fn subsets(n: usize) -> Vec<Vec<bool>> {
+    (0..1u32 << n)
+        .map(|m| (0..n).map(|i| m >> i & 1 == 1).collect())
+        .collect()
+}
+
+/// Two lists of named tensors are equal bit for bit (undefined gradients match undefined).
+pub fn assert_bitwise(what: &str, a: &[(String, Tensor)], b: &[(String, Tensor)]) {
+    assert_eq!(a.len(), b.len(), "{what}: as many tensors");
+    for ((na, ta), (nb, tb)) in a.iter().zip(b) {
+        assert_eq!(na, nb);
+        assert_eq!(ta.defined(), tb.defined(), "{what}: {na} defined");
+        if ta.defined() {
+            assert!(ta.equal(tb), "{what}: {na} differs");
+        }
+    }
+}
