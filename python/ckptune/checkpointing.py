@@ -1,0 +1,128 @@
+"""Wrapping the plan's modules in `torch.utils.checkpoint`, keeping every name as it was."""
+
+import difflib
+import functools
+import re
+import types
+from typing import List, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .plan import PlanLike, load_plan
+
+# Where a wrapped module keeps its own forward. Its presence is also the mark `apply` looks for
+# to refuse wrapping twice (a checkpoint inside a checkpoint recomputes twice for no memory).
+_INNER = "_ckptune_inner_forward"
+
+
+def _checkpointed_forward(self, *args, **kwargs):
+    """A wrapped module's forward: its own forward under non-reentrant checkpointing, the kind
+    ckptune measured (it saves nothing inside the module, restores the RNG state so dropout
+    draws the same masks on recompute, and accepts keyword arguments and non-tensor inputs)."""
+    inner = getattr(self, _INNER)
+    if not torch.is_grad_enabled():
+        # Nothing is saved for backward without grad mode, so there is nothing to recompute.
+        return inner(*args, **kwargs)
+    # Keyword arguments travel in a partial rather than as checkpoint's **kwargs, so that one
+    # named like a checkpoint option (`preserve_rng_state`, `context_fn`, ...) reaches the module.
+    return checkpoint(functools.partial(inner, **kwargs), *args, use_reentrant=False)
+
+
+def apply(model: nn.Module, plan: PlanLike) -> List[str]:
+    """Checkpoints the modules of `model` whose qualified names fully match the plan's regex.
+
+    Each match gets an instance-level `forward` that runs its class's forward under
+    `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`: no module is renamed or
+    re-parented, so `state_dict` keys, `named_modules` and optimizers built before or after
+    are unaffected. Returns the wrapped names in `named_modules` order ([] for a plan that
+    checkpoints nothing).
+
+    Plan names are the model's names as ckptune loaded it, which drops a task wrapper's
+    backbone prefix (`bert.`, `transformer.`): apply a BERT plan to `model.bert`, a GPT-2 plan
+    to `model.transformer`. Everything is checked before anything is wrapped, so a refusal
+    (ValueError) leaves the model untouched: a regex that matches nothing although the plan
+    checkpoints modules, plan modules the model lacks, a match nested in another match, or a
+    model already wrapped by `apply`.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"apply expects a torch.nn.Module, found {type(model).__name__}")
+    doc = load_plan(plan)
+    try:
+        pattern = doc["checkpoint"]["regex"]
+        planned = [str(m) for m in doc["checkpoint"]["modules"]]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"plan lacks checkpoint.regex or checkpoint.modules ({e!r}); re-plan with "
+                         f"this ckptune") from None
+    try:
+        regex = re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"plan's checkpoint regex {pattern!r} is not a valid regex: {e}") from None
+
+    wrapped = [name or "<root>" for name, m in model.named_modules() if _INNER in m.__dict__]
+    if wrapped:
+        raise ValueError(f"model is already wrapped by ckptune.apply (modules {', '.join(wrapped)}); "
+                         f"apply a plan once, to a model that has not been wrapped")
+
+    # The root ("") is never a candidate: plans name submodules only.
+    modules = [(name, m) for name, m in model.named_modules() if name]
+    names = [name for name, _ in modules]
+    matched = [(name, m) for name, m in modules if regex.fullmatch(name)]
+
+    if not matched:
+        if not planned:
+            return []
+        raise ValueError(f"checkpoint regex {pattern} matches no module of this model, but the plan "
+                         f"checkpoints {', '.join(planned)}; {_closest(planned, names)}")
+
+    present = set(names)
+    missing = [p for p in planned if p not in present]
+    if missing:
+        raise ValueError(f"this model's module names differ from the plan's: {', '.join(missing)} "
+                         f"not found; {_closest(missing, names)}")
+
+    matched_names = {name for name, _ in matched}
+    nested = [f"{name} inside {outer}" for name, _ in matched for outer in _ancestors(name)
+              if outer in matched_names]
+    if nested:
+        raise ValueError(f"checkpoint regex {pattern} matches modules nested in other matches "
+                         f"({'; '.join(nested)}); checkpoint a module or its parts, never both")
+
+    for _, m in matched:
+        m.__dict__[_INNER] = m.forward
+        # A bound method (not a closure) so that copy.deepcopy rebinds it to the copy.
+        m.forward = types.MethodType(_checkpointed_forward, m)
+    return [name for name, _ in matched]
+
+
+def _ancestors(name: str) -> List[str]:
+    """`a.b.c` -> [`a`, `a.b`]: the qualified names of the modules containing it."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _closest(wanted: Sequence[str], names: Sequence[str]) -> str:
+    """The model's names closest to the plan's, and the submodule to apply the plan to when the
+    plan's names are the model's under a wrapper prefix (`bert.encoder.layer.0`)."""
+    close: List[str] = []
+    for w in wanted:
+        for c in difflib.get_close_matches(w, names, n=3):
+            if c not in close:
+                close.append(c)
+    text = (f"closest module names: {', '.join(close)}" if close
+            else f"no module name is close (the model's first are {', '.join(names[:5])})")
+    prefix = _wrapper_prefix(wanted, names)
+    if prefix is not None:
+        text += (f"; the plan's names are this model's under {prefix!r}: apply the plan to "
+                 f"model.get_submodule({prefix!r})")
+    return text
+
+
+def _wrapper_prefix(wanted: Sequence[str], names: Sequence[str]) -> Optional[str]:
+    present = set(names)
+    prefixes = sorted({n[: -len(wanted[0]) - 1] for n in names if n.endswith("." + wanted[0])}, key=len)
+    for prefix in prefixes:
+        if all(f"{prefix}.{w}" in present for w in wanted):
+            return prefix
+    return None
