@@ -11,6 +11,7 @@
 // `err` (freed by ckpt_free_str); nothing throws across the C boundary.
 
 #include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -335,9 +336,19 @@ c10::IValue to_ivalue(const c10::Argument& formal, const CkptArg& a) {
                 " but the program gives ", describe_arg(a));
   };
   switch (type->kind()) {
-    case c10::TypeKind::TensorType:
+    case c10::TypeKind::TensorType: {
       if (a.tag == 1 && a.tensor != nullptr) return *a.tensor;
-      return bad();
+      // A Python number where the schema wants a tensor (`buf.add_(1)` is add_.Tensor): the
+      // Python binding passes a 0-dim "wrapped number" tensor, which type promotion treats as a
+      // scalar; do the same so dtypes and allocations match eager.
+      at::Tensor t;
+      if (a.tag == 2) t = at::scalar_to_tensor(at::Scalar(a.i));
+      else if (a.tag == 3) t = at::scalar_to_tensor(at::Scalar(a.f));
+      else if (a.tag == 4) t = at::scalar_to_tensor(at::Scalar(a.i != 0));
+      else return bad();
+      t.unsafeGetTensorImpl()->set_wrapped_number(true);
+      return t;
+    }
     case c10::TypeKind::IntType:
     case c10::TypeKind::SymIntType:
     case c10::TypeKind::ScalarTypeType:

@@ -284,10 +284,22 @@ mod tests {
         let e = schema("aten::no_such_op", "").unwrap_err().to_string();
         assert!(e.contains("no_such_op"), "{e}");
         let a = Tensor::ones([2], (Kind::Float, Device::Cpu));
-        let e = call("aten::relu", "", &[("self", Arg::Int(1))])
+        let e = call("aten::relu", "", &[("self", Arg::Str("cpu".into()))])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("argument 'self'") && e.contains("an int"), "{e}");
+        assert!(e.contains("argument 'self'") && e.contains("a string"), "{e}");
+        // A Python number for a tensor argument is a wrapped-number tensor, as in eager.
+        let b = Tensor::ones([2], (Kind::BFloat16, Device::Cpu));
+        let out = call(
+            "aten::add",
+            "Tensor",
+            &[("self", Arg::Tensor(&b)), ("other", Arg::Int(1))],
+        )
+        .unwrap();
+        let Some(Value::Tensor(y)) = out.first() else {
+            panic!("{out:?}")
+        };
+        assert_eq!(y.kind(), Kind::BFloat16, "a wrapped number does not promote");
         let e = call("aten::relu", "", &[("self", Arg::Tensor(&a)), ("bogus", Arg::Int(1))])
             .unwrap_err()
             .to_string();

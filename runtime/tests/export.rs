@@ -1,0 +1,128 @@
+//! `torch.export` programs run node by node: the exported tiny ResNet (models/fixtures,
+//! made by make_export_fixtures.py from reference.py) cuts into the built-in's blocks, its
+//! training step peaks at exactly the built-in's bytes under every checkpoint subset, and its
+//! gradients with checkpointing equal the plain step's bit for bit.
+
+use std::path::PathBuf;
+
+use ckptune_kernels::meter;
+use ckptune_models::export::chain_from_export;
+use ckptune_models::{builtin, Chain, ModelOptions};
+use ckptune_runtime::{OptimizerKind, Precision, Session, TrainConfig};
+use tch::Device;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/fixtures")
+        .join(name)
+}
+
+fn exported(batch: Option<i64>) -> Chain {
+    let opts = ModelOptions {
+        batch,
+        ..Default::default()
+    };
+    chain_from_export(&fixture("tiny_resnet.pt2"), &opts).unwrap()
+}
+
+fn session(chain: Chain, precision: Precision, batch: i64) -> Session {
+    Session::new(
+        chain,
+        TrainConfig::new(precision, OptimizerKind::AdamW, batch),
+        Device::Cpu,
+    )
+    .unwrap()
+}
+
+#[test]
+fn exported_resnet_cuts_into_the_builtin_blocks() {
+    let ex = exported(None);
+    let opts = ModelOptions {
+        image: Some(16),
+        ..Default::default()
+    };
+    let bi = builtin("tiny-resnet", &opts).unwrap();
+    let names = |c: &Chain| -> Vec<(String, bool)> { c.blocks.iter().map(|b| (b.name.clone(), b.candidate)).collect() };
+    assert_eq!(names(&ex), names(&bi));
+    assert_eq!(ex.input, bi.input);
+    let mut a: Vec<(String, Vec<i64>)> = ex.vs.variables().into_iter().map(|(n, t)| (n, t.size())).collect();
+    let mut b: Vec<(String, Vec<i64>)> = bi.vs.variables().into_iter().map(|(n, t)| (n, t.size())).collect();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "parameter and buffer names and shapes equal the built-in's");
+}
+
+/// Step peak above the step's start, for every subset of the four candidates.
+fn peaks(chain: Chain, precision: Precision, batch: i64) -> Vec<i64> {
+    let mut s = session(chain, precision, batch);
+    let cands: Vec<usize> = (0..s.chain.blocks.len())
+        .filter(|&i| s.chain.blocks[i].candidate)
+        .collect();
+    let n = s.chain.blocks.len();
+    (0..1usize << cands.len())
+        .map(|bits| {
+            let mut mask = vec![false; n];
+            for (k, &i) in cands.iter().enumerate() {
+                mask[i] = bits >> k & 1 == 1;
+            }
+            s.step(&mask, None).unwrap(); // warm-up of this subset
+            let r = s.step(&mask, None).unwrap();
+            r.peak_bytes - r.start_bytes
+        })
+        .collect()
+}
+
+#[test]
+fn exported_resnet_peaks_at_the_builtin_bytes_under_every_subset() {
+    let _lock = meter::exclusive();
+    tch::set_num_threads(1);
+    let opts = ModelOptions {
+        image: Some(16),
+        ..Default::default()
+    };
+    for (precision, batch) in [(Precision::Fp32, 4), (Precision::Bf16, 2)] {
+        tch::manual_seed(0);
+        let want = peaks(builtin("tiny-resnet", &opts).unwrap(), precision, batch);
+        tch::manual_seed(0);
+        let got = peaks(exported(Some(batch)), precision, batch);
+        assert_eq!(got, want, "{precision} batch {batch}: exported vs built-in step peaks");
+    }
+}
+
+#[test]
+fn exported_resnet_checkpointed_gradients_equal_plain_bit_for_bit() {
+    let _lock = meter::exclusive();
+    tch::set_num_threads(1);
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let grads = |all: bool| {
+            let mut s = session(exported(Some(2)), precision, 2);
+            let mask: Vec<bool> = s.chain.blocks.iter().map(|b| all && b.candidate).collect();
+            tch::manual_seed(5);
+            let batch = s.make_batch();
+            s.micro_step(&batch, &mask, None).unwrap();
+            let buffers: Vec<(String, tch::Tensor)> = s
+                .chain
+                .vs
+                .variables()
+                .into_iter()
+                .filter(|(_, t)| !t.requires_grad())
+                .collect();
+            (s.named_grads(), buffers)
+        };
+        let (plain, plain_buf) = grads(false);
+        let (ckpt, ckpt_buf) = grads(true);
+        assert_eq!(plain.len(), ckpt.len());
+        assert!(!plain.is_empty());
+        for ((n, a), (_, b)) in plain.iter().zip(&ckpt) {
+            assert!(a.defined(), "{precision}: {n} got no gradient");
+            assert!(a.equal(b), "{precision}: gradient of {n} differs");
+        }
+        let mut pb = plain_buf;
+        let mut cb = ckpt_buf;
+        pb.sort_by(|a, b| a.0.cmp(&b.0));
+        cb.sort_by(|a, b| a.0.cmp(&b.0));
+        for ((n, a), (_, b)) in pb.iter().zip(&cb) {
+            assert!(a.equal(b), "{precision}: buffer {n} differs after a checkpointed step");
+        }
+    }
+}
