@@ -1,0 +1,161 @@
+//! Loading `torch.export` archives (fixtures from `fixtures/make_export_fixtures.py`): the
+//! candidate rules, the batch rule, and every kind of bad input failing with a message that
+//! names the node, its operator and what to do.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use ckptune_models::export::chain_from_export;
+use ckptune_models::{builtin, Chain, Granularity, InputSpec, ModelError, ModelOptions};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+}
+
+fn load(name: &str, opts: ModelOptions) -> Result<Chain, ModelError> {
+    chain_from_export(&fixture(name), &opts)
+}
+
+fn candidates(c: &Chain) -> Vec<String> {
+    c.candidates().into_iter().map(String::from).collect()
+}
+
+#[test]
+fn granularities_give_the_builtin_resnet_candidates() {
+    for g in [Granularity::Layer, Granularity::Block] {
+        let ex = load(
+            "tiny_resnet.pt2",
+            ModelOptions {
+                granularity: g,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let bi = builtin(
+            "tiny-resnet",
+            &ModelOptions {
+                granularity: g,
+                image: Some(16),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let names = |c: &Chain| c.blocks.iter().map(|b| b.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&ex), names(&bi), "{g:?}");
+        assert_eq!(candidates(&ex), candidates(&bi), "{g:?}");
+    }
+}
+
+#[test]
+fn candidates_regex_chooses_modules_outright() {
+    let opts = |re: &str| ModelOptions {
+        candidates: Some(re.into()),
+        ..Default::default()
+    };
+    let c = load("tiny_resnet.pt2", opts(r"layer[12]|layer3\.0\.conv1")).unwrap();
+    assert_eq!(candidates(&c), ["layer1", "layer2", "layer3.0.conv1"]);
+    // A module called twice (BasicBlock's `relu`) is not one contiguous run: never a candidate.
+    let e = load("tiny_resnet.pt2", opts(r"layer1\.0\.relu"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("contiguous"), "{e}");
+}
+
+#[test]
+fn static_batch_runs_only_at_its_exported_batch() {
+    let at = |b: Option<i64>| {
+        load(
+            "tiny_mlp_static.pt2",
+            ModelOptions {
+                batch: b,
+                ..Default::default()
+            },
+        )
+    };
+    let c = at(Some(2)).unwrap();
+    assert_eq!(
+        c.input,
+        InputSpec::Features {
+            features: 8,
+            classes: 4
+        }
+    );
+    for b in [Some(8), None] {
+        let e = at(b).unwrap_err();
+        assert!(matches!(e, ModelError::StaticBatch { exported: 2, .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("--batch 2") && msg.contains(r#"Dim("batch")"#), "{msg}");
+    }
+}
+
+#[test]
+fn an_operator_the_dispatcher_lacks_names_the_node() {
+    let e = load("custom_op.pt2", ModelOptions::default()).unwrap_err();
+    let ModelError::ExportNode { node, target, why, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(node, "twice");
+    assert_eq!(target, "torch.ops.ckptune_test.twice.default");
+    assert!(why.contains("no such operator") && why.contains("TORCH_LIBRARY"), "{e}");
+}
+
+#[test]
+fn cond_is_an_unsupported_higher_order_op() {
+    let e = load("cond.pt2", ModelOptions::default()).unwrap_err();
+    let ModelError::ExportNode { target, why, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(target, "torch.ops.higher_order.cond");
+    assert!(why.contains("data-dependent control flow"), "{e}");
+}
+
+/// A copy of `src` with `model.json` passed through `edit`.
+fn rewrite(src: &Path, dst: &Path, edit: impl Fn(&str) -> String) {
+    let mut zin = zip::ZipArchive::new(std::fs::File::open(src).unwrap()).unwrap();
+    let mut zout = zip::ZipWriter::new(std::fs::File::create(dst).unwrap());
+    for i in 0..zin.len() {
+        let mut f = zin.by_index(i).unwrap();
+        let name = f.name().to_owned();
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf).unwrap();
+        if name.ends_with("models/model.json") {
+            buf = edit(&String::from_utf8(buf).unwrap()).into_bytes();
+        }
+        zout.start_file(
+            name,
+            zip::write::FileOptions::default().compression_method(zip::CompressionMethod::Stored),
+        )
+        .unwrap();
+        zout.write_all(&buf).unwrap();
+    }
+    zout.finish().unwrap();
+}
+
+#[test]
+fn corrupt_archives_and_unknown_versions_are_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let truncated = dir.path().join("truncated.pt2");
+    let bytes = std::fs::read(fixture("tiny_mlp_static.pt2")).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let e = chain_from_export(&truncated, &ModelOptions::default()).unwrap_err();
+    assert!(matches!(e, ModelError::BadExport { .. }), "{e}");
+    assert!(e.to_string().contains("not a zip archive"), "{e}");
+
+    let future = dir.path().join("future.pt2");
+    rewrite(&fixture("tiny_mlp_static.pt2"), &future, |j| {
+        j.replace(r#""schema_version": {"major": 8"#, r#""schema_version": {"major": 99"#)
+    });
+    let e = chain_from_export(&future, &ModelOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("schema version 99") && e.contains("re-export"), "{e}");
+
+    let broken = dir.path().join("broken.pt2");
+    rewrite(&fixture("tiny_mlp_static.pt2"), &broken, |j| {
+        j[..j.len() / 2].to_owned()
+    });
+    let e = chain_from_export(&broken, &ModelOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not valid JSON"), "{e}");
+}
