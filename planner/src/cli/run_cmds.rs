@@ -69,6 +69,8 @@ fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfig)> 
         seq: plan.shape.seq,
         classes: plan.shape.classes,
         granularity: plan.shape.granularity.clone(),
+        // Plans do not record --candidates yet (ckptune.plan/1 has no field for it).
+        candidates: None,
         precision: vec![plan.config.precision.clone()],
         optimizer: vec![plan.config.optimizer.clone()],
         zero_grad_in_place: !plan.config.set_to_none,

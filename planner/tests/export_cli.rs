@@ -1,0 +1,130 @@
+//! `torch.export` programs (`.pt2`) through the real `ckptune` binary: the profile's prediction
+//! equals the measured peak on every checkpoint subset, and bad programs exit 2 naming the node.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn ckptune(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ckptune"))
+        .args(args)
+        .env(
+            "CKPTUNE_CACHE",
+            std::env::temp_dir().join(format!("ckptune-export-test-cache-{}", std::process::id())),
+        )
+        .output()
+        .expect("runs ckptune")
+}
+
+fn ok(args: &[&str]) -> Output {
+    let out = ckptune(args);
+    assert!(
+        out.status.success(),
+        "ckptune {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/fixtures")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+const COMMON: [&str; 4] = ["--threads", "1", "--quiet", "--no-cache"];
+
+#[test]
+fn exported_resnet_sweep_is_byte_exact_on_every_subset() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture("tiny_resnet.pt2");
+    for (granularity, candidates) in [("layer", None), ("block", None), ("layer", Some(r"layer[23]|fc"))] {
+        // fp32 only: bf16 autocast on 16-pixel images (1x1 maps in layer4, BatchNorm over two
+        // values) gives a NaN loss in some runs of this binary, built-in tiny-resnet at --image 16
+        // included; runtime/tests/export.rs checks the exported model's bf16 peaks in-process.
+        for precision in ["fp32"] {
+            let profile = dir.path().join(format!("{granularity}-{precision}-profile.json"));
+            let sweep = dir.path().join(format!("{granularity}-{precision}-sweep.json"));
+            let mut shared = vec![
+                model.as_str(),
+                "--batch",
+                "2",
+                "--precision",
+                precision,
+                "--granularity",
+                granularity,
+            ];
+            if let Some(c) = candidates {
+                shared.extend(["--candidates", c]);
+            }
+            shared.extend(COMMON);
+            let mut args = vec!["profile"];
+            args.extend(&shared);
+            args.extend(["-o", profile.to_str().unwrap()]);
+            ok(&args);
+            let mut args = vec!["sweep"];
+            args.extend(&shared);
+            args.extend([
+                "--all-subsets",
+                "--repeats",
+                "1",
+                "--profile",
+                profile.to_str().unwrap(),
+                "-o",
+                sweep.to_str().unwrap(),
+            ]);
+            ok(&args);
+            let s: Value = serde_json::from_str(&std::fs::read_to_string(&sweep).unwrap()).unwrap();
+            let points = s["configs"][0]["points"].as_array().unwrap();
+            let want = if candidates.is_some() { 8 } else { 16 };
+            assert_eq!(points.len(), want, "{granularity} {candidates:?}: all subsets");
+            for p in points {
+                assert_eq!(
+                    p["peak_bytes"], p["predicted_peak_bytes"],
+                    "{granularity} {candidates:?} {precision} {}",
+                    p["regex"]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_programs_exit_2_naming_the_node_and_the_fix() {
+    let static_mlp = fixture("tiny_mlp_static.pt2");
+    let custom = fixture("custom_op.pt2");
+    let cond = fixture("cond.pt2");
+    for (args, needles) in [
+        (
+            vec!["plan", "--budget", "1GiB", &static_mlp, "--batch", "8"],
+            vec!["static batch of 2", r#"torch.export.Dim("batch")"#],
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", &custom],
+            vec!["node twice", "torch.ops.ckptune_test.twice.default", "TORCH_LIBRARY"],
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", &cond],
+            vec!["torch.ops.higher_order.cond", "data-dependent control flow"],
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", "/nonexistent/model.pt2"],
+            vec!["does not exist"],
+        ),
+    ] {
+        let out = ckptune(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: {n:?} not in {err}");
+        }
+        assert!(
+            !err.contains("Exception raised from"),
+            "{args:?}: a C++ traceback: {err}"
+        );
+    }
+}
