@@ -159,3 +159,43 @@ fn corrupt_archives_and_unknown_versions_are_bad_input() {
         .to_string();
     assert!(e.contains("not valid JSON"), "{e}");
 }
+
+#[test]
+fn interpreter_matches_tch_and_runs_no_grad_subgraphs() {
+    // The static MLP, node by node, against the same math through tch's bindings.
+    let c = load(
+        "tiny_mlp_static.pt2",
+        ModelOptions {
+            batch: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let batch = c.make_batch(2, tch::Device::Cpu, 3);
+    let got = c.forward_all(&batch.input, None, true).pop().unwrap();
+    let v = c.vs.variables();
+    let want = batch
+        .input
+        .linear(&v["0.weight"], Some(&v["0.bias"]))
+        .relu()
+        .linear(&v["2.weight"], Some(&v["2.bias"]));
+    assert!(got.equal(&want), "interpreted MLP differs from tch");
+
+    // `with torch.no_grad()` inside forward: wrap_with_set_grad_enabled's subgraph runs without
+    // grad, so `frozen` gets no gradient while `inp` and `body` do.
+    let c = load("set_grad.pt2", ModelOptions::default()).unwrap();
+    let batch = c.make_batch(3, tch::Device::Cpu, 3);
+    let out = c.forward_all(&batch.input, None, true).pop().unwrap();
+    c.head.loss(&out, &batch).backward();
+    let v = c.vs.variables();
+    for name in ["inp.weight", "body.weight", "body.bias"] {
+        assert!(v[name].grad().defined(), "{name} has a gradient");
+    }
+    for name in ["frozen.weight", "frozen.bias"] {
+        assert!(!v[name].grad().defined(), "{name} ran under no_grad");
+    }
+    let h = batch.input.linear(&v["inp.weight"], Some(&v["inp.bias"]));
+    let want =
+        h.linear(&v["body.weight"], Some(&v["body.bias"])) + h.linear(&v["frozen.weight"], Some(&v["frozen.bias"]));
+    assert!(out.equal(&want), "set_grad program differs from tch");
+}
