@@ -199,3 +199,35 @@ fn interpreter_matches_tch_and_runs_no_grad_subgraphs() {
         h.linear(&v["body.weight"], Some(&v["body.bias"])) + h.linear(&v["frozen.weight"], Some(&v["frozen.bias"]));
     assert!(out.equal(&want), "set_grad program differs from tch");
 }
+
+#[test]
+fn core_aten_programs_write_buffer_mutations_back() {
+    // The same tiny ResNet as a training-IR program (batch norm updates its statistics in
+    // place) and decomposed to core ATen (functional batch norm; the signature's buffer
+    // mutations carry the new statistics): one training forward leaves equal buffers.
+    let run = |name: &str| {
+        let c = load(name, ModelOptions::default()).unwrap();
+        let batch = c.make_batch(2, tch::Device::Cpu, 7);
+        let out = tch::no_grad(|| c.forward_all(&batch.input, None, true).pop().unwrap());
+        let mut vars: Vec<(String, tch::Tensor)> = c.vs.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        (out, vars)
+    };
+    let (out_a, vars_a) = run("tiny_resnet.pt2");
+    let (out_b, vars_b) = run("tiny_resnet_core.pt2");
+    assert!(out_a.allclose(&out_b, 1e-5, 1e-5, false), "outputs differ");
+    let names = |v: &[(String, tch::Tensor)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&vars_a), names(&vars_b));
+    let mut moved = 0;
+    for ((n, a), (_, b)) in vars_a.iter().zip(&vars_b) {
+        assert!(
+            a.allclose(b, 1e-5, 1e-6, false),
+            "{n}: training-IR vs core-ATen after one step"
+        );
+        if n.ends_with("num_batches_tracked") {
+            assert_eq!(a.int64_value(&[]), 1, "{n} counted the step");
+            moved += 1;
+        }
+    }
+    assert_eq!(moved, 12, "every batch norm counted its batch");
+}

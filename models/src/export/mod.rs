@@ -75,13 +75,24 @@ impl Block for ExportBlock {
         if let Err(e) = p.graph.run(self.nodes.clone(), &mut env, &keep) {
             panic!("block {}: {}", self.name, describe(&e));
         }
+        // Buffer mutations (core ATen's functional batch norm returns the new running
+        // statistics): the buffer takes the new value's storage with `set_data`, not `copy_`,
+        // because the node's graph saved the old buffer for backward and an in-place copy would
+        // bump its version and fail that backward (the runtime swaps snapshots the same way).
         for (v, buffer) in &p.mutations {
-            if *v != out {
-                if let Some(ckptune_kernels::ops::Value::Tensor(t)) = env.local[*v].take() {
-                    tch::no_grad(|| buffer.shallow_clone().copy_(&t));
+            let t = if *v == out {
+                env.local[*v].as_ref().and_then(|t| match t {
+                    ckptune_kernels::ops::Value::Tensor(t) => Some(t.shallow_clone()),
+                    _ => None,
+                })
+            } else {
+                match env.local[*v].take() {
+                    Some(ckptune_kernels::ops::Value::Tensor(t)) => Some(t),
+                    _ => None,
                 }
-            } else if let Some(ckptune_kernels::ops::Value::Tensor(t)) = &env.local[*v] {
-                tch::no_grad(|| buffer.shallow_clone().copy_(t));
+            };
+            if let Some(t) = t {
+                buffer.shallow_clone().set_data(&t.detach());
             }
         }
         match env.local[out].take() {
@@ -541,7 +552,11 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
     for u in &units {
         let outs: BTreeSet<usize> = (u.first..=u.last)
             .flat_map(|k| graph.nodes[k].defines())
-            .filter(|&v| graph.is_tensor[v] && graph.last_use[v].is_some_and(|l| l > u.last))
+            // A buffer's new value (core ATen's functional batch norm) is written back by the
+            // block that makes it, not handed on.
+            .filter(|&v| {
+                graph.is_tensor[v] && !mutations.contains_key(&v) && graph.last_use[v].is_some_and(|l| l > u.last)
+            })
             .collect();
         let outs: Vec<usize> = outs.into_iter().collect();
         match outs.as_slice() {
