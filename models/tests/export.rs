@@ -22,7 +22,7 @@ fn candidates(c: &Chain) -> Vec<String> {
 
 #[test]
 fn granularities_give_the_builtin_resnet_candidates() {
-    for g in [Granularity::Layer, Granularity::Block] {
+    for g in [Granularity::Layer, Granularity::Block, Granularity::Nested] {
         let ex = load(
             "tiny_resnet.pt2",
             ModelOptions {
@@ -230,4 +230,27 @@ fn core_aten_programs_write_buffer_mutations_back() {
         }
     }
     assert_eq!(moved, 12, "every batch norm counted its batch");
+}
+
+#[test]
+fn nested_granularity_groups_a_layer_over_its_children() {
+    let c = load(
+        "tiny_stack.pt2",
+        ModelOptions {
+            granularity: Granularity::Nested,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let groups: Vec<&str> = c.groups.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(groups, ["layers.0", "layers.1", "layers.2"]);
+    let cands = candidates(&c);
+    for want in ["layers.1.fc1", "layers.1.act", "layers.1.fc2", "layers.1"] {
+        assert!(cands.iter().any(|n| n == want), "{want} in {cands:?}");
+    }
+    // The residual sum reads the layer's input: a skip from the block before the group.
+    let sum = c.groups[1].last;
+    assert_eq!(c.blocks[sum].skips, [c.groups[1].first - 1], "{:?}", c.blocks[sum].name);
+    let layer = load("tiny_stack.pt2", ModelOptions::default()).unwrap();
+    assert_eq!(candidates(&layer), ["layers.0", "layers.1", "layers.2"]);
 }

@@ -136,3 +136,70 @@ fn bad_programs_exit_2_naming_the_node_and_the_fix() {
         );
     }
 }
+
+#[test]
+fn exported_residual_stack_sweeps_byte_exact_with_nested_groups_and_dropout() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture("tiny_stack.pt2");
+    // Layer granularity: all 8 subsets. Nested: a layer or its children (fc1, act, fc2, drop;
+    // the residual sum is glue inside the group), chosen subsets of the 17^3.
+    let nested = [
+        "",
+        r"layers\.0",
+        r"layers\.1",
+        r"layers\.0|layers\.2",
+        r"layers\.1\.fc1",
+        r"layers\.1\.(fc1|fc2)",
+        r"layers\.1\.drop",
+        r"layers\.0|layers\.1\.act|layers\.2\.fc2",
+        r"layers\.\d\.(fc1|act|fc2|drop)",
+    ];
+    for (granularity, checkpoints) in [("layer", &[][..]), ("nested", &nested[..])] {
+        for precision in ["fp32", "bf16"] {
+            let profile = dir.path().join(format!("{granularity}-{precision}-profile.json"));
+            let sweep = dir.path().join(format!("{granularity}-{precision}-sweep.json"));
+            let mut shared = vec![
+                model.as_str(),
+                "--batch",
+                "4",
+                "--precision",
+                precision,
+                "--granularity",
+                granularity,
+            ];
+            shared.extend(COMMON);
+            let mut args = vec!["profile"];
+            args.extend(&shared);
+            args.extend(["-o", profile.to_str().unwrap()]);
+            ok(&args);
+            let mut args = vec!["sweep"];
+            args.extend(&shared);
+            if checkpoints.is_empty() {
+                args.push("--all-subsets");
+            }
+            for c in checkpoints {
+                args.extend(["--checkpoint", c]);
+            }
+            args.extend([
+                "--repeats",
+                "1",
+                "--profile",
+                profile.to_str().unwrap(),
+                "-o",
+                sweep.to_str().unwrap(),
+            ]);
+            ok(&args);
+            let s: Value = serde_json::from_str(&std::fs::read_to_string(&sweep).unwrap()).unwrap();
+            let points = s["configs"][0]["points"].as_array().unwrap();
+            let want = if checkpoints.is_empty() { 8 } else { checkpoints.len() };
+            assert_eq!(points.len(), want, "{granularity}: every subset measured");
+            for p in points {
+                assert_eq!(
+                    p["peak_bytes"], p["predicted_peak_bytes"],
+                    "{granularity} {precision} {}",
+                    p["regex"]
+                );
+            }
+        }
+    }
+}

@@ -525,8 +525,10 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
                     let kids: Vec<_> = children(&u.name, &modules).into_iter().filter_map(run_of).collect();
                     let depth = u.name.split('.').count();
                     let inner = cut(&graph, u.first, u.last, &disjoint(kids), depth);
+                    // A layer of one child is not a group (a group spans two blocks or more):
+                    // its child is the candidate, as in the built-in models.
                     let nested = opts.granularity == Granularity::Nested && inner.len() >= 2;
-                    if inner.iter().any(|i| i.candidate) && (nested || opts.granularity == Granularity::Block) {
+                    if inner.iter().any(|i| i.candidate) {
                         if nested {
                             group_units.push((u.name.clone(), units.len(), units.len() + inner.len() - 1));
                         }
