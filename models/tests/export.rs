@@ -254,3 +254,70 @@ fn nested_granularity_groups_a_layer_over_its_children() {
     let layer = load("tiny_stack.pt2", ModelOptions::default()).unwrap();
     assert_eq!(candidates(&layer), ["layers.0", "layers.1", "layers.2"]);
 }
+
+/// `export::layers` on the module names of the reference families (as `nn_module_stack` lists
+/// them), each module taken to be one contiguous run.
+#[test]
+fn the_layer_rule_finds_each_familys_repeated_layers() {
+    use ckptune_models::export::layers;
+    let rule = |mods: &[&str]| {
+        let modules: Vec<String> = mods.iter().map(|m| m.to_string()).collect();
+        let runs = modules.iter().enumerate().map(|(i, m)| (m.clone(), (i, i))).collect();
+        layers(&modules, &runs)
+    };
+    // torchvision ResNet: sibling containers are the layers.
+    assert_eq!(
+        rule(&["conv1", "bn1", "layer1", "layer1.0", "layer1.1", "layer2", "layer2.0", "fc"]),
+        ["layer1", "layer2"]
+    );
+    // BERT: one container, its numbered children.
+    assert_eq!(
+        rule(&[
+            "bert",
+            "bert.embeddings",
+            "bert.encoder",
+            "bert.encoder.layer",
+            "bert.encoder.layer.0",
+            "bert.encoder.layer.0.attention",
+            "bert.encoder.layer.1",
+            "bert.pooler",
+            "classifier",
+        ]),
+        ["bert.encoder.layer.0", "bert.encoder.layer.1"]
+    );
+    // Llama (Hugging Face): model.layers.N.
+    assert_eq!(
+        rule(&[
+            "model",
+            "model.embed_tokens",
+            "model.layers",
+            "model.layers.0",
+            "model.layers.0.self_attn",
+            "model.layers.1",
+            "model.norm",
+            "lm_head"
+        ]),
+        ["model.layers.0", "model.layers.1"]
+    );
+    // torchvision ViT: children named encoder_layer_N.
+    assert_eq!(
+        rule(&[
+            "conv_proj",
+            "encoder",
+            "encoder.dropout",
+            "encoder.layers",
+            "encoder.layers.encoder_layer_0",
+            "encoder.layers.encoder_layer_0.mlp",
+            "encoder.layers.encoder_layer_0.mlp.0",
+            "encoder.layers.encoder_layer_1",
+            "encoder.ln",
+            "heads",
+        ]),
+        ["encoder.layers.encoder_layer_0", "encoder.layers.encoder_layer_1"]
+    );
+    // No repeated layers: the top-level modules.
+    assert_eq!(
+        rule(&["features", "features.conv", "classifier"]),
+        ["features", "classifier"]
+    );
+}
