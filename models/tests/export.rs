@@ -321,3 +321,32 @@ fn the_layer_rule_finds_each_familys_repeated_layers() {
         ["features", "classifier"]
     );
 }
+
+#[test]
+fn a_node_that_fails_at_run_time_is_bad_input_at_load_time() {
+    // The first linear given the second one's weight: [4, 16] against 8 features.
+    let dir = tempfile::tempdir().unwrap();
+    let swapped = dir.path().join("swapped.pt2");
+    rewrite(&fixture("tiny_mlp_static.pt2"), &swapped, |j| {
+        j.replacen(
+            r#""name": "weight", "arg": {"as_tensor": {"name": "p_0_weight"}}"#,
+            r#""name": "weight", "arg": {"as_tensor": {"name": "p_2_weight"}}"#,
+            1,
+        )
+    });
+    let e = chain_from_export(
+        &swapped,
+        &ModelOptions {
+            batch: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(e, ModelError::BadExport { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("sample batch") && msg.contains("node linear (torch.ops.aten.linear.default)"),
+        "{msg}"
+    );
+    assert!(!msg.contains("Exception raised from"), "{msg}");
+}

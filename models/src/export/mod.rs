@@ -660,5 +660,42 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         reference_params,
     };
     chain.validate().map_err(bad)?;
+    trial_run(&chain, in_sizes.first().copied().flatten().unwrap_or(2)).map_err(bad)?;
     Ok(chain)
+}
+
+/// Runs the chain once on a sample batch, so that a node that fails (a dtype or shape the
+/// operator rejects) is bad input at load time, named with its node, rather than a panic in
+/// the middle of profiling. Buffers and the RNG are put back: the trial leaves no trace.
+fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
+    let rng = ckptune_kernels::rng::cpu_state().map_err(|e| e.to_string())?;
+    let buffers: Vec<(Tensor, Tensor)> = chain
+        .vs
+        .variables()
+        .into_values()
+        .filter(|t| !t.requires_grad())
+        .map(|t| {
+            let saved = t.copy();
+            (t, saved)
+        })
+        .collect();
+    let sample = chain.make_batch(batch, chain.vs.device(), 0);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tch::no_grad(|| drop(chain.forward_all(&sample.input, None, true)))
+    }))
+    .map_err(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        format!("running it on a sample batch of {batch} failed: {msg}")
+    });
+    tch::no_grad(|| {
+        for (t, saved) in &buffers {
+            t.shallow_clone().copy_(saved);
+        }
+    });
+    ckptune_kernels::rng::set_cpu_state(&rng).map_err(|e| e.to_string())?;
+    result
 }
