@@ -350,3 +350,53 @@ fn a_node_that_fails_at_run_time_is_bad_input_at_load_time() {
     );
     assert!(!msg.contains("Exception raised from"), "{msg}");
 }
+
+#[test]
+fn exported_bert_takes_its_mask_and_cuts_into_the_builtin_layers() {
+    let c = load("tiny_bert.pt2", ModelOptions::default()).unwrap();
+    let names: Vec<&str> = c.blocks.iter().map(|b| b.name.as_str()).collect();
+    // The layer rule: `encoder.layer.N` (the built-in also offers `embeddings` and `pooler`,
+    // which this rule leaves as glue); the head after the pooler is glue too.
+    assert_eq!(
+        names,
+        [
+            "embeddings",
+            "encoder.layer.0",
+            "encoder.layer.1",
+            "pooler+dropout+classifier"
+        ]
+    );
+    assert_eq!(candidates(&c), ["encoder.layer.0", "encoder.layer.1"]);
+    assert_eq!(
+        c.input,
+        InputSpec::Tokens {
+            seq: 8,
+            vocab: 100,
+            targets: ckptune_models::TokenTargets::Classes(2)
+        }
+    );
+    let nested = load(
+        "tiny_bert.pt2",
+        ModelOptions {
+            granularity: Granularity::Nested,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let bi = builtin(
+        "tiny-bert",
+        &ModelOptions {
+            granularity: Granularity::Nested,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let layer_parts = |c: &Chain| -> Vec<String> {
+        candidates(c)
+            .into_iter()
+            .filter(|n| n.starts_with("encoder.layer."))
+            .collect()
+    };
+    // A layer or its children: attention, intermediate, output, as in the built-in.
+    assert_eq!(layer_parts(&nested), layer_parts(&bi));
+}

@@ -47,6 +47,8 @@ fn exported_resnet_sweep_is_byte_exact_on_every_subset() {
         ("tiny_resnet.pt2", "layer", Some(r"layer[23]|fc")),
         // Core ATen: functional batch norm, statistics written back as buffer mutations.
         ("tiny_resnet_core.pt2", "layer", None),
+        // Token ids and their attention mask; every layer computes its bias from the mask.
+        ("tiny_bert.pt2", "layer", None),
     ] {
         let model = fixture(file);
         // fp32 only: bf16 autocast on 16-pixel images (1x1 maps in layer4, BatchNorm over two
@@ -88,7 +90,13 @@ fn exported_resnet_sweep_is_byte_exact_on_every_subset() {
             ok(&args);
             let s: Value = serde_json::from_str(&std::fs::read_to_string(&sweep).unwrap()).unwrap();
             let points = s["configs"][0]["points"].as_array().unwrap();
-            let want = if candidates.is_some() { 8 } else { 16 };
+            let want = if file == "tiny_bert.pt2" {
+                4
+            } else if candidates.is_some() {
+                8
+            } else {
+                16
+            };
             assert_eq!(points.len(), want, "{granularity} {candidates:?}: all subsets");
             for p in points {
                 assert_eq!(
@@ -201,5 +209,72 @@ fn exported_residual_stack_sweeps_byte_exact_with_nested_groups_and_dropout() {
                 );
             }
         }
+    }
+}
+
+/// Profiles `file`, sweeps `checkpoints` (every subset when empty) and asserts every point's
+/// predicted peak equals its measured one.
+fn sweep_is_exact(file: &str, granularity: &str, precision: &str, checkpoints: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture(file);
+    let profile = dir.path().join("profile.json");
+    let sweep = dir.path().join("sweep.json");
+    let mut shared = vec![
+        model.as_str(),
+        "--batch",
+        "4",
+        "--precision",
+        precision,
+        "--granularity",
+        granularity,
+    ];
+    shared.extend(COMMON);
+    let mut args = vec!["profile"];
+    args.extend(&shared);
+    args.extend(["-o", profile.to_str().unwrap()]);
+    ok(&args);
+    let mut args = vec!["sweep"];
+    args.extend(&shared);
+    if checkpoints.is_empty() {
+        args.push("--all-subsets");
+    }
+    for c in checkpoints {
+        args.extend(["--checkpoint", c]);
+    }
+    args.extend([
+        "--repeats",
+        "1",
+        "--profile",
+        profile.to_str().unwrap(),
+        "-o",
+        sweep.to_str().unwrap(),
+    ]);
+    ok(&args);
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&sweep).unwrap()).unwrap();
+    let points = s["configs"][0]["points"].as_array().unwrap();
+    assert!(!points.is_empty());
+    if !checkpoints.is_empty() {
+        assert_eq!(points.len(), checkpoints.len());
+    }
+    for p in points {
+        assert_eq!(
+            p["peak_bytes"], p["predicted_peak_bytes"],
+            "{file} {granularity} {precision} {}",
+            p["regex"]
+        );
+    }
+}
+
+#[test]
+fn exported_bert_with_its_mask_sweeps_byte_exact_nested() {
+    let subsets = [
+        "",
+        r"encoder\.layer\.0",
+        r"encoder\.layer\.1\.attention",
+        r"encoder\.layer\.\d\.(attention|output)",
+        r"encoder\.layer\.0|encoder\.layer\.1\.intermediate",
+    ];
+    for precision in ["fp32", "bf16"] {
+        sweep_is_exact("tiny_bert.pt2", "nested", precision, &subsets);
     }
 }

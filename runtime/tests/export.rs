@@ -168,3 +168,40 @@ fn exported_stack_with_dropout_checkpoints_bitwise_at_every_level() {
         }
     }
 }
+
+#[test]
+fn exported_bert_with_its_mask_checkpoints_bitwise() {
+    // The mask comes from the batch (padded rows) and every layer computes its bias from it;
+    // dropout replays under recompute. Layers, and the layers' children, checkpointed.
+    let _lock = meter::exclusive();
+    tch::set_num_threads(1);
+    for granularity in [ckptune_models::Granularity::Layer, ckptune_models::Granularity::Nested] {
+        let opts = ModelOptions {
+            granularity,
+            ..Default::default()
+        };
+        for precision in [Precision::Fp32, Precision::Bf16] {
+            let grads = |all: bool| {
+                let chain = chain_from_export(&fixture("tiny_bert.pt2"), &opts).unwrap();
+                let mut s = session(chain, precision, 4);
+                let mask: Vec<bool> = (0..s.chain.units())
+                    .map(|i| all && i < s.chain.blocks.len() && s.chain.blocks[i].candidate)
+                    .collect();
+                tch::manual_seed(5);
+                let batch = s.make_batch();
+                tch::manual_seed(9);
+                s.micro_step(&batch, &mask, None).unwrap();
+                s.named_grads()
+            };
+            let plain = grads(false);
+            let ckpt = grads(true);
+            assert!(!plain.is_empty());
+            for ((n, a), (_, b)) in plain.iter().zip(&ckpt) {
+                assert_eq!(a.defined(), b.defined(), "{n}");
+                if a.defined() {
+                    assert!(a.equal(b), "{granularity:?} {precision}: gradient of {n} differs");
+                }
+            }
+        }
+    }
+}

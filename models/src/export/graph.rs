@@ -344,7 +344,9 @@ fn parse_output(j: &Json, ids: &mut Ids<'_>) -> GResult<Output> {
 fn parse_module_stack(s: &str) -> Vec<String> {
     s.split(';')
         .filter_map(|entry| entry.split(',').nth(1))
-        .filter(|path| !path.is_empty())
+        // torch.export marks nodes it made without a module (`sym_size` of an input) with a
+        // placeholder entry that is no module.
+        .filter(|path| !path.is_empty() && !path.starts_with("_empty_nn_module_stack"))
         .map(str::to_owned)
         .collect()
 }

@@ -36,6 +36,12 @@ struct Program {
     /// Values whose result the graph signature writes back to a buffer (`buffer_mutation`).
     mutations: HashMap<usize, Tensor>,
     syms: Mutex<Vec<Option<i64>>>,
+    /// The program's attention-mask input, fed from the batch's mask, if it takes one.
+    mask_input: Option<usize>,
+    /// Nodes computed from the mask input alone (the extended attention mask): in no block;
+    /// each block that reads one of their values computes them first.
+    side_nodes: Vec<bool>,
+    side_values: Vec<bool>,
 }
 
 // SAFETY: tensors are handles to refcounted libtorch tensors; the runtime runs blocks from one
@@ -52,6 +58,8 @@ struct ExportBlock {
     /// The values the block's skips carry, in the order of its `ChainBlock::skips`.
     skips: Vec<usize>,
     output: usize,
+    /// Side values (see [`Program::side_nodes`]) the block reads.
+    side_reads: Vec<usize>,
 }
 
 impl Block for ExportBlock {
@@ -69,11 +77,31 @@ impl Block for ExportBlock {
             env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(ctx.skip(k).shallow_clone()));
         }
         let out = self.output;
+        // The side values this block reads, computed from the batch's mask (each block that
+        // reads them makes its own, as a module would compute a mask it needs).
+        if !self.side_reads.is_empty() {
+            let (Some(m), Some(mask)) = (p.mask_input, ctx.batch_mask) else {
+                panic!("block {} reads the attention mask, but the batch has none", self.name);
+            };
+            env.local[m] = Some(ckptune_kernels::ops::Value::Tensor(mask.shallow_clone()));
+            let keep = |v: usize| self.side_reads.contains(&v);
+            for k in (0..p.graph.nodes.len()).filter(|&k| p.side_nodes[k]) {
+                if let Err(e) = p.graph.run(k..k + 1, &mut env, &keep) {
+                    panic!("block {}: {}", self.name, describe(&e));
+                }
+            }
+            env.local[m] = None;
+        }
         let keep = |v: usize| v == out || p.mutations.contains_key(&v);
         // Load-time checks covered every operator and argument kind; what fails here is a shape
         // or dtype the exported example did not cover, reported with the node.
-        if let Err(e) = p.graph.run(self.nodes.clone(), &mut env, &keep) {
-            panic!("block {}: {}", self.name, describe(&e));
+        let mut k = self.nodes.start;
+        while k < self.nodes.end {
+            let end = (k..self.nodes.end).find(|&j| p.side_nodes[j]).unwrap_or(self.nodes.end);
+            if let Err(e) = p.graph.run(k..end, &mut env, &keep) {
+                panic!("block {}: {}", self.name, describe(&e));
+            }
+            k = end + 1;
         }
         // Buffer mutations (core ATen's functional batch norm returns the new running
         // statistics): the buffer takes the new value's storage with `set_data`, not `copy_`,
@@ -177,6 +205,17 @@ fn module_runs(g: &Graph) -> (Vec<String>, HashMap<String, (usize, usize)>) {
     let mut seen: HashMap<String, (usize, usize, usize)> = HashMap::new();
     for (k, n) in g.nodes.iter().enumerate() {
         for m in &n.modules {
+            if !seen.contains_key(m) {
+                // Containers whose forward never runs (a ModuleList such as BERT's
+                // `encoder.layer`) appear only as prefixes; they are modules all the same.
+                let mut missing: Vec<String> = Vec::new();
+                let mut a = parent(m);
+                while !a.is_empty() && !seen.contains_key(a) && !order.iter().any(|o| o == a) {
+                    missing.push(a.to_owned());
+                    a = parent(a);
+                }
+                order.extend(missing.into_iter().rev());
+            }
             let e = seen.entry(m.clone()).or_insert_with(|| {
                 order.push(m.clone());
                 (k, k, 0)
@@ -408,13 +447,17 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
             }
         }
     }
-    let [input] = user_inputs.as_slice() else {
-        return Err(bad(format!(
-            "the program takes {} tensor inputs; ckptune feeds exactly one (export with args=(batch,))",
-            user_inputs.len()
-        )));
+    let (input, mask_input) = match user_inputs.as_slice() {
+        [input] => (*input, None),
+        [input, mask] => (*input, Some(*mask)),
+        _ => {
+            return Err(bad(format!(
+                "the program takes {} tensor inputs; ckptune feeds one (export with args=(batch,)), or \
+                 token ids and their attention mask (args=(input_ids, attention_mask))",
+                user_inputs.len()
+            )))
+        }
     };
-    let input = *input;
     let Some(Input::Tensor(output)) = user_outputs.first() else {
         return Err(bad("the program's first output is not a tensor".into()));
     };
@@ -486,6 +529,36 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         }
     };
 
+    if let Some(m) = mask_input {
+        let (mask_sizes, mask_dtype) =
+            sizes_of(&ar.model, &graph.names[m]).ok_or_else(|| bad("no shape for the second input".into()))?;
+        let is_int = matches!(mask_dtype, 1..=5);
+        if !matches!(spec, InputSpec::Tokens { .. }) || !is_int || mask_sizes.len() != 2 || mask_sizes[1] != in_sizes[1]
+        {
+            return Err(bad(format!(
+                "a second input {} is taken to be the attention mask of token ids: it must be an \
+                 integer [batch, seq] like the first, which must be token ids",
+                graph.names[m]
+            )));
+        }
+    }
+    // Side nodes: computed from the mask input (and constants) alone.
+    let mut side_values = vec![false; graph.names.len()];
+    let mut side_nodes = vec![false; graph.nodes.len()];
+    if let Some(m) = mask_input {
+        side_values[m] = true;
+        for (k, node) in graph.nodes.iter().enumerate() {
+            let reads = node.reads();
+            let constant = |v: usize| statics[v].as_ref().is_some_and(|t| !t.requires_grad());
+            if reads.iter().any(|&v| side_values[v]) && reads.iter().all(|&v| side_values[v] || constant(v)) {
+                side_nodes[k] = true;
+                for v in node.defines() {
+                    side_values[v] = true;
+                }
+            }
+        }
+    }
+
     // ---- candidates and blocks ----------------------------------------------------------------
     let (modules, runs) = module_runs(&graph);
     let run_of = |m: &String| runs.get(m).map(|&(a, b)| (m.clone(), a, b));
@@ -541,6 +614,8 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         }
     }
 
+    units.retain(|u| (u.first..=u.last).any(|k| !side_nodes[k]));
+
     // ---- dataflow between blocks ----------------------------------------------------------------
     let def = graph.definitions();
     let block_of_node = {
@@ -553,6 +628,7 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
     let mut outputs_of: Vec<usize> = Vec::with_capacity(units.len());
     for u in &units {
         let outs: BTreeSet<usize> = (u.first..=u.last)
+            .filter(|&k| !side_nodes[k])
             .flat_map(|k| graph.nodes[k].defines())
             // A buffer's new value (core ATen's functional batch norm) is written back by the
             // block that makes it, not handed on.
@@ -590,14 +666,20 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         graph,
         statics,
         mutations,
+        mask_input,
+        side_nodes,
+        side_values,
     });
     let g = &prog.graph;
     let mut blocks = Vec::with_capacity(units.len());
     for (i, u) in units.iter().enumerate() {
         let mut reads: BTreeSet<usize> = BTreeSet::new();
-        for k in u.first..=u.last {
+        let mut side_reads: BTreeSet<usize> = BTreeSet::new();
+        for k in (u.first..=u.last).filter(|&k| !prog.side_nodes[k]) {
             for v in g.nodes[k].reads() {
-                if g.is_tensor[v] && prog.statics[v].is_none() && def[v].is_none_or(|d| d < u.first) {
+                if prog.side_values[v] {
+                    side_reads.insert(v);
+                } else if g.is_tensor[v] && prog.statics[v].is_none() && def[v].is_none_or(|d| d < u.first) {
                     reads.insert(v);
                 }
             }
@@ -637,6 +719,7 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
                 input: block_input,
                 skips: skip_vals,
                 output: outputs_of[i],
+                side_reads: side_reads.into_iter().collect(),
             }),
         );
         cb.skips = skips;
@@ -681,7 +764,17 @@ fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
         .collect();
     let sample = chain.make_batch(batch, chain.vs.device(), 0);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        tch::no_grad(|| drop(chain.forward_all(&sample.input, None, true)))
+        tch::no_grad(|| {
+            // Chain::forward_all, with the batch's raw mask in the context.
+            let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref());
+            let mut outs: Vec<Tensor> = Vec::with_capacity(chain.blocks.len());
+            for (i, b) in chain.blocks.iter().enumerate() {
+                let x = if i == 0 { &sample.input } else { &outs[i - 1] };
+                let skips: Vec<Tensor> = b.skips.iter().map(|&s| outs[s].shallow_clone()).collect();
+                let out = b.block.forward(x, &ctx.with_skips(&skips));
+                outs.push(out);
+            }
+        })
     }))
     .map_err(|p| {
         let msg = p
