@@ -763,6 +763,10 @@ fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
         })
         .collect();
     let sample = chain.make_batch(batch, chain.vs.device(), 0);
+    // A failing node is reported as an error below; the default hook would also print it as a
+    // panic to stderr.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         tch::no_grad(|| {
             // Chain::forward_all, with the batch's raw mask in the context.
@@ -784,6 +788,7 @@ fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
             .unwrap_or_default();
         format!("running it on a sample batch of {batch} failed: {msg}")
     });
+    std::panic::set_hook(hook);
     tch::no_grad(|| {
         for (t, saved) in &buffers {
             t.shallow_clone().copy_(saved);
