@@ -312,6 +312,7 @@ fn the_layer_rule_finds_each_familys_repeated_layers() {
             "encoder.layers.encoder_layer_1",
             "encoder.ln",
             "heads",
+            "heads.0",
         ]),
         ["encoder.layers.encoder_layer_0", "encoder.layers.encoder_layer_1"]
     );

@@ -247,8 +247,9 @@ fn children<'a>(m: &str, modules: &'a [String]) -> Vec<&'a String> {
 /// whose names end in a number (`layer1.0`, `encoder.layer.3`, `model.layers.7`,
 /// `encoder.layers.encoder_layer_5`), taking the outermost ones. If two or more containers are
 /// siblings (torchvision ResNet's `layer1` … `layer4`) they are the layers, as ckptune's built-in
-/// ResNets have it; otherwise each container's numbered children are (BERT's `encoder.layer.N`,
-/// Llama's `model.layers.N`, ViT's `encoder.layers.encoder_layer_N`). Without any container the
+/// ResNets have it; otherwise the numbered children of the container with the most of them are
+/// (BERT's `encoder.layer.N`, Llama's `model.layers.N`, ViT's `encoder.layers.encoder_layer_N`
+/// rather than its `heads.0`). Without any container the
 /// top-level modules are. Only modules whose nodes form one contiguous run qualify.
 pub fn layers(modules: &[String], runs: &HashMap<String, (usize, usize)>) -> Vec<String> {
     let numbered = |c: &str| {
@@ -269,11 +270,20 @@ pub fn layers(modules: &[String], runs: &HashMap<String, (usize, usize)>) -> Vec
     for c in &containers {
         *by_parent.entry(parent(c)).or_default() += 1;
     }
+    let numbered_children = |c: &str| children(c, modules).into_iter().filter(|x| numbered(x)).count();
+    // Among lone containers, the one(s) with the most numbered children hold the layers (a ViT's
+    // `encoder.layers`, not its one-entry `heads` Sequential).
+    let most = containers
+        .iter()
+        .filter(|c| by_parent[parent(c)] < 2)
+        .map(|c| numbered_children(c))
+        .max()
+        .unwrap_or(0);
     let mut out: Vec<String> = Vec::new();
     for c in &containers {
         if by_parent[parent(c)] >= 2 {
             out.push((*c).clone());
-        } else {
+        } else if numbered_children(c) == most {
             out.extend(children(c, modules).into_iter().filter(|x| numbered(x)).cloned());
         }
     }
