@@ -401,3 +401,21 @@ fn exported_bert_takes_its_mask_and_cuts_into_the_builtin_layers() {
     // A layer or its children: attention, intermediate, output, as in the built-in.
     assert_eq!(layer_parts(&nested), layer_parts(&bi));
 }
+
+#[test]
+fn outputs_after_the_first_are_computed_not_handed_on() {
+    // `(logits, hidden)`: the loss reads the logits; `hidden` (the last layer's output) is
+    // still what the head block reads, and no block hands on two tensors.
+    let c = load("tiny_stack_tuple.pt2", ModelOptions::default()).unwrap();
+    assert_eq!(candidates(&c), ["layers.0", "layers.1", "layers.2"]);
+    assert_eq!(
+        c.input,
+        InputSpec::Features {
+            features: 8,
+            classes: 4
+        }
+    );
+    let batch = c.make_batch(3, tch::Device::Cpu, 1);
+    let out = c.forward_all(&batch.input, None, true).pop().unwrap();
+    assert_eq!(out.size(), [3, 4]);
+}

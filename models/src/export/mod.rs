@@ -635,6 +635,14 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         }
         b
     };
+    // The last node reading each value: outputs other than the first (a model returning
+    // `(logits, hidden)`) are computed but not handed on, as the loss reads only the first.
+    let mut last_read: Vec<Option<usize>> = vec![None; graph.names.len()];
+    for (k, node) in graph.nodes.iter().enumerate() {
+        for v in node.reads() {
+            last_read[v] = Some(k);
+        }
+    }
     let mut outputs_of: Vec<usize> = Vec::with_capacity(units.len());
     for u in &units {
         let outs: BTreeSet<usize> = (u.first..=u.last)
@@ -643,7 +651,9 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
             // A buffer's new value (core ATen's functional batch norm) is written back by the
             // block that makes it, not handed on.
             .filter(|&v| {
-                graph.is_tensor[v] && !mutations.contains_key(&v) && graph.last_use[v].is_some_and(|l| l > u.last)
+                graph.is_tensor[v]
+                    && !mutations.contains_key(&v)
+                    && (v == output || last_read[v].is_some_and(|l| l > u.last))
             })
             .collect();
         let outs: Vec<usize> = outs.into_iter().collect();
