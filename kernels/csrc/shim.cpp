@@ -4,12 +4,14 @@
 //  - CPU/CUDA autocast state (enable, dtype, nesting, cache);
 //  - backward with an explicit output gradient that does not keep the caller's handles alive;
 //  - the default CPU generator's state (dropout must replay bitwise under recompute);
-//  - TorchScript modules: load, named children, forward, parameters, train/eval.
+//  - TorchScript modules: load, named children, forward, parameters, train/eval;
+//  - one generic boxed call of any dispatcher operator (the torch.export interpreter).
 //
 // Every entry point catches C++ exceptions and reports them as a malloc'd message through
 // `err` (freed by ckpt_free_str); nothing throws across the C boundary.
 
 #include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -20,6 +22,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/script.h>
 
 #include <atomic>
@@ -27,7 +30,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -282,6 +287,224 @@ int ckpt_jit_forward(torch::jit::Module* m, at::Tensor* const* inputs, int n, at
 
 int ckpt_jit_train(torch::jit::Module* m, int on, char** err) {
   return guarded(err, [&] { m->train(on != 0); });
+}
+
+
+// ---- dispatcher operators --------------------------------------------------------------------
+// One generic path for every node of an exported program, as PyTorch's nativert C10Kernel: look
+// the schema up by name, build the stack by the schema's argument types, callBoxed. The call
+// goes through the dispatcher like eager PyTorch's, so autograd, autocast and the CPU allocator
+// (the meter) see exactly what they see under Python.
+
+// A value handed in from Rust. `tag` says which field holds it; the schema decides the IValue.
+struct CkptArg {
+  const char* name;  // the schema's argument name
+  int32_t tag;       // 0 none, 1 tensor, 2 int, 3 float, 4 bool, 5 ints, 6 floats, 7 bools (in ints),
+                     // 8 tensors (null entries are None), 9 string
+  int64_t i;
+  double f;
+  const int64_t* ints;
+  const double* floats;
+  at::Tensor* const* tensors;
+  int64_t len;
+  const char* str;
+  const at::Tensor* tensor;
+};
+
+// Receives each returned value: `ret` is the schema's return index; a list return calls once per
+// element with `item` its position (-1 for a non-list). tag: 0 none, 1 tensor (a fresh heap
+// handle the callee owns), 2 int, 3 float, 4 bool; a list return first calls with tag 5 and
+// `i` its length (so an empty list is seen too).
+typedef void (*ckpt_value_cb)(void* ctx, int ret, int item, int tag, at::Tensor* t, int64_t i, double f);
+
+namespace {
+
+std::string describe_arg(const CkptArg& a) {
+  static const char* names[] = {"None", "a tensor", "an int", "a float", "a bool", "an int list",
+                                "a float list", "a bool list", "a tensor list", "a string"};
+  return (a.tag >= 0 && a.tag <= 9) ? names[a.tag] : "an unknown value";
+}
+
+c10::IValue to_ivalue(const c10::Argument& formal, const CkptArg& a) {
+  c10::TypePtr type = formal.type();
+  if (auto opt = type->cast<c10::OptionalType>()) {
+    if (a.tag == 0) return c10::IValue();
+    type = opt->getElementType();
+  }
+  auto bad = [&]() -> c10::IValue {
+    TORCH_CHECK(false, "argument '", formal.name(), "' has schema type ", formal.type()->str(),
+                " but the program gives ", describe_arg(a));
+  };
+  switch (type->kind()) {
+    case c10::TypeKind::TensorType: {
+      if (a.tag == 1 && a.tensor != nullptr) return *a.tensor;
+      // A Python number where the schema wants a tensor (`buf.add_(1)` is add_.Tensor): the
+      // Python binding passes a 0-dim "wrapped number" tensor, which type promotion treats as a
+      // scalar; do the same so dtypes and allocations match eager.
+      at::Tensor t;
+      if (a.tag == 2) t = at::scalar_to_tensor(at::Scalar(a.i));
+      else if (a.tag == 3) t = at::scalar_to_tensor(at::Scalar(a.f));
+      else if (a.tag == 4) t = at::scalar_to_tensor(at::Scalar(a.i != 0));
+      else return bad();
+      t.unsafeGetTensorImpl()->set_wrapped_number(true);
+      return t;
+    }
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+    case c10::TypeKind::ScalarTypeType:
+    case c10::TypeKind::LayoutType:
+    case c10::TypeKind::MemoryFormatType:
+      if (a.tag == 2) return a.i;
+      if (a.tag == 4) return static_cast<int64_t>(a.i != 0);
+      return bad();
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType:
+      if (a.tag == 3) return a.f;
+      if (a.tag == 2) return static_cast<double>(a.i);
+      return bad();
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::SymBoolType:
+      if (a.tag == 4 || a.tag == 2) return a.i != 0;
+      return bad();
+    case c10::TypeKind::NumberType:  // Scalar: the program's literal keeps its Python type
+      if (a.tag == 2) return a.i;
+      if (a.tag == 3) return a.f;
+      if (a.tag == 4) return a.i != 0;
+      return bad();
+    case c10::TypeKind::StringType:
+      if (a.tag == 9) return std::string(a.str);
+      return bad();
+    case c10::TypeKind::DeviceObjType:
+      if (a.tag == 9) return c10::Device(std::string(a.str));
+      return bad();
+    case c10::TypeKind::ListType: {
+      c10::TypePtr elem = type->castRaw<c10::ListType>()->getElementType();
+      bool opt_elem = false;
+      if (auto o = elem->cast<c10::OptionalType>()) {
+        elem = o->getElementType();
+        opt_elem = true;
+      }
+      switch (elem->kind()) {
+        case c10::TypeKind::IntType:
+        case c10::TypeKind::SymIntType:
+          if (a.tag == 5) return c10::List<int64_t>(std::vector<int64_t>(a.ints, a.ints + a.len));
+          if (a.tag == 2) return c10::List<int64_t>(std::vector<int64_t>{a.i});  // `int[2] x = 3` style
+          return bad();
+        case c10::TypeKind::FloatType:
+          if (a.tag == 6) return c10::List<double>(std::vector<double>(a.floats, a.floats + a.len));
+          return bad();
+        case c10::TypeKind::BoolType: {
+          if (a.tag != 7) return bad();
+          c10::List<bool> l;
+          for (int64_t k = 0; k < a.len; ++k) l.push_back(a.ints[k] != 0);
+          return l;
+        }
+        case c10::TypeKind::TensorType:
+          if (a.tag != 8) return bad();
+          if (opt_elem) {
+            c10::List<std::optional<at::Tensor>> l;
+            for (int64_t k = 0; k < a.len; ++k) {
+              l.push_back(a.tensors[k] != nullptr ? std::optional<at::Tensor>(*a.tensors[k]) : std::nullopt);
+            }
+            return l;
+          } else {
+            c10::List<at::Tensor> l;
+            for (int64_t k = 0; k < a.len; ++k) {
+              TORCH_CHECK(a.tensors[k] != nullptr, "argument '", formal.name(), "' element ", k,
+                          " is None, but the schema's list holds tensors");
+              l.push_back(*a.tensors[k]);
+            }
+            return l;
+          }
+        default:
+          return bad();
+      }
+    }
+    default:
+      return bad();
+  }
+}
+
+void emit(const c10::IValue& v, int ret, int item, void* ctx, ckpt_value_cb cb) {
+  if (v.isNone()) {
+    cb(ctx, ret, item, 0, nullptr, 0, 0.0);
+  } else if (v.isTensor()) {
+    cb(ctx, ret, item, 1, new at::Tensor(v.toTensor()), 0, 0.0);
+  } else if (v.isInt() || v.isSymInt()) {
+    cb(ctx, ret, item, 2, nullptr, v.isInt() ? v.toInt() : v.toSymInt().expect_int(), 0.0);
+  } else if (v.isDouble()) {
+    cb(ctx, ret, item, 3, nullptr, 0, v.toDouble());
+  } else if (v.isBool()) {
+    cb(ctx, ret, item, 4, nullptr, v.toBool() ? 1 : 0, 0.0);
+  } else {
+    TORCH_CHECK(false, "return ", ret, " is a ", v.tagKind(), ", which ckptune does not pass between nodes");
+  }
+}
+
+}  // namespace
+
+// Whether the dispatcher knows `name.overload`; its schema as text in `out` when it does.
+int ckpt_op_schema(const char* name, const char* overload, char** out, char** err) {
+  return guarded(err, [&] {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+    std::ostringstream s;
+    s << op.schema();
+    *out = dup_str(s.str());
+  });
+}
+
+// Calls `name.overload` with `args` matched to the schema by name (missing ones take the
+// schema's default) and reports every returned value through `cb`.
+int ckpt_op_call(const char* name, const char* overload, const CkptArg* args, int nargs, void* ctx,
+                 ckpt_value_cb cb, char** err) {
+  return guarded(err, [&] {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+    const c10::FunctionSchema& schema = op.schema();
+    const auto& formals = schema.arguments();
+    std::vector<bool> used(nargs, false);
+    torch::jit::Stack stack;
+    stack.reserve(formals.size());
+    for (const auto& formal : formals) {
+      int found = -1;
+      for (int k = 0; k < nargs; ++k) {
+        if (!used[k] && formal.name() == args[k].name) {
+          found = k;
+          break;
+        }
+      }
+      if (found >= 0) {
+        used[found] = true;
+        stack.push_back(to_ivalue(formal, args[found]));
+      } else if (formal.default_value().has_value()) {
+        stack.push_back(*formal.default_value());
+      } else {
+        TORCH_CHECK(false, "argument '", formal.name(), "' of ", schema.name(), ".", schema.overload_name(),
+                    " is missing and has no default");
+      }
+    }
+    for (int k = 0; k < nargs; ++k) {
+      TORCH_CHECK(used[k], "the schema ", schema, " has no argument '", args[k].name, "'");
+    }
+    op.callBoxed(stack);
+    for (size_t r = 0; r < stack.size(); ++r) {
+      const c10::IValue& v = stack[r];
+      if (v.isTensorList()) {
+        auto l = v.toTensorList();
+        cb(ctx, static_cast<int>(r), -1, 5, nullptr, static_cast<int64_t>(l.size()), 0.0);
+        for (size_t k = 0; k < l.size(); ++k) cb(ctx, static_cast<int>(r), static_cast<int>(k), 1,
+                                                 new at::Tensor(l.get(k)), 0, 0.0);
+      } else if (v.isList()) {
+        auto l = v.toList();
+        cb(ctx, static_cast<int>(r), -1, 5, nullptr, static_cast<int64_t>(l.size()), 0.0);
+        for (size_t k = 0; k < l.size(); ++k) emit(l.get(k), static_cast<int>(r), static_cast<int>(k), ctx, cb);
+      } else {
+        emit(v, static_cast<int>(r), -1, ctx, cb);
+      }
+    }
+    // The stack's handles die here, before the caller sees the outputs: nothing of the call's
+    // own survives it (the meter sees what eager PyTorch frees).
+    stack.clear();
+  });
 }
 
 }  // extern "C"

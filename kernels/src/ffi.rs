@@ -24,6 +24,8 @@ pub(crate) struct AutocastState {
 
 pub(crate) type NamedModuleCb = extern "C" fn(*mut c_void, *const c_char, *mut CModule);
 pub(crate) type NamedTensorCb = extern "C" fn(*mut c_void, *const c_char, CTensor);
+/// (ctx, return index, list item or -1, tag, tensor, int, float); see shim.cpp's ckpt_value_cb.
+pub(crate) type ValueCb = extern "C" fn(*mut c_void, i32, i32, i32, CTensor, i64, f64);
 
 extern "C" {
     pub(crate) fn ckpt_free_str(s: *mut c_char);
@@ -78,6 +80,23 @@ extern "C" {
         err: *mut *mut c_char,
     ) -> c_int;
     pub(crate) fn ckpt_jit_train(m: *mut CModule, on: c_int, err: *mut *mut c_char) -> c_int;
+
+    pub(crate) fn ckpt_op_schema(
+        name: *const c_char,
+        overload: *const c_char,
+        out: *mut *mut c_char,
+        err: *mut *mut c_char,
+    ) -> c_int;
+    /// `args` points at `nargs` `CkptArg` structs (ops.rs's `CArg`).
+    pub(crate) fn ckpt_op_call(
+        name: *const c_char,
+        overload: *const c_char,
+        args: *const c_void,
+        nargs: c_int,
+        ctx: *mut c_void,
+        cb: ValueCb,
+        err: *mut *mut c_char,
+    ) -> c_int;
 }
 
 /// Takes a malloc'd C string from the shim and frees it.

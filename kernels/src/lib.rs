@@ -1,6 +1,6 @@
 //! ckptune's native code: a C++ shim over libtorch for what `tch` does not expose (an exact
 //! CPU memory meter, autocast, backward with an explicit output gradient, RNG state,
-//! TorchScript children), and behind the `cuda` feature the CUDA allocator's statistics and
+//! TorchScript children, a generic boxed call of any dispatcher operator), and behind the `cuda` feature the CUDA allocator's statistics and
 //! device facts. This is the only crate of the workspace with native code.
 
 pub mod adam8bit;
@@ -10,6 +10,7 @@ mod error;
 mod ffi;
 pub mod jit;
 pub mod meter;
+pub mod ops;
 pub mod rng;
 
 #[cfg(feature = "cuda")]

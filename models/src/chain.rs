@@ -21,6 +21,9 @@ pub struct Ctx<'a> {
     /// [`ChainBlock::skips`] (e.g. BERT's `output` reads the `attention` output for its
     /// residual sum). Empty for blocks without skips.
     pub skips: &'a [Tensor],
+    /// The batch's raw `[batch, seq]` 0/1 attention mask, for blocks that compute their own
+    /// bias from it (a `torch.export` program that takes the mask as an input).
+    pub batch_mask: Option<&'a Tensor>,
 }
 
 impl<'a> Ctx<'a> {
@@ -30,7 +33,13 @@ impl<'a> Ctx<'a> {
             attention_mask,
             train,
             skips: &[],
+            batch_mask: None,
         }
+    }
+
+    /// The same context with the batch's raw attention mask.
+    pub fn with_batch_mask(self, batch_mask: Option<&'a Tensor>) -> Self {
+        Ctx { batch_mask, ..self }
     }
 
     /// The same context with `skips` as the block's extra inputs.
@@ -42,6 +51,7 @@ impl<'a> Ctx<'a> {
             attention_mask: self.attention_mask,
             train: self.train,
             skips,
+            batch_mask: self.batch_mask,
         }
     }
 

@@ -49,6 +49,33 @@ pub enum ModelError {
     #[error("TorchScript model {} cannot be run as a chain of blocks: {reason}", path.display())]
     NotAChain { path: PathBuf, reason: String },
 
+    /// A `torch.export` archive that cannot be read or cut into blocks.
+    #[error("cannot run torch.export program {}: {reason}", path.display())]
+    BadExport { path: PathBuf, reason: String },
+
+    /// A node of a `torch.export` program that cannot run.
+    #[error("torch.export program {}: node {node} ({target}): {why}", path.display())]
+    ExportNode {
+        path: PathBuf,
+        node: String,
+        target: String,
+        why: String,
+    },
+
+    /// A program exported with a static batch size, run at another one.
+    #[error(
+        "torch.export program {} was exported with a static batch of {exported}, so it runs only at \
+         --batch {exported}{}; to choose the batch, re-export it with a dynamic batch dimension: \
+         torch.export.export(model.train(), (batch,), dynamic_shapes=({{0: torch.export.Dim(\"batch\")}},))",
+        path.display(),
+        requested.map(|b| format!(" (asked for --batch {b})")).unwrap_or_else(|| " (pass it explicitly)".into())
+    )]
+    StaticBatch {
+        path: PathBuf,
+        exported: i64,
+        requested: Option<i64>,
+    },
+
     #[error("cannot read {} as a state dict: {reason}", path.display())]
     BadFile { path: PathBuf, reason: String },
 

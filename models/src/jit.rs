@@ -161,8 +161,9 @@ pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain>
     if h.size() != whole.size() || !h.allclose(&whole, 1e-5, 1e-6, false) {
         return Err(bad(format!(
             "its forward is not the composition of its top-level children ({}): it does more \
-             between them (e.g. a flatten or a skip connection). Wrap the model so that its \
-             forward is a plain sequence of child modules, or use a built-in model",
+             between them (e.g. a flatten or a skip connection); export it instead with \
+             torch.export.save(torch.export.export(model.train(), (batch,)), \"model.pt2\") and pass \
+             the .pt2, which ckptune runs node by node",
             chain
                 .blocks
                 .iter()

@@ -2,10 +2,12 @@
 //!
 //! Families, each mirroring its reference implementation: [`resnet`] (torchvision),
 //! [`bert`] and [`gpt2`] (Hugging Face transformers). [`zoo`] builds them by CLI name;
-//! [`load`] builds them from state-dict files.
+//! [`load`] builds them from state-dict files; [`jit`] and [`export`] run TorchScript and
+//! `torch.export` programs.
 pub mod bert;
 pub mod chain;
 pub mod error;
+pub mod export;
 pub mod gpt2;
 pub mod jit;
 mod layers;

@@ -42,6 +42,12 @@ pub struct ModelOptions {
     /// Floating kind of parameters and floating buffers (f32 unless a pure-precision run asks
     /// otherwise). Integer buffers (`num_batches_tracked`) stay i64.
     pub kind: Kind,
+    /// The micro-batch the model will run at, when the user chose one (`--batch`): a
+    /// `torch.export` program with a static batch runs only at its exported one.
+    pub batch: Option<i64>,
+    /// `--candidates REGEX`: for `torch.export` programs, the modules that are candidates,
+    /// instead of the granularity's rule.
+    pub candidates: Option<String>,
 }
 
 impl Default for ModelOptions {
@@ -54,6 +60,8 @@ impl Default for ModelOptions {
             granularity: Granularity::default(),
             device: Device::Cpu,
             kind: Kind::Float,
+            batch: None,
+            candidates: None,
         }
     }
 }

@@ -51,4 +51,9 @@ fn a_model_with_a_skip_across_children_is_refused() {
     assert!(matches!(err, ModelError::NotAChain { .. }), "{err}");
     let msg = err.to_string();
     assert!(msg.contains("not the composition of its top-level children"), "{msg}");
+    assert!(
+        msg.contains("torch.export") && msg.contains(".pt2"),
+        "the fix is named: {msg}"
+    );
+    assert!(!msg.contains('\n'), "one line: {msg}");
 }

@@ -256,7 +256,8 @@ impl Session {
             Some(m) => Some(self.chain.attention_bias(m)),
             None => None,
         };
-        let ctx = Ctx::new(mask.as_ref(), true);
+        // The raw mask too: an exported program computes its own bias from it.
+        let ctx = Ctx::new(mask.as_ref(), true).with_batch_mask(batch.attention_mask.as_ref());
         if let Some(t) = tr.as_deref_mut() {
             t.start = self.probe.current();
             t.blocks = vec![BlockTrace::default(); n];

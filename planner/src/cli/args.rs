@@ -41,7 +41,8 @@ pub enum Command {
 #[derive(Debug, Args, Clone)]
 pub struct ModelArgs {
     /// A built-in model name (see `ckptune models`), or a path to a state dict
-    /// (`.safetensors`, or a `.pt` saved as a plain dict) or a TorchScript `.pt`.
+    /// (`.safetensors`, or a `.pt` saved as a plain dict), a TorchScript `.pt`, or a
+    /// torch.export program (`.pt2`, from `torch.export.save`).
     pub model: String,
     /// Micro-batch size (samples per forward/backward). Several comma-separated sizes let
     /// the planner choose. Default: 8 for vision models, 4 for language models.
@@ -65,6 +66,10 @@ pub struct ModelArgs {
     /// (both: a layer or any of its children, never both).
     #[arg(long, default_value = "layer")]
     pub granularity: String,
+    /// For a torch.export program (`.pt2`): the candidate modules, a regex matched against whole
+    /// module names (`layer[1-4]`, `encoder\.layer\.\d+`), instead of --granularity's rule.
+    #[arg(long)]
+    pub candidates: Option<String>,
     /// Precisions to consider, comma-separated: fp32, bf16 (autocast), fp16 (CUDA only),
     /// bf16-pure. Default: fp32 and bf16 for `plan`, fp32 otherwise.
     #[arg(long, value_delimiter = ',')]

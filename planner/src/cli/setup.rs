@@ -161,6 +161,9 @@ impl Setup {
             classes: a.classes,
             granularity,
             device,
+            // A torch.export program with a static batch runs only at its exported batch.
+            batch: a.batch.iter().max().copied(),
+            candidates: a.candidates.clone(),
             ..Default::default()
         };
         Ok(Setup {
@@ -182,14 +185,22 @@ impl Setup {
         let path = Path::new(&self.model);
         if path.exists() {
             // A file that cannot be used is bad input (exit code 2), whatever is wrong with it.
-            let loaded = match ckptune_models::from_file(path, &self.opts) {
-                Err(ckptune_models::ModelError::TorchScript(p)) => {
-                    ckptune_models::jit::chain_from_torchscript(&p, &self.opts)
+            let loaded = if ckptune_models::export::is_export_archive(path) {
+                ckptune_models::export::chain_from_export(path, &self.opts)
+            } else {
+                match ckptune_models::from_file(path, &self.opts) {
+                    Err(ckptune_models::ModelError::TorchScript(p)) => {
+                        ckptune_models::jit::chain_from_torchscript(&p, &self.opts)
+                    }
+                    other => other,
                 }
-                other => other,
             };
             Ok(loaded.with_context(|| format!("loading model {}", path.display()))?)
-        } else if self.model.ends_with(".pt") || self.model.ends_with(".safetensors") || self.model.contains('/') {
+        } else if self.model.ends_with(".pt")
+            || self.model.ends_with(".pt2")
+            || self.model.ends_with(".safetensors")
+            || self.model.contains('/')
+        {
             Err(usage(format!("model file {} does not exist", self.model)))
         } else {
             Ok(ckptune_models::builtin(&self.model, &self.opts)?)

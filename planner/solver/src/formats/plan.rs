@@ -89,11 +89,14 @@ pub struct ShapeJson {
     pub classes: Option<i64>,
     pub granularity: String,
     pub repeats: usize,
+    /// `--candidates`: the regex that chose the candidate modules outright, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<String>,
 }
 
-/// `plan --json` when nothing fits: the failure as data, for scripts.
+/// `plan --json` when nothing fits: the failure as data, for scripts. Fields are in
+/// alphabetical order, as the document has always been written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-/// Fields are in alphabetical order, as the document has always been written.
 pub struct PlanFailureJson {
     pub budget_bytes: i64,
     /// The checkpoint set attaining the smallest peak.

@@ -279,6 +279,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         classes: setup.opts.classes,
         granularity: a.model.granularity.clone(),
         repeats: setup.repeats,
+        candidates: a.model.candidates.clone(),
     };
     let mut plan = match plan_from_profile(&profile, budget - reserve, shape.clone()) {
         Ok(p) => p,

@@ -1,0 +1,421 @@
+//! Loading `torch.export` archives (fixtures from `fixtures/make_export_fixtures.py`): the
+//! candidate rules, the batch rule, and every kind of bad input failing with a message that
+//! names the node, its operator and what to do.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use ckptune_models::export::chain_from_export;
+use ckptune_models::{builtin, Chain, Granularity, InputSpec, ModelError, ModelOptions};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+}
+
+fn load(name: &str, opts: ModelOptions) -> Result<Chain, ModelError> {
+    chain_from_export(&fixture(name), &opts)
+}
+
+fn candidates(c: &Chain) -> Vec<String> {
+    c.candidates().into_iter().map(String::from).collect()
+}
+
+#[test]
+fn granularities_give_the_builtin_resnet_candidates() {
+    for g in [Granularity::Layer, Granularity::Block, Granularity::Nested] {
+        let ex = load(
+            "tiny_resnet.pt2",
+            ModelOptions {
+                granularity: g,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let bi = builtin(
+            "tiny-resnet",
+            &ModelOptions {
+                granularity: g,
+                image: Some(32),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let names = |c: &Chain| c.blocks.iter().map(|b| b.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&ex), names(&bi), "{g:?}");
+        assert_eq!(candidates(&ex), candidates(&bi), "{g:?}");
+    }
+}
+
+#[test]
+fn candidates_regex_chooses_modules_outright() {
+    let opts = |re: &str| ModelOptions {
+        candidates: Some(re.into()),
+        ..Default::default()
+    };
+    let c = load("tiny_resnet.pt2", opts(r"layer[12]|layer3\.0\.conv1")).unwrap();
+    assert_eq!(candidates(&c), ["layer1", "layer2", "layer3.0.conv1"]);
+    // A module called twice (BasicBlock's `relu`) is not one contiguous run: never a candidate.
+    let e = load("tiny_resnet.pt2", opts(r"layer1\.0\.relu"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("contiguous"), "{e}");
+}
+
+#[test]
+fn static_batch_runs_only_at_its_exported_batch() {
+    let at = |b: Option<i64>| {
+        load(
+            "tiny_mlp_static.pt2",
+            ModelOptions {
+                batch: b,
+                ..Default::default()
+            },
+        )
+    };
+    let c = at(Some(2)).unwrap();
+    assert_eq!(
+        c.input,
+        InputSpec::Features {
+            features: 8,
+            classes: 4
+        }
+    );
+    for b in [Some(8), None] {
+        let e = at(b).unwrap_err();
+        assert!(matches!(e, ModelError::StaticBatch { exported: 2, .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("--batch 2") && msg.contains(r#"Dim("batch")"#), "{msg}");
+    }
+}
+
+#[test]
+fn an_operator_the_dispatcher_lacks_names_the_node() {
+    let e = load("custom_op.pt2", ModelOptions::default()).unwrap_err();
+    let ModelError::ExportNode { node, target, why, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(node, "twice");
+    assert_eq!(target, "torch.ops.ckptune_test.twice.default");
+    assert!(why.contains("no such operator") && why.contains("TORCH_LIBRARY"), "{e}");
+}
+
+#[test]
+fn cond_is_an_unsupported_higher_order_op() {
+    let e = load("cond.pt2", ModelOptions::default()).unwrap_err();
+    let ModelError::ExportNode { target, why, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(target, "torch.ops.higher_order.cond");
+    assert!(why.contains("data-dependent control flow"), "{e}");
+}
+
+/// A copy of `src` with `model.json` passed through `edit`.
+fn rewrite(src: &Path, dst: &Path, edit: impl Fn(&str) -> String) {
+    let mut zin = zip::ZipArchive::new(std::fs::File::open(src).unwrap()).unwrap();
+    let mut zout = zip::ZipWriter::new(std::fs::File::create(dst).unwrap());
+    for i in 0..zin.len() {
+        let mut f = zin.by_index(i).unwrap();
+        let name = f.name().to_owned();
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf).unwrap();
+        if name.ends_with("models/model.json") {
+            buf = edit(&String::from_utf8(buf).unwrap()).into_bytes();
+        }
+        zout.start_file(
+            name,
+            zip::write::FileOptions::default().compression_method(zip::CompressionMethod::Stored),
+        )
+        .unwrap();
+        zout.write_all(&buf).unwrap();
+    }
+    zout.finish().unwrap();
+}
+
+#[test]
+fn corrupt_archives_and_unknown_versions_are_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let truncated = dir.path().join("truncated.pt2");
+    let bytes = std::fs::read(fixture("tiny_mlp_static.pt2")).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let e = chain_from_export(&truncated, &ModelOptions::default()).unwrap_err();
+    assert!(matches!(e, ModelError::BadExport { .. }), "{e}");
+    assert!(e.to_string().contains("not a zip archive"), "{e}");
+
+    let future = dir.path().join("future.pt2");
+    rewrite(&fixture("tiny_mlp_static.pt2"), &future, |j| {
+        j.replace(r#""schema_version": {"major": 8"#, r#""schema_version": {"major": 99"#)
+    });
+    let e = chain_from_export(&future, &ModelOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("schema version 99") && e.contains("re-export"), "{e}");
+
+    let broken = dir.path().join("broken.pt2");
+    rewrite(&fixture("tiny_mlp_static.pt2"), &broken, |j| {
+        j[..j.len() / 2].to_owned()
+    });
+    let e = chain_from_export(&broken, &ModelOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not valid JSON"), "{e}");
+}
+
+#[test]
+fn interpreter_matches_tch_and_runs_no_grad_subgraphs() {
+    // The static MLP, node by node, against the same math through tch's bindings.
+    let c = load(
+        "tiny_mlp_static.pt2",
+        ModelOptions {
+            batch: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let batch = c.make_batch(2, tch::Device::Cpu, 3);
+    let got = c.forward_all(&batch.input, None, true).pop().unwrap();
+    let v = c.vs.variables();
+    let want = batch
+        .input
+        .linear(&v["0.weight"], Some(&v["0.bias"]))
+        .relu()
+        .linear(&v["2.weight"], Some(&v["2.bias"]));
+    assert!(got.equal(&want), "interpreted MLP differs from tch");
+
+    // `with torch.no_grad()` inside forward: wrap_with_set_grad_enabled's subgraph runs without
+    // grad, so `frozen` gets no gradient while `inp` and `body` do.
+    let c = load("set_grad.pt2", ModelOptions::default()).unwrap();
+    let batch = c.make_batch(3, tch::Device::Cpu, 3);
+    let out = c.forward_all(&batch.input, None, true).pop().unwrap();
+    c.head.loss(&out, &batch).backward();
+    let v = c.vs.variables();
+    for name in ["inp.weight", "body.weight", "body.bias"] {
+        assert!(v[name].grad().defined(), "{name} has a gradient");
+    }
+    for name in ["frozen.weight", "frozen.bias"] {
+        assert!(!v[name].grad().defined(), "{name} ran under no_grad");
+    }
+    let h = batch.input.linear(&v["inp.weight"], Some(&v["inp.bias"]));
+    let want =
+        h.linear(&v["body.weight"], Some(&v["body.bias"])) + h.linear(&v["frozen.weight"], Some(&v["frozen.bias"]));
+    assert!(out.equal(&want), "set_grad program differs from tch");
+}
+
+#[test]
+fn core_aten_programs_write_buffer_mutations_back() {
+    // The same tiny ResNet as a training-IR program (batch norm updates its statistics in
+    // place) and decomposed to core ATen (functional batch norm; the signature's buffer
+    // mutations carry the new statistics): one training forward leaves equal buffers.
+    let run = |name: &str| {
+        let c = load(name, ModelOptions::default()).unwrap();
+        let batch = c.make_batch(2, tch::Device::Cpu, 7);
+        let out = tch::no_grad(|| c.forward_all(&batch.input, None, true).pop().unwrap());
+        let mut vars: Vec<(String, tch::Tensor)> = c.vs.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        (out, vars)
+    };
+    let (out_a, vars_a) = run("tiny_resnet.pt2");
+    let (out_b, vars_b) = run("tiny_resnet_core.pt2");
+    assert!(out_a.allclose(&out_b, 1e-5, 1e-5, false), "outputs differ");
+    let names = |v: &[(String, tch::Tensor)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&vars_a), names(&vars_b));
+    let mut moved = 0;
+    for ((n, a), (_, b)) in vars_a.iter().zip(&vars_b) {
+        assert!(
+            a.allclose(b, 1e-5, 1e-6, false),
+            "{n}: training-IR vs core-ATen after one step"
+        );
+        if n.ends_with("num_batches_tracked") {
+            assert_eq!(a.int64_value(&[]), 1, "{n} counted the step");
+            moved += 1;
+        }
+    }
+    assert_eq!(moved, 12, "every batch norm counted its batch");
+}
+
+#[test]
+fn nested_granularity_groups_a_layer_over_its_children() {
+    let c = load(
+        "tiny_stack.pt2",
+        ModelOptions {
+            granularity: Granularity::Nested,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let groups: Vec<&str> = c.groups.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(groups, ["layers.0", "layers.1", "layers.2"]);
+    let cands = candidates(&c);
+    for want in ["layers.1.fc1", "layers.1.act", "layers.1.fc2", "layers.1"] {
+        assert!(cands.iter().any(|n| n == want), "{want} in {cands:?}");
+    }
+    // The residual sum reads the layer's input: a skip from the block before the group.
+    let sum = c.groups[1].last;
+    assert_eq!(c.blocks[sum].skips, [c.groups[1].first - 1], "{:?}", c.blocks[sum].name);
+    let layer = load("tiny_stack.pt2", ModelOptions::default()).unwrap();
+    assert_eq!(candidates(&layer), ["layers.0", "layers.1", "layers.2"]);
+}
+
+/// `export::layers` on the module names of the reference families (as `nn_module_stack` lists
+/// them), each module taken to be one contiguous run.
+#[test]
+fn the_layer_rule_finds_each_familys_repeated_layers() {
+    use ckptune_models::export::layers;
+    let rule = |mods: &[&str]| {
+        let modules: Vec<String> = mods.iter().map(|m| m.to_string()).collect();
+        let runs = modules.iter().enumerate().map(|(i, m)| (m.clone(), (i, i))).collect();
+        layers(&modules, &runs)
+    };
+    // torchvision ResNet: sibling containers are the layers.
+    assert_eq!(
+        rule(&["conv1", "bn1", "layer1", "layer1.0", "layer1.1", "layer2", "layer2.0", "fc"]),
+        ["layer1", "layer2"]
+    );
+    // BERT: one container, its numbered children.
+    assert_eq!(
+        rule(&[
+            "bert",
+            "bert.embeddings",
+            "bert.encoder",
+            "bert.encoder.layer",
+            "bert.encoder.layer.0",
+            "bert.encoder.layer.0.attention",
+            "bert.encoder.layer.1",
+            "bert.pooler",
+            "classifier",
+        ]),
+        ["bert.encoder.layer.0", "bert.encoder.layer.1"]
+    );
+    // Llama (Hugging Face): model.layers.N.
+    assert_eq!(
+        rule(&[
+            "model",
+            "model.embed_tokens",
+            "model.layers",
+            "model.layers.0",
+            "model.layers.0.self_attn",
+            "model.layers.1",
+            "model.norm",
+            "lm_head"
+        ]),
+        ["model.layers.0", "model.layers.1"]
+    );
+    // torchvision ViT: children named encoder_layer_N.
+    assert_eq!(
+        rule(&[
+            "conv_proj",
+            "encoder",
+            "encoder.dropout",
+            "encoder.layers",
+            "encoder.layers.encoder_layer_0",
+            "encoder.layers.encoder_layer_0.mlp",
+            "encoder.layers.encoder_layer_0.mlp.0",
+            "encoder.layers.encoder_layer_1",
+            "encoder.ln",
+            "heads",
+            "heads.0",
+        ]),
+        ["encoder.layers.encoder_layer_0", "encoder.layers.encoder_layer_1"]
+    );
+    // No repeated layers: the top-level modules.
+    assert_eq!(
+        rule(&["features", "features.conv", "classifier"]),
+        ["features", "classifier"]
+    );
+}
+
+#[test]
+fn a_node_that_fails_at_run_time_is_bad_input_at_load_time() {
+    // The first linear given the second one's weight: [4, 16] against 8 features.
+    let dir = tempfile::tempdir().unwrap();
+    let swapped = dir.path().join("swapped.pt2");
+    rewrite(&fixture("tiny_mlp_static.pt2"), &swapped, |j| {
+        j.replacen(
+            r#""name": "weight", "arg": {"as_tensor": {"name": "p_0_weight"}}"#,
+            r#""name": "weight", "arg": {"as_tensor": {"name": "p_2_weight"}}"#,
+            1,
+        )
+    });
+    let e = chain_from_export(
+        &swapped,
+        &ModelOptions {
+            batch: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(e, ModelError::BadExport { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("sample batch") && msg.contains("node linear (torch.ops.aten.linear.default)"),
+        "{msg}"
+    );
+    assert!(!msg.contains("Exception raised from"), "{msg}");
+}
+
+#[test]
+fn exported_bert_takes_its_mask_and_cuts_into_the_builtin_layers() {
+    let c = load("tiny_bert.pt2", ModelOptions::default()).unwrap();
+    let names: Vec<&str> = c.blocks.iter().map(|b| b.name.as_str()).collect();
+    // The layer rule: `encoder.layer.N` (the built-in also offers `embeddings` and `pooler`,
+    // which this rule leaves as glue); the head after the pooler is glue too.
+    assert_eq!(
+        names,
+        [
+            "embeddings",
+            "encoder.layer.0",
+            "encoder.layer.1",
+            "pooler+dropout+classifier"
+        ]
+    );
+    assert_eq!(candidates(&c), ["encoder.layer.0", "encoder.layer.1"]);
+    assert_eq!(
+        c.input,
+        InputSpec::Tokens {
+            seq: 8,
+            vocab: 100,
+            targets: ckptune_models::TokenTargets::Classes(2)
+        }
+    );
+    let nested = load(
+        "tiny_bert.pt2",
+        ModelOptions {
+            granularity: Granularity::Nested,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let bi = builtin(
+        "tiny-bert",
+        &ModelOptions {
+            granularity: Granularity::Nested,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let layer_parts = |c: &Chain| -> Vec<String> {
+        candidates(c)
+            .into_iter()
+            .filter(|n| n.starts_with("encoder.layer."))
+            .collect()
+    };
+    // A layer or its children: attention, intermediate, output, as in the built-in.
+    assert_eq!(layer_parts(&nested), layer_parts(&bi));
+}
+
+#[test]
+fn outputs_after_the_first_are_computed_not_handed_on() {
+    // `(logits, hidden)`: the loss reads the logits; `hidden` (the last layer's output) is
+    // still what the head block reads, and no block hands on two tensors.
+    let c = load("tiny_stack_tuple.pt2", ModelOptions::default()).unwrap();
+    assert_eq!(candidates(&c), ["layers.0", "layers.1", "layers.2"]);
+    assert_eq!(
+        c.input,
+        InputSpec::Features {
+            features: 8,
+            classes: 4
+        }
+    );
+    let batch = c.make_batch(3, tch::Device::Cpu, 1);
+    let out = c.forward_all(&batch.input, None, true).pop().unwrap();
+    assert_eq!(out.size(), [3, 4]);
+}

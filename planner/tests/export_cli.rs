@@ -1,0 +1,279 @@
+//! `torch.export` programs (`.pt2`) through the real `ckptune` binary: the profile's prediction
+//! equals the measured peak on every checkpoint subset, and bad programs exit 2 naming the node.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn ckptune(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ckptune"))
+        .args(args)
+        .env(
+            "CKPTUNE_CACHE",
+            std::env::temp_dir().join(format!("ckptune-export-test-cache-{}", std::process::id())),
+        )
+        .output()
+        .expect("runs ckptune")
+}
+
+fn ok(args: &[&str]) -> Output {
+    let out = ckptune(args);
+    assert!(
+        out.status.success(),
+        "ckptune {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/fixtures")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+const COMMON: [&str; 4] = ["--threads", "1", "--quiet", "--no-cache"];
+
+#[test]
+fn exported_resnet_sweep_is_byte_exact_on_every_subset() {
+    let dir = tempfile::tempdir().unwrap();
+    for (file, granularity, candidates) in [
+        ("tiny_resnet.pt2", "layer", None),
+        ("tiny_resnet.pt2", "block", None),
+        ("tiny_resnet.pt2", "layer", Some(r"layer[23]|fc")),
+        // Core ATen: functional batch norm, statistics written back as buffer mutations.
+        ("tiny_resnet_core.pt2", "layer", None),
+        // Token ids and their attention mask; every layer computes its bias from the mask.
+        ("tiny_bert.pt2", "layer", None),
+    ] {
+        let model = fixture(file);
+        // fp32 here to keep the binary's sweeps short; runtime/tests/export.rs checks the exported
+        // model's bf16 peaks and gradients in-process.
+        for precision in ["fp32"] {
+            let profile = dir
+                .path()
+                .join(format!("{file}-{granularity}-{precision}-profile.json"));
+            let sweep = dir.path().join(format!("{file}-{granularity}-{precision}-sweep.json"));
+            let mut shared = vec![
+                model.as_str(),
+                "--batch",
+                "2",
+                "--precision",
+                precision,
+                "--granularity",
+                granularity,
+            ];
+            if let Some(c) = candidates {
+                shared.extend(["--candidates", c]);
+            }
+            shared.extend(COMMON);
+            let mut args = vec!["profile"];
+            args.extend(&shared);
+            args.extend(["-o", profile.to_str().unwrap()]);
+            ok(&args);
+            let mut args = vec!["sweep"];
+            args.extend(&shared);
+            args.extend([
+                "--all-subsets",
+                "--repeats",
+                "1",
+                "--profile",
+                profile.to_str().unwrap(),
+                "-o",
+                sweep.to_str().unwrap(),
+            ]);
+            ok(&args);
+            let s: Value = serde_json::from_str(&std::fs::read_to_string(&sweep).unwrap()).unwrap();
+            let points = s["configs"][0]["points"].as_array().unwrap();
+            let want = if file == "tiny_bert.pt2" {
+                4
+            } else if candidates.is_some() {
+                8
+            } else {
+                16
+            };
+            assert_eq!(points.len(), want, "{granularity} {candidates:?}: all subsets");
+            for p in points {
+                assert_eq!(
+                    p["peak_bytes"], p["predicted_peak_bytes"],
+                    "{file} {granularity} {candidates:?} {precision} {}",
+                    p["regex"]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_programs_exit_2_naming_the_node_and_the_fix() {
+    let static_mlp = fixture("tiny_mlp_static.pt2");
+    let custom = fixture("custom_op.pt2");
+    let cond = fixture("cond.pt2");
+    for (args, needles) in [
+        (
+            vec!["plan", "--budget", "1GiB", &static_mlp, "--batch", "8"],
+            vec!["static batch of 2", r#"torch.export.Dim("batch")"#],
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", &custom],
+            vec!["node twice", "torch.ops.ckptune_test.twice.default", "TORCH_LIBRARY"],
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", &cond],
+            vec!["torch.ops.higher_order.cond", "data-dependent control flow"],
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", "/nonexistent/model.pt2"],
+            vec!["does not exist"],
+        ),
+    ] {
+        let out = ckptune(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: {n:?} not in {err}");
+        }
+        assert!(
+            !err.contains("Exception raised from"),
+            "{args:?}: a C++ traceback: {err}"
+        );
+    }
+}
+
+#[test]
+fn exported_residual_stack_sweeps_byte_exact_with_nested_groups_and_dropout() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture("tiny_stack.pt2");
+    // Layer granularity: all 8 subsets. Nested: a layer or its children (fc1, act, fc2, drop;
+    // the residual sum is glue inside the group), chosen subsets of the 17^3.
+    let nested = [
+        "",
+        r"layers\.0",
+        r"layers\.1",
+        r"layers\.0|layers\.2",
+        r"layers\.1\.fc1",
+        r"layers\.1\.(fc1|fc2)",
+        r"layers\.1\.drop",
+        r"layers\.0|layers\.1\.act|layers\.2\.fc2",
+        r"layers\.\d\.(fc1|act|fc2|drop)",
+    ];
+    for (granularity, checkpoints) in [("layer", &[][..]), ("nested", &nested[..])] {
+        for precision in ["fp32", "bf16"] {
+            let profile = dir.path().join(format!("{granularity}-{precision}-profile.json"));
+            let sweep = dir.path().join(format!("{granularity}-{precision}-sweep.json"));
+            let mut shared = vec![
+                model.as_str(),
+                "--batch",
+                "4",
+                "--precision",
+                precision,
+                "--granularity",
+                granularity,
+            ];
+            shared.extend(COMMON);
+            let mut args = vec!["profile"];
+            args.extend(&shared);
+            args.extend(["-o", profile.to_str().unwrap()]);
+            ok(&args);
+            let mut args = vec!["sweep"];
+            args.extend(&shared);
+            if checkpoints.is_empty() {
+                args.push("--all-subsets");
+            }
+            for c in checkpoints {
+                args.extend(["--checkpoint", c]);
+            }
+            args.extend([
+                "--repeats",
+                "1",
+                "--profile",
+                profile.to_str().unwrap(),
+                "-o",
+                sweep.to_str().unwrap(),
+            ]);
+            ok(&args);
+            let s: Value = serde_json::from_str(&std::fs::read_to_string(&sweep).unwrap()).unwrap();
+            let points = s["configs"][0]["points"].as_array().unwrap();
+            let want = if checkpoints.is_empty() { 8 } else { checkpoints.len() };
+            assert_eq!(points.len(), want, "{granularity}: every subset measured");
+            for p in points {
+                assert_eq!(
+                    p["peak_bytes"], p["predicted_peak_bytes"],
+                    "{granularity} {precision} {}",
+                    p["regex"]
+                );
+            }
+        }
+    }
+}
+
+/// Profiles `file`, sweeps `checkpoints` (every subset when empty) and asserts every point's
+/// predicted peak equals its measured one.
+fn sweep_is_exact(file: &str, granularity: &str, precision: &str, checkpoints: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture(file);
+    let profile = dir.path().join("profile.json");
+    let sweep = dir.path().join("sweep.json");
+    let mut shared = vec![
+        model.as_str(),
+        "--batch",
+        "4",
+        "--precision",
+        precision,
+        "--granularity",
+        granularity,
+    ];
+    shared.extend(COMMON);
+    let mut args = vec!["profile"];
+    args.extend(&shared);
+    args.extend(["-o", profile.to_str().unwrap()]);
+    ok(&args);
+    let mut args = vec!["sweep"];
+    args.extend(&shared);
+    if checkpoints.is_empty() {
+        args.push("--all-subsets");
+    }
+    for c in checkpoints {
+        args.extend(["--checkpoint", c]);
+    }
+    args.extend([
+        "--repeats",
+        "1",
+        "--profile",
+        profile.to_str().unwrap(),
+        "-o",
+        sweep.to_str().unwrap(),
+    ]);
+    ok(&args);
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&sweep).unwrap()).unwrap();
+    let points = s["configs"][0]["points"].as_array().unwrap();
+    assert!(!points.is_empty());
+    if !checkpoints.is_empty() {
+        assert_eq!(points.len(), checkpoints.len());
+    }
+    for p in points {
+        assert_eq!(
+            p["peak_bytes"], p["predicted_peak_bytes"],
+            "{file} {granularity} {precision} {}",
+            p["regex"]
+        );
+    }
+}
+
+#[test]
+fn exported_bert_with_its_mask_sweeps_byte_exact_nested() {
+    let subsets = [
+        "",
+        r"encoder\.layer\.0",
+        r"encoder\.layer\.1\.attention",
+        r"encoder\.layer\.\d\.(attention|output)",
+        r"encoder\.layer\.0|encoder\.layer\.1\.intermediate",
+    ];
+    for precision in ["fp32", "bf16"] {
+        sweep_is_exact("tiny_bert.pt2", "nested", precision, &subsets);
+    }
+}
