@@ -37,14 +37,13 @@ pub enum ModelError {
     #[error("{} is a TorchScript archive (it has code/ and constants.pkl), not a state dict", .0.display())]
     TorchScript(PathBuf),
 
+    /// `torch.save(model)`: a pickled object of the user's class, not a state dict.
     #[error(
-        "{} holds a collections.OrderedDict, as written by torch.save(model.state_dict()), which \
-         libtorch cannot read; re-save it as a plain dict with \
-         torch.save(dict(model.state_dict()), path) or as safetensors with \
-         safetensors.torch.save_file(model.state_dict(), \"model.safetensors\")",
-        .0.display()
+        "{} holds a pickled {class} object (torch.save(model)), not a state dict; save the weights \
+         with torch.save(model.state_dict(), path) and give that file",
+        path.display()
     )]
-    OrderedDict(PathBuf),
+    PickledObject { path: PathBuf, class: String },
 
     #[error("TorchScript model {} cannot be run as a chain of blocks: {reason}", path.display())]
     NotAChain { path: PathBuf, reason: String },

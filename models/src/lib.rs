@@ -1,7 +1,7 @@
 //! Model zoo: models as chains of named blocks whose names equal PyTorch's module names.
 //!
 //! Families, each mirroring its reference implementation: [`resnet`] (torchvision),
-//! [`bert`] and [`gpt2`] (Hugging Face transformers). [`zoo`] builds them by CLI name;
+//! [`bert`], [`gpt2`] and [`llama`] (Hugging Face transformers; Llama, Mistral, Qwen2). [`zoo`] builds them by CLI name;
 //! [`load`] builds them from state-dict files.
 pub mod bert;
 pub mod chain;
@@ -9,6 +9,7 @@ pub mod error;
 pub mod gpt2;
 pub mod jit;
 mod layers;
+pub mod llama;
 pub mod load;
 pub mod resnet;
 pub mod toy;

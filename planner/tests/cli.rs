@@ -71,6 +71,7 @@ fn models_lists_reference_parameter_counts() {
     assert_eq!(count("resnet152"), 60_192_808);
     assert_eq!(count("bert-base-uncased"), 109_482_240);
     assert_eq!(count("gpt2"), 124_439_808);
+    assert_eq!(count("mistral-7b-v0.1"), 7_241_732_096_i64);
 }
 
 #[test]
@@ -217,6 +218,7 @@ fn infeasible_budget_fails_with_the_smallest_peak_and_writes_nothing() {
 fn bad_input_exits_2_with_a_clear_message() {
     let not_chain = fixture("tiny_not_chain.torchscript.pt");
     let ordered_dict = fixture("ordered_dict.pt");
+    let pickled_module = fixture("pickled_module.pt");
     let torchscript = fixture("tiny_chain.torchscript.pt");
     for (args, needle) in [
         (vec!["plan", "--budget", "12 parsecs", "tiny-resnet"], "--budget"),
@@ -243,7 +245,11 @@ fn bad_input_exits_2_with_a_clear_message() {
         ),
         (
             vec!["plan", "--budget", "1GiB", &ordered_dict],
-            "torch.save(dict(model.state_dict()), path)",
+            "cannot infer the architecture",
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", &pickled_module],
+            "torch.save(model.state_dict(), path)",
         ),
         // A child of a layer at layer granularity: not a unit there, and the fix is named.
         (
@@ -321,6 +327,9 @@ fn sweep_predictions_are_byte_exact_on_every_subset() {
     for (model, granularity) in [
         (["tiny-bert", "--seq"], "layer"),
         (["tiny-gpt2", "--seq"], "layer"),
+        (["tiny-llama", "--seq"], "layer"),
+        // A layer, its self_attn, its mlp, or both children, per layer (100 choices).
+        (["tiny-llama", "--seq"], "nested"),
         (["tiny-resnet", "--image"], "layer"),
         // Every allowed choice of layers and their children (324), through the binary.
         (["tiny-bert", "--seq"], "nested"),
@@ -371,7 +380,11 @@ fn sweep_predictions_are_byte_exact_on_every_subset() {
             let s = read(&sweep);
             assert_eq!(s["format"], "ckptune.sweep/1");
             let points = s["configs"][0]["points"].as_array().unwrap();
-            let want = if granularity == "nested" { 324 } else { 8 };
+            let want = match (model[0], granularity) {
+                ("tiny-bert", "nested") => 324,
+                ("tiny-llama", "nested") => 100,
+                _ => 8,
+            };
             assert!(points.len() >= want, "{}: all subsets", model[0]);
             for p in points {
                 assert_eq!(

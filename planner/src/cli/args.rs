@@ -60,6 +60,10 @@ pub struct ModelArgs {
     /// Output classes of the classification head.
     #[arg(long)]
     pub classes: Option<i64>,
+    /// Entry of a torch.save dict holding the state dict (`model`, `state_dict`, …); by default
+    /// the top level, or the first of state_dict, model_state_dict, model, module, net.
+    #[arg(long)]
+    pub state_dict_key: Option<String>,
     /// Candidate granularity: `layer` (ResNet stages, transformer layers), `block` (the
     /// modules inside them: `layer3.17`, `encoder.layer.3.attention`, `h.5.mlp`) or `nested`
     /// (both: a layer or any of its children, never both).

@@ -68,6 +68,8 @@ fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfig)> 
         image: plan.shape.image,
         seq: plan.shape.seq,
         classes: plan.shape.classes,
+        // Not in ckptune.plan/1: a nested state dict is found again automatically.
+        state_dict_key: None,
         granularity: plan.shape.granularity.clone(),
         precision: vec![plan.config.precision.clone()],
         optimizer: vec![plan.config.optimizer.clone()],

@@ -158,6 +158,7 @@ impl Setup {
             image: a.image,
             seq: a.seq,
             classes: a.classes,
+            state_dict_key: a.state_dict_key.clone(),
             granularity,
             device,
             ..Default::default()
