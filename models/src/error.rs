@@ -45,6 +45,15 @@ pub enum ModelError {
     )]
     PickledObject { path: PathBuf, class: String },
 
+    /// A Hugging Face config.json whose `model_type` ckptune does not build.
+    #[error(
+        "{}: model_type {model_type:?} is not supported; supported model types: {}. For another \
+         architecture, export the model with torch.export (a .pt2 file) and give that file",
+        path.display(),
+        crate::hf::SUPPORTED_MODEL_TYPES.join(", ")
+    )]
+    UnsupportedModelType { path: PathBuf, model_type: String },
+
     #[error("TorchScript model {} cannot be run as a chain of blocks: {reason}", path.display())]
     NotAChain { path: PathBuf, reason: String },
 

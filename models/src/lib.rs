@@ -2,11 +2,12 @@
 //!
 //! Families, each mirroring its reference implementation: [`resnet`] (torchvision),
 //! [`bert`], [`gpt2`] and [`llama`] (Hugging Face transformers; Llama, Mistral, Qwen2). [`zoo`] builds them by CLI name;
-//! [`load`] builds them from state-dict files.
+//! [`load`] builds them from state-dict files, [`hf`] from Hugging Face folders.
 pub mod bert;
 pub mod chain;
 pub mod error;
 pub mod gpt2;
+pub mod hf;
 pub mod jit;
 mod layers;
 pub mod llama;

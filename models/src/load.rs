@@ -39,6 +39,9 @@ pub struct Loaded {
     pub defaulted: Vec<String>,
     /// Input embeddings a tied model's file left out, restored from its `lm_head.weight`.
     pub restored: Vec<String>,
+    /// A Hugging Face config without weights: the model has seeded random weights (memory
+    /// and time do not depend on the values), which the CLI can say.
+    pub random_weights: bool,
 }
 
 /// What the key names and shapes say.
@@ -58,6 +61,9 @@ pub fn from_file(path: impl AsRef<Path>, opts: &ModelOptions) -> Result<Chain> {
 /// [`from_file`] with the loading report.
 pub fn load(path: impl AsRef<Path>, opts: &ModelOptions) -> Result<Loaded> {
     let path = path.as_ref();
+    if path.is_dir() || path.file_name().is_some_and(|n| n == "config.json") {
+        return crate::hf::load(path, opts);
+    }
     let mut tensors = read_state_dict(path, opts.state_dict_key.as_deref())?;
     let restored = restore_tied_embedding(&mut tensors);
     let shapes: BTreeMap<String, Vec<i64>> = tensors.iter().map(|(k, t)| (k.clone(), t.size())).collect();
@@ -77,6 +83,20 @@ pub fn load(path: impl AsRef<Path>, opts: &ModelOptions) -> Result<Loaded> {
         }
     }
 
+    assemble(path, tensors, &shapes, inferred, restored, opts)
+}
+
+/// Builds `inferred` and copies `tensors` (the file's, with their shapes `shapes`) into it:
+/// every variable must be set (or be one that may keep its initial value) and every key used
+/// (or be derived data), else [`ModelError::KeyMismatch`] lists them.
+pub(crate) fn assemble(
+    path: &Path,
+    tensors: Vec<(String, Tensor)>,
+    shapes: &BTreeMap<String, Vec<i64>>,
+    mut inferred: Inferred,
+    restored: Vec<String>,
+    opts: &ModelOptions,
+) -> Result<Loaded> {
     // Options that contradict the file are errors; the head count is fixed by now.
     let file_classes = match &inferred.architecture {
         Architecture::ResNet(c) => Some(("fc.weight", c.num_classes)),
@@ -183,13 +203,14 @@ pub fn load(path: impl AsRef<Path>, opts: &ModelOptions) -> Result<Loaded> {
         ignored,
         defaulted,
         restored,
+        random_weights: false,
     })
 }
 
 /// Puts back an input embedding that a file of a tied model left out because it equals
 /// `lm_head.weight` (GPT-2's `wte.weight`, Llama's `model.embed_tokens.weight`; savers that
 /// drop one of two shared tensors may drop either). Returns the keys it added.
-fn restore_tied_embedding(tensors: &mut Vec<(String, Tensor)>) -> Vec<String> {
+pub(crate) fn restore_tied_embedding(tensors: &mut Vec<(String, Tensor)>) -> Vec<String> {
     let has = |tensors: &[(String, Tensor)], k: &str| tensors.iter().any(|(key, _)| key == k);
     let Some((head_key, head)) = tensors
         .iter()

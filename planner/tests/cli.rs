@@ -219,6 +219,9 @@ fn bad_input_exits_2_with_a_clear_message() {
     let not_chain = fixture("tiny_not_chain.torchscript.pt");
     let ordered_dict = fixture("ordered_dict.pt");
     let pickled_module = fixture("pickled_module.pt");
+    let t5_dir = tempfile::tempdir().unwrap();
+    std::fs::write(t5_dir.path().join("config.json"), r#"{"model_type": "t5"}"#).unwrap();
+    let t5 = t5_dir.path().to_str().unwrap().to_string();
     let torchscript = fixture("tiny_chain.torchscript.pt");
     for (args, needle) in [
         (vec!["plan", "--budget", "12 parsecs", "tiny-resnet"], "--budget"),
@@ -246,6 +249,10 @@ fn bad_input_exits_2_with_a_clear_message() {
         (
             vec!["plan", "--budget", "1GiB", &ordered_dict],
             "cannot infer the architecture",
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", &t5],
+            "model_type \"t5\" is not supported",
         ),
         (
             vec!["plan", "--budget", "1GiB", &pickled_module],
@@ -494,4 +501,47 @@ fn allow_8bit_picks_the_8bit_optimizer_when_only_it_fits_and_says_why() {
     args.extend(["--profile", profile.to_str().unwrap()]);
     args.extend(COMMON);
     assert_eq!(ckptune(&args).status.code(), Some(1));
+}
+
+/// A Hugging Face folder with only its config.json is a MODEL: planned with seeded random
+/// weights, and the plan verifies to the byte (the model is rebuilt from the folder).
+#[test]
+fn a_hugging_face_config_alone_plans_and_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("qwen2");
+    std::fs::create_dir(&model).unwrap();
+    let config = r#"{"model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "tie_word_embeddings": true}"#;
+    std::fs::write(model.join("config.json"), config).unwrap();
+    let plan = dir.path().join("plan.json");
+    let mut args = vec![
+        "plan",
+        "--budget",
+        "1GiB",
+        model.to_str().unwrap(),
+        "--seq",
+        "8",
+        "--batch",
+        "2",
+        "--precision",
+        "fp32",
+        "--verify",
+        "-o",
+        plan.to_str().unwrap(),
+    ];
+    args.extend(COMMON);
+    ok(&args);
+    let v = read(&plan);
+    assert_eq!(v["format"], "ckptune.plan/1");
+    let report = dir.path().join("verify.json");
+    ok(&[
+        "verify",
+        plan.to_str().unwrap(),
+        "-o",
+        report.to_str().unwrap(),
+        "--quiet",
+    ]);
+    let r = read(&report);
+    assert_eq!(r["peak_error_bytes"], 0, "{r}");
 }
