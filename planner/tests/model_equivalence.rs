@@ -81,7 +81,7 @@ fn nested_plans_equal_runtime_prediction_and_hold() {
 
     let _lock = meter::exclusive();
     tch::set_num_threads(1);
-    for model in ["tiny-bert", "tiny-gpt2"] {
+    for model in ["tiny-bert", "tiny-gpt2", "tiny-llama"] {
         let opts = ModelOptions {
             seq: Some(16),
             granularity: Granularity::Nested,

@@ -41,7 +41,8 @@ pub enum Command {
 #[derive(Debug, Args, Clone)]
 pub struct ModelArgs {
     /// A built-in model name (see `ckptune models`), or a path to a state dict
-    /// (`.safetensors`, or a `.pt` saved as a plain dict) or a TorchScript `.pt`.
+    /// (`.safetensors`, or a `.pt`/`.pth`/`.bin` written by torch.save), a Hugging Face
+    /// folder or its config.json, or a TorchScript `.pt`.
     pub model: String,
     /// Micro-batch size (samples per forward/backward). Several comma-separated sizes let
     /// the planner choose. Default: 8 for vision models, 4 for language models.
