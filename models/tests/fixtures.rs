@@ -1,6 +1,7 @@
 //! Forward outputs on the committed fixtures (written by `fixtures/make_fixtures.py` from
 //! the plain-PyTorch references) equal PyTorch's, in eval mode, for weights read from
-//! safetensors and from `torch.save`d plain dicts (the Llama family: from safetensors).
+//! safetensors and from `torch.save`d state dicts (plain dicts, `OrderedDict`s, nested training
+//! checkpoints, read through pytorch-reader).
 //!
 //! Tolerance: max |ours - PyTorch| ≤ 1e-5 on outputs of order 1. Both sides run the same
 //! libtorch kernels; the slack covers thread-count-dependent reduction order.
