@@ -37,14 +37,22 @@ pub enum ModelError {
     #[error("{} is a TorchScript archive (it has code/ and constants.pkl), not a state dict", .0.display())]
     TorchScript(PathBuf),
 
+    /// `torch.save(model)`: a pickled object of the user's class, not a state dict.
     #[error(
-        "{} holds a collections.OrderedDict, as written by torch.save(model.state_dict()), which \
-         libtorch cannot read; re-save it as a plain dict with \
-         torch.save(dict(model.state_dict()), path) or as safetensors with \
-         safetensors.torch.save_file(model.state_dict(), \"model.safetensors\")",
-        .0.display()
+        "{} holds a pickled {class} object (torch.save(model)), not a state dict; save the weights \
+         with torch.save(model.state_dict(), path) and give that file",
+        path.display()
     )]
-    OrderedDict(PathBuf),
+    PickledObject { path: PathBuf, class: String },
+
+    /// A Hugging Face config.json whose `model_type` ckptune does not build.
+    #[error(
+        "{}: model_type {model_type:?} is not supported; supported model types: {}. For another \
+         architecture, export the model with torch.export (a .pt2 file) and give that file",
+        path.display(),
+        crate::hf::SUPPORTED_MODEL_TYPES.join(", ")
+    )]
+    UnsupportedModelType { path: PathBuf, model_type: String },
 
     #[error("TorchScript model {} cannot be run as a chain of blocks: {reason}", path.display())]
     NotAChain { path: PathBuf, reason: String },

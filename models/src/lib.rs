@@ -1,16 +1,18 @@
 //! Model zoo: models as chains of named blocks whose names equal PyTorch's module names.
 //!
 //! Families, each mirroring its reference implementation: [`resnet`] (torchvision),
-//! [`bert`] and [`gpt2`] (Hugging Face transformers). [`zoo`] builds them by CLI name;
-//! [`load`] builds them from state-dict files; [`jit`] and [`export`] run TorchScript and
-//! `torch.export` programs.
+//! [`bert`], [`gpt2`] and [`llama`] (Hugging Face transformers; Llama, Mistral, Qwen2). [`zoo`]
+//! builds them by CLI name; [`load`] builds them from state-dict files, [`hf`] from Hugging Face
+//! folders; [`jit`] and [`export`] run TorchScript and `torch.export` programs.
 pub mod bert;
 pub mod chain;
 pub mod error;
 pub mod export;
 pub mod gpt2;
+pub mod hf;
 pub mod jit;
 mod layers;
+pub mod llama;
 pub mod load;
 pub mod resnet;
 pub mod toy;

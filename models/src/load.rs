@@ -1,24 +1,26 @@
-//! Models from state-dict files: `.safetensors`, and `.pt`/`.pth`/`.bin` archives written by
-//! `torch.save` of a plain `dict` of tensors. The architecture is inferred from key names and
+//! Models from state-dict files: `.safetensors`, and `.pt`/`.pth`/`.bin` files written by
+//! `torch.save` of a state dict (`OrderedDict` or `dict`), alone or nested in a checkpoint
+//! dict (`{"model": …, "optimizer": …}`), read with the `pytorch-reader` crate — libtorch's
+//! unpickler cannot read an `OrderedDict`. The architecture is inferred from key names and
 //! shapes, the chain is built, and every weight is copied in; a key the chain does not use or
 //! a variable the file does not set is an error naming them.
 //!
 //! Files are recognised by content, not extension. TorchScript archives are recognised and
 //! returned as [`ModelError::TorchScript`] so that the caller routes them to the TorchScript
-//! loader. `torch.save(model.state_dict())` pickles a `collections.OrderedDict`, which
-//! libtorch's unpickler cannot read: that case gets an error saying how to re-save the file.
+//! loader. A pickled module (`torch.save(model)`) gets an error saying to save
+//! `model.state_dict()`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::chain::Chain;
 use crate::error::{first_line, ModelError, Result};
 use crate::zoo::{Architecture, ModelOptions};
-use crate::{bert, gpt2, resnet};
+use crate::{bert, gpt2, llama, resnet};
 
 /// A model read from a state-dict file, with what loading it found.
 #[derive(Debug)]
@@ -35,6 +37,11 @@ pub struct Loaded {
     /// (`classifier.*`, added only to have a loss) and `num_batches_tracked` missing from
     /// old torchvision checkpoints (0, as PyTorch's BatchNorm loads such files).
     pub defaulted: Vec<String>,
+    /// Input embeddings a tied model's file left out, restored from its `lm_head.weight`.
+    pub restored: Vec<String>,
+    /// A Hugging Face config without weights: the model has seeded random weights (memory
+    /// and time do not depend on the values), which the CLI can say.
+    pub random_weights: bool,
 }
 
 /// What the key names and shapes say.
@@ -54,10 +61,42 @@ pub fn from_file(path: impl AsRef<Path>, opts: &ModelOptions) -> Result<Chain> {
 /// [`from_file`] with the loading report.
 pub fn load(path: impl AsRef<Path>, opts: &ModelOptions) -> Result<Loaded> {
     let path = path.as_ref();
-    let tensors = read_state_dict(path)?;
+    if path.is_dir() || path.file_name().is_some_and(|n| n == "config.json") {
+        return crate::hf::load(path, opts);
+    }
+    let mut tensors = read_state_dict(path, opts.state_dict_key.as_deref())?;
+    let restored = restore_tied_embedding(&mut tensors);
     let shapes: BTreeMap<String, Vec<i64>> = tensors.iter().map(|(k, t)| (k.clone(), t.size())).collect();
     let mut inferred = infer(path, &shapes, opts.heads)?;
+    if let Architecture::Llama(c) = &mut inferred.architecture {
+        // A tied model's `state_dict()` lists `lm_head.weight` beside the embedding it is;
+        // equal values mean tied (an untied head never equals the embedding bit for bit).
+        let get = |name: &str| tensors.iter().find(|(k, _)| k == name).map(|(_, t)| t);
+        let prefix = inferred.prefix.as_deref().unwrap_or_default();
+        if let (Some(head), Some(embed)) = (
+            get(&format!("{prefix}lm_head.weight")),
+            get(&format!("{prefix}model.embed_tokens.weight")),
+        ) {
+            if !c.tie_word_embeddings && head.size() == embed.size() && head.equal(embed) {
+                c.tie_word_embeddings = true;
+            }
+        }
+    }
 
+    assemble(path, tensors, &shapes, inferred, restored, opts)
+}
+
+/// Builds `inferred` and copies `tensors` (the file's, with their shapes `shapes`) into it:
+/// every variable must be set (or be one that may keep its initial value) and every key used
+/// (or be derived data), else [`ModelError::KeyMismatch`] lists them.
+pub(crate) fn assemble(
+    path: &Path,
+    tensors: Vec<(String, Tensor)>,
+    shapes: &BTreeMap<String, Vec<i64>>,
+    mut inferred: Inferred,
+    restored: Vec<String>,
+    opts: &ModelOptions,
+) -> Result<Loaded> {
     // Options that contradict the file are errors; the head count is fixed by now.
     let file_classes = match &inferred.architecture {
         Architecture::ResNet(c) => Some(("fc.weight", c.num_classes)),
@@ -67,7 +106,7 @@ pub fn load(path: impl AsRef<Path>, opts: &ModelOptions) -> Result<Loaded> {
                 .contains_key(&format!("{outer}classifier.weight"))
                 .then_some(("classifier.weight", c.num_labels))
         }
-        Architecture::Gpt2(_) => None,
+        Architecture::Gpt2(_) | Architecture::Llama(_) => None,
     };
     if let (Some(want), Some((key, have))) = (opts.classes, file_classes) {
         if want != have {
@@ -163,7 +202,38 @@ pub fn load(path: impl AsRef<Path>, opts: &ModelOptions) -> Result<Loaded> {
         prefix: inferred.prefix,
         ignored,
         defaulted,
+        restored,
+        random_weights: false,
     })
+}
+
+/// Puts back an input embedding that a file of a tied model left out because it equals
+/// `lm_head.weight` (GPT-2's `wte.weight`, Llama's `model.embed_tokens.weight`; savers that
+/// drop one of two shared tensors may drop either). Returns the keys it added.
+pub(crate) fn restore_tied_embedding(tensors: &mut Vec<(String, Tensor)>) -> Vec<String> {
+    let has = |tensors: &[(String, Tensor)], k: &str| tensors.iter().any(|(key, _)| key == k);
+    let Some((head_key, head)) = tensors
+        .iter()
+        .find(|(k, _)| k == "lm_head.weight" || k.ends_with(".lm_head.weight"))
+        .map(|(k, t)| (k.clone(), t.shallow_clone()))
+    else {
+        return Vec::new();
+    };
+    let outer = &head_key[..head_key.len() - "lm_head.weight".len()];
+    // The family's embedding, named from a key only it has: GPT-2's `wpe.weight` (under any
+    // backbone prefix), Llama's `model.norm.weight`.
+    let embed = if let Some(wpe) = tensors.iter().map(|(k, _)| k).find(|k| k.ends_with("wpe.weight")) {
+        format!("{}wte.weight", &wpe[..wpe.len() - "wpe.weight".len()])
+    } else if has(tensors, &format!("{outer}model.norm.weight")) {
+        format!("{outer}model.embed_tokens.weight")
+    } else {
+        return Vec::new();
+    };
+    if has(tensors, &embed) {
+        return Vec::new();
+    }
+    tensors.push((embed.clone(), head));
+    vec![embed]
 }
 
 /// What wraps both the backbone and its head: the prefix without its last component
@@ -178,7 +248,7 @@ fn may_default(arch: &Architecture, name: &str) -> bool {
     match arch {
         Architecture::ResNet(_) => name.ends_with(".num_batches_tracked"),
         Architecture::Bert(_) => name.starts_with("classifier."),
-        Architecture::Gpt2(_) => false,
+        Architecture::Gpt2(_) | Architecture::Llama(_) => false,
     }
 }
 
@@ -206,12 +276,20 @@ fn derived(arch: &Architecture, name: &str) -> Derived {
                 Derived::No
             }
         }
+        Architecture::Llama(c) if c.tie_word_embeddings && name == "lm_head.weight" => {
+            Derived::TiedTo("model.embed_tokens.weight")
+        }
+        // Older transformers saved each attention's rotary `inv_freq`, derived from the config.
+        Architecture::Llama(_) if name.ends_with("rotary_emb.inv_freq") => Derived::Yes,
         _ => Derived::No,
     }
 }
 
-/// All tensors of a state-dict file, on the CPU, in file order.
-pub fn read_state_dict(path: &Path) -> Result<Vec<(String, Tensor)>> {
+/// All tensors of a state-dict file, on the CPU: safetensors in file order, torch.save files
+/// sorted by name. `state_dict_key` picks the entry of a torch.save dict that holds the state
+/// dict (`None`: the top level, or the first of `state_dict`, `model_state_dict`, `model`,
+/// `module`, `net` that holds one).
+pub fn read_state_dict(path: &Path, state_dict_key: Option<&str>) -> Result<Vec<(String, Tensor)>> {
     let io = |source| ModelError::Io {
         path: path.to_path_buf(),
         source,
@@ -228,18 +306,22 @@ pub fn read_state_dict(path: &Path) -> Result<Vec<(String, Tensor)>> {
         return Err(bad("the file is empty".into()));
     }
     if head.starts_with(b"PK\x03\x04") {
-        return read_torch_zip(path);
+        return read_torch_zip(path, state_dict_key);
     }
     if head.len() > 8 && head[8] == b'{' {
+        if let Some(key) = state_dict_key {
+            return Err(ModelError::InvalidOption {
+                model: path.display().to_string(),
+                option: "state_dict_key",
+                value: key.to_string(),
+                why: "a safetensors file is a flat state dict; the key picks an entry of a torch.save dict".into(),
+            });
+        }
         return Tensor::read_safetensors(path)
             .map_err(|e| bad(format!("invalid safetensors file: {}", first_line(&e.to_string()))));
     }
     if head[0] == 0x80 {
-        return Err(bad(
-            "this is the legacy (pre-1.6, non-zip) torch.save format, which libtorch cannot read; \
-             re-save it with a current PyTorch as torch.save(dict(state_dict), path) or as safetensors"
-                .into(),
-        ));
+        return read_torch_pickle(path, state_dict_key, "a legacy (pre-1.6, non-zip) torch.save file: ");
     }
     Err(bad(format!(
         "neither a safetensors file nor a torch.save zip archive (it starts with bytes {:02x?})",
@@ -247,7 +329,11 @@ pub fn read_state_dict(path: &Path) -> Result<Vec<(String, Tensor)>> {
     )))
 }
 
-fn read_torch_zip(path: &Path) -> Result<Vec<(String, Tensor)>> {
+/// The keys a training checkpoint commonly nests its weights under, tried in this order when
+/// the file's top-level dict is not itself a state dict.
+const NESTING_KEYS: [&str; 5] = ["state_dict", "model_state_dict", "model", "module", "net"];
+
+fn read_torch_zip(path: &Path, state_dict_key: Option<&str>) -> Result<Vec<(String, Tensor)>> {
     let bad = |reason: String| ModelError::BadFile {
         path: path.to_path_buf(),
         reason,
@@ -272,36 +358,152 @@ fn read_torch_zip(path: &Path) -> Result<Vec<(String, Tensor)>> {
     else {
         return Err(bad("a zip archive without data.pkl: not written by torch.save".into()));
     };
-    match Tensor::loadz_multi_with_device(path, Device::Cpu) {
-        Ok(tensors) => Ok(tensors),
-        Err(e) => {
-            let message = first_line(&e.to_string());
-            let mut data = Vec::new();
-            let read = zip
-                .by_name(&pickle)
-                .map_err(std::io::Error::from)
-                .and_then(|mut f| f.read_to_end(&mut data));
-            if read.is_ok() && pickles_ordered_dict(&data) {
-                return Err(ModelError::OrderedDict(path.to_path_buf()));
-            }
-            if message.contains("Expected Tensor but got") {
-                return Err(bad(format!(
-                    "it holds a dict whose values are not all tensors (a training checkpoint such as \
-                     {{'model': ..., 'optimizer': ...}}?); save the model's weights alone with \
-                     torch.save(dict(model.state_dict()), path) ({message})"
-                )));
-            }
-            Err(bad(format!("libtorch cannot read it as a dict of tensors: {message}")))
-        }
+    let mut data = Vec::new();
+    zip.by_name(&pickle)
+        .map_err(std::io::Error::from)
+        .and_then(|mut f| f.read_to_end(&mut data))
+        .map_err(|e| bad(format!("cannot read {pickle}: {e}")))?;
+    // `torch.save(model)` pickles the module object itself, whose class lives in the user's
+    // code; pytorch-reader would read its parameters, but the file is not what ckptune asks
+    // for and the class's forward is unknown, so say what to save instead.
+    if let Some(class) = top_level_class(&data).filter(|c| c != "collections.OrderedDict") {
+        return Err(ModelError::PickledObject {
+            path: path.to_path_buf(),
+            class,
+        });
     }
+    read_torch_pickle(path, state_dict_key, "")
 }
 
-/// Whether a pickle's top-level object is a `collections.OrderedDict`. (Every torch.save
-/// pickle mentions OrderedDict somewhere — each tensor's empty backward-hooks dict — so only
-/// the first object counts.) Protocol 2, torch.save's default, opens with PROTO then the
-/// GLOBAL opcode `c` and `collections\nOrderedDict\n`; protocols 4 and 5 add a FRAME and name
-/// the class with two SHORT_BINUNICODE strings (each maybe memoized) and STACK_GLOBAL.
-fn pickles_ordered_dict(data: &[u8]) -> bool {
+/// The state dict of a torch.save file (zip or legacy container) through pytorch-reader, from
+/// the top-level dict or the entry `state_dict_key` (found automatically when `None`).
+/// `what` prefixes read errors with what the file was taken to be.
+fn read_torch_pickle(path: &Path, state_dict_key: Option<&str>, what: &str) -> Result<Vec<(String, Tensor)>> {
+    let bad = |reason: String| ModelError::BadFile {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let reader_err = |e: pytorch_reader::PytorchError| {
+        // Observed with pytorch-reader 0.23.0-pre.1 (zip 9): torch.save archives whose root
+        // folder (the stem of the name they were saved under) has 21 or more characters fail
+        // so, although zip 0.6 and Python's zipfile read them.
+        let hint = if matches!(&e, pytorch_reader::PytorchError::Zip(_)) {
+            "; pytorch-reader fails so on torch.save archives saved under a name longer than 20 \
+             characters before .pt: re-save it under a shorter name, or as safetensors"
+        } else {
+            ""
+        };
+        bad(format!("{what}pytorch-reader cannot read it: {e}{hint}"))
+    };
+    let key = match state_dict_key {
+        Some(key) => Some(key.to_string()),
+        None => find_state_dict_key(path).map_err(|e| match e {
+            ModelError::BadFile { path, reason } => ModelError::BadFile {
+                path,
+                reason: format!("{what}{reason}"),
+            },
+            other => other,
+        })?,
+    };
+    let reader = match &key {
+        Some(key) => pytorch_reader::PytorchReader::with_top_level_key(path, key),
+        None => pytorch_reader::PytorchReader::new(path),
+    }
+    .map_err(reader_err)?;
+    let mut tensors: Vec<(String, pytorch_reader::Tensor)> = reader.into_tensors().into_iter().collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    if tensors.is_empty() {
+        return Err(bad(match &key {
+            Some(key) => format!("its entry {key:?} holds no tensors"),
+            None => "it holds no tensors".into(),
+        }));
+    }
+    tensors
+        .into_iter()
+        .map(|(name, t)| to_tch(path, &name, &t).map(|t| (name, t)))
+        .collect()
+}
+
+/// Where the state dict sits in a torch.save dict: `None` when the top-level dict maps names
+/// to tensors, else the first of [`NESTING_KEYS`] that holds such a dict.
+fn find_state_dict_key(path: &Path) -> Result<Option<String>> {
+    use pytorch_reader::PickleValue;
+    let bad = |reason: String| ModelError::BadFile {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let root = match pytorch_reader::PytorchReader::read_pickle_data(path, None) {
+        Ok(root) => root,
+        // Reported with its hint by the caller's read.
+        Err(pytorch_reader::PytorchError::Zip(_)) => return Ok(None),
+        Err(e) => return Err(bad(format!("pytorch-reader cannot read it: {e}"))),
+    };
+    let is_tensor = |v: &PickleValue| matches!(v, PickleValue::Unsupported(t) if t == "torch.Tensor");
+    // `model.state_dict()` is an OrderedDict carrying a `_metadata` attribute (module
+    // versions), which pytorch-reader shows as one more entry.
+    let is_state_dict = |v: &PickleValue| match v {
+        PickleValue::Dict(d) => {
+            d.keys().any(|k| k != "_metadata") && d.iter().all(|(k, v)| k == "_metadata" || is_tensor(v))
+        }
+        _ => false,
+    };
+    let PickleValue::Dict(top) = &root else {
+        return Err(bad("its top-level object is not a dict of tensors".into()));
+    };
+    if is_state_dict(&root) {
+        return Ok(None);
+    }
+    if let Some(key) = NESTING_KEYS.iter().find(|k| top.get(**k).is_some_and(is_state_dict)) {
+        return Ok(Some(key.to_string()));
+    }
+    let mut keys: Vec<&str> = top.keys().map(String::as_str).filter(|k| *k != "_metadata").collect();
+    keys.sort_unstable();
+    Err(bad(format!(
+        "it holds a dict whose values are not all tensors and none of the usual entries ({}) is a \
+         state dict; its top-level keys are [{}]: choose one with --state-dict-key",
+        NESTING_KEYS.join(", "),
+        keys.join(", ")
+    )))
+}
+
+/// A pytorch-reader tensor as a CPU tch tensor (the bytes are read here).
+fn to_tch(path: &Path, name: &str, t: &pytorch_reader::Tensor) -> Result<Tensor> {
+    use pytorch_reader::DType;
+    let kind = match t.dtype() {
+        DType::F64 => Kind::Double,
+        DType::F32 => Kind::Float,
+        DType::F16 => Kind::Half,
+        DType::BF16 => Kind::BFloat16,
+        DType::I64 => Kind::Int64,
+        DType::I32 => Kind::Int,
+        DType::I16 => Kind::Int16,
+        DType::I8 => Kind::Int8,
+        DType::U8 => Kind::Uint8,
+        DType::Bool => Kind::Bool,
+        other => {
+            return Err(ModelError::BadFile {
+                path: path.to_path_buf(),
+                reason: format!("tensor {name} has dtype {other:?}, which libtorch's CPU tensors do not hold"),
+            })
+        }
+    };
+    let bytes = t.read().map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+    Tensor::f_from_data_size(&bytes, &shape, kind)
+        .map_err(|e| ModelError::torch(format!("building tensor {name} of {}", path.display()), e))
+}
+
+/// The class of a pickle's top-level object when it is an instance built from a global
+/// (`collections.OrderedDict` for `torch.save(model.state_dict())`, the model's own class for
+/// `torch.save(model)`), `None` for a plain dict or anything else. Protocol 2, torch.save's
+/// default, opens with PROTO then the GLOBAL opcode `c` and `module\nname\n`; protocols 4 and
+/// 5 add a FRAME and name the class with two SHORT_BINUNICODE strings (each maybe memoized)
+/// and STACK_GLOBAL. (Every torch.save pickle names classes further on — tensors' rebuild
+/// functions, their backward-hooks OrderedDict — so only the first object counts.)
+fn top_level_class(data: &[u8]) -> Option<String> {
     let mut rest = data;
     if let [0x80, _, tail @ ..] = rest {
         rest = tail; // PROTO n
@@ -309,19 +511,28 @@ fn pickles_ordered_dict(data: &[u8]) -> bool {
     if let [0x95, tail @ ..] = rest {
         rest = tail.get(8..).unwrap_or_default(); // FRAME with an 8-byte length
     }
-    if rest.starts_with(b"ccollections\nOrderedDict\n") {
-        return true;
+    if let [b'c', tail @ ..] = rest {
+        let mut lines = tail.splitn(3, |&b| b == b'\n');
+        let (module, name) = (lines.next()?, lines.next()?);
+        lines.next()?;
+        return Some(format!(
+            "{}.{}",
+            String::from_utf8_lossy(module),
+            String::from_utf8_lossy(name)
+        ));
     }
-    let short_unicode = |rest: &[u8], s: &[u8]| -> Option<usize> {
-        let mut head = vec![0x8c, s.len() as u8];
-        head.extend_from_slice(s);
-        rest.starts_with(&head)
-            .then(|| head.len() + usize::from(rest.get(head.len()) == Some(&0x94)))
+    let short_unicode = |rest: &[u8]| -> Option<(String, usize)> {
+        let [0x8c, len, tail @ ..] = rest else { return None };
+        let s = tail.get(..*len as usize)?;
+        let used = 2 + s.len();
+        Some((
+            String::from_utf8_lossy(s).into_owned(),
+            used + usize::from(rest.get(used) == Some(&0x94)),
+        ))
     };
-    match short_unicode(rest, b"collections") {
-        Some(n) => short_unicode(&rest[n..], b"OrderedDict").is_some(),
-        None => false,
-    }
+    let (module, n) = short_unicode(rest)?;
+    let (name, m) = short_unicode(&rest[n..])?;
+    (rest.get(n + m) == Some(&0x93)).then(|| format!("{module}.{name}"))
 }
 
 /// Infers the architecture from key names and shapes. `heads` is the attention head count
@@ -333,10 +544,11 @@ pub fn infer(path: &Path, shapes: &BTreeMap<String, Vec<i64>>, heads: Option<i64
         reason,
     };
     // Each family by a key only it has; the prefix is what precedes it.
-    let anchors: [(&str, &str); 3] = [
+    let anchors: [(&str, &str); 4] = [
         ("ResNet", "layer1.0.conv1.weight"),
         ("BERT", "embeddings.word_embeddings.weight"),
         ("GPT-2", "wte.weight"),
+        ("Llama", "model.embed_tokens.weight"),
     ];
     let mut found = vec![];
     for (family, anchor) in anchors {
@@ -355,7 +567,8 @@ pub fn infer(path: &Path, shapes: &BTreeMap<String, Vec<i64>>, heads: Option<i64
             let sample = shapes.keys().take(5).cloned().collect::<Vec<_>>().join(", ");
             return Err(unknown(format!(
                 "no key names a torchvision ResNet (layer1.0.conv1.weight), a BERT \
-                 (embeddings.word_embeddings.weight) or a GPT-2 (wte.weight); the {} keys start: {sample}",
+                 (embeddings.word_embeddings.weight), a GPT-2 (wte.weight) or a Llama \
+                 (model.embed_tokens.weight); the {} keys start: {sample}",
                 shapes.len()
             )));
         }
@@ -376,7 +589,8 @@ pub fn infer(path: &Path, shapes: &BTreeMap<String, Vec<i64>>, heads: Option<i64
     let architecture = match family {
         "ResNet" => Architecture::ResNet(infer_resnet(&keys)?),
         "BERT" => Architecture::Bert(infer_bert(&keys, heads)?),
-        _ => Architecture::Gpt2(infer_gpt2(&keys, heads)?),
+        "GPT-2" => Architecture::Gpt2(infer_gpt2(&keys, heads)?),
+        _ => Architecture::Llama(infer_llama(&keys, heads)?),
     };
     Ok(Inferred {
         architecture,
@@ -546,6 +760,72 @@ fn infer_gpt2(k: &Keys<'_>, heads: Option<i64>) -> Result<gpt2::Config> {
     })
 }
 
+/// Llama, Mistral or Qwen2 from shapes. What weights do not record takes `LlamaConfig`'s
+/// defaults (rope_theta 10000, rms_norm_eps 1e-6, 2048 positions); a Hugging Face folder's
+/// config.json says it exactly. Without `heads`, the head size is taken to be 64, true of
+/// Llama 2 and 3, TinyLlama, Mistral 7B and Qwen2.5 up to 72B.
+fn infer_llama(k: &Keys<'_>, heads: Option<i64>) -> Result<llama::Config> {
+    let embed = k.shape("model.embed_tokens.weight", 2)?;
+    let (vocab_size, hidden_size) = (embed[0], embed[1]);
+    let num_hidden_layers = k.count("model.layers")?;
+    let defaults = llama::Config {
+        vocab_size,
+        hidden_size,
+        num_hidden_layers,
+        tie_word_embeddings: k.get("lm_head.weight").is_none(),
+        ..llama::Config::llama_defaults()
+    };
+    if num_hidden_layers == 0 {
+        return Ok(llama::Config {
+            num_attention_heads: heads.unwrap_or((hidden_size / 64).max(1)),
+            num_key_value_heads: heads.unwrap_or((hidden_size / 64).max(1)),
+            intermediate_size: 4 * hidden_size,
+            ..defaults
+        });
+    }
+    let q = k.shape("model.layers.0.self_attn.q_proj.weight", 2)?[0];
+    let kv = k.shape("model.layers.0.self_attn.k_proj.weight", 2)?[0];
+    let intermediate_size = k.shape("model.layers.0.mlp.gate_proj.weight", 2)?[0];
+    let head_dim = match heads {
+        Some(h) if h > 0 && q % h == 0 => q / h,
+        Some(h) => {
+            return Err(k.unknown(format!(
+                "q_proj has {q} outputs, which {h} attention heads do not divide"
+            )))
+        }
+        None if q % 64 == 0 && kv % 64 == 0 => 64,
+        None => {
+            return Err(k.unknown(format!(
+                "the attention head count is not stored in the weights and q_proj's {q} outputs are not \
+                 heads of size 64; set ModelOptions::heads or give the config.json"
+            )))
+        }
+    };
+    if kv % head_dim != 0 {
+        return Err(k.unknown(format!(
+            "k_proj has {kv} outputs, not a whole number of heads of size {head_dim}"
+        )));
+    }
+    let num_attention_heads = q / head_dim;
+    let qkv_bias = k.get("model.layers.0.self_attn.q_proj.bias").is_some();
+    let o_bias = k.get("model.layers.0.self_attn.o_proj.bias").is_some();
+    Ok(llama::Config {
+        // Biases on q/k/v but not o are Qwen2's; on all four, Llama's `attention_bias`.
+        model_type: if qkv_bias && !o_bias {
+            llama::ModelType::Qwen2
+        } else {
+            llama::ModelType::Llama
+        },
+        intermediate_size,
+        num_attention_heads,
+        num_key_value_heads: kv / head_dim,
+        head_dim: (hidden_size != q || hidden_size % num_attention_heads != 0).then_some(head_dim),
+        attention_bias: qkv_bias && o_bias,
+        mlp_bias: k.get("model.layers.0.mlp.gate_proj.bias").is_some(),
+        ..defaults
+    })
+}
+
 /// Writes `chain`'s variables as a safetensors state dict, keys prefixed by `prefix`
 /// (`""` for none). Used to round-trip models; the format is what `safetensors.torch`
 /// writes and reads.
@@ -570,7 +850,7 @@ pub fn write_safetensors(chain: &Chain, prefix: &str, path: &Path) -> Result<()>
 
 #[cfg(test)]
 mod tests {
-    use super::pickles_ordered_dict;
+    use super::top_level_class;
 
     #[test]
     fn outer_prefix_drops_the_last_component() {
@@ -580,17 +860,29 @@ mod tests {
     }
 
     #[test]
-    fn ordered_dict_is_recognised_only_at_the_top() {
+    fn the_top_level_class_is_read_only_at_the_top() {
+        let ordered = Some("collections.OrderedDict".to_string());
         // `torch.save(OrderedDict(...))`, protocol 2.
-        assert!(pickles_ordered_dict(b"\x80\x02ccollections\nOrderedDict\nq\x00)Rq\x01"));
+        assert_eq!(
+            top_level_class(b"\x80\x02ccollections\nOrderedDict\nq\x00)Rq\x01"),
+            ordered
+        );
         // Protocol 4: FRAME, then memoized SHORT_BINUNICODE names and STACK_GLOBAL.
         let mut p4 = b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00".to_vec();
         p4.extend_from_slice(b"\x8c\x0bcollections\x94\x8c\x0bOrderedDict\x94\x93");
-        assert!(pickles_ordered_dict(&p4));
+        assert_eq!(top_level_class(&p4), ordered);
+        // `torch.save(model)`: the model's class, then NEWOBJ.
+        assert_eq!(
+            top_level_class(b"\x80\x02c__main__\nNet\nq\x00)\x81q\x01}"),
+            Some("__main__.Net".to_string())
+        );
         // A plain dict whose tensors carry OrderedDict backward hooks further on.
-        assert!(!pickles_ordered_dict(
-            b"\x80\x02}q\x00(X\x01\x00\x00\x00actorch._utils\n_rebuild_tensor_v2\nccollections\nOrderedDict\n"
-        ));
-        assert!(!pickles_ordered_dict(b""));
+        assert_eq!(
+            top_level_class(
+                b"\x80\x02}q\x00(X\x01\x00\x00\x00actorch._utils\n_rebuild_tensor_v2\nccollections\nOrderedDict\n"
+            ),
+            None
+        );
+        assert_eq!(top_level_class(b""), None);
     }
 }

@@ -8,7 +8,7 @@ use tch::{Device, Kind};
 use crate::chain::Chain;
 use crate::error::{ModelError, Result};
 use crate::layers::Spec;
-use crate::{bert, gpt2, resnet};
+use crate::{bert, gpt2, llama, resnet};
 
 /// How finely a model is cut into chain blocks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,13 +30,17 @@ pub enum Granularity {
 pub struct ModelOptions {
     /// Square image side (ResNet; default 224).
     pub image: Option<i64>,
-    /// Sequence length in tokens (BERT default 128, GPT-2 default 1024).
+    /// Sequence length in tokens (BERT default 128, GPT-2 default 1024, Llama 2048 or
+    /// `max_position_embeddings` if shorter).
     pub seq: Option<i64>,
     /// Output classes: ResNet's `fc`, BERT's `classifier` (`num_labels`, default 2).
     pub classes: Option<i64>,
     /// Attention heads, for transformers read from a state dict (weights do not record the
     /// head count; the default there is `hidden / 64`, true of BERT and GPT-2 of all sizes).
     pub heads: Option<i64>,
+    /// The entry of a `torch.save`d dict that holds the state dict (`model`, `state_dict`, …);
+    /// `None`: found automatically.
+    pub state_dict_key: Option<String>,
     pub granularity: Granularity,
     pub device: Device,
     /// Floating kind of parameters and floating buffers (f32 unless a pure-precision run asks
@@ -57,6 +61,7 @@ impl Default for ModelOptions {
             seq: None,
             classes: None,
             heads: None,
+            state_dict_key: None,
             granularity: Granularity::default(),
             device: Device::Cpu,
             kind: Kind::Float,
@@ -103,6 +108,8 @@ pub enum Family {
     ResNet,
     Bert,
     Gpt2,
+    /// Llama, Mistral and Qwen2 (one module tree).
+    Llama,
 }
 
 impl fmt::Display for Family {
@@ -111,6 +118,7 @@ impl fmt::Display for Family {
             Family::ResNet => "resnet",
             Family::Bert => "bert",
             Family::Gpt2 => "gpt2",
+            Family::Llama => "llama",
         })
     }
 }
@@ -123,7 +131,8 @@ pub struct ModelInfo {
     /// Candidate blocks at the default granularity, in execution order.
     pub candidates: Vec<String>,
     /// Parameter count of the reference model (torchvision `ResNet`, HF `BertModel`,
-    /// HF `GPT2Model`), heads added only for the loss excluded.
+    /// HF `GPT2Model`, HF `LlamaForCausalLM` with its `lm_head`), heads added only for the
+    /// loss excluded.
     pub reference_params: i64,
 }
 
@@ -133,6 +142,7 @@ pub enum Architecture {
     ResNet(resnet::Config),
     Bert(bert::Config),
     Gpt2(gpt2::Config),
+    Llama(llama::Config),
 }
 
 impl Architecture {
@@ -141,6 +151,7 @@ impl Architecture {
             Architecture::ResNet(_) => Family::ResNet,
             Architecture::Bert(_) => Family::Bert,
             Architecture::Gpt2(_) => Family::Gpt2,
+            Architecture::Llama(_) => Family::Llama,
         }
     }
 
@@ -150,6 +161,7 @@ impl Architecture {
             Architecture::ResNet(c) => c.describe(),
             Architecture::Bert(c) => c.describe(),
             Architecture::Gpt2(c) => c.describe(),
+            Architecture::Llama(c) => c.describe(),
         }
     }
 
@@ -159,6 +171,7 @@ impl Architecture {
             Architecture::ResNet(c) => c.param_count(),
             Architecture::Bert(c) => c.param_count(),
             Architecture::Gpt2(c) => c.param_count(),
+            Architecture::Llama(c) => c.param_count(),
         }
     }
 
@@ -168,6 +181,7 @@ impl Architecture {
             Architecture::ResNet(c) => resnet::build(name, c, opts),
             Architecture::Bert(c) => bert::build(name, c, opts),
             Architecture::Gpt2(c) => gpt2::build(name, c, opts),
+            Architecture::Llama(c) => llama::build(name, c, opts),
         }
     }
 }
@@ -190,9 +204,15 @@ fn catalogue() -> Vec<(&'static str, Architecture)> {
         ),
         ("gpt2", Architecture::Gpt2(gpt2::Config::gpt2())),
         ("gpt2-medium", Architecture::Gpt2(gpt2::Config::gpt2_medium())),
+        ("tinyllama-1.1b", Architecture::Llama(llama::Config::tinyllama_1_1b())),
+        ("llama-3.2-1b", Architecture::Llama(llama::Config::llama_3_2_1b())),
+        ("qwen2.5-0.5b", Architecture::Llama(llama::Config::qwen2_5_0_5b())),
+        ("mistral-7b-v0.1", Architecture::Llama(llama::Config::mistral_7b_v0_1())),
         ("tiny-resnet", Architecture::ResNet(resnet::Config::tiny())),
         ("tiny-bert", Architecture::Bert(bert::Config::tiny())),
         ("tiny-gpt2", Architecture::Gpt2(gpt2::Config::tiny())),
+        ("tiny-llama", Architecture::Llama(llama::Config::tiny())),
+        ("tiny-qwen2", Architecture::Llama(llama::Config::tiny_qwen2())),
     ]
 }
 
@@ -216,6 +236,12 @@ pub fn builtin(name: &str, opts: &ModelOptions) -> Result<Chain> {
         "tiny-resnet" => resnet::tiny(opts),
         "tiny-bert" => bert::tiny(opts),
         "tiny-gpt2" => gpt2::tiny(opts),
+        "tinyllama-1.1b" => llama::tinyllama_1_1b(opts),
+        "llama-3.2-1b" => llama::llama_3_2_1b(opts),
+        "qwen2.5-0.5b" => llama::qwen2_5_0_5b(opts),
+        "mistral-7b-v0.1" => llama::mistral_7b_v0_1(opts),
+        "tiny-llama" => llama::tiny(opts),
+        "tiny-qwen2" => llama::tiny_qwen2(opts),
         _ => Err(ModelError::UnknownModel {
             name: name.to_string(),
             known: names().into_iter().map(String::from).collect(),
@@ -232,6 +258,7 @@ pub fn list() -> Vec<ModelInfo> {
                 Architecture::ResNet(c) => c.block_names(Granularity::Layer),
                 Architecture::Bert(c) => c.block_names(),
                 Architecture::Gpt2(c) => c.block_names(),
+                Architecture::Llama(c) => c.block_names(),
             };
             // Groups of several top-level modules are never candidates.
             let candidates = blocks.into_iter().filter(|b| !b.contains('+')).collect();

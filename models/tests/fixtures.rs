@@ -1,6 +1,7 @@
 //! Forward outputs on the committed fixtures (written by `fixtures/make_fixtures.py` from
 //! the plain-PyTorch references) equal PyTorch's, in eval mode, for weights read from
-//! safetensors and from `torch.save`d plain dicts.
+//! safetensors and from `torch.save`d state dicts (plain dicts, `OrderedDict`s, nested training
+//! checkpoints, read through pytorch-reader).
 //!
 //! Tolerance: max |ours - PyTorch| ≤ 1e-5 on outputs of order 1. Both sides run the same
 //! libtorch kernels; the slack covers thread-count-dependent reduction order.
@@ -183,5 +184,174 @@ fn both_file_formats_hold_the_same_weights() {
                 assert!(t.equal(&vb[&name]), "{name} differs between the two files");
             }
         }
+    }
+}
+
+/// The tiny Llama of `make_fixtures.py`: grouped-query attention, llama3 rope scaling (which a
+/// state dict does not record, so the configuration is written here and the weights are copied
+/// in by name), untied head, a padded second sequence.
+#[test]
+fn tiny_llama_matches_pytorch() {
+    use ckptune_models::llama::{self, Llama3RopeScaling};
+    tch::set_num_threads(1);
+    let io = tensors("tiny_llama_io.safetensors");
+    let cfg = llama::Config {
+        vocab_size: 32,
+        hidden_size: 16,
+        intermediate_size: 24,
+        num_hidden_layers: 2,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        rms_norm_eps: 1e-5,
+        rope_scaling: Some(Llama3RopeScaling {
+            factor: 4.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8,
+        }),
+        ..llama::Config::llama_defaults()
+    };
+    for granularity in [Granularity::Layer, Granularity::Block] {
+        let opts = ModelOptions {
+            seq: Some(8),
+            granularity,
+            ..Default::default()
+        };
+        let chain = llama::build("tiny-llama fixture", &cfg, &opts).unwrap();
+        let weights = tensors("tiny_llama.safetensors");
+        let mut vars = chain.vs.variables();
+        assert_eq!(
+            vars.keys().collect::<std::collections::BTreeSet<_>>(),
+            weights.keys().collect(),
+            "variables are the state dict's keys"
+        );
+        for (name, var) in vars.iter_mut() {
+            tch::no_grad(|| var.copy_(&weights[name]));
+        }
+        let batch = Batch {
+            input: io["input_ids"].shallow_clone(),
+            target: io["input_ids"].shallow_clone(),
+            attention_mask: Some(io["attention_mask"].shallow_clone()),
+        };
+        let bias = chain.attention_bias(batch.attention_mask.as_ref().unwrap());
+        let outs = run_blocks(&chain, &batch.input, Some(&bias), false, false);
+        let hidden = outs.last().unwrap();
+        let diff = max_abs_diff(hidden, &io["last_hidden_state"]);
+        assert!(diff <= TOL, "{granularity:?}: last_hidden_state differs by {diff}");
+        let loss = chain.head.loss(hidden, &batch);
+        let diff = max_abs_diff(&loss.reshape([1]), &io["loss"]);
+        assert!(diff <= TOL, "{granularity:?}: loss differs by {diff}");
+    }
+}
+
+/// The tiny Qwen2 of `make_fixtures.py`, loaded as a state-dict file: q/k/v biases and a tied
+/// head whose `lm_head.weight` the file leaves out, inferred from the keys alone.
+#[test]
+fn tiny_qwen2_matches_pytorch() {
+    use ckptune_models::llama::{self, ModelType};
+    tch::set_num_threads(1);
+    let io = tensors("tiny_qwen2_io.safetensors");
+    let loaded = load(
+        "tiny_qwen2.safetensors",
+        &ModelOptions {
+            heads: Some(2),
+            seq: Some(8),
+            ..Default::default()
+        },
+    );
+    let expected = llama::Config {
+        model_type: ModelType::Qwen2,
+        vocab_size: 32,
+        hidden_size: 16,
+        intermediate_size: 24,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        tie_word_embeddings: true,
+        ..llama::Config::llama_defaults()
+    };
+    assert_eq!(loaded.architecture, Architecture::Llama(expected));
+    assert_eq!((loaded.prefix.as_deref(), loaded.ignored.len()), (None, 0));
+    let chain = &loaded.chain;
+    let ids = &io["input_ids"];
+    let outs = run_blocks(chain, ids, None, false, false);
+    let hidden = outs.last().unwrap();
+    let diff = max_abs_diff(hidden, &io["last_hidden_state"]);
+    assert!(diff <= TOL, "last_hidden_state differs by {diff}");
+    let batch = Batch {
+        input: ids.shallow_clone(),
+        target: ids.shallow_clone(),
+        attention_mask: None,
+    };
+    let loss = chain.head.loss(hidden, &batch);
+    let diff = max_abs_diff(&loss.reshape([1]), &io["loss"]);
+    assert!(diff <= TOL, "loss differs by {diff}");
+}
+
+/// The tiny Qwen2's weights saved by `make_torch_save.py` as users save them load through
+/// pytorch-reader into the same variables as the safetensors file.
+#[test]
+fn torch_save_files_load_as_the_safetensors_does() {
+    let base = ModelOptions {
+        heads: Some(2),
+        seq: Some(8),
+        ..Default::default()
+    };
+    let reference = load("tiny_qwen2.safetensors", &base).chain.vs.variables();
+    for (file, key) in [
+        // torch.save(model.state_dict()): an OrderedDict.
+        ("tiny_qwen2_ordered.pt", None),
+        // A training checkpoint: found under model_state_dict.
+        ("tiny_qwen2_ckpt.pt", None),
+        // Under a key of the user's own.
+        ("tiny_qwen2_weights.pt", Some("weights")),
+    ] {
+        let opts = ModelOptions {
+            state_dict_key: key.map(String::from),
+            ..base.clone()
+        };
+        let loaded = load(file, &opts);
+        let Architecture::Llama(cfg) = &loaded.architecture else {
+            panic!("{file}: not a Llama")
+        };
+        assert!(cfg.tie_word_embeddings, "{file}: the tie is recognised");
+        let vars = loaded.chain.vs.variables();
+        assert_eq!(vars.len(), reference.len(), "{file}");
+        for (name, t) in &reference {
+            assert!(t.equal(&vars[name]), "{file}: {name} differs");
+        }
+    }
+}
+
+/// A tied model's file without the input embedding (kept as `lm_head.weight` only) loads with
+/// the tie restored, for GPT-2 and Qwen2.
+#[test]
+fn a_tied_embedding_left_out_is_restored_from_the_head() {
+    use std::collections::BTreeMap;
+    let dir = tempfile::tempdir().unwrap();
+    for (file, embed, head) in [
+        ("tiny_gpt2.safetensors", "transformer.wte.weight", "lm_head.weight"),
+        ("tiny_qwen2.safetensors", "model.embed_tokens.weight", "lm_head.weight"),
+    ] {
+        let mut sd: BTreeMap<String, Tensor> = tensors(file).into_iter().collect();
+        let weight = sd.remove(embed).unwrap();
+        sd.insert(head.into(), weight.copy());
+        let path = dir.path().join(file);
+        let named: Vec<(&str, &Tensor)> = sd.iter().map(|(k, t)| (k.as_str(), t)).collect();
+        Tensor::write_safetensors(&named, &path).unwrap();
+        let opts = ModelOptions {
+            heads: Some(2),
+            seq: Some(8),
+            ..Default::default()
+        };
+        let loaded = load::load(&path, &opts).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(loaded.restored, vec![embed.to_string()], "{file}");
+        let name = embed.strip_prefix("transformer.").unwrap_or(embed);
+        assert!(loaded.chain.vs.variables()[name].equal(&weight), "{file}: {name}");
+        assert_eq!(
+            loaded.chain.param_count(),
+            load(file, &opts).chain.param_count(),
+            "{file}"
+        );
     }
 }

@@ -24,14 +24,24 @@ fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
 }
 
 #[test]
-fn ordered_dict_says_how_to_resave() {
-    let path = fixture("ordered_dict.pt");
+fn a_pickled_module_says_to_save_its_state_dict() {
+    let path = fixture("pickled_module.pt");
     let e = error(&path, &ModelOptions::default());
-    assert!(matches!(&e, ModelError::OrderedDict(p) if *p == path), "{e:?}");
-    let msg = e.to_string();
-    assert!(msg.contains("collections.OrderedDict"), "{msg}");
-    assert!(msg.contains("torch.save(dict(model.state_dict()), path)"), "{msg}");
-    assert!(msg.contains("safetensors.torch.save_file"), "{msg}");
+    assert!(
+        matches!(&e, ModelError::PickledObject { path: p, class } if *p == path
+            && class == "torch.nn.modules.linear.Linear"),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("torch.save(model.state_dict(), path)"), "{e}");
+}
+
+#[test]
+fn an_ordered_dict_of_unknown_layout_reaches_inference() {
+    // torch.save(nn.Linear(3, 2).state_dict()): read (it used to be refused), then no family
+    // matches its keys.
+    let e = error(&fixture("ordered_dict.pt"), &ModelOptions::default());
+    assert!(matches!(e, ModelError::UnknownArchitecture { .. }), "{e:?}");
+    assert!(e.to_string().contains("bias, weight"), "{e}");
 }
 
 #[test]
@@ -56,7 +66,7 @@ fn corrupt_and_foreign_files_are_named_errors() {
         (
             "legacy.pt",
             vec![0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20],
-            "legacy (pre-1.6, non-zip)",
+            "a legacy (pre-1.6, non-zip) torch.save file: pytorch-reader cannot read it",
         ),
     ];
     for (name, bytes, says) in cases {
@@ -75,20 +85,43 @@ fn corrupt_and_foreign_files_are_named_errors() {
 }
 
 #[test]
-fn torchscript_and_checkpoint_archives_are_recognised() {
+fn torchscript_archives_and_checkpoints_without_a_state_dict_are_recognised() {
     let dir = tempfile::tempdir().unwrap();
     let (ts, nested) = (dir.path().join("scripted.pt"), dir.path().join("checkpoint.pt"));
     run_python(&format!(
         "import torch\n\
          m = torch.nn.Linear(3, 2)\n\
          torch.jit.save(torch.jit.script(m), {ts:?})\n\
-         torch.save({{'model': dict(m.state_dict()), 'step': 3}}, {nested:?})\n"
+         torch.save({{'weights': {{'a': m.state_dict()}}, 'step': 3}}, {nested:?})\n"
     ));
     let e = error(&ts, &ModelOptions::default());
     assert!(matches!(&e, ModelError::TorchScript(p) if *p == ts), "{e:?}");
     let e = error(&nested, &ModelOptions::default());
     assert!(matches!(e, ModelError::BadFile { .. }), "{e:?}");
-    assert!(e.to_string().contains("not all tensors"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("its top-level keys are [step, weights]: choose one with --state-dict-key"),
+        "{e}"
+    );
+    // A key that is not there names the ones that are.
+    let opts = ModelOptions {
+        state_dict_key: Some("model".into()),
+        ..Default::default()
+    };
+    let e = error(&nested, &opts);
+    assert!(e.to_string().contains("'model' not found"), "{e}");
+    // The key means nothing to a safetensors file.
+    let e = error(&fixture("tiny_resnet.safetensors"), &opts);
+    assert!(
+        matches!(
+            e,
+            ModelError::InvalidOption {
+                option: "state_dict_key",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
 }
 
 /// Writes `tensors` (a state dict) as safetensors.

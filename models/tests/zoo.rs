@@ -33,9 +33,15 @@ fn catalogue_lists_the_builtins() {
             "bert-large-uncased",
             "gpt2",
             "gpt2-medium",
+            "tinyllama-1.1b",
+            "llama-3.2-1b",
+            "qwen2.5-0.5b",
+            "mistral-7b-v0.1",
             "tiny-resnet",
             "tiny-bert",
-            "tiny-gpt2"
+            "tiny-gpt2",
+            "tiny-llama",
+            "tiny-qwen2"
         ]
     );
     let by_name = |n: &str| list.iter().find(|m| m.name == n).unwrap();
@@ -55,6 +61,12 @@ fn catalogue_lists_the_builtins() {
     assert_eq!(
         (gpt2.candidates[0].as_str(), gpt2.candidates[12].as_str()),
         ("h.0", "ln_f")
+    );
+    let llama = by_name("tinyllama-1.1b");
+    assert_eq!((llama.family, llama.candidates.len()), (Family::Llama, 24));
+    assert_eq!(
+        (llama.candidates[0].as_str(), llama.candidates[23].as_str()),
+        ("model.embed_tokens", "model.norm")
     );
 }
 
@@ -276,7 +288,7 @@ fn training_step(chain: &Chain, seed: i64) -> f64 {
 fn a_training_step_reaches_every_parameter() {
     let _rng = rng();
     tch::set_num_threads(2);
-    for (name, granularity) in ["tiny-resnet", "tiny-bert", "tiny-gpt2"]
+    for (name, granularity) in ["tiny-resnet", "tiny-bert", "tiny-gpt2", "tiny-llama", "tiny-qwen2"]
         .into_iter()
         .flat_map(|n| [(n, Granularity::Layer), (n, Granularity::Nested)])
     {
@@ -308,7 +320,7 @@ fn a_training_step_reaches_every_parameter() {
 fn blocks_leave_their_input_alone_and_recompute_identically() {
     let _rng = rng();
     tch::set_num_threads(2);
-    for (name, granularity) in ["tiny-resnet", "tiny-bert", "tiny-gpt2"]
+    for (name, granularity) in ["tiny-resnet", "tiny-bert", "tiny-gpt2", "tiny-llama", "tiny-qwen2"]
         .into_iter()
         .flat_map(|n| [(n, Granularity::Layer), (n, Granularity::Nested)])
     {

@@ -38,6 +38,7 @@ fn models_lists_reference_parameter_counts() {
     assert_eq!(count("resnet152"), 60_192_808);
     assert_eq!(count("bert-base-uncased"), 109_482_240);
     assert_eq!(count("gpt2"), 124_439_808);
+    assert_eq!(count("mistral-7b-v0.1"), 7_241_732_096_i64);
 }
 
 #[test]
@@ -184,6 +185,10 @@ fn infeasible_budget_fails_with_the_smallest_peak_and_writes_nothing() {
 fn bad_input_exits_2_with_a_clear_message() {
     let not_chain = fixture("tiny_not_chain.torchscript.pt");
     let ordered_dict = fixture("ordered_dict.pt");
+    let pickled_module = fixture("pickled_module.pt");
+    let t5_dir = tempfile::tempdir().unwrap();
+    std::fs::write(t5_dir.path().join("config.json"), r#"{"model_type": "t5"}"#).unwrap();
+    let t5 = t5_dir.path().to_str().unwrap().to_string();
     let torchscript = fixture("tiny_chain.torchscript.pt");
     for (args, needle) in [
         (vec!["plan", "--budget", "12 parsecs", "tiny-resnet"], "--budget"),
@@ -210,7 +215,15 @@ fn bad_input_exits_2_with_a_clear_message() {
         ),
         (
             vec!["plan", "--budget", "1GiB", &ordered_dict],
-            "torch.save(dict(model.state_dict()), path)",
+            "cannot infer the architecture",
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", &t5],
+            "model_type \"t5\" is not supported",
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", &pickled_module],
+            "torch.save(model.state_dict(), path)",
         ),
         // A child of a layer at layer granularity: not a unit there, and the fix is named.
         (
@@ -288,6 +301,9 @@ fn sweep_predictions_are_byte_exact_on_every_subset() {
     for (model, granularity) in [
         (["tiny-bert", "--seq"], "layer"),
         (["tiny-gpt2", "--seq"], "layer"),
+        (["tiny-llama", "--seq"], "layer"),
+        // A layer, its self_attn, its mlp, or both children, per layer (100 choices).
+        (["tiny-llama", "--seq"], "nested"),
         (["tiny-resnet", "--image"], "layer"),
         // Every allowed choice of layers and their children (324), through the binary.
         (["tiny-bert", "--seq"], "nested"),
@@ -338,7 +354,11 @@ fn sweep_predictions_are_byte_exact_on_every_subset() {
             let s = read(&sweep);
             assert_eq!(s["format"], "ckptune.sweep/1");
             let points = s["configs"][0]["points"].as_array().unwrap();
-            let want = if granularity == "nested" { 324 } else { 8 };
+            let want = match (model[0], granularity) {
+                ("tiny-bert", "nested") => 324,
+                ("tiny-llama", "nested") => 100,
+                _ => 8,
+            };
             assert!(points.len() >= want, "{}: all subsets", model[0]);
             for p in points {
                 assert_eq!(
@@ -448,4 +468,52 @@ fn allow_8bit_picks_the_8bit_optimizer_when_only_it_fits_and_says_why() {
     args.extend(["--profile", profile.to_str().unwrap()]);
     args.extend(COMMON);
     assert_eq!(ckptune(&args).status.code(), Some(1));
+}
+
+/// A Hugging Face folder with only its config.json is a MODEL: planned with seeded random
+/// weights, and the plan verifies to the byte (the model is rebuilt from the folder).
+#[test]
+fn a_hugging_face_config_alone_plans_and_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("qwen2");
+    std::fs::create_dir(&model).unwrap();
+    let config = r#"{"model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "tie_word_embeddings": true}"#;
+    std::fs::write(model.join("config.json"), config).unwrap();
+    let plan = dir.path().join("plan.json");
+    let mut args = vec![
+        "plan",
+        "--budget",
+        "1GiB",
+        model.to_str().unwrap(),
+        "--seq",
+        "8",
+        "--batch",
+        "2",
+        "--precision",
+        "fp32",
+        "--verify",
+        "-o",
+        plan.to_str().unwrap(),
+    ];
+    args.extend(COMMON);
+    ok(&args);
+    let v = read(&plan);
+    assert_eq!(v["format"], "ckptune.plan/1");
+    let notes = v["notes"].to_string();
+    assert!(
+        notes.contains("seeded random weights"),
+        "the plan says its weights are random: {notes}"
+    );
+    let report = dir.path().join("verify.json");
+    ok(&[
+        "verify",
+        plan.to_str().unwrap(),
+        "-o",
+        report.to_str().unwrap(),
+        "--quiet",
+    ]);
+    let r = read(&report);
+    assert_eq!(r["peak_error_bytes"], 0, "{r}");
 }

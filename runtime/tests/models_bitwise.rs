@@ -3,7 +3,7 @@
 //! and bf16 autocast, with dropout active.
 
 use ckptune_kernels::meter;
-use ckptune_models::{builtin, ModelOptions};
+use ckptune_models::{builtin, Granularity, ModelOptions};
 use ckptune_runtime::{OptimizerKind, Precision, Session, TrainConfig};
 use tch::Device;
 
@@ -39,6 +39,21 @@ fn every_family_checkpointed_equals_plain_bit_for_bit() {
         ),
         (
             "tiny-gpt2",
+            ModelOptions {
+                seq: Some(16),
+                ..Default::default()
+            },
+        ),
+        (
+            "tiny-llama",
+            ModelOptions {
+                seq: Some(16),
+                granularity: Granularity::Block,
+                ..Default::default()
+            },
+        ),
+        (
+            "tiny-qwen2",
             ModelOptions {
                 seq: Some(16),
                 ..Default::default()

@@ -12,15 +12,17 @@ use ckptune_models::{builtin, resnet, Chain, Granularity, ModelOptions};
 use ckptune_runtime::profile::measured_moments;
 use ckptune_runtime::{select, OptimizerKind, Precision, Session, StepTrace, TrainConfig};
 use ckptune_solver::model::{moments_at, peak_at};
-use common::{assert_bitwise, quick_profile};
+use common::quick_profile;
 use tch::Device;
 
 /// Builds a fresh chain (sessions consume theirs).
 type MakeChain = Box<dyn Fn() -> Chain>;
 
-/// The three families with nesting: BERT (`encoder.layer.N` over attention / intermediate /
+/// The families with nesting: BERT (`encoder.layer.N` over attention / intermediate /
 /// output, with the residual skip), GPT-2 (`h.N` over ln_1, attn, residual, ln_2, mlp,
-/// residual) and a ResNet with two residual blocks in its first two stages.
+/// residual), Llama (`model.layers.N` over input_layernorm, self_attn, residual,
+/// post_attention_layernorm, mlp, residual) and a ResNet with two residual blocks in its first
+/// two stages.
 fn models() -> Vec<(&'static str, MakeChain)> {
     let nested = |seq: Option<i64>, image: Option<i64>| ModelOptions {
         seq,
@@ -36,6 +38,10 @@ fn models() -> Vec<(&'static str, MakeChain)> {
         (
             "tiny-gpt2",
             Box::new(move || builtin("tiny-gpt2", &nested(Some(16), None)).unwrap()),
+        ),
+        (
+            "tiny-llama",
+            Box::new(move || builtin("tiny-llama", &nested(Some(16), None)).unwrap()),
         ),
         (
             "resnet-2211",
@@ -146,8 +152,27 @@ fn nested_checkpointing_equals_plain_bit_for_bit() {
             picks.push(all_groups);
             for x in picks {
                 let (g, p) = grads(x);
-                assert_bitwise(&format!("{name} {precision} {x:?} gradients"), &g0, &g);
-                assert_bitwise(&format!("{name} {precision} {x:?} parameters"), &p0, &p);
+                // A Llama layer run as its children (a child checkpointed, or the layer as a
+                // checkpointed group, whose backward goes block by block) sums the gradient of
+                // its input in another order than the fused layer: the input has three readers
+                // (RMSNorm's `pow` and `mul`, the residual add), and the split run adds the
+                // norm's two inside its VJP before the residual's. Equal to rounding, not to
+                // the bit (ARCHITECTURE.md, Known limits); at layer granularity a checkpointed
+                // layer is one block and bitwise (models_bitwise.rs).
+                let split = name == "tiny-llama" && x.iter().any(|&c| c);
+                for ((na, a), (_, b)) in g0.iter().chain(&p0).zip(g.iter().chain(&p)) {
+                    assert_eq!(a.defined(), b.defined(), "{name} {precision} {na}");
+                    if a.defined() && split {
+                        // Relative to the tensor's largest element; measured at most 2e-7
+                        // (fp32) and 3.5e-3 (bf16 autocast: bf16 roundings flip).
+                        let tol = if precision == Precision::Fp32 { 1e-6 } else { 1e-2 };
+                        let d = (a - b).abs().max().double_value(&[]);
+                        let m = a.abs().max().double_value(&[]);
+                        assert!(d <= tol * m, "{name} {precision} {x:?}: {na} differs by {d:e} of {m:e}");
+                    } else if a.defined() {
+                        assert!(a.equal(b), "{name} {precision} {x:?}: {na} differs");
+                    }
+                }
             }
         }
     }

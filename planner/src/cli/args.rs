@@ -41,8 +41,9 @@ pub enum Command {
 #[derive(Debug, Args, Clone)]
 pub struct ModelArgs {
     /// A built-in model name (see `ckptune models`), or a path to a state dict
-    /// (`.safetensors`, or a `.pt` saved as a plain dict), a TorchScript `.pt`, or a
-    /// torch.export program (`.pt2`, from `torch.export.save`).
+    /// (`.safetensors`, or a `.pt`/`.pth`/`.bin` written by torch.save), a Hugging Face
+    /// folder or its config.json, a TorchScript `.pt`, or a torch.export program (`.pt2`, from
+    /// `torch.export.save`).
     pub model: String,
     /// Micro-batch size (samples per forward/backward). Several comma-separated sizes let
     /// the planner choose. Default: 8 for vision models, 4 for language models.
@@ -61,6 +62,10 @@ pub struct ModelArgs {
     /// Output classes of the classification head.
     #[arg(long)]
     pub classes: Option<i64>,
+    /// Entry of a torch.save dict holding the state dict (`model`, `state_dict`, …); by default
+    /// the top level, or the first of state_dict, model_state_dict, model, module, net.
+    #[arg(long)]
+    pub state_dict_key: Option<String>,
     /// Candidate granularity: `layer` (ResNet stages, transformer layers), `block` (the
     /// modules inside them: `layer3.17`, `encoder.layer.3.attention`, `h.5.mlp`) or `nested`
     /// (both: a layer or any of its children, never both).

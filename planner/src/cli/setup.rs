@@ -159,6 +159,7 @@ impl Setup {
             image: a.image,
             seq: a.seq,
             classes: a.classes,
+            state_dict_key: a.state_dict_key.clone(),
             granularity,
             device,
             // A torch.export program with a static batch runs only at its exported batch.

@@ -92,6 +92,9 @@ pub struct ShapeJson {
     /// `--candidates`: the regex that chose the candidate modules outright, when one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidates: Option<String>,
+    /// `--state-dict-key`: where in a training checkpoint the state dict was, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dict_key: Option<String>,
 }
 
 /// `plan --json` when nothing fits: the failure as data, for scripts. Fields are in

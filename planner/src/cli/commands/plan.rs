@@ -196,6 +196,13 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
     let budget = i64::try_from(budget).map_err(|_| UsageError(format!("--budget {}: too large", a.budget)))?;
     let setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
     let mut notes = Vec::new();
+    if ckptune_models::hf::is_config_only(std::path::Path::new(&setup.model)) {
+        notes.push(format!(
+            "{} has a config but no weights: planned with seeded random weights (memory and time do \
+             not depend on the weights' values)",
+            setup.model
+        ));
+    }
     let profile: ProfileJson = match &a.profile {
         Some(p) => {
             let mut prof: ProfileJson = formats::read_tagged(p, formats::PROFILE_FORMAT)?;
@@ -280,6 +287,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         granularity: a.model.granularity.clone(),
         repeats: setup.repeats,
         candidates: a.model.candidates.clone(),
+        state_dict_key: a.model.state_dict_key.clone(),
     };
     let mut plan = match plan_from_profile(&profile, budget - reserve, shape.clone()) {
         Ok(p) => p,

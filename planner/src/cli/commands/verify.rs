@@ -27,6 +27,7 @@ pub(crate) fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, Tra
         classes: plan.shape.classes,
         granularity: plan.shape.granularity.clone(),
         candidates: plan.shape.candidates.clone(),
+        state_dict_key: plan.shape.state_dict_key.clone(),
         precision: vec![plan.config.precision.clone()],
         optimizer: vec![plan.config.optimizer.clone()],
         zero_grad_in_place: !plan.config.set_to_none,
