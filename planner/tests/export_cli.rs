@@ -1,42 +1,10 @@
 //! `torch.export` programs (`.pt2`) through the real `ckptune` binary: the profile's prediction
 //! equals the measured peak on every checkpoint subset, and bad programs exit 2 naming the node.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
+use common::{ckptune, fixture, ok, COMMON};
 use serde_json::Value;
-
-fn ckptune(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ckptune"))
-        .args(args)
-        .env(
-            "CKPTUNE_CACHE",
-            std::env::temp_dir().join(format!("ckptune-export-test-cache-{}", std::process::id())),
-        )
-        .output()
-        .expect("runs ckptune")
-}
-
-fn ok(args: &[&str]) -> Output {
-    let out = ckptune(args);
-    assert!(
-        out.status.success(),
-        "ckptune {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    out
-}
-
-fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../models/fixtures")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
-
-const COMMON: [&str; 4] = ["--threads", "1", "--quiet", "--no-cache"];
 
 #[test]
 fn exported_resnet_sweep_is_byte_exact_on_every_subset() {
