@@ -9,7 +9,6 @@ use ckptune_models::ModelError;
 use ckptune_runtime::RuntimeError;
 use ckptune_solver::budget::SizeError;
 use ckptune_solver::formats::FormatError;
-use ckptune_solver::regex_emit::RegexError;
 use ckptune_solver::solver::SolveError;
 
 /// Bad input that no library error type names (a flag's value, a missing file, a
@@ -51,8 +50,9 @@ fn is_bad_input(e: &(dyn std::error::Error + 'static)) -> bool {
     if let Some(s) = e.downcast_ref::<SolveError>() {
         return matches!(s, SolveError::InvalidBudget { .. });
     }
-    // A regex the user named that selects modules the model lacks.
-    e.is::<RegexError>()
+    // The rest — libtorch failures, a checkpoint regex ckptune itself failed to emit
+    // (`RegexError`), solver trouble, writing outputs — is the work failing.
+    false
 }
 
 /// The exit code for an error that ended a command.
