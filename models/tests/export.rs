@@ -22,6 +22,9 @@ fn candidates(c: &Chain) -> Vec<String> {
 
 #[test]
 fn granularities_give_the_builtin_resnet_candidates() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
     for g in [Granularity::Layer, Granularity::Block, Granularity::Nested] {
         let ex = load(
             "tiny_resnet.pt2",
@@ -48,6 +51,9 @@ fn granularities_give_the_builtin_resnet_candidates() {
 
 #[test]
 fn candidates_regex_chooses_modules_outright() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
     let opts = |re: &str| ModelOptions {
         candidates: Some(re.into()),
         ..Default::default()
@@ -63,6 +69,9 @@ fn candidates_regex_chooses_modules_outright() {
 
 #[test]
 fn static_batch_runs_only_at_its_exported_batch() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
     let at = |b: Option<i64>| {
         load(
             "tiny_mlp_static.pt2",
@@ -90,6 +99,9 @@ fn static_batch_runs_only_at_its_exported_batch() {
 
 #[test]
 fn an_operator_the_dispatcher_lacks_names_the_node() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
     let e = load("custom_op.pt2", ModelOptions::default()).unwrap_err();
     let ModelError::ExportNode { node, target, why, .. } = &e else {
         panic!("{e}")
@@ -101,6 +113,9 @@ fn an_operator_the_dispatcher_lacks_names_the_node() {
 
 #[test]
 fn cond_is_an_unsupported_higher_order_op() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
     let e = load("cond.pt2", ModelOptions::default()).unwrap_err();
     let ModelError::ExportNode { target, why, .. } = &e else {
         panic!("{e}")
@@ -133,6 +148,9 @@ fn rewrite(src: &Path, dst: &Path, edit: impl Fn(&str) -> String) {
 
 #[test]
 fn corrupt_archives_and_unknown_versions_are_bad_input() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
     let dir = tempfile::tempdir().unwrap();
     let truncated = dir.path().join("truncated.pt2");
     let bytes = std::fs::read(fixture("tiny_mlp_static.pt2")).unwrap();
@@ -162,6 +180,9 @@ fn corrupt_archives_and_unknown_versions_are_bad_input() {
 
 #[test]
 fn interpreter_matches_tch_and_runs_no_grad_subgraphs() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
     // The static MLP, node by node, against the same math through tch's bindings.
     let c = load(
         "tiny_mlp_static.pt2",
@@ -202,6 +223,9 @@ fn interpreter_matches_tch_and_runs_no_grad_subgraphs() {
 
 #[test]
 fn core_aten_programs_write_buffer_mutations_back() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
     // The same tiny ResNet as a training-IR program (batch norm updates its statistics in
     // place) and decomposed to core ATen (functional batch norm; the signature's buffer
     // mutations carry the new statistics): one training forward leaves equal buffers.
@@ -234,6 +258,9 @@ fn core_aten_programs_write_buffer_mutations_back() {
 
 #[test]
 fn nested_granularity_groups_a_layer_over_its_children() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
     let c = load(
         "tiny_stack.pt2",
         ModelOptions {
@@ -259,6 +286,9 @@ fn nested_granularity_groups_a_layer_over_its_children() {
 /// them), each module taken to be one contiguous run.
 #[test]
 fn the_layer_rule_finds_each_familys_repeated_layers() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
     use ckptune_models::export::layers;
     let rule = |mods: &[&str]| {
         let modules: Vec<String> = mods.iter().map(|m| m.to_string()).collect();
@@ -325,6 +355,9 @@ fn the_layer_rule_finds_each_familys_repeated_layers() {
 
 #[test]
 fn a_node_that_fails_at_run_time_is_bad_input_at_load_time() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
     // The first linear given the second one's weight: [4, 16] against 8 features.
     let dir = tempfile::tempdir().unwrap();
     let swapped = dir.path().join("swapped.pt2");
@@ -354,6 +387,9 @@ fn a_node_that_fails_at_run_time_is_bad_input_at_load_time() {
 
 #[test]
 fn exported_bert_takes_its_mask_and_cuts_into_the_builtin_layers() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
     let c = load("tiny_bert.pt2", ModelOptions::default()).unwrap();
     let names: Vec<&str> = c.blocks.iter().map(|b| b.name.as_str()).collect();
     // The layer rule: `encoder.layer.N` (the built-in also offers `embeddings` and `pooler`,
@@ -404,6 +440,9 @@ fn exported_bert_takes_its_mask_and_cuts_into_the_builtin_layers() {
 
 #[test]
 fn outputs_after_the_first_are_computed_not_handed_on() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
     // `(logits, hidden)`: the loss reads the logits; `hidden` (the last layer's output) is
     // still what the head block reads, and no block hands on two tensors.
     let c = load("tiny_stack_tuple.pt2", ModelOptions::default()).unwrap();

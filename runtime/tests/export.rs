@@ -36,6 +36,9 @@ fn session(chain: Chain, precision: Precision, batch: i64) -> Session {
 
 #[test]
 fn exported_resnet_cuts_into_the_builtin_blocks() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = meter::exclusive();
     let ex = exported(None);
     let opts = ModelOptions {
         image: Some(32),
