@@ -245,3 +245,49 @@ fn exported_bert_with_its_mask_sweeps_byte_exact_nested() {
         sweep_is_exact("tiny_bert.pt2", "nested", precision, &subsets);
     }
 }
+
+/// A profile cached for one choice of candidates is not reused for another: `--candidates`
+/// is part of the cache key.
+#[test]
+fn cached_profiles_are_keyed_on_the_candidates() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let model = fixture("tiny_resnet.pt2");
+    let profile = |candidates: Option<&str>, out: &str| -> Vec<String> {
+        let out = dir.path().join(out);
+        let mut args = vec![
+            "profile",
+            model.as_str(),
+            "--batch",
+            "2",
+            "--precision",
+            "fp32",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+            "--quiet",
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        if let Some(c) = candidates {
+            args.extend(["--candidates", c]);
+        }
+        ok(&args);
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        v["model"]["blocks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["candidate"] == true)
+            .map(|b| b["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(profile(None, "layers.json"), ["layer1", "layer2", "layer3", "layer4"]);
+    assert_eq!(
+        profile(Some(r"layer[23]|fc"), "chosen.json"),
+        ["layer2", "layer3", "fc"]
+    );
+}

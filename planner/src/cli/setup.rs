@@ -185,7 +185,7 @@ impl Setup {
         tch::manual_seed(0);
         let path = Path::new(&self.model);
         if path.exists() {
-            // A file that cannot be used is bad input (exit code 2), whatever is wrong with it.
+            // The loaders' errors say whether the file is at fault (exit 2) or libtorch (exit 1).
             let loaded = if ckptune_models::export::is_export_archive(path) {
                 ckptune_models::export::chain_from_export(path, &self.opts)
             } else {
@@ -249,7 +249,8 @@ impl Setup {
             // `win2`: every allocation of the step inside a moment's window (the recompute's
             // RNG swap joined its window). `cpu`: oneDNN picks kernels, and so workspace
             // sizes, by the CPU's vector extensions; a profile from another CPU is not exact.
-            "v{}|chain2|win2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|{}|{:?}|threads={}|repeats={}",
+            // `--candidates` and `--state-dict-key` choose the chain and the weights.
+            "v{}|chain2|win2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             cpu_identity(),
             model_id,
@@ -257,6 +258,8 @@ impl Setup {
             self.opts.seq,
             self.opts.classes,
             self.opts.granularity,
+            self.opts.candidates,
+            self.opts.state_dict_key,
             cfg.label(),
             self.device,
             self.threads,
