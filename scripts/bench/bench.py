@@ -28,6 +28,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PY = sys.executable
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from ckptune.eager import write_atomic  # noqa: E402  (the one atomic JSON writer of the Python side)
 
 # Sizes. Full: about 15–20 min on a quiet 2-core machine. BERT-base needs batch 8 × 128 tokens
 # for activations to outgrow AdamW's optimizer-step peak (at batch ≤ 4 × 128 the peak is the
@@ -54,25 +57,6 @@ class BenchError(SystemExit):
 
 def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def write_atomic(path, obj):
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            if isinstance(obj, str):
-                f.write(obj)
-            else:
-                json.dump(obj, f, indent=2)
-                f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def load(path):

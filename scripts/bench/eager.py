@@ -1,50 +1,27 @@
 """The PyTorch side of the benchmark: trains a ckptune built-in model's plain-torch reference
 (`models/fixtures/reference.py`: torchvision ResNet, HF BERT eager, same module names) with
 torch 2.13 eager, wrapping every module whose qualified name fully matches REGEX in
-`torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`, and measures each step's time and
-exact CPU peak with ckptune's own counting allocator (scripts/bench/meter.py).
+`torch.utils.checkpoint.checkpoint(..., use_reentrant=False)` (`ckptune.apply`), and measures each
+step's time and exact CPU peak with ckptune's own counting allocator. The run itself is
+`ckptune.eager.run` (python/ckptune/eager.py), which `ckptune verify --pytorch` uses too; this
+is its command line for bare regexes, writing the benchmark's format.
 
     python scripts/bench/eager.py resnet50 --checkpoint '^(?:layer1)$' --batch 4 --image 96 \
         --precision fp32 --steps 6 --threads 2 -o eager.json
 
-Per step, as `ckptune train` does it: reset the peak, make the batch (same shapes and dtypes as
-ckptune's `Chain::make_batch`), forward + loss (under CPU bf16 autocast for `bf16`),
-`loss.backward()`, `AdamW.step()`, `zero_grad(set_to_none=True)`. The batch and the loss are
-released before the optimizer step (the most favourable order for PyTorch's peak). The meter is
-installed before the model is built, so absolute levels count the same tensors as ckptune's.
 Output: JSON `ckptune.bench-eager/1`, written atomically.
 """
 
 import argparse
-import functools
 import json
 import os
-import re
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "models", "fixtures"))
+sys.path.insert(0, os.path.join(ROOT, "python"))
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.checkpoint import checkpoint  # noqa: E402
-
-import meter as meter_mod  # noqa: E402
-from bench import write_atomic  # noqa: E402  (side-effect free: bench.py runs under __main__)
-
-
-def wrap_checkpoint(module):
-    """Per-module activation checkpointing, as `ckpt_monkey`/HF-style wrappers do it."""
-    forward = module.forward
-
-    @functools.wraps(forward)
-    def checkpointed(*args, **kwargs):
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    module.forward = checkpointed
+from ckptune import eager  # noqa: E402
 
 
 def main():
@@ -61,120 +38,29 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("-o", "--output")
     a = ap.parse_args()
-    if a.steps <= a.warmup:
-        raise SystemExit(f"eager.py: --steps {a.steps} must exceed --warmup {a.warmup}")
 
-    torch.set_num_threads(a.threads)
-    meter = meter_mod.Meter(meter_mod.build())  # installed before anything is allocated
-    import reference  # noqa: PLC0415
-
-    torch.manual_seed(0)
-    model, prefix = reference.build(a.model)
-    backbone = getattr(model, prefix[:-1]) if prefix else model
-    model.train()
-
-    # Checkpointed modules: every qualified name of the backbone that fully matches the regex
-    # (the backbone's names are ckptune's: `layer1`, `encoder.layer.3`).
-    names = [n for n, _ in backbone.named_modules() if n and a.checkpoint and re.fullmatch(a.checkpoint, n)]
-    for n in names:
-        for m in names:
-            if m != n and m.startswith(n + "."):
-                raise SystemExit(f"eager.py: regex {a.checkpoint!r} selects nested modules {n} and {m}")
-    mods = dict(backbone.named_modules())
-    for n in names:
-        wrap_checkpoint(mods[n])
-
-    is_bert = isinstance(model, reference.BertForSequenceClassification)
-    is_resnet = isinstance(model, reference.ResNet)
-    if not (is_bert or is_resnet):
-        raise SystemExit(f"eager.py: {a.model}: only the ResNet and BERT families are benchmarked")
-    gen = torch.Generator().manual_seed(1234)  # the batch's own generator: dropout is untouched
-    if is_resnet:
-        image = a.image or 224
-        classes = model.fc.out_features
-
-        def make_batch():
-            x = torch.randn(a.batch, 3, image, image, generator=gen)
-            y = torch.randint(classes, (a.batch,), generator=gen)
-            return x, y, None
-
-        def loss_of(batch):
-            x, y, _ = batch
-            return nn.functional.cross_entropy(model(x), y)
-    else:
-        cfg = backbone.config
-        seq = a.seq or min(128, cfg.max_position_embeddings)
-
-        def make_batch():
-            ids = torch.randint(cfg.vocab_size, (a.batch, seq), generator=gen)
-            y = torch.randint(cfg.num_labels, (a.batch,), generator=gen)
-            mask = torch.ones(a.batch, seq, dtype=torch.long)
-            pad = seq // 4
-            if pad > 0:
-                mask[1::2, seq - pad:] = 0  # every other sequence: last quarter padded
-            return ids, y, mask
-
-        def loss_of(batch):
-            ids, y, mask = batch
-            _, pooled = model.bert(ids, mask)
-            logits = model.classifier(model.dropout(pooled))
-            return nn.functional.cross_entropy(logits.view(-1, cfg.num_labels), y.view(-1))
-
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16")
-
-    steps = []
-    for i in range(a.steps):
-        meter.reset_peak()
-        start = meter.current()
-        t0 = time.perf_counter()
-        batch = make_batch()
-        with autocast:
-            loss = loss_of(batch)
-        loss.backward()
-        loss_value = loss.item()
-        del loss, batch
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        seconds = time.perf_counter() - t0
-        steps.append({
-            "step": i + 1, "loss": loss_value, "seconds": seconds,
-            "peak_bytes": meter.peak(), "start_bytes": start, "end_bytes": meter.current(),
-        })
-        print(f"  step {i + 1:>3}  loss {loss_value:.6f}  {seconds:.3f} s  peak {meter.peak():,} B",
-              file=sys.stderr)
-
-    timed = steps[a.warmup:]
-    secs = sorted(s["seconds"] for s in timed)
-    mid = len(secs) // 2
-    median = secs[mid] if len(secs) % 2 else 0.5 * (secs[mid - 1] + secs[mid])
-    group = opt.param_groups[0]
+    names = eager.matching(a.model, a.checkpoint, ROOT)
+    plan = eager.regex_plan(a.checkpoint, names, precision=a.precision, micro_batch=a.batch)
+    try:
+        r = eager.run(a.model, plan, image=a.image, seq=a.seq, steps=a.steps, warmup=a.warmup,
+                      threads=a.threads, lr=a.lr, root=ROOT, log=lambda m: print(m, file=sys.stderr))
+    except ValueError as e:
+        raise SystemExit(f"eager.py: {e}")
+    kw = r["optimizer_kwargs"]
     out = {
         "format": "ckptune.bench-eager/1",
-        "model": a.model,
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "precision": a.precision,
-        "optimizer": "adamw",
-        "adamw": {"lr": group["lr"], "betas": list(group["betas"]), "eps": group["eps"],
-                  "weight_decay": group["weight_decay"], "foreach": group.get("foreach"),
-                  "fused": group.get("fused")},
+        **{k: r[k] for k in ("model", "torch", "threads", "precision", "optimizer")},
+        "adamw": {"lr": kw["lr"], "betas": list(kw["betas"]), "eps": kw["eps"],
+                  "weight_decay": kw["weight_decay"], "foreach": kw.get("foreach"), "fused": kw.get("fused")},
         "batch": a.batch,
-        "image": a.image if is_resnet else None,
-        "seq": (a.seq or min(128, backbone.config.max_position_embeddings)) if is_bert else None,
-        "regex": a.checkpoint,
-        "modules": names,
-        "warmup": a.warmup,
-        "steps": steps,
-        "median_seconds": median,
-        "peak_bytes": max(s["peak_bytes"] for s in timed),
-        "start_bytes": timed[0]["start_bytes"],
-        "meter": os.path.basename(meter.path),
+        **{k: r[k] for k in ("image", "seq", "regex", "modules", "warmup", "steps", "median_seconds",
+                             "peak_bytes", "start_bytes", "meter")},
     }
-    if any(s["peak_bytes"] != timed[0]["peak_bytes"] for s in timed):
-        out["peak_varies"] = [s["peak_bytes"] for s in timed]
+    out["regex"] = a.checkpoint
+    if "peak_varies" in r:
+        out["peak_varies"] = r["peak_varies"]
     if a.output:
-        write_atomic(a.output, out)
+        eager.write_atomic(a.output, out)
     else:
         json.dump(out, sys.stdout, indent=2)
         print()

@@ -6,7 +6,10 @@ of the source, the compile command and the torch version, and loads it with ctyp
 `install()`, every CPU tensor allocation of this process is counted exactly as in ckptune:
 `current()`, `peak()`, `reset_peak()` (peak := current).
 
-    python scripts/bench/meter.py build   # compile (or find cached) and print the library path
+It compiles the shim from a ckptune checkout: the one this file sits in (python/ckptune/), or
+the one $CKPTUNE_ROOT names when the package is installed elsewhere.
+
+    python python/ckptune/meter.py build   # compile (or find cached) and print the library path
 """
 
 import ctypes
@@ -16,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.environ.get("CKPTUNE_ROOT") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCE = os.path.join(ROOT, "kernels", "csrc", "shim.cpp")
 DEFAULT_BUILD = os.path.join(ROOT, "results", "bench", ".build")
 
@@ -42,6 +45,9 @@ def compile_command(t, out):
 def build(build_dir=None):
     """Path of the compiled meter library, compiling it if no cached build matches."""
     build_dir = build_dir or os.environ.get("CKPTUNE_BENCH_BUILD", DEFAULT_BUILD)
+    if not os.path.exists(SOURCE):
+        raise SystemExit(f"meter: {SOURCE} not found: the meter compiles ckptune's shim from a checkout; "
+                         f"set CKPTUNE_ROOT to a ckptune checkout")
     t = libtorch_dir()
     with open(SOURCE, "rb") as f:
         src = f.read()
@@ -58,7 +64,7 @@ def build(build_dir=None):
         r = subprocess.run(compile_command(t, tmp), capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit(
-                f"bench: compiling the meter from {SOURCE} failed (exit {r.returncode}):\n"
+                f"meter: compiling the meter from {SOURCE} failed (exit {r.returncode}):\n"
                 f"{' '.join(compile_command(t, tmp))}\n{r.stderr[-4000:]}"
             )
         os.replace(tmp, out)
