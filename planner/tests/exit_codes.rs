@@ -32,6 +32,8 @@ fn the_same_bad_input_exits_2_in_every_command() {
         vec!["plan", "--budget", "1GiB", "tiny-bert", "--profile", corrupt],
         vec!["sweep", "tiny-bert", "--checkpoint", "x", "--profile", corrupt],
         vec!["verify", corrupt],
+        vec!["verify", corrupt, "--pytorch"],
+        vec!["emit", "python", corrupt],
         vec!["train", "tiny-bert", "--plan", corrupt],
         vec!["plot", corrupt],
     ] {
@@ -119,6 +121,7 @@ fn a_closed_stdout_ends_every_command_quietly() {
             "1".into(),
             "--quiet".into(),
         ],
+        vec!["emit".into(), "python".into(), plan_s.into()],
         {
             let mut a = with(&["train"], &TINY_BERT);
             a.extend(["--steps", "2"].map(String::from));

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+pub use super::commands::emit::EmitKind;
+
 /// Finds the fastest PyTorch training configuration that fits a memory budget: which modules
 /// to activation-checkpoint (a regex over PyTorch module names), the precision, optimizer,
 /// micro-batch and gradient accumulation — measured, solved exactly, and verified.
@@ -35,6 +37,9 @@ pub enum Command {
     Train(TrainArgs),
     /// Draw trade-off plots (SVG + PNG per config) from a profile or a sweep JSON file.
     Plot(PlotArgs),
+    /// Print a plan as a ready snippet for a trainer (plain PyTorch, Hugging Face, Lightning,
+    /// torchtitan).
+    Emit(EmitArgs),
 }
 
 /// What to train and how it may be trained.
@@ -170,6 +175,19 @@ pub struct PlanArgs {
     /// the budget.
     #[arg(long)]
     pub reserve: Option<String>,
+    /// Print the plan as a ready snippet for this trainer instead of the summary (the plan is
+    /// still written with -o): python, hf, lightning or torchtitan.
+    #[arg(long, value_enum, conflicts_with = "json")]
+    pub emit: Option<EmitKind>,
+}
+
+#[derive(Debug, Args)]
+pub struct EmitArgs {
+    /// The trainer: python (plain PyTorch), hf (Hugging Face Trainer), lightning, torchtitan.
+    #[arg(value_enum)]
+    pub kind: EmitKind,
+    /// A plan written by `ckptune plan -o`.
+    pub plan: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -186,6 +204,15 @@ pub struct VerifyArgs {
     pub json: bool,
     #[arg(long, short)]
     pub quiet: bool,
+    /// Also run the plan in PyTorch eager on the built-in model's plain-torch reference
+    /// (models/fixtures/reference.py) with the same counting allocator, and compare: exit 1 if
+    /// PyTorch's peak exceeds the budget.
+    #[arg(long)]
+    pub pytorch: bool,
+    /// The Python with torch that runs `--pytorch` (default: $CKPTUNE_PYTHON, else the venv
+    /// `scripts/setup` links at .venv in this checkout).
+    #[arg(long, requires = "pytorch")]
+    pub python: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

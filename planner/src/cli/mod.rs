@@ -25,5 +25,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Verify(a) => commands::verify::verify_cmd(a),
         Command::Train(a) => commands::train::train_cmd(a),
         Command::Plot(a) => commands::plot::plot_cmd(a),
+        Command::Emit(a) => commands::emit::emit_cmd(a),
     }
 }

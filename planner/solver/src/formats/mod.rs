@@ -14,6 +14,8 @@ mod bench;
 mod cache;
 mod plan;
 mod profile;
+mod python;
+mod pytorch;
 mod run;
 mod sweep;
 
@@ -23,6 +25,8 @@ pub use plan::{
     AlternativeJson, CheckpointJson, CorrectionJson, PlanFailureJson, PlanJson, PredictedJson, ShapeJson, SolverJson,
 };
 pub use profile::{BlockJson, DeviceJson, GroupJson, ModelJson, ModelListing, ProfileJson};
+pub use python::{python_literal, string_field};
+pub use pytorch::{PytorchRunJson, VerifyPytorchJson};
 pub use run::{MeasuredRun, MismatchJson, PredictedRun, TrainJson, TrainStepJson, VerifyJson};
 pub use sweep::{SweepConfigJson, SweepJson, SweepPointJson};
 
@@ -36,6 +40,10 @@ pub const PLAN_FORMAT: &str = "ckptune.plan/1";
 pub const PLAN_FAILURE_FORMAT: &str = "ckptune.plan-failure/1";
 /// `ckptune verify`: a plan run for real, every moment compared with the model.
 pub const VERIFY_FORMAT: &str = "ckptune.verify/1";
+/// `python -m ckptune.eager`: a plan run in PyTorch eager on the built-in model's reference.
+pub const PYTORCH_RUN_FORMAT: &str = "ckptune.pytorch-run/1";
+/// `ckptune verify --pytorch`: predicted, ckptune's and PyTorch's run side by side.
+pub const VERIFY_PYTORCH_FORMAT: &str = "ckptune.verify-pytorch/1";
 /// `ckptune train`: per-step loss, time and memory.
 pub const TRAIN_FORMAT: &str = "ckptune.train/1";
 /// One cached config profile (the profile cache's files).

@@ -1,6 +1,7 @@
 //! One module per subcommand. They share [`crate::cli::setup`]; `plan --verify` and
 //! `train --plan` use `verify`'s plan runner, and nothing else crosses between commands.
 
+pub mod emit;
 pub mod models;
 pub mod plan;
 pub mod plot;
@@ -8,3 +9,4 @@ pub mod profile;
 pub mod sweep;
 pub mod train;
 pub mod verify;
+pub mod verify_pytorch;

@@ -361,10 +361,19 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
             plan = finish(plan_from_profile(&profile, planning_budget - reserve, shape.clone())?);
         }
     }
+    // Rendered before anything is written: a plan the snippet cannot express is bad input that
+    // leaves no file behind.
+    let snippet = a.emit.map(|kind| super::emit::snippet(&plan, kind)).transpose()?;
     if let Some(out) = &a.output {
         formats::write_atomic(out, &plan).with_context(|| "writing the plan")?;
     }
-    if a.json {
+    if let Some(text) = snippet {
+        // stdout is the snippet alone, ready to redirect into a file.
+        outln!("{}", text.trim_end());
+        if let Some(out) = &a.output {
+            eprintln!("wrote {}", out.display());
+        }
+    } else if a.json {
         print_json(&plan)?;
     } else {
         print_plan(&plan);

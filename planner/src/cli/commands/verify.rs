@@ -174,6 +174,10 @@ pub fn print_verify(r: &VerifyJson) {
 
 pub fn verify_cmd(a: VerifyArgs) -> Result<ExitCode> {
     let plan: PlanJson = formats::read_tagged(&a.plan, formats::PLAN_FORMAT)?;
+    super::emit::check_plan(&plan).with_context(|| format!("verifying {}", a.plan.display()))?;
+    if a.pytorch {
+        return super::verify_pytorch::verify_pytorch_cmd(&a, &plan);
+    }
     let steps = a.steps.unwrap_or(plan.shape.repeats);
     let r = verify_plan(&plan, steps, a.quiet).with_context(|| format!("verifying {}", a.plan.display()))?;
     if let Some(out) = &a.output {

@@ -1,0 +1,510 @@
+//! `ckptune plan --emit` / `ckptune emit` against the trainers themselves: each snippet is
+//! executed (python/tests/snippet_harness.py) with a plan the binary made for a tiny model, and
+//! the modules that ran twice per step (forward and recompute) must be exactly the plan's. The
+//! trainers come from python/requirements-trainers.txt, which scripts/setup installs at
+//! `.trainers`. Also the refusals: a snippet the trainer cannot express, a plan whose regex or
+//! names do not hold, another format version — exit 2 and nothing written.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use common::{ckptune, ok, read, COMMON};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A plan for `model` whose budget lies halfway between checkpointing everything and nothing,
+/// so the plan checkpoints a proper subset. Made once per model for the whole test binary.
+struct Planned {
+    _dir: tempfile::TempDir,
+    /// The shape flags and the profile the plan was made with, to plan again.
+    shape: Vec<String>,
+    profile: PathBuf,
+    plan: PathBuf,
+    doc: Value,
+}
+
+fn make_plan(model: &str, shape: &[&str]) -> Planned {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("profile.json");
+    let mut args = vec!["profile", model];
+    args.extend(shape);
+    args.extend(["--precision", "fp32", "-o", profile.to_str().unwrap()]);
+    args.extend(COMMON);
+    ok(&args);
+    let c = &read(&profile)["configs"][0];
+    let (none, all) = (c["peak_none"].as_i64().unwrap(), c["peak_all"].as_i64().unwrap());
+    assert!(
+        all < none,
+        "{model}: checkpointing everything saves memory ({all} < {none})"
+    );
+    let budget = ((all + none) / 2).to_string();
+    let plan = dir.path().join("plan.json");
+    let mut args = vec!["plan", "--budget", &budget, model];
+    args.extend(shape);
+    args.extend(["--precision", "fp32", "--profile", profile.to_str().unwrap()]);
+    args.extend(["-o", plan.to_str().unwrap()]);
+    args.extend(COMMON);
+    ok(&args);
+    let doc = read(&plan);
+    assert!(
+        !doc["checkpoint"]["modules"].as_array().unwrap().is_empty(),
+        "{model}: the budget forces checkpointing"
+    );
+    let shape = shape.iter().map(|a| a.to_string()).collect();
+    Planned {
+        _dir: dir,
+        shape,
+        profile,
+        plan,
+        doc,
+    }
+}
+
+fn planned(model: &str) -> &'static Planned {
+    static BERT: OnceLock<Planned> = OnceLock::new();
+    static RESNET: OnceLock<Planned> = OnceLock::new();
+    static LLAMA: OnceLock<Planned> = OnceLock::new();
+    match model {
+        "tiny-bert" => BERT.get_or_init(|| make_plan(model, &["--batch", "4", "--seq", "16"])),
+        "tiny-resnet" => RESNET.get_or_init(|| make_plan(model, &["--batch", "8", "--image", "64"])),
+        "tiny-llama" => LLAMA.get_or_init(|| make_plan(model, &["--batch", "2", "--seq", "16"])),
+        _ => unreachable!("{model}"),
+    }
+}
+
+/// `ckptune plan` again from the plan's profile, with `extra` flags; the output.
+fn plan_again(p: &Planned, model: &str, budget: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["plan", "--budget", budget, model];
+    args.extend(p.shape.iter().map(String::as_str));
+    args.extend(["--precision", "fp32", "--profile", p.profile.to_str().unwrap()]);
+    args.extend(extra);
+    args.extend(COMMON);
+    ckptune(&args)
+}
+
+fn modules(doc: &Value) -> Vec<String> {
+    doc["checkpoint"]["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The plan's candidate modules: blocks flagged as candidates, and groups.
+fn candidates(doc: &Value) -> Vec<String> {
+    let model = &doc["model"];
+    let mut names: Vec<String> = model["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["candidate"].as_bool() == Some(true))
+        .map(|b| b["name"].as_str().unwrap().to_owned())
+        .collect();
+    if let Some(groups) = model["groups"].as_array() {
+        names.extend(groups.iter().map(|g| g["name"].as_str().unwrap().to_owned()));
+    }
+    names
+}
+
+fn emit(kind: &str, plan: &Path) -> String {
+    let out = ok(&["emit", kind, plan.to_str().unwrap()]);
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs the harness on the snippet; the JSON line it prints.
+fn execute(kind: &str, snippet: &str, model: &str, steps: usize, watch: &[String]) -> Value {
+    let trainers = root().join(".trainers");
+    assert!(
+        kind == "python" || trainers.exists(),
+        "{} missing: scripts/setup installs the trainers of python/requirements-trainers.txt there",
+        trainers.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("snippet.py");
+    std::fs::write(&path, snippet).unwrap();
+    let mut pythonpath = root().join("python").into_os_string();
+    if kind != "python" {
+        // The plain-PyTorch snippet runs with torch and the companion alone.
+        pythonpath.push(":");
+        pythonpath.push(&trainers);
+    }
+    let out: Output = Command::new(root().join(".venv/bin/python"))
+        .arg(root().join("python/tests/snippet_harness.py"))
+        .args([kind])
+        .arg(&path)
+        .args([model, &steps.to_string(), &serde_json::to_string(watch).unwrap()])
+        .env("PYTHONPATH", pythonpath)
+        .env("TOKENIZERS_PARALLELISM", "false")
+        .current_dir(dir.path())
+        .output()
+        .expect("runs the venv's python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{kind} snippet failed:\n{snippet}\n--- stderr\n{}\n--- stdout\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line: {stdout}"));
+    serde_json::from_str(line).unwrap()
+}
+
+/// Every watched candidate ran once per micro-step, the planned ones twice (their recompute).
+fn assert_recomputed_exactly_the_plan(result: &Value, planned: &[String], watch: &[String]) {
+    let micro = result["micro_steps"].as_u64().unwrap();
+    for name in watch {
+        let calls = result["calls"][name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name} not watched: {result}"));
+        let expected = if planned.contains(name) { 2 * micro } else { micro };
+        assert_eq!(
+            calls, expected,
+            "{name}: calls of its first child over {micro} micro-steps: {result}"
+        );
+    }
+    assert_eq!(
+        result["trained"],
+        Value::Bool(true),
+        "training changed the weights: {result}"
+    );
+}
+
+#[test]
+fn python_snippet_trains_the_reference_with_exactly_the_plan() {
+    for model in ["tiny-bert", "tiny-resnet"] {
+        let p = planned(model);
+        let snippet = emit("python", &p.plan);
+        let planned_modules = modules(&p.doc);
+        // Derived from the plan: its regex and config are in the text.
+        assert!(snippet.contains(&format!("{:?}", p.doc["checkpoint"]["regex"].as_str().unwrap())));
+        let watch = candidates(&p.doc);
+        let result = execute("python", &snippet, model, 2, &watch);
+        assert_eq!(result["wrapped"], p.doc["checkpoint"]["modules"], "{model}");
+        assert_recomputed_exactly_the_plan(&result, &planned_modules, &watch);
+    }
+}
+
+#[test]
+fn plan_emit_prints_the_snippet_and_writes_the_plan() {
+    let p = planned("tiny-bert");
+    let dir = tempfile::tempdir().unwrap();
+    // The same plan again (same profile, flags and budget), this time asking for the snippet.
+    let out = dir.path().join("plan.json");
+    let budget = p.doc["budget_bytes"].as_i64().unwrap().to_string();
+    let run = plan_again(
+        p,
+        "tiny-bert",
+        &budget,
+        &["--emit", "python", "-o", out.to_str().unwrap()],
+    );
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let printed = String::from_utf8(run.stdout).unwrap();
+    assert!(out.exists(), "plan --emit still writes -o");
+    // stdout is the snippet alone (a Python file), the same `emit` prints for the written plan.
+    assert_eq!(printed, emit("python", &out));
+    assert!(printed.starts_with("# Plain PyTorch training with the ckptune plan for tiny-bert"));
+}
+
+#[test]
+fn hf_snippet_uses_transformers_per_layer_flags_for_layer_plans() {
+    let p = planned("tiny-bert");
+    let planned_modules = modules(&p.doc);
+    let snippet = emit("hf", &p.plan);
+    let watch = candidates(&p.doc);
+    let result = execute("hf", &snippet, "tiny-bert", 2, &watch);
+    let layers_only = planned_modules.iter().all(|m| m.starts_with("encoder.layer."));
+    assert_eq!(
+        result["route"],
+        Value::from(if layers_only { "native" } else { "apply" }),
+        "{snippet}"
+    );
+    if layers_only {
+        // transformers' own flags are on exactly for the planned layers.
+        for (name, on) in result["hf_flags"].as_object().unwrap() {
+            if name.starts_with("encoder.layer.") && !name["encoder.layer.".len()..].contains('.') {
+                assert_eq!(
+                    on.as_bool().unwrap(),
+                    planned_modules.contains(name),
+                    "{name}: {result}"
+                );
+            }
+        }
+    }
+    assert_recomputed_exactly_the_plan(&result, &planned_modules, &watch);
+}
+
+#[test]
+fn hf_snippet_applies_plans_transformers_cannot_express() {
+    // A ResNet stage is no transformers layer: the snippet wraps it with ckptune.apply.
+    let p = planned("tiny-resnet");
+    let snippet = emit("hf", &p.plan);
+    assert!(snippet.contains("cannot express"), "{snippet}");
+    let watch = candidates(&p.doc);
+    let result = execute("hf", &snippet, "tiny-resnet", 2, &watch);
+    assert_eq!(result["route"], "apply");
+    assert_recomputed_exactly_the_plan(&result, &modules(&p.doc), &watch);
+}
+
+#[test]
+fn lightning_snippet_checkpoints_the_plan_in_setup() {
+    let p = planned("tiny-bert");
+    let snippet = emit("lightning", &p.plan);
+    let watch = candidates(&p.doc);
+    let result = execute("lightning", &snippet, "tiny-bert", 2, &watch);
+    assert_eq!(result["wrapped"], p.doc["checkpoint"]["modules"]);
+    assert_eq!(result["precision"], "32-true");
+    assert_eq!(result["set_to_none"], serde_json::json!([true]));
+    // Gradients are freed right after each optimizer step, as the plan was measured, not after
+    // the next step's forward as Lightning's own loop does.
+    assert_eq!(result["grads_at_forward"], serde_json::json!([0, 0]), "{result}");
+    assert_recomputed_exactly_the_plan(&result, &modules(&p.doc), &watch);
+
+    // A plan that zeroes gradients in place: zeroed in place, kept through the next forward.
+    let dir = tempfile::tempdir().unwrap();
+    let zero = edited(dir.path(), "zero.json", &p.doc, |d| {
+        d["config"]["set_to_none"] = false.into()
+    });
+    let snippet = emit("lightning", &zero);
+    let result = execute("lightning", &snippet, "tiny-bert", 2, &watch);
+    assert_eq!(result["set_to_none"], serde_json::json!([false]), "{snippet}");
+    let n = result["parameters"].clone();
+    assert_eq!(result["grads_at_forward"], serde_json::json!([0, n]), "{result}");
+    assert_recomputed_exactly_the_plan(&result, &modules(&p.doc), &watch);
+}
+
+#[test]
+fn torchtitan_snippet_wraps_the_plans_blocks_of_torchtitans_llama() {
+    let p = planned("tiny-llama");
+    let snippet = emit("torchtitan", &p.plan);
+    let result = execute("torchtitan", &snippet, "tiny-llama", 1, &[]);
+    let expected: Vec<String> = modules(&p.doc)
+        .iter()
+        .map(|m| {
+            m.strip_prefix("model.")
+                .unwrap()
+                .replace(".self_attn", ".attention")
+                .replace(".mlp", ".feed_forward")
+                .replace("embed_tokens", "tok_embeddings")
+        })
+        .collect();
+    let mut expected_sorted = expected.clone();
+    expected_sorted.sort();
+    assert_eq!(result["wrapped"], serde_json::json!(expected_sorted), "{snippet}");
+    let config = &p.doc["config"];
+    let training = &result["training"];
+    assert_eq!(training["local_batch_size"], config["micro_batch"]);
+    assert_eq!(
+        training["global_batch_size"].as_i64().unwrap(),
+        config["micro_batch"].as_i64().unwrap() * config["grad_accum"].as_i64().unwrap()
+    );
+    assert_eq!(training["seq_len"], p.doc["shape"]["seq"]);
+    assert_eq!(training["mixed_precision_param"], "float32");
+}
+
+#[test]
+fn torchtitan_refuses_a_model_it_has_no_counterpart_for_and_writes_nothing() {
+    let p = planned("tiny-bert");
+    let out = ckptune(&["emit", "torchtitan", p.plan.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tiny-bert is not a Llama-family model"), "{err}");
+    assert!(out.stdout.is_empty());
+
+    // plan --emit: the plan file is not written either.
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    let out = plan_again(
+        p,
+        "tiny-bert",
+        "1GiB",
+        &["--emit", "torchtitan", "-o", plan.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!plan.exists(), "a refused --emit writes no plan");
+}
+
+#[test]
+fn each_trainer_gets_its_own_option_when_the_plan_names_every_layer_or_none() {
+    let p = planned("tiny-llama");
+    let dir = tempfile::tempdir().unwrap();
+    let every = edited(dir.path(), "every.json", &p.doc, |d| {
+        d["checkpoint"]["regex"] = "^(?:model\\.layers\\.0|model\\.layers\\.1)$".into();
+        d["checkpoint"]["modules"] = serde_json::json!(["model.layers.0", "model.layers.1"]);
+    });
+    let none = edited(dir.path(), "none.json", &p.doc, |d| {
+        d["checkpoint"]["regex"] = "^[^\\s\\S]$".into();
+        d["checkpoint"]["modules"] = serde_json::json!([]);
+    });
+    assert!(emit("torchtitan", &every).contains("ACTIVATION_CHECKPOINT = FullAC.Config()\n"));
+    assert!(emit("torchtitan", &none).contains("ACTIVATION_CHECKPOINT = None\n"));
+    let hf = emit("hf", &every);
+    assert!(hf.contains("The plan checkpoints 2 of the 2 layers"), "{hf}");
+    assert!(
+        hf.contains("TrainingArguments(activation_checkpointing=True) would be the same"),
+        "{hf}"
+    );
+    assert!(emit("hf", &none).contains("The plan checkpoints nothing"));
+    // Executed on torchtitan's debug Llama (6 blocks): FullAC wraps every block, None none.
+    let all = execute("torchtitan", &emit("torchtitan", &every), "tiny-llama", 1, &[]);
+    let blocks: Vec<String> = (0..6).map(|i| format!("layers.{i}")).collect();
+    assert_eq!(all["wrapped"], serde_json::json!(blocks));
+    let nothing = execute("torchtitan", &emit("torchtitan", &none), "tiny-llama", 1, &[]);
+    assert_eq!(nothing["wrapped"], serde_json::json!([]));
+}
+
+/// A copy of `doc` with `edit` applied, written to `dir/name`.
+fn edited(dir: &Path, name: &str, doc: &Value, edit: impl FnOnce(&mut Value)) -> PathBuf {
+    let mut doc = doc.clone();
+    edit(&mut doc);
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+    path
+}
+
+fn refused(args: &[&str], fragments: &[&str]) {
+    let out = ckptune(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "ckptune {args:?}: {err}");
+    for f in fragments {
+        assert!(err.contains(f), "ckptune {args:?}: {f:?} not in {err}");
+    }
+}
+
+#[test]
+fn bad_plans_are_refused_with_exit_2_by_emit_and_verify() {
+    let p = planned("tiny-bert");
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.json");
+    let report_s = report.to_str().unwrap();
+
+    let other = edited(dir.path(), "v2.json", &p.doc, |d| d["format"] = "ckptune.plan/2".into());
+    let nothing = edited(dir.path(), "nothing.json", &p.doc, |d| {
+        d["checkpoint"]["regex"] = "^(?:encoder\\.layer\\.9)$".into()
+    });
+    let differs = edited(dir.path(), "differs.json", &p.doc, |d| {
+        d["checkpoint"]["regex"] = "^(?:pooler)$".into();
+    });
+    for kind in ["python", "hf", "lightning", "torchtitan"] {
+        refused(
+            &["emit", kind, other.to_str().unwrap()],
+            &["\"ckptune.plan/2\"", "expected \"ckptune.plan/1\""],
+        );
+        refused(
+            &["emit", kind, nothing.to_str().unwrap()],
+            &["matches no module of tiny-bert"],
+        );
+        refused(
+            &["emit", kind, differs.to_str().unwrap()],
+            &["matches pooler of tiny-bert", "the plan lists"],
+        );
+    }
+    for plan in [&other, &nothing, &differs] {
+        for extra in [&[][..], &["--pytorch"][..]] {
+            let mut args = vec!["verify", plan.to_str().unwrap(), "-o", report_s, "--quiet"];
+            args.extend(extra);
+            refused(&args, &[]);
+            assert!(!report.exists(), "a refused verify writes no report");
+        }
+    }
+}
+
+#[test]
+fn verify_pytorch_refuses_a_model_whose_names_differ_from_the_plans() {
+    // The plan's names are tiny-bert's; the reference it would run is tiny-gpt2's.
+    let p = planned("tiny-bert");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = edited(dir.path(), "gpt2.json", &p.doc, |d| {
+        d["shape"]["model"] = "tiny-gpt2".into()
+    });
+    let report = dir.path().join("report.json");
+    refused(
+        &[
+            "verify",
+            plan.to_str().unwrap(),
+            "--pytorch",
+            "-o",
+            report.to_str().unwrap(),
+            "--quiet",
+        ],
+        &[
+            "the PyTorch run refused the plan",
+            "matches no module of this model",
+            "wte, wpe",
+        ],
+    );
+    assert!(!report.exists());
+}
+
+#[test]
+fn verify_pytorch_reports_both_runs_and_fails_over_budget() {
+    let p = planned("tiny-bert");
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.json");
+    let out = ok(&[
+        "verify",
+        p.plan.to_str().unwrap(),
+        "--pytorch",
+        "--steps",
+        "2",
+        "-o",
+        report.to_str().unwrap(),
+        "--quiet",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for row in ["predicted", "ckptune run", "PyTorch eager"] {
+        assert!(text.contains(row), "{row} missing from:\n{text}");
+    }
+    let r = read(&report);
+    assert_eq!(r["format"], "ckptune.verify-pytorch/1");
+    assert_eq!(r["predicted"]["peak_bytes"], p.doc["predicted"]["peak_bytes"]);
+    let torch = &r["pytorch"];
+    // The PyTorch run followed the plan: its modules, precision, optimizer and batch.
+    assert_eq!(torch["modules"], p.doc["checkpoint"]["modules"]);
+    for key in ["precision", "optimizer", "micro_batch", "grad_accum", "set_to_none"] {
+        assert_eq!(torch[key], p.doc["config"][key], "{key}");
+    }
+    assert_eq!(torch["optimizer_class"], "torch.optim.adamw.AdamW");
+    let steps = torch["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 4, "two warm-up and two timed steps");
+    let timed_max = steps[2..]
+        .iter()
+        .map(|s| s["peak_bytes"].as_i64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(torch["peak_bytes"].as_i64().unwrap(), timed_max);
+    let torch_peak = timed_max;
+    assert_eq!(
+        r["pytorch_peak_error_bytes"].as_i64().unwrap(),
+        torch_peak - r["predicted"]["peak_bytes"].as_i64().unwrap()
+    );
+    assert_eq!(
+        r["ckptune"]["mismatches"],
+        serde_json::json!([]),
+        "ckptune's run is byte-exact"
+    );
+
+    // The same plan with a budget one byte below PyTorch's peak: exit 1, naming PyTorch's peak.
+    let tight = edited(dir.path(), "tight.json", &p.doc, |d| {
+        d["budget_bytes"] = (torch_peak - 1).into()
+    });
+    let out = ckptune(&[
+        "verify",
+        tight.to_str().unwrap(),
+        "--pytorch",
+        "--steps",
+        "2",
+        "--quiet",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("PyTorch's peak"), "{err}");
+}
