@@ -52,7 +52,11 @@ def build(build_dir=None):
     with open(SOURCE, "rb") as f:
         src = f.read()
     version_file = os.path.join(t, "version.py")
-    torch_version = open(version_file).read() if os.path.exists(version_file) else t
+    if os.path.exists(version_file):
+        with open(version_file) as f:
+            torch_version = f.read()
+    else:
+        torch_version = t
     key = hashlib.sha256(src + " ".join(compile_command(t, "OUT")).encode() + torch_version.encode())
     out = os.path.join(build_dir, f"libckptune_meter-{key.hexdigest()[:16]}.so")
     if os.path.exists(out):

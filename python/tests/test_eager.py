@@ -1,0 +1,64 @@
+"""`ckptune.eager`, the PyTorch side of `ckptune verify --pytorch`: it follows the plan's config
+(optimizer implementation, precision, accumulation, set_to_none) and refuses, before running
+anything, what it cannot follow. Needs a checkout (the meter compiles kernels/csrc/shim.cpp).
+
+    .venv/bin/python -m unittest discover -s python/tests
+"""
+
+import sys
+import unittest
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from ckptune import eager  # noqa: E402
+
+
+def plan(modules, **config):
+    doc = eager.regex_plan("^(?:" + "|".join(m.replace(".", r"\.") for m in modules) + ")$" if modules else "",
+                           modules, micro_batch=2)
+    doc["config"].update(config)
+    return doc
+
+
+class RunTest(unittest.TestCase):
+    def test_follows_the_plans_config(self):
+        r = eager.run("tiny-bert", plan(["encoder.layer.1"], precision="bf16", optimizer="sgd-momentum",
+                                        optimizer_impl="foreach", grad_accum=2, set_to_none=False),
+                      seq=16, steps=3, warmup=1, threads=1)
+        self.assertEqual(r["format"], "ckptune.pytorch-run/1")
+        self.assertEqual(r["modules"], ["encoder.layer.1"])
+        self.assertEqual((r["precision"], r["optimizer"]), ("bf16", "sgd-momentum"))
+        self.assertEqual(r["optimizer_class"], "torch.optim.sgd.SGD")
+        self.assertIs(r["optimizer_kwargs"]["foreach"], True)
+        self.assertEqual(r["optimizer_kwargs"]["momentum"], 0.9)
+        self.assertEqual((r["micro_batch"], r["grad_accum"], r["set_to_none"], r["seq"]), (2, 2, False, 16))
+        self.assertEqual(len(r["steps"]), 3)
+        self.assertEqual(r["peak_bytes"], max(s["peak_bytes"] for s in r["steps"][1:]))
+        # Gradients zeroed in place stay allocated between steps: the level at a step's start
+        # after the first is above the first step's (which had none yet).
+        self.assertGreater(r["steps"][1]["start_bytes"], r["steps"][0]["start_bytes"])
+
+    def test_refuses_names_that_differ_and_configs_torch_cannot_run(self):
+        for name, doc, fragment in [
+            ("tiny-gpt2", plan(["encoder.layer.0"]), "matches no module of this model"),
+            ("tiny-bert", plan(["encoder.layer.0"], precision="fp16"), "runs on CUDA only"),
+            ("tiny-bert", plan(["encoder.layer.0"], optimizer="lion"), "not in torch.optim"),
+            ("resnet9", plan([]), "has no plain-torch reference"),
+        ]:
+            with self.subTest(name=name, fragment=fragment), self.assertRaises(ValueError) as cm:
+                eager.run(name, doc, steps=2, warmup=1, threads=1)
+            self.assertIn(fragment, str(cm.exception))
+
+    def test_matching_is_a_full_match_over_the_backbones_names(self):
+        self.assertEqual(eager.matching("tiny-bert", r"encoder\.layer\.\d"), ["encoder.layer.0", "encoder.layer.1"])
+        self.assertEqual(eager.matching("tiny-resnet", "layer1"), ["layer1"])
+        self.assertEqual(eager.matching("tiny-resnet", ""), [])
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    unittest.main()
