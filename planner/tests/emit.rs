@@ -189,6 +189,7 @@ fn python_snippet_trains_the_reference_with_exactly_the_plan() {
         let watch = candidates(&p.doc);
         let result = execute("python", &snippet, model, 2, &watch);
         assert_eq!(result["wrapped"], p.doc["checkpoint"]["modules"], "{model}");
+        assert_eq!(result["autocast"], serde_json::json!(["None"]), "fp32: no autocast");
         assert_recomputed_exactly_the_plan(&result, &planned_modules, &watch);
     }
 }
@@ -359,6 +360,28 @@ fn each_trainer_gets_its_own_option_when_the_plan_names_every_layer_or_none() {
     assert_eq!(all["wrapped"], serde_json::json!(blocks));
     let nothing = execute("torchtitan", &emit("torchtitan", &none), "tiny-llama", 1, &[]);
     assert_eq!(nothing["wrapped"], serde_json::json!([]));
+}
+
+#[test]
+fn bf16_plans_run_under_each_trainers_bf16_autocast() {
+    // The plan's precision decides the trainer's: forwards run under CPU bf16 autocast.
+    let p = planned("tiny-bert");
+    let dir = tempfile::tempdir().unwrap();
+    let bf16 = edited(dir.path(), "bf16.json", &p.doc, |d| {
+        d["config"]["precision"] = "bf16".into()
+    });
+    let watch = candidates(&p.doc);
+    for kind in ["python", "hf", "lightning"] {
+        let snippet = emit(kind, &bf16);
+        let result = execute(kind, &snippet, "tiny-bert", 1, &watch);
+        assert_eq!(
+            result["autocast"],
+            serde_json::json!(["torch.bfloat16"]),
+            "{kind}: {result}"
+        );
+        assert_recomputed_exactly_the_plan(&result, &modules(&p.doc), &watch);
+    }
+    assert!(emit("lightning", &bf16).contains("precision=\"bf16-mixed\""));
 }
 
 /// A copy of `doc` with `edit` applied, written to `dir/name`.

@@ -62,6 +62,17 @@ def count_calls(backbone, names):
     return calls
 
 
+def record_autocast(backbone):
+    """The CPU autocast dtype (None: off) each forward of the backbone ran under."""
+    seen = []
+
+    def hook(*_):
+        seen.append(str(torch.get_autocast_dtype("cpu")) if torch.is_autocast_enabled("cpu") else None)
+
+    backbone.register_forward_pre_hook(hook)
+    return seen
+
+
 def tiny_batches(name, steps, batch, seq=16, image=32):
     g = torch.Generator().manual_seed(1)
     out = []
@@ -98,11 +109,13 @@ def run_python(mod, name, steps):
     backbone = model.get_submodule(prefix.rstrip("."))
     watch = WATCH
     calls = count_calls(backbone, watch)
+    autocast = record_autocast(backbone)
     before = [p.detach().clone() for p in model.parameters()]
     micro = mod.PLAN["config"]["micro_batch"]
     accum = mod.PLAN["config"]["grad_accum"]
     wrapped = mod.train(model, tiny_batches(name, steps * accum, micro), reference_loss(name))
-    return {"wrapped": wrapped, "calls": calls, "micro_steps": steps * accum, "trained": changed(before, model)}
+    return {"wrapped": wrapped, "calls": calls, "micro_steps": steps * accum, "trained": changed(before, model),
+            "autocast": sorted(set(map(str, autocast)))}
 
 
 def hf_model(name):
@@ -124,6 +137,7 @@ def run_hf(mod, name, steps, out_dir):
     model, backbone = hf_model(name)
     watch = WATCH
     calls = count_calls(backbone, watch)
+    autocast = record_autocast(backbone)
     before = [p.detach().clone() for p in model.parameters()]
     micro = mod.PLAN["config"]["micro_batch"]
     accum = mod.PLAN["config"]["grad_accum"]
@@ -145,6 +159,7 @@ def run_hf(mod, name, steps, out_dir):
     flags = {n: bool(getattr(m, "gradient_checkpointing", False)) for n, m in backbone.named_modules()
              if hasattr(m, "gradient_checkpointing")}
     return {"calls": calls, "micro_steps": steps * accum, "trained": changed(before, model), "hf_flags": flags,
+            "autocast": sorted(set(map(str, autocast))),
             "route": "native" if "GradientCheckpointingLayer" in dir(mod) else "apply"}
 
 
@@ -169,6 +184,7 @@ def run_lightning(mod, name, steps, out_dir):
 
     watch = WATCH
     calls = count_calls(backbone, watch)
+    autocast = record_autocast(backbone)
     grads_at_forward = []
     before = [p.detach().clone() for p in net.parameters()]
     micro = mod.PLAN["config"]["micro_batch"]
@@ -194,6 +210,7 @@ def run_lightning(mod, name, steps, out_dir):
     finally:
         torch.optim.Optimizer.zero_grad = original
     return {"wrapped": callback.wrapped, "calls": calls, "micro_steps": steps * accum,
+            "autocast": sorted(set(map(str, autocast))),
             "trained": changed(before, net), "precision": str(trainer.precision),
             "set_to_none": sorted(zeroed), "grads_at_forward": grads_at_forward,
             "parameters": sum(1 for _ in net.parameters())}
