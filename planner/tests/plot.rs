@@ -19,6 +19,7 @@ fn config() -> ConfigSpec {
     ConfigSpec {
         precision: "fp32".into(),
         optimizer: "adamw".into(),
+        optimizer_impl: Some("single".into()),
         micro_batch: 4,
         grad_accum: 1,
         set_to_none: true,

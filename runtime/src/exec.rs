@@ -148,7 +148,12 @@ impl Session {
                 names.into_iter().map(|n| vars[n].shallow_clone()).collect()
             })
             .collect();
-        let opt = optim::build(cfg.optimizer, chain.vs.trainable_variables(), cfg.lr);
+        let opt = optim::build(
+            cfg.optimizer,
+            cfg.optimizer_impl,
+            chain.vs.trainable_variables(),
+            cfg.lr,
+        );
         let probe = Probe::new(device)?;
         Ok(Self {
             chain,
@@ -215,17 +220,29 @@ impl Session {
         if let Some(t) = trace.as_deref_mut() {
             *t = StepTrace::default();
         }
+        // The training loop this models (`docs/memory-model.md`): a micro-batch and its loss
+        // are released after its backward, except the last micro-step's, which stay alive
+        // through `opt.step()` and `zero_grad()`, as the variables of
+        //     for x, y in loader: loss = f(model(x), y); loss.backward(); [opt.step(); opt.zero_grad()]; del x, y, loss
+        // do; they are released at the end of the step.
         let mut loss_sum = 0.0;
-        for _ in 0..self.cfg.grad_accum {
+        let mut last = None;
+        for k in 0..self.cfg.grad_accum {
             let batch = self.make_batch();
             let mut micro = trace.as_ref().map(|_| MicroTrace::default());
-            loss_sum += self.micro_step(&batch, checkpoint, micro.as_mut())?;
-            drop(batch);
+            let (value, loss) = self.micro_step_keeping_loss(&batch, checkpoint, micro.as_mut())?;
+            loss_sum += value;
+            if k + 1 == self.cfg.grad_accum {
+                last = Some((batch, loss));
+            } else {
+                drop((batch, loss));
+            }
             if let (Some(t), Some(m)) = (trace.as_deref_mut(), micro) {
                 t.micro.push(m);
             }
         }
         let applied = self.optimizer_step(trace)?;
+        drop(last);
         self.sync();
         let seconds = t0.elapsed().as_secs_f64();
         Ok(StepReport {
@@ -247,7 +264,18 @@ impl Session {
     /// block of the segment that reads it has run, as a PyTorch module's locals are. In
     /// backward the whole segment is recomputed from its input, block by block with detached
     /// boundaries, then differentiated block by block like a plain run.
-    pub fn micro_step(&mut self, batch: &Batch, checkpoint: &[bool], mut tr: Option<&mut MicroTrace>) -> Result<f64> {
+    pub fn micro_step(&mut self, batch: &Batch, checkpoint: &[bool], tr: Option<&mut MicroTrace>) -> Result<f64> {
+        Ok(self.micro_step_keeping_loss(batch, checkpoint, tr)?.0)
+    }
+
+    /// [`Session::micro_step`], also handing back the loss tensor backward ran from, for a
+    /// caller that keeps it alive longer (the last micro-step's, through the optimizer step).
+    fn micro_step_keeping_loss(
+        &mut self,
+        batch: &Batch,
+        checkpoint: &[bool],
+        mut tr: Option<&mut MicroTrace>,
+    ) -> Result<(f64, Tensor)> {
         self.check_mask(checkpoint)?;
         let n = self.chain.blocks.len();
         let autocast = self.cfg.precision.autocast();
@@ -370,8 +398,13 @@ impl Session {
             let scale = self.loss_scale() / self.cfg.grad_accum as f64;
             let scaled = if scale == 1.0 { loss } else { loss * scale };
             scaled.f_backward().map_err(torch("loss backward"))?;
-            value
+            // Detached: its storage only. Its graph would hold the last block's output leaf,
+            // which eager PyTorch (no boundaries) does not have.
+            (value, scaled.detach())
         };
+        // The loss's 4 bytes stay alive through the whole backward, as the `loss` variable of
+        // a PyTorch loop does while `loss.backward()` runs.
+        let (loss_value, loss_var) = loss_value;
         if !loss_value.is_finite() && self.cfg.precision != Precision::Fp16 {
             return Err(RuntimeError::Invalid(format!(
                 "loss is {loss_value} in {} for model {}: training diverged (lower the learning rate)",
@@ -387,6 +420,7 @@ impl Session {
         }
 
         // ---- backward, last block first -------------------------------------------------------
+        let mut segment_rng: Option<(usize, Tensor)> = None;
         let mut next = n;
         while next > 0 {
             let i = next - 1;
@@ -408,7 +442,10 @@ impl Session {
                 let saved_rng = rng_states[first].take().expect("rng state of a checkpointed segment");
                 let current_rng = rng::cpu_state()?;
                 rng::set_cpu_state(&saved_rng)?;
-                drop(saved_rng);
+                // The forward's RNG state stays alive until the segment's backward is done, as
+                // `torch.utils.checkpoint` keeps it (its recompute closure holds it while the
+                // checkpointed graph lives): two states are alive during the recompute.
+                segment_rng = Some((first, saved_rng));
                 let snapshot: Vec<Vec<Tensor>> = self.buffers[first..=last]
                     .iter()
                     .map(|bs| bs.iter().map(|b| b.copy()).collect())
@@ -475,6 +512,9 @@ impl Session {
                 }
                 None => Tensor::new(),
             };
+            if segment_rng.as_ref().is_some_and(|(first, _)| start <= *first) {
+                drop(segment_rng.take());
+            }
             let grad_in_bytes = nbytes(&grad);
             if let Some(t) = tr.as_deref_mut() {
                 let b = &mut t.blocks[i];
@@ -489,7 +529,7 @@ impl Session {
         if let Some(t) = tr {
             t.end = self.probe.current();
         }
-        Ok(loss_value)
+        Ok((loss_value, loss_var))
     }
 
     /// Block `i`'s input: the batch for the first block, else the leaf of the previous output

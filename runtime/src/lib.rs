@@ -9,6 +9,6 @@ pub mod optim;
 pub mod profile;
 pub mod progress;
 
-pub use config::{OptimizerKind, Precision, TrainConfig};
+pub use config::{OptimizerImpl, OptimizerKind, Precision, TrainConfig};
 pub use error::{Result, RuntimeError};
 pub use exec::{select, Session, StepReport, StepTrace};

@@ -7,11 +7,13 @@ exact CPU peak with ckptune's own counting allocator (scripts/bench/meter.py).
     python scripts/bench/eager.py resnet50 --checkpoint '^(?:layer1)$' --batch 4 --image 96 \
         --precision fp32 --steps 6 --threads 2 -o eager.json
 
-Per step, as `ckptune train` does it: reset the peak, make the batch (same shapes and dtypes as
-ckptune's `Chain::make_batch`), forward + loss (under CPU bf16 autocast for `bf16`),
-`loss.backward()`, `AdamW.step()`, `zero_grad(set_to_none=True)`. The batch and the loss are
-released before the optimizer step (the most favourable order for PyTorch's peak). The meter is
-installed before the model is built, so absolute levels count the same tensors as ckptune's.
+Per step, the loop ckptune's runtime models (docs/memory-model.md): reset the peak, make the
+batch (same shapes and dtypes as ckptune's `Chain::make_batch`), forward + loss (under CPU bf16
+autocast for `bf16`), `loss.backward()`, `opt.step()`, `zero_grad(set_to_none=True)`, then
+`del batch, loss`: the batch and the loss stay alive through the optimizer step, as a loop's
+variables do. The optimizer is torch.optim's, in the implementation given (`--optimizer-impl`:
+single = foreach=False, PyTorch's CPU default). The meter is installed before the model is
+built, so absolute levels count the same tensors as ckptune's.
 Output: JSON `ckptune.bench-eager/1`, written atomically.
 """
 
@@ -34,6 +36,17 @@ from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 import meter as meter_mod  # noqa: E402
 from bench import write_atomic  # noqa: E402  (side-effect free: bench.py runs under __main__)
+
+
+# torch.optim's optimizers as ckptune names them, with the hyper-parameters ckptune uses
+# (PyTorch's defaults; momentum 0.9), and the implementations `--optimizer-impl` selects.
+OPTIMIZERS = {
+    "sgd": (torch.optim.SGD, {}),
+    "sgd-momentum": (torch.optim.SGD, {"momentum": 0.9}),
+    "adam": (torch.optim.Adam, {}),
+    "adamw": (torch.optim.AdamW, {}),
+}
+IMPLS = {"single": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
 
 def wrap_checkpoint(module):
@@ -59,6 +72,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adamw")
+    ap.add_argument("--optimizer-impl", choices=sorted(IMPLS), default="single")
     ap.add_argument("-o", "--output")
     a = ap.parse_args()
     if a.steps <= a.warmup:
@@ -120,7 +135,8 @@ def main():
             logits = model.classifier(model.dropout(pooled))
             return nn.functional.cross_entropy(logits.view(-1, cfg.num_labels), y.view(-1))
 
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
+    opt_class, opt_kwargs = OPTIMIZERS[a.optimizer]
+    opt = opt_class(model.parameters(), lr=a.lr, **opt_kwargs, **IMPLS[a.optimizer_impl])
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16")
 
     steps = []
@@ -133,9 +149,9 @@ def main():
             loss = loss_of(batch)
         loss.backward()
         loss_value = loss.item()
-        del loss, batch
         opt.step()
         opt.zero_grad(set_to_none=True)
+        del loss, batch
         seconds = time.perf_counter() - t0
         steps.append({
             "step": i + 1, "loss": loss_value, "seconds": seconds,
@@ -155,10 +171,10 @@ def main():
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "precision": a.precision,
-        "optimizer": "adamw",
-        "adamw": {"lr": group["lr"], "betas": list(group["betas"]), "eps": group["eps"],
-                  "weight_decay": group["weight_decay"], "foreach": group.get("foreach"),
-                  "fused": group.get("fused")},
+        "optimizer": a.optimizer,
+        "optimizer_impl": a.optimizer_impl,
+        "optimizer_kwargs": {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()
+                             if k in ("lr", "betas", "eps", "weight_decay", "momentum", "foreach", "fused")},
         "batch": a.batch,
         "image": a.image if is_resnet else None,
         "seq": (a.seq or min(128, backbone.config.max_position_embeddings)) if is_bert else None,

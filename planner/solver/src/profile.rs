@@ -11,18 +11,48 @@
 pub struct ConfigSpec {
     pub precision: String,
     pub optimizer: String,
+    /// `torch.optim`'s implementation (`single`, `foreach`, `fused`) for the optimizers it has;
+    /// absent for the others (lion, the 8-bit ones) and in documents written before the choice
+    /// existed.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub optimizer_impl: Option<String>,
     pub micro_batch: i64,
     pub grad_accum: i64,
     pub set_to_none: bool,
 }
 
 impl ConfigSpec {
+    /// The same config, where a document written before the implementations were a choice
+    /// (`optimizer_impl` absent) stands for the single-tensor loop, the one it measured.
+    pub fn same_as(&self, other: &ConfigSpec) -> bool {
+        let imp = |c: &ConfigSpec| match c.optimizer_impl.as_deref() {
+            None => "single".to_owned(),
+            Some(i) => i.to_owned(),
+        };
+        ConfigSpec {
+            optimizer_impl: None,
+            ..self.clone()
+        } == ConfigSpec {
+            optimizer_impl: None,
+            ..other.clone()
+        } && imp(self) == imp(other)
+    }
+
+    /// `adamw`, or `adamw-foreach`/`adamw-fused` for those implementations: the single-tensor
+    /// loop is PyTorch's CPU default and goes unnamed.
+    pub fn optimizer_label(&self) -> String {
+        match self.optimizer_impl.as_deref() {
+            None | Some("single") => self.optimizer.clone(),
+            Some(i) => format!("{}-{i}", self.optimizer),
+        }
+    }
+
     /// `bf16/adamw/mb8x1`, with `/zero` when gradients are zeroed in place.
     pub fn label(&self) -> String {
         format!(
             "{}/{}/mb{}x{}{}",
             self.precision,
-            self.optimizer,
+            self.optimizer_label(),
             self.micro_batch,
             self.grad_accum,
             if self.set_to_none { "" } else { "/zero" }

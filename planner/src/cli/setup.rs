@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use ckptune_models::{Chain, Granularity, ModelOptions};
 use ckptune_runtime::profile::{profile, ProfileSettings};
-use ckptune_runtime::{OptimizerKind, Precision, Session, TrainConfig};
+use ckptune_runtime::{OptimizerImpl, OptimizerKind, Precision, Session, TrainConfig};
 use ckptune_solver::formats::{self, BlockJson, CachedConfig, DeviceJson, GroupJson, ModelJson, ProfileJson};
 use tch::Device;
 
@@ -94,6 +94,25 @@ impl Setup {
                 }
             }
         }
+        let impls: Vec<OptimizerImpl> = if a.optimizer_impl.is_empty() {
+            vec![OptimizerImpl::default_for(device)]
+        } else {
+            let mut v: Vec<OptimizerImpl> = a
+                .optimizer_impl
+                .iter()
+                .map(|i| i.parse::<OptimizerImpl>().context("--optimizer-impl"))
+                .collect::<Result<_>>()?;
+            v.dedup();
+            if !optimizers.iter().any(|o| o.in_torch_optim()) {
+                return Err(usage(format!(
+                    "--optimizer-impl {}: none of the optimizers ({}) is torch.optim's; the \
+                     implementations apply to sgd, sgd-momentum, adam and adamw",
+                    a.optimizer_impl.join(","),
+                    a.optimizer.join(",")
+                )));
+            }
+            v
+        };
         let default_batch = if a.model.contains("bert") || a.model.contains("gpt") {
             4
         } else {
@@ -116,8 +135,20 @@ impl Setup {
             return Err(usage(format!("--global-batch {global_batch}: must be at least 1")));
         }
         let mut configs = Vec::new();
+        // Lion and the 8-bit optimizers have one implementation each.
+        let variants: Vec<(OptimizerKind, OptimizerImpl)> = optimizers
+            .iter()
+            .flat_map(|&o| {
+                let own = if o.in_torch_optim() {
+                    impls.clone()
+                } else {
+                    vec![OptimizerImpl::Single]
+                };
+                own.into_iter().map(move |i| (o, i))
+            })
+            .collect();
         for &p in &precisions {
-            for &o in &optimizers {
+            for &(o, imp) in &variants {
                 for &mb in &batches {
                     if global_batch % mb != 0 {
                         if batches.len() == 1 {
@@ -129,6 +160,7 @@ impl Setup {
                         continue;
                     }
                     let mut c = TrainConfig::new(p, o, mb);
+                    c.optimizer_impl = imp;
                     c.grad_accum = global_batch / mb;
                     c.set_to_none = !a.zero_grad_in_place;
                     configs.push(c);
@@ -249,8 +281,9 @@ impl Setup {
             // `win2`: every allocation of the step inside a moment's window (the recompute's
             // RNG swap joined its window). `cpu`: oneDNN picks kernels, and so workspace
             // sizes, by the CPU's vector extensions; a profile from another CPU is not exact.
-            // `--candidates` and `--state-dict-key` choose the chain and the weights.
-            "v{}|chain2|win2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|{}|{:?}|threads={}|repeats={}",
+            // `--candidates` and `--state-dict-key` choose the chain and the weights. `optim2`:
+            // the optimizers allocate what torch.optim's implementations allocate.
+            "v{}|chain2|win2|optim2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             cpu_identity(),
             model_id,

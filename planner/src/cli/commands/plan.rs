@@ -209,7 +209,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
             // The flags say which configs are allowed; a profile may hold more (or fewer).
             let allowed: Vec<ConfigSpec> = setup.configs.iter().map(TrainConfig::spec).collect();
             let measured: Vec<String> = prof.configs.iter().map(|c| c.config.label()).collect();
-            prof.configs.retain(|c| allowed.contains(&c.config));
+            prof.configs.retain(|c| allowed.iter().any(|a| a.same_as(&c.config)));
             if prof.configs.is_empty() {
                 return Err(UsageError(format!(
                     "profile {} holds none of the configs allowed by the flags ({}); it has: {}",
@@ -221,7 +221,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
             }
             let missing: Vec<String> = allowed
                 .iter()
-                .filter(|c| !prof.configs.iter().any(|pc| &pc.config == *c))
+                .filter(|c| !prof.configs.iter().any(|pc| pc.config.same_as(c)))
                 .map(ConfigSpec::label)
                 .collect();
             if !missing.is_empty() {
@@ -420,7 +420,7 @@ pub fn print_plan(p: &PlanJson) {
         format_size(p.budget_bytes as u64)
     );
     outln!(
-        "  {:<26} {:>5} {:>12} {:>12} {:>9}  checkpoint",
+        "  {:<32} {:>5} {:>12} {:>12} {:>9}  checkpoint",
         "config",
         "fits",
         "peak",
@@ -430,7 +430,7 @@ pub fn print_plan(p: &PlanJson) {
     for a in &p.alternatives {
         let mark = if a.config == p.config { "*" } else { " " };
         outln!(
-            "{mark} {:<26} {:>5} {:>12} {:>10.3} s {:>8.1}%  {}",
+            "{mark} {:<32} {:>5} {:>12} {:>10.3} s {:>8.1}%  {}",
             a.config.label(),
             if a.feasible { "yes" } else { "no" },
             format_size(a.predicted.peak_bytes as u64),
@@ -470,9 +470,21 @@ pub fn print_plan(p: &PlanJson) {
     outln!(
         "  training config:  precision {}, optimizer {}, micro-batch {}, gradient accumulation {}, set_to_none {}",
         p.config.precision,
-        p.config.optimizer,
+        optimizer_in_pytorch(&p.config),
         p.config.micro_batch,
         p.config.grad_accum,
         p.config.set_to_none
     );
+}
+
+/// The optimizer as the user builds it: `adamw (foreach=False)`, naming the torch.optim
+/// implementation the plan measured, which the user must select too (PyTorch's default differs
+/// by device).
+fn optimizer_in_pytorch(c: &ConfigSpec) -> String {
+    match c.optimizer_impl.as_deref() {
+        Some("single") => format!("{} (foreach=False)", c.optimizer),
+        Some("foreach") => format!("{} (foreach=True)", c.optimizer),
+        Some("fused") => format!("{} (fused=True)", c.optimizer),
+        _ => c.optimizer.clone(),
+    }
 }

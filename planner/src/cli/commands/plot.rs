@@ -72,7 +72,7 @@ fn meta(model: &str, device: &DeviceJson, c: &ConfigSpec, source: String) -> Plo
         grad_accum: c.grad_accum,
         set_to_none: c.set_to_none,
         precision: c.precision.clone(),
-        optimizer: c.optimizer.clone(),
+        optimizer: c.optimizer_label(),
         device: format!("{}, {} threads", device.device, device.threads),
         source,
     }
@@ -81,7 +81,10 @@ fn meta(model: &str, device: &DeviceJson, c: &ConfigSpec, source: String) -> Plo
 fn config_name(model: &str, c: &ConfigSpec) -> String {
     format!(
         "{model} under {} / {} / micro-batch {} × {}",
-        c.precision, c.optimizer, c.micro_batch, c.grad_accum
+        c.precision,
+        c.optimizer_label(),
+        c.micro_batch,
+        c.grad_accum
     )
 }
 

@@ -42,7 +42,7 @@ fn print_profile(p: &ProfileJson) {
             "\n{} / {} / micro-batch {} × {} / {}: peak {} with nothing checkpointed, {} with everything; \
              step {:.3} s (median of {}, {:.3}–{:.3})",
             cfg.precision,
-            cfg.optimizer,
+            cfg.optimizer_label(),
             cfg.micro_batch,
             cfg.grad_accum,
             if cfg.set_to_none { "set_to_none" } else { "zeroed grads" },

@@ -72,7 +72,7 @@ pub fn sweep_cmd(a: SweepArgs) -> Result<ExitCode> {
         }
         let cp = prof
             .as_ref()
-            .and_then(|p| p.configs.iter().find(|c| c.config == cfg.spec()));
+            .and_then(|p| p.configs.iter().find(|c| c.config.same_as(&cfg.spec())));
         let points = sweep(&mut s, &masks, setup.repeats, setup.quiet, cp)?;
         model.get_or_insert_with(|| model_json(&s.chain));
         configs.push(SweepConfigJson {
@@ -159,7 +159,7 @@ fn print_sweep(s: &SweepJson) {
         outln!(
             "{} / {} / micro-batch {} × {}:",
             cfg.precision,
-            cfg.optimizer,
+            cfg.optimizer_label(),
             cfg.micro_batch,
             cfg.grad_accum
         );

@@ -30,6 +30,7 @@ pub(crate) fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, Tra
         state_dict_key: plan.shape.state_dict_key.clone(),
         precision: vec![plan.config.precision.clone()],
         optimizer: vec![plan.config.optimizer.clone()],
+        optimizer_impl: plan.config.optimizer_impl.iter().cloned().collect(),
         zero_grad_in_place: !plan.config.set_to_none,
         allow_8bit: false,
         device: plan.device.device.split(':').next().unwrap_or("cpu").to_owned(),
