@@ -397,14 +397,17 @@ impl Session {
             let value = loss.double_value(&[]);
             let scale = self.loss_scale() / self.cfg.grad_accum as f64;
             let scaled = if scale == 1.0 { loss } else { loss * scale };
-            scaled.f_backward().map_err(torch("loss backward"))?;
+            // `loss.backward()` seeds the engine with `ones_like(loss)`, alive until the whole
+            // backward returns.
+            let seed = scaled.f_ones_like().map_err(torch("loss backward"))?;
+            autograd::backward(scaled.shallow_clone(), seed.shallow_clone())?;
             // Detached: its storage only. Its graph would hold the last block's output leaf,
             // which eager PyTorch (no boundaries) does not have.
-            (value, scaled.detach())
+            (value, scaled.detach(), seed)
         };
         // The loss's 4 bytes stay alive through the whole backward, as the `loss` variable of
-        // a PyTorch loop does while `loss.backward()` runs.
-        let (loss_value, loss_var) = loss_value;
+        // a PyTorch loop does while `loss.backward()` runs, and so does the seed.
+        let (loss_value, loss_var, seed) = loss_value;
         if !loss_value.is_finite() && self.cfg.precision != Precision::Fp16 {
             return Err(RuntimeError::Invalid(format!(
                 "loss is {loss_value} in {} for model {}: training diverged (lower the learning rate)",
@@ -526,6 +529,7 @@ impl Session {
         }
         drop(grad);
         drop(mask);
+        drop(seed);
         if let Some(t) = tr {
             t.end = self.probe.current();
         }
