@@ -28,6 +28,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::config::{Precision, TrainConfig};
 use crate::error::{torch, Result, RuntimeError};
+use crate::load::{CpuCounters, Load};
 use crate::memory::Probe;
 use crate::optim::{self, Optimizer};
 
@@ -94,6 +95,8 @@ pub struct StepReport {
     /// (parameters, buffers, optimizer state, and whatever else the process holds).
     pub peak_bytes: i64,
     pub start_bytes: i64,
+    /// CPU the rest of the machine took while the step ran (`None` where it cannot be read).
+    pub load: Option<Load>,
 }
 
 /// A chain prepared for training under one config.
@@ -216,6 +219,7 @@ impl Session {
         self.sync();
         self.probe.reset_step();
         let start_level = self.probe.current();
+        let cpu0 = CpuCounters::read();
         let t0 = Instant::now();
         if let Some(t) = trace.as_deref_mut() {
             *t = StepTrace::default();
@@ -245,12 +249,15 @@ impl Session {
         drop(last);
         self.sync();
         let seconds = t0.elapsed().as_secs_f64();
+        let threads = usize::try_from(tch::get_num_threads()).unwrap_or(1);
+        let load = cpu0.zip(CpuCounters::read()).map(|(a, b)| a.until(&b, threads));
         Ok(StepReport {
             loss: loss_sum / self.cfg.grad_accum as f64,
             seconds,
             applied,
             peak_bytes: self.probe.step_peak(),
             start_bytes: start_level,
+            load,
         })
     }
 

@@ -4,6 +4,7 @@
 pub mod config;
 mod error;
 pub mod exec;
+pub mod load;
 pub mod memory;
 pub mod optim;
 pub mod profile;

@@ -282,8 +282,9 @@ impl Setup {
             // RNG swap joined its window). `cpu`: oneDNN picks kernels, and so workspace
             // sizes, by the CPU's vector extensions; a profile from another CPU is not exact.
             // `--candidates` and `--state-dict-key` choose the chain and the weights. `optim2`:
-            // the optimizers allocate what torch.optim's implementations allocate.
-            "v{}|chain2|win2|optim2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|{}|{:?}|threads={}|repeats={}",
+            // the optimizers allocate what torch.optim's implementations allocate. `timing1`:
+            // step times checked for contention; older profiles did not record it.
+            "v{}|chain2|win2|optim2|timing1|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             cpu_identity(),
             model_id,
@@ -361,7 +362,9 @@ pub fn cpu_identity() -> String {
 }
 
 /// Profiles every config of `setup`, reusing cached profiles; each finished config is cached
-/// at once, so an interrupted run resumes where it stopped.
+/// at once, so an interrupted run resumes where it stopped. A cached config whose step times
+/// could not get quiet samples is not reused: it is profiled again, and the new profile
+/// replaces it (docs/timing.md).
 pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
     tch::set_num_threads(setup.threads);
     ckptune_kernels::meter::install()?;
@@ -375,10 +378,20 @@ pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
             .map(|d| d.join(format!("{:016x}.json", fnv1a(&key))));
         if let Some(f) = &cache_file {
             if let Ok(cached) = formats::read_tagged::<CachedConfig>(f, formats::CACHE_FORMAT) {
-                if cached.key == key {
+                if cached.key == key && !cached.profile.contention.contended() {
                     model.get_or_insert(cached.model);
                     configs.push(cached.profile);
                     continue;
+                }
+                if cached.key == key && !setup.quiet {
+                    eprintln!(
+                        "note: the cached profile of {} under {} was timed on a busy machine ({} of {} \
+                         samples contended); profiling it again",
+                        setup.model,
+                        cfg.label(),
+                        cached.profile.contention.contended,
+                        cached.profile.contention.samples
+                    );
                 }
             }
         }
@@ -389,6 +402,7 @@ pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
             &ProfileSettings {
                 repeats: setup.repeats,
                 quiet: setup.quiet,
+                ..Default::default()
             },
         )
         .with_context(|| format!("profiling {} under {}", setup.model, cfg.label()))?;

@@ -11,7 +11,7 @@ use ckptune_solver::formats::{
     self, AlternativeJson, CheckpointJson, CorrectionJson, ModelJson, PlanFailureJson, PlanJson, PredictedJson,
     ProfileJson, ShapeJson, SolverJson,
 };
-use ckptune_solver::model::{solver_problem, unit_order};
+use ckptune_solver::model::{seconds_range_at, solver_problem, unit_order};
 use ckptune_solver::profile::ConfigSpec;
 use ckptune_solver::solver::{self, ConfigProblem, SolveError, SolveStatus};
 use ckptune_solver::{chain_model, regex_emit};
@@ -21,6 +21,7 @@ use crate::cli::args::PlanArgs;
 use crate::cli::error::UsageError;
 use crate::cli::output::{outln, print_json};
 use crate::cli::setup::{cpu_identity, measure_profile, Setup};
+use crate::cli::timing::{profile_notes, range_text};
 
 /// Names of the checkpointed units of choice `x` (unit order), in execution order: a group
 /// where its first block would be.
@@ -93,6 +94,7 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
             predicted: PredictedJson {
                 peak_bytes: sol.peak,
                 step_seconds: sol.seconds,
+                step_seconds_range: seconds_range_at(c, &sol.x).map(|(lo, hi)| [lo, hi]),
                 throughput_loss: if sol.seconds > 0.0 {
                     1.0 - base / sol.seconds
                 } else {
@@ -245,6 +247,10 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         }
         None => measure_profile(&setup)?,
     };
+    // Step times from a busy machine: said, not silently used (a cached profile was re-timed
+    // already; one given with --profile is used as it is). No path in the note: plans from the
+    // same profile read the same wherever it lies.
+    notes.extend(profile_notes(&profile, "the profile"));
     let measured_on = profile.device.device.split(':').next().unwrap_or("cpu").to_owned();
     let target = a.target.clone().unwrap_or_else(|| measured_on.clone());
     if target != "cpu" && target != "cuda" {
@@ -463,8 +469,12 @@ pub fn print_plan(p: &PlanJson) {
         p.predicted.peak_moment
     );
     outln!(
-        "  predicted step:   {:.3} s ({:.1}% throughput lost to recompute)",
+        "  predicted step:   {:.3} s ({}{:.1}% throughput lost to recompute)",
         p.predicted.step_seconds,
+        p.predicted
+            .step_seconds_range
+            .map(|r| format!("{} over the profile's samples; ", range_text(r)))
+            .unwrap_or_default(),
         100.0 * p.predicted.throughput_loss
     );
     outln!(
