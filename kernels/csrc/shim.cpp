@@ -416,6 +416,19 @@ c10::IValue to_ivalue(const c10::Argument& formal, const CkptArg& a) {
             }
             return l;
           }
+        case c10::TypeKind::NumberType: {  // Scalar[]: torch.optim's foreach ops take one per tensor
+          if (a.tag == 6) {
+            c10::impl::GenericList l(c10::NumberType::get());
+            for (int64_t k = 0; k < a.len; ++k) l.push_back(a.floats[k]);
+            return l;
+          }
+          if (a.tag == 5) {
+            c10::impl::GenericList l(c10::NumberType::get());
+            for (int64_t k = 0; k < a.len; ++k) l.push_back(a.ints[k]);
+            return l;
+          }
+          return bad();
+        }
         default:
           return bad();
       }

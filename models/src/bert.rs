@@ -21,7 +21,7 @@ use tch::{nn, Kind, Tensor};
 
 use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 use crate::error::{ModelError, Result};
-use crate::layers::{dropout, Activation, Embedding, LayerNorm, Linear};
+use crate::layers::{div_by_python_float, dropout, Activation, Embedding, LayerNorm, Linear};
 use crate::zoo::{Granularity, ModelOptions};
 
 /// The fields of HF's `BertConfig` that shape `BertModel` (absolute position embeddings,
@@ -275,7 +275,7 @@ impl SelfAttention {
         let query_layer = self.transpose_for_scores(&mixed_query_layer);
 
         let mut attention_scores = query_layer.matmul(&key_layer.transpose(-1, -2));
-        attention_scores = &attention_scores / (self.head_size as f64).sqrt();
+        attention_scores = div_by_python_float(&attention_scores, (self.head_size as f64).sqrt());
         if let Some(mask) = attention_mask {
             attention_scores = &attention_scores + mask;
         }

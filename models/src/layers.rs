@@ -354,6 +354,25 @@ pub(crate) fn dropout(xs: &Tensor, p: f64, train: bool) -> Tensor {
     xs.dropout(p, train)
 }
 
+/// `xs / x` with `x` a Python float, as PyTorch runs it: `div.Tensor` with a 0-dim "wrapped
+/// number" tensor, which its backward saves (8 bytes per use until that backward runs).
+/// tch's `xs / x` is `div.Scalar`, which saves nothing: BERT-base's twelve attention scalings
+/// would hold 96 bytes fewer than PyTorch's.
+pub(crate) fn div_by_python_float(xs: &Tensor, x: f64) -> Tensor {
+    use ckptune_kernels::ops::{call, Arg, Value};
+    match call(
+        "aten::div",
+        "Tensor",
+        &[("self", Arg::Tensor(xs)), ("other", Arg::Float(x))],
+    )
+    .map(|mut v| v.swap_remove(0))
+    {
+        Ok(Value::Tensor(t)) => t,
+        Ok(other) => panic!("aten::div.Tensor returned {}", other.describe()),
+        Err(e) => panic!("aten::div.Tensor of a {:?} tensor by {x}: {e}", xs.size()),
+    }
+}
+
 /// `torch.finfo(kind).min`: the additive mask value Hugging Face uses.
 pub(crate) fn finfo_min(kind: Kind) -> f64 {
     match kind {

@@ -8,25 +8,30 @@ use std::process::{Command, Output};
 use common::{ckptune, fixture, ok, read, COMMON};
 use serde_json::Value;
 
+/// The fp32 tiny-BERT at batch 4, sequence 16.
+const TINY_BERT: [&str; 7] = ["tiny-bert", "--batch", "4", "--seq", "16", "--precision", "fp32"];
+
 /// `plan` for the fp32 tiny-BERT (batch 4, sequence 16) from a saved profile, plus `extra`.
 fn plan_tiny_bert(budget: &str, profile: &Path, extra: &[&str]) -> Output {
-    let mut args = vec![
-        "plan",
-        "--budget",
-        budget,
-        "tiny-bert",
-        "--batch",
-        "4",
-        "--seq",
-        "16",
-        "--precision",
-        "fp32",
-        "--profile",
-        profile.to_str().unwrap(),
-    ];
+    let mut args = vec!["plan", "--budget", budget];
+    args.extend(TINY_BERT);
+    args.extend(["--profile", profile.to_str().unwrap()]);
     args.extend(extra);
     args.extend(COMMON);
     ok(&args)
+}
+
+/// `verify` of `plan`, its report written in `dir` and read back.
+fn verify(plan: &Path, dir: &Path) -> Value {
+    let report = dir.join("verify.json");
+    ok(&[
+        "verify",
+        plan.to_str().unwrap(),
+        "-o",
+        report.to_str().unwrap(),
+        "--quiet",
+    ]);
+    read(&report)
 }
 
 #[test]
@@ -45,19 +50,7 @@ fn models_lists_reference_parameter_counts() {
 fn plan_fits_and_verifies_to_the_byte() {
     let dir = tempfile::tempdir().unwrap();
     let profile = dir.path().join("profile.json");
-    let mut args = vec![
-        "profile",
-        "tiny-bert",
-        "--batch",
-        "4",
-        "--seq",
-        "16",
-        "-o",
-        profile.to_str().unwrap(),
-    ];
-    args.extend(COMMON);
-    ok(&args);
-    let p = read(&profile);
+    let p = profile_tiny_bert(&profile, &COMMON);
     assert_eq!(p["format"], "ckptune.profile/1");
     let c = &p["configs"][0];
     let (none, all) = (c["peak_none"].as_i64().unwrap(), c["peak_all"].as_i64().unwrap());
@@ -78,15 +71,7 @@ fn plan_fits_and_verifies_to_the_byte() {
         assert!(!v["config"][key].is_null(), "config.{key}");
     }
 
-    let report = dir.path().join("verify.json");
-    ok(&[
-        "verify",
-        plan.to_str().unwrap(),
-        "-o",
-        report.to_str().unwrap(),
-        "--quiet",
-    ]);
-    let r = read(&report);
+    let r = verify(&plan, dir.path());
     assert_eq!(r["format"], "ckptune.verify/1");
     assert_eq!(r["within_budget"], true);
     assert_eq!(r["peak_error_bytes"], 0, "CPU prediction is byte-exact: {r}");
@@ -506,14 +491,252 @@ fn a_hugging_face_config_alone_plans_and_verifies() {
         notes.contains("seeded random weights"),
         "the plan says its weights are random: {notes}"
     );
-    let report = dir.path().join("verify.json");
-    ok(&[
-        "verify",
-        plan.to_str().unwrap(),
-        "-o",
-        report.to_str().unwrap(),
-        "--quiet",
-    ]);
-    let r = read(&report);
+    let r = verify(&plan, dir.path());
     assert_eq!(r["peak_error_bytes"], 0, "{r}");
+}
+
+/// `--optimizer-impl`: torch.optim's implementations differ at the optimizer step, the peak of a
+/// small-batch ResNet-18 step. foreach holds a temporary per parameter at once (46.8 MB), the
+/// single-tensor loop two of the largest parameter and the previous one's (28 MB); under a budget between the two the plan
+/// takes the single-tensor loop, says so in the config the user copies, and verifies to the
+/// byte.
+#[test]
+fn optimizer_implementations_are_planned_and_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("profile.json");
+    let shape = [
+        "resnet18",
+        "--image",
+        "32",
+        "--batch",
+        "2",
+        "--precision",
+        "fp32",
+        "--optimizer",
+        "adamw",
+    ];
+    let mut args = vec!["profile"];
+    args.extend(shape);
+    args.extend([
+        "--optimizer-impl",
+        "single,foreach,fused",
+        "-o",
+        profile.to_str().unwrap(),
+    ]);
+    args.extend(COMMON);
+    ok(&args);
+    let p = read(&profile);
+    let config = |imp: &str| {
+        p["configs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["config"]["optimizer_impl"] == imp)
+            .unwrap_or_else(|| panic!("no {imp} config in the profile"))
+            .clone()
+    };
+    let (single, foreach, fused) = (config("single"), config("foreach"), config("fused"));
+    let peak = |c: &Value| c["peak_all"].as_i64().unwrap();
+    let largest = 512 * 512 * 9 * 4; // layer4's 3×3 convolutions
+    assert!(
+        peak(&foreach) > peak(&single) + 15_000_000,
+        "foreach {} vs single {}",
+        peak(&foreach),
+        peak(&single)
+    );
+    assert!(
+        peak(&single) > peak(&fused) + largest,
+        "single {} vs fused {}",
+        peak(&single),
+        peak(&fused)
+    );
+
+    let budget = ((peak(&single) + peak(&foreach)) / 2).to_string();
+    let plan = dir.path().join("plan.json");
+    let mut args = vec!["plan", "--budget", &budget];
+    args.extend(shape);
+    args.extend([
+        "--optimizer-impl",
+        "single,foreach",
+        "--profile",
+        profile.to_str().unwrap(),
+        "--verify",
+        "-o",
+        plan.to_str().unwrap(),
+    ]);
+    args.extend(COMMON);
+    let out = ok(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = read(&plan);
+    assert_eq!(v["config"]["optimizer_impl"], "single", "{text}");
+    assert!(text.contains("optimizer adamw (foreach=False)"), "{text}");
+    assert!(
+        text.contains("fp32/adamw-foreach/mb2x1"),
+        "the foreach alternative is listed: {text}"
+    );
+
+    // Only foreach allowed: nothing fits.
+    let mut args = vec!["plan", "--budget", &budget];
+    args.extend(shape);
+    args.extend(["--optimizer-impl", "foreach", "--profile", profile.to_str().unwrap()]);
+    args.extend(COMMON);
+    assert_eq!(ckptune(&args).status.code(), Some(1));
+
+    // An implementation torch.optim lacks, or one for an optimizer with a single one, is exit 2.
+    for bad in [
+        vec!["--optimizer-impl", "vectorized"],
+        vec!["--optimizer", "lion", "--optimizer-impl", "fused"],
+    ] {
+        let mut args = vec!["profile", "tiny-bert", "--batch", "2", "--seq", "8"];
+        args.extend(bad.iter().copied());
+        args.extend(COMMON);
+        let out = ckptune(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{bad:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A profile of the fp32 tiny-BERT (batch 4, sequence 16) written to `path`, with `flags`.
+fn profile_tiny_bert(path: &Path, flags: &[&str]) -> Value {
+    let mut args = vec!["profile"];
+    args.extend(TINY_BERT);
+    args.extend(["-o", path.to_str().unwrap()]);
+    args.extend(flags);
+    ok(&args);
+    read(path)
+}
+
+/// What a profile whose steps ran while another process took the CPUs holds (docs/timing.md).
+fn contended() -> Value {
+    serde_json::json!({
+        "samples": 6, "contended": 2, "unchecked": 0, "retimed": 3,
+        "other_cores_median": 0.9, "other_cores_max": 1.25
+    })
+}
+
+#[test]
+fn step_times_from_a_busy_machine_are_noted_in_plan_and_verify_and_carry_their_spread() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("profile.json");
+    let p = profile_tiny_bert(&profile, &COMMON);
+    let c = &p["configs"][0];
+    let recorded = &c["contention"];
+    assert!(
+        recorded["samples"].as_u64().unwrap() >= 2,
+        "every timed sample is checked: {recorded}"
+    );
+    let units = c["recompute_seconds"].as_array().unwrap().len();
+    assert_eq!(c["recompute_spread"].as_array().unwrap().len(), units);
+    let (none, all) = (c["peak_none"].as_i64().unwrap(), c["peak_all"].as_i64().unwrap());
+    let budget = ((all + none) / 2).to_string();
+
+    // A quiet profile: the plan carries the spread around its estimate; notes say nothing of
+    // contention when there was none.
+    let plan = dir.path().join("plan.json");
+    plan_tiny_bert(&budget, &profile, &["-o", plan.to_str().unwrap()]);
+    let v = read(&plan);
+    let t = v["predicted"]["step_seconds"].as_f64().unwrap();
+    let range = &v["predicted"]["step_seconds_range"];
+    let (lo, hi) = (range[0].as_f64().unwrap(), range[1].as_f64().unwrap());
+    assert!(lo <= t && t <= hi, "{t} in [{lo}, {hi}]");
+    for a in v["alternatives"].as_array().unwrap() {
+        assert!(a["predicted"]["step_seconds_range"].is_array(), "{a}");
+    }
+    let quiet = recorded["contended"] == 0;
+    let noted = |v: &Value, what: &str| {
+        v["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains(what))
+    };
+    if quiet {
+        assert!(!noted(&v, "quiet samples"), "{}", v["notes"]);
+    }
+
+    // The same profile as if its steps had been timed on a busy machine.
+    let mut busy = p.clone();
+    busy["configs"][0]["contention"] = contended();
+    let busy_file = dir.path().join("busy.json");
+    std::fs::write(&busy_file, serde_json::to_string(&busy).unwrap()).unwrap();
+    plan_tiny_bert(&budget, &busy_file, &["-o", plan.to_str().unwrap()]);
+    let v = read(&plan);
+    assert!(
+        noted(
+            &v,
+            "of fp32/adamw/mb4x1 could not get quiet samples: 2 of the 6 timed steps"
+        ),
+        "{}",
+        v["notes"]
+    );
+    assert_eq!(
+        v["profile"]["contention"],
+        contended(),
+        "the plan keeps its profile's record"
+    );
+    let r = verify(&plan, dir.path());
+    assert!(noted(&r, "the plan's profile could not get quiet samples"), "{r}");
+    assert_eq!(r["peak_error_bytes"], 0, "memory stays byte-exact: {r}");
+    assert!(r["measured"]["contention"]["samples"].as_u64().unwrap() >= 1, "{r}");
+    assert_eq!(
+        r["predicted"]["step_seconds_range"],
+        v["predicted"]["step_seconds_range"]
+    );
+
+    // A profile written before the load was recorded still reads, and the plan says what it
+    // cannot know.
+    let mut old = p.clone();
+    for c in old["configs"].as_array_mut().unwrap() {
+        let c = c.as_object_mut().unwrap();
+        c.remove("contention");
+        c.remove("recompute_spread");
+    }
+    let old_file = dir.path().join("old.json");
+    std::fs::write(&old_file, serde_json::to_string(&old).unwrap()).unwrap();
+    plan_tiny_bert(&budget, &old_file, &["-o", plan.to_str().unwrap()]);
+    let v = read(&plan);
+    assert!(
+        noted(&v, "was measured before ckptune checked step times for contention"),
+        "{}",
+        v["notes"]
+    );
+    assert!(
+        v["predicted"].get("step_seconds_range").is_none(),
+        "no samples, no range: {v}"
+    );
+}
+
+#[test]
+fn a_cached_profile_timed_on_a_busy_machine_is_profiled_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let flags = ["--threads", "1", "--quiet", "--cache-dir", cache.to_str().unwrap()];
+    let run = || profile_tiny_bert(&dir.path().join("p.json"), &flags);
+    run();
+    let file = std::fs::read_dir(&cache).unwrap().next().unwrap().unwrap().path();
+    // Mark the cached step time so reuse shows: 1000 s is no real tiny-BERT step.
+    let mark = |contention: Value| {
+        let mut cached = read(&file);
+        cached["profile"]["seconds_none"]["median"] = Value::from(1000.0);
+        cached["profile"]["contention"] = contention;
+        std::fs::write(&file, serde_json::to_string(&cached).unwrap()).unwrap();
+    };
+    // Quiet: reused as it is.
+    let mut quiet = contended();
+    quiet["contended"] = Value::from(0);
+    mark(quiet);
+    assert_eq!(run()["configs"][0]["seconds_none"]["median"], 1000.0);
+    // Contended: measured again, and the new measurement replaces the cached one.
+    mark(contended());
+    let again = run();
+    assert_ne!(again["configs"][0]["seconds_none"]["median"], 1000.0, "re-timed");
+    assert_eq!(
+        read(&file)["profile"],
+        again["configs"][0],
+        "the cache holds the new profile"
+    );
 }

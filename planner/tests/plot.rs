@@ -8,17 +8,18 @@ use std::path::Path;
 
 use common::ckptune;
 
-use ckptune::plot::{self, MARKER_OPACITY};
+use ckptune::plot::{self, MARKER_OPACITY, WHISKER_OPACITY};
 use ckptune_solver::formats::{
     self, BlockJson, DeviceJson, ModelJson, ProfileJson, SweepConfigJson, SweepJson, SweepPointJson,
 };
-use ckptune_solver::profile::{BlockProfile, ConfigProfile, ConfigSpec, FixedBytes, RegimeProfile, Stats};
+use ckptune_solver::profile::{BlockProfile, ConfigProfile, ConfigSpec, Contention, FixedBytes, RegimeProfile, Stats};
 use regex::Regex;
 
 fn config() -> ConfigSpec {
     ConfigSpec {
         precision: "fp32".into(),
         optimizer: "adamw".into(),
+        optimizer_impl: Some("single".into()),
         micro_batch: 4,
         grad_accum: 1,
         set_to_none: true,
@@ -86,6 +87,8 @@ fn sweep(candidates: &[&str], predicted: bool) -> SweepJson {
                 loss: 2.3,
                 predicted_peak_bytes: with_prediction.then_some(peak),
                 predicted_step_seconds: with_prediction.then_some(secs * 1.01),
+                predicted_step_range: with_prediction.then_some([secs * 0.99, secs * 1.04]),
+                contention: Contention::default(),
                 predicted_moment: with_prediction.then(|| "backward stem".into()),
             }
         })
@@ -345,6 +348,8 @@ fn profile_plots_predicted_singles_and_the_candidates() {
         recompute_seconds: vec![0.0, 0.009, 0.006, 0.0],
         steps_run: 8,
         wall_seconds: 1.0,
+        recompute_spread: vec![Stats::default(), stats(0.009), stats(0.006), Stats::default()],
+        contention: Contention::default(),
     };
     let p = ProfileJson {
         format: formats::PROFILE_FORMAT.into(),
@@ -360,6 +365,14 @@ fn profile_plots_predicted_singles_and_the_candidates() {
     let svg = std::fs::read_to_string(dir.path().join("toy-fp32-adamw-mb4-tradeoff.svg")).unwrap();
     // Measured: nothing and everything checkpointed; predicted: those and each candidate alone.
     assert_eq!(count_markers(&svg), (2, 4));
+    // Each prediction carries the spread of the profile's samples: a whisker (a line and two
+    // caps) through each hollow marker.
+    let whisker = format!("opacity=\"{WHISKER_OPACITY}\"");
+    let whiskers = parse_svg(&svg)
+        .iter()
+        .filter(|(n, a)| n == "polyline" && a.contains(&whisker))
+        .count();
+    assert_eq!(whiskers, 3 * 4);
     assert_eq!(
         png_size(&dir.path().join("toy-fp32-adamw-mb4-candidates.png")),
         (plot::WIDTH, plot::HEIGHT)
@@ -411,6 +424,7 @@ fn non_finite_values_are_refused_and_file_names_are_safe() {
         }),
         predicted: None,
         throughput_lost_range_pct: None,
+        predicted_range_pct: None,
     };
     let err = plot::scatter(&[nan], &meta, &svg, &png).unwrap_err().to_string();
     assert!(

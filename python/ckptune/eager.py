@@ -7,8 +7,9 @@ ckptune checkout: torchvision ResNet, Hugging Face BERT, GPT-2 and Llama in eage
 module names), its modules checkpointed with `ckptune.apply`. Per step, as ckptune's runtime
 does it: reset the peak; per micro-batch make the batch (the shapes and dtypes of ckptune's
 `Chain::make_batch`), forward and loss (under CPU autocast for bf16), `backward()`; then the
-optimizer step and `zero_grad(set_to_none=...)`. Batch and loss are released before the
-optimizer step. The meter is installed before the model is built, so absolute levels count the
+optimizer step and `zero_grad(set_to_none=...)`: the loop of ckptune's docs/memory-model.md, in
+which each micro-batch and its loss are released after its backward except the last one's,
+which stay alive through the optimizer step, as a loop's variables do. The meter is installed before the model is built, so absolute levels count the
 same tensors as ckptune's.
 
     python -m ckptune.eager --plan plan.json -o run.json   # the plan's model, regex and config
@@ -138,7 +139,7 @@ def run(model_name, plan, *, image=None, seq=None, steps=6, warmup=2, threads=2,
         start = meter.current()
         t0 = time.perf_counter()
         loss_sum = 0.0
-        for _ in range(cfg.grad_accum):
+        for k in range(cfg.grad_accum):
             batch = make_batch()
             if pure and batch[0].is_floating_point():
                 batch = (batch[0].to(cfg.param_dtype),) + batch[1:]
@@ -147,9 +148,11 @@ def run(model_name, plan, *, image=None, seq=None, steps=6, warmup=2, threads=2,
                 loss = loss_of(batch)
             loss.backward()
             loss_sum += loss.item()
-            del loss, batch
+            if k + 1 < cfg.grad_accum:
+                del loss, batch
         opt.step()
         opt.zero_grad(set_to_none=cfg.set_to_none)
+        del loss, batch
         seconds = time.perf_counter() - t0
         records.append({"step": i + 1, "loss": loss_sum / cfg.grad_accum, "seconds": seconds,
                         "peak_bytes": meter.peak(), "start_bytes": start, "end_bytes": meter.current()})
@@ -199,12 +202,12 @@ def _plain(v):
         isinstance(v, (tuple, list)) and all(isinstance(x, (int, float)) for x in v))
 
 
-def regex_plan(regex, names, precision="fp32", optimizer="adamw", micro_batch=1):
+def regex_plan(regex, names, precision="fp32", optimizer="adamw", micro_batch=1, optimizer_impl="single"):
     """A plan dict for a bare checkpoint regex (the benchmark's sets): `names` are the modules
     it matches, as `ckptune.apply` checks them."""
     return {"format": "ckptune.plan/1", "checkpoint": {"regex": regex or r"^[^\s\S]$", "modules": list(names)},
-            "config": {"precision": precision, "optimizer": optimizer, "micro_batch": micro_batch,
-                       "grad_accum": 1, "set_to_none": True}}
+            "config": {"precision": precision, "optimizer": optimizer, "optimizer_impl": optimizer_impl,
+                       "micro_batch": micro_batch, "grad_accum": 1, "set_to_none": True}}
 
 
 def matching(model_name, regex, root=None):

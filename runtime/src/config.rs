@@ -132,6 +132,16 @@ impl OptimizerKind {
         }
     }
 
+    /// Whether `torch.optim` has it, and so offers the single/foreach/fused implementations.
+    /// Lion and the 8-bit optimizers come from other packages, each with one implementation
+    /// (the 8-bit step is one fused kernel).
+    pub fn in_torch_optim(self) -> bool {
+        matches!(
+            self,
+            OptimizerKind::Sgd | OptimizerKind::SgdMomentum | OptimizerKind::Adam | OptimizerKind::AdamW
+        )
+    }
+
     /// Whether the optimizer keeps 8-bit quantized state.
     pub fn is_8bit(self) -> bool {
         matches!(self, OptimizerKind::Adam8bit | OptimizerKind::AdamW8bit)
@@ -155,11 +165,68 @@ impl FromStr for OptimizerKind {
     }
 }
 
+/// Which of `torch.optim`'s implementations of an optimizer runs the step. They compute the
+/// same update but allocate differently, and the optimizer step is the peak of many plans:
+/// the single-tensor loop holds two temporaries the size of the parameter it is updating
+/// (Adam's `exp_avg_sq.sqrt() / bias_correction2_sqrt`), `foreach` holds one per parameter of
+/// the whole group at once, `fused` none. ckptune runs the same ops in the same order, so its
+/// measured optimizer peak is PyTorch's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OptimizerImpl {
+    /// `foreach=False, fused=False`: PyTorch's default on CPU.
+    Single,
+    /// `foreach=True`: PyTorch's default on CUDA.
+    Foreach,
+    /// `fused=True`.
+    Fused,
+}
+
+impl OptimizerImpl {
+    pub const ALL: [OptimizerImpl; 3] = [OptimizerImpl::Single, OptimizerImpl::Foreach, OptimizerImpl::Fused];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerImpl::Single => "single",
+            OptimizerImpl::Foreach => "foreach",
+            OptimizerImpl::Fused => "fused",
+        }
+    }
+
+    /// What `torch.optim` picks when neither `foreach` nor `fused` is given
+    /// (`_default_to_fused_or_foreach`: foreach kernels exist for CUDA tensors, not for CPU).
+    pub fn default_for(device: Device) -> Self {
+        match device {
+            Device::Cpu => OptimizerImpl::Single,
+            _ => OptimizerImpl::Foreach,
+        }
+    }
+}
+
+impl fmt::Display for OptimizerImpl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for OptimizerImpl {
+    type Err = RuntimeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim().to_ascii_lowercase();
+        OptimizerImpl::ALL.into_iter().find(|o| o.name() == s).ok_or_else(|| {
+            RuntimeError::Config(format!(
+                "unknown optimizer implementation {s:?}; expected one of single, foreach, fused"
+            ))
+        })
+    }
+}
+
 /// One training configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainConfig {
     pub precision: Precision,
     pub optimizer: OptimizerKind,
+    /// The `torch.optim` implementation; only meaningful where [`OptimizerKind::in_torch_optim`].
+    pub optimizer_impl: OptimizerImpl,
     pub micro_batch: i64,
     pub grad_accum: i64,
     /// `zero_grad(set_to_none=true)`: gradients are freed after the optimizer step (and
@@ -173,6 +240,7 @@ impl TrainConfig {
         Self {
             precision,
             optimizer,
+            optimizer_impl: OptimizerImpl::Single,
             micro_batch,
             grad_accum: 1,
             set_to_none: true,
@@ -190,6 +258,10 @@ impl TrainConfig {
         ConfigSpec {
             precision: self.precision.name().into(),
             optimizer: self.optimizer.name().into(),
+            optimizer_impl: self
+                .optimizer
+                .in_torch_optim()
+                .then(|| self.optimizer_impl.name().into()),
             micro_batch: self.micro_batch,
             grad_accum: self.grad_accum,
             set_to_none: self.set_to_none,
@@ -206,6 +278,17 @@ impl TrainConfig {
             )));
         }
         let mut t = TrainConfig::new(c.precision.parse()?, c.optimizer.parse()?, c.micro_batch);
+        if let Some(i) = &c.optimizer_impl {
+            if !t.optimizer.in_torch_optim() {
+                return Err(RuntimeError::Config(format!(
+                    "config {}: optimizer {} has one implementation; optimizer_impl {i:?} applies \
+                     to torch.optim's sgd, sgd-momentum, adam and adamw",
+                    c.label(),
+                    t.optimizer
+                )));
+            }
+            t.optimizer_impl = i.parse()?;
+        }
         t.grad_accum = c.grad_accum;
         t.set_to_none = c.set_to_none;
         Ok(t)
@@ -216,7 +299,7 @@ impl TrainConfig {
         format!(
             "{}/{}/mb{}x{}/{}",
             self.precision,
-            self.optimizer,
+            self.spec().optimizer_label(),
             self.micro_batch,
             self.grad_accum,
             if self.set_to_none { "none" } else { "zero" }

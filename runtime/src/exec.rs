@@ -28,6 +28,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::config::{Precision, TrainConfig};
 use crate::error::{torch, Result, RuntimeError};
+use crate::load::{CpuCounters, Load};
 use crate::memory::Probe;
 use crate::optim::{self, Optimizer};
 
@@ -94,6 +95,8 @@ pub struct StepReport {
     /// (parameters, buffers, optimizer state, and whatever else the process holds).
     pub peak_bytes: i64,
     pub start_bytes: i64,
+    /// CPU the rest of the machine took while the step ran (`None` where it cannot be read).
+    pub load: Option<Load>,
 }
 
 /// A chain prepared for training under one config.
@@ -148,7 +151,12 @@ impl Session {
                 names.into_iter().map(|n| vars[n].shallow_clone()).collect()
             })
             .collect();
-        let opt = optim::build(cfg.optimizer, chain.vs.trainable_variables(), cfg.lr);
+        let opt = optim::build(
+            cfg.optimizer,
+            cfg.optimizer_impl,
+            chain.vs.trainable_variables(),
+            cfg.lr,
+        );
         let probe = Probe::new(device)?;
         Ok(Self {
             chain,
@@ -211,29 +219,45 @@ impl Session {
         self.sync();
         self.probe.reset_step();
         let start_level = self.probe.current();
+        let cpu0 = CpuCounters::read();
         let t0 = Instant::now();
         if let Some(t) = trace.as_deref_mut() {
             *t = StepTrace::default();
         }
+        // The training loop this models (`docs/memory-model.md`): a micro-batch and its loss
+        // are released after its backward, except the last micro-step's, which stay alive
+        // through `opt.step()` and `zero_grad()`, as the variables of
+        //     for x, y in loader: loss = f(model(x), y); loss.backward(); [opt.step(); opt.zero_grad()]; del x, y, loss
+        // do; they are released at the end of the step.
         let mut loss_sum = 0.0;
-        for _ in 0..self.cfg.grad_accum {
+        let mut last = None;
+        for k in 0..self.cfg.grad_accum {
             let batch = self.make_batch();
             let mut micro = trace.as_ref().map(|_| MicroTrace::default());
-            loss_sum += self.micro_step(&batch, checkpoint, micro.as_mut())?;
-            drop(batch);
+            let (value, loss) = self.micro_step_keeping_loss(&batch, checkpoint, micro.as_mut())?;
+            loss_sum += value;
+            if k + 1 == self.cfg.grad_accum {
+                last = Some((batch, loss));
+            } else {
+                drop((batch, loss));
+            }
             if let (Some(t), Some(m)) = (trace.as_deref_mut(), micro) {
                 t.micro.push(m);
             }
         }
         let applied = self.optimizer_step(trace)?;
+        drop(last);
         self.sync();
         let seconds = t0.elapsed().as_secs_f64();
+        let threads = usize::try_from(tch::get_num_threads()).unwrap_or(1);
+        let load = cpu0.zip(CpuCounters::read()).map(|(a, b)| a.until(&b, threads));
         Ok(StepReport {
             loss: loss_sum / self.cfg.grad_accum as f64,
             seconds,
             applied,
             peak_bytes: self.probe.step_peak(),
             start_bytes: start_level,
+            load,
         })
     }
 
@@ -247,7 +271,18 @@ impl Session {
     /// block of the segment that reads it has run, as a PyTorch module's locals are. In
     /// backward the whole segment is recomputed from its input, block by block with detached
     /// boundaries, then differentiated block by block like a plain run.
-    pub fn micro_step(&mut self, batch: &Batch, checkpoint: &[bool], mut tr: Option<&mut MicroTrace>) -> Result<f64> {
+    pub fn micro_step(&mut self, batch: &Batch, checkpoint: &[bool], tr: Option<&mut MicroTrace>) -> Result<f64> {
+        Ok(self.micro_step_keeping_loss(batch, checkpoint, tr)?.0)
+    }
+
+    /// [`Session::micro_step`], also handing back the loss tensor backward ran from, for a
+    /// caller that keeps it alive longer (the last micro-step's, through the optimizer step).
+    fn micro_step_keeping_loss(
+        &mut self,
+        batch: &Batch,
+        checkpoint: &[bool],
+        mut tr: Option<&mut MicroTrace>,
+    ) -> Result<(f64, Tensor)> {
         self.check_mask(checkpoint)?;
         let n = self.chain.blocks.len();
         let autocast = self.cfg.precision.autocast();
@@ -369,9 +404,17 @@ impl Session {
             let value = loss.double_value(&[]);
             let scale = self.loss_scale() / self.cfg.grad_accum as f64;
             let scaled = if scale == 1.0 { loss } else { loss * scale };
-            scaled.f_backward().map_err(torch("loss backward"))?;
-            value
+            // `loss.backward()` seeds the engine with `ones_like(loss)`, alive until the whole
+            // backward returns.
+            let seed = scaled.f_ones_like().map_err(torch("loss backward"))?;
+            autograd::backward(scaled.shallow_clone(), seed.shallow_clone())?;
+            // Detached: its storage only. Its graph would hold the last block's output leaf,
+            // which eager PyTorch (no boundaries) does not have.
+            (value, scaled.detach(), seed)
         };
+        // The loss's 4 bytes stay alive through the whole backward, as the `loss` variable of
+        // a PyTorch loop does while `loss.backward()` runs, and so does the seed.
+        let (loss_value, loss_var, seed) = loss_value;
         if !loss_value.is_finite() && self.cfg.precision != Precision::Fp16 {
             return Err(RuntimeError::Invalid(format!(
                 "loss is {loss_value} in {} for model {}: training diverged (lower the learning rate)",
@@ -387,6 +430,7 @@ impl Session {
         }
 
         // ---- backward, last block first -------------------------------------------------------
+        let mut segment_rng: Option<(usize, Tensor)> = None;
         let mut next = n;
         while next > 0 {
             let i = next - 1;
@@ -408,7 +452,10 @@ impl Session {
                 let saved_rng = rng_states[first].take().expect("rng state of a checkpointed segment");
                 let current_rng = rng::cpu_state()?;
                 rng::set_cpu_state(&saved_rng)?;
-                drop(saved_rng);
+                // The forward's RNG state stays alive until the segment's backward is done, as
+                // `torch.utils.checkpoint` keeps it (its recompute closure holds it while the
+                // checkpointed graph lives): two states are alive during the recompute.
+                segment_rng = Some((first, saved_rng));
                 let snapshot: Vec<Vec<Tensor>> = self.buffers[first..=last]
                     .iter()
                     .map(|bs| bs.iter().map(|b| b.copy()).collect())
@@ -475,6 +522,9 @@ impl Session {
                 }
                 None => Tensor::new(),
             };
+            if segment_rng.as_ref().is_some_and(|(first, _)| start <= *first) {
+                drop(segment_rng.take());
+            }
             let grad_in_bytes = nbytes(&grad);
             if let Some(t) = tr.as_deref_mut() {
                 let b = &mut t.blocks[i];
@@ -486,10 +536,11 @@ impl Session {
         }
         drop(grad);
         drop(mask);
+        drop(seed);
         if let Some(t) = tr {
             t.end = self.probe.current();
         }
-        Ok(loss_value)
+        Ok((loss_value, loss_var))
     }
 
     /// Block `i`'s input: the batch for the first block, else the leaf of the previous output

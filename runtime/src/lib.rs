@@ -4,11 +4,12 @@
 pub mod config;
 mod error;
 pub mod exec;
+pub mod load;
 pub mod memory;
 pub mod optim;
 pub mod profile;
 pub mod progress;
 
-pub use config::{OptimizerKind, Precision, TrainConfig};
+pub use config::{OptimizerImpl, OptimizerKind, Precision, TrainConfig};
 pub use error::{Result, RuntimeError};
 pub use exec::{select, Session, StepReport, StepTrace};

@@ -1,15 +1,22 @@
-//! Optimizers, written as PyTorch's single-tensor (CPU default, `foreach=False`) loops with the
-//! same in-place ops, so their state and transient memory equal PyTorch's.
+//! Optimizers. `torch.optim`'s SGD, Adam and AdamW run as PyTorch runs them: the single-tensor
+//! loop (`_single_tensor_adam`), the `foreach` path (`_multi_tensor_adam`) or the fused kernel
+//! (`_fused_adamw_`), calling the same operators in the same order through libtorch's
+//! dispatcher, with a Python number passed where Python passes one (a 0-dim "wrapped number"
+//! tensor for `Tensor` arguments, a `Scalar` otherwise). Their state and every temporary then
+//! equal PyTorch's to the byte, and the optimizer step is the peak of many plans (BERT-base at
+//! batch 8: the single-tensor AdamW holds two temporaries the size of the 94 MB word embedding).
 //!
-//! State is allocated lazily on the first step, as in PyTorch; the profiler's warm-up step
-//! makes it exist before anything is measured.
+//! State is allocated lazily on the first step, as in PyTorch (Adam's per-parameter `step` is a
+//! 0-dim f32 tensor, as `torch.optim` keeps it); the profiler's warm-up step makes it exist
+//! before anything is measured.
 
 use ckptune_kernels::adam8bit::{Adam8bit as Adam8bitKernel, AdamHyper};
 use ckptune_kernels::autograd;
-use tch::Tensor;
+use ckptune_kernels::ops::{self, Arg, Value};
+use tch::{Device, Kind, Tensor};
 
-use crate::config::OptimizerKind;
-use crate::error::{torch, Result};
+use crate::config::{OptimizerImpl, OptimizerKind};
+use crate::error::{torch, Result, RuntimeError};
 
 /// Hyper-parameters; defaults are PyTorch's (AdamW weight decay 1e-2, Lion's paper's 1e-4 lr
 /// scale is the caller's business).
@@ -64,28 +71,27 @@ pub trait Optimizer: Send {
     }
 }
 
-pub fn build(kind: OptimizerKind, params: Vec<Tensor>, lr: f64) -> Box<dyn Optimizer> {
+/// The optimizer `kind` over `params`, in `torch.optim`'s implementation `imp` where it has
+/// one (lion and the 8-bit optimizers have a single implementation each; `imp` is ignored).
+pub fn build(kind: OptimizerKind, imp: OptimizerImpl, params: Vec<Tensor>, lr: f64) -> Box<dyn Optimizer> {
     let h = Hyper::for_kind(kind, lr);
     let n = params.len();
     let state = || (0..n).map(|_| None).collect::<Vec<Option<Tensor>>>();
     match kind {
-        OptimizerKind::Sgd => Box::new(Sgd {
+        OptimizerKind::Sgd | OptimizerKind::SgdMomentum => Box::new(Sgd {
             params,
             h,
-            momentum: None,
-        }),
-        OptimizerKind::SgdMomentum => Box::new(Sgd {
-            params,
-            h,
-            momentum: Some(state()),
+            imp,
+            momentum: (kind == OptimizerKind::SgdMomentum).then(state),
         }),
         OptimizerKind::Adam | OptimizerKind::AdamW => Box::new(Adam {
             params,
             h,
+            imp,
             decoupled: kind == OptimizerKind::AdamW,
             exp_avg: state(),
             exp_avg_sq: state(),
-            step: 0,
+            step: state(),
         }),
         OptimizerKind::Lion => Box::new(Lion {
             params,
@@ -113,46 +119,235 @@ fn state_bytes(states: &[Option<Tensor>]) -> i64 {
     states.iter().flatten().map(bytes).sum()
 }
 
+/// One operator call by schema name (`aten::add_`, overload `Tensor`), as the Python binding
+/// makes it; the results are dropped (in-place ops return their `self`).
+fn call(name: &str, overload: &str, args: &[(&str, Arg<'_>)]) -> Result<Vec<Value>> {
+    Ok(ops::call(name, overload, args)?)
+}
+
+/// A call whose result is one tensor.
+fn call_tensor(name: &str, overload: &str, args: &[(&str, Arg<'_>)]) -> Result<Tensor> {
+    match call(name, overload, args)?.into_iter().next() {
+        Some(Value::Tensor(t)) => Ok(t),
+        other => Err(RuntimeError::Invalid(format!(
+            "{name}.{overload} returned {} where a tensor was expected",
+            other.as_ref().map_or("nothing", Value::describe)
+        ))),
+    }
+}
+
+/// A call whose result is a tensor list (`_foreach_sqrt`).
+fn call_tensors(name: &str, overload: &str, args: &[(&str, Arg<'_>)]) -> Result<Vec<Tensor>> {
+    match call(name, overload, args)?.into_iter().next() {
+        Some(Value::List(items)) => items
+            .into_iter()
+            .map(|v| match v {
+                Value::Tensor(t) => Ok(t),
+                other => Err(RuntimeError::Invalid(format!(
+                    "{name}.{overload} returned a list holding {}",
+                    other.describe()
+                ))),
+            })
+            .collect(),
+        other => Err(RuntimeError::Invalid(format!(
+            "{name}.{overload} returned {} where a tensor list was expected",
+            other.as_ref().map_or("nothing", Value::describe)
+        ))),
+    }
+}
+
+fn list<'a>(ts: &'a [Tensor]) -> Arg<'a> {
+    Arg::Tensors(ts.iter().map(Some).collect())
+}
+
+/// `Optimizer._group_tensors_by_device_and_dtype`: the foreach and fused paths run once per
+/// (device, dtype) group, in order of first appearance, each group in parameter order.
+fn groups(params: &[Tensor], with_grad: &[usize]) -> Vec<Vec<usize>> {
+    let mut keys: Vec<(Device, Kind)> = Vec::new();
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for &i in with_grad {
+        let key = (params[i].device(), params[i].kind());
+        match keys.iter().position(|k| *k == key) {
+            Some(g) => out[g].push(i),
+            None => {
+                keys.push(key);
+                out.push(vec![i]);
+            }
+        }
+    }
+    out
+}
+
+/// Indices of the parameters that have a gradient (`_init_group` skips the others).
+fn with_grad(params: &[Tensor]) -> Vec<usize> {
+    (0..params.len()).filter(|&i| params[i].grad().defined()).collect()
+}
+
+/// `torch.optim.SGD` (dampening 0, no Nesterov, no weight decay: PyTorch's defaults).
 struct Sgd {
     params: Vec<Tensor>,
     h: Hyper,
+    imp: OptimizerImpl,
+    /// The momentum buffers, for SGD with momentum.
     momentum: Option<Vec<Option<Tensor>>>,
+}
+
+impl Sgd {
+    /// `_single_tensor_sgd`: `buf = grad.detach().clone()` on the first step, then
+    /// `buf.mul_(momentum).add_(grad)`; `param.add_(buf, alpha=-lr)`. No temporaries.
+    fn single(&mut self, idx: &[usize]) -> Result<()> {
+        let h = self.h;
+        for &i in idx {
+            let p = &self.params[i];
+            let g = p.grad();
+            let d = match &mut self.momentum {
+                None => g,
+                Some(bufs) => momentum_buffer(&mut bufs[i], &g, h)?,
+            };
+            call(
+                "aten::add_",
+                "Tensor",
+                &[
+                    ("self", Arg::Tensor(p)),
+                    ("other", Arg::Tensor(&d)),
+                    ("alpha", Arg::Float(-h.lr)),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `_multi_tensor_sgd`: per group, the buffers updated with `_foreach_mul_`/`_foreach_add_`
+    /// (or cloned one by one on the first step), then `_foreach_add_(params, bufs, alpha=-lr)`.
+    fn foreach(&mut self, idx: &[usize]) -> Result<()> {
+        let h = self.h;
+        for group in groups(&self.params, idx) {
+            let params: Vec<Tensor> = group.iter().map(|&i| self.params[i].shallow_clone()).collect();
+            let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
+            let d = match &mut self.momentum {
+                None => grads,
+                Some(bufs) => {
+                    if group.iter().all(|&i| bufs[i].is_some()) {
+                        let b: Vec<Tensor> = group
+                            .iter()
+                            .map(|&i| bufs[i].as_ref().unwrap().shallow_clone())
+                            .collect();
+                        call(
+                            "aten::_foreach_mul_",
+                            "Scalar",
+                            &[("self", list(&b)), ("scalar", Arg::Float(h.momentum))],
+                        )?;
+                        call(
+                            "aten::_foreach_add_",
+                            "List",
+                            &[("self", list(&b)), ("other", list(&grads)), ("alpha", Arg::Float(1.0))],
+                        )?;
+                        b
+                    } else {
+                        group
+                            .iter()
+                            .zip(&grads)
+                            .map(|(&i, g)| momentum_buffer(&mut bufs[i], g, h))
+                            .collect::<Result<Vec<_>>>()?
+                    }
+                }
+            };
+            call(
+                "aten::_foreach_add_",
+                "List",
+                &[
+                    ("self", list(&params)),
+                    ("other", list(&d)),
+                    ("alpha", Arg::Float(-h.lr)),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `_fused_sgd`: on the first step every momentum buffer is `empty_like(grad)` (the kernel
+    /// fills it), then one `_fused_sgd_` per group.
+    fn fused(&mut self, idx: &[usize]) -> Result<()> {
+        let h = self.h;
+        let first = self.momentum.as_ref().is_some_and(|b| b.iter().all(Option::is_none));
+        if first {
+            let bufs = self.momentum.as_mut().expect("momentum buffers");
+            for &i in idx {
+                let g = self.params[i].grad();
+                bufs[i] = Some(g.f_empty_like().map_err(torch("sgd momentum buffer"))?);
+            }
+        }
+        for group in groups(&self.params, idx) {
+            let params: Vec<Tensor> = group.iter().map(|&i| self.params[i].shallow_clone()).collect();
+            let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
+            let bufs: Vec<Tensor> = match &self.momentum {
+                Some(b) => group
+                    .iter()
+                    .map(|&i| b[i].as_ref().expect("momentum buffer").shallow_clone())
+                    .collect(),
+                None => Vec::new(),
+            };
+            call(
+                "aten::_fused_sgd_",
+                "",
+                &[
+                    ("self", list(&params)),
+                    ("grads", list(&grads)),
+                    ("momentum_buffer_list", list(&bufs)),
+                    ("weight_decay", Arg::Float(0.0)),
+                    (
+                        "momentum",
+                        Arg::Float(if self.momentum.is_some() { h.momentum } else { 0.0 }),
+                    ),
+                    ("lr", Arg::Float(h.lr)),
+                    ("dampening", Arg::Float(0.0)),
+                    ("nesterov", Arg::Bool(false)),
+                    ("maximize", Arg::Bool(false)),
+                    ("is_first_step", Arg::Bool(first)),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// One parameter's momentum buffer after this step, as `_single_tensor_sgd` (and foreach's
+/// fallback before every buffer exists) updates it: `grad.detach().clone()` on the first step,
+/// then `buf.mul_(momentum).add_(grad)` in place.
+fn momentum_buffer(slot: &mut Option<Tensor>, g: &Tensor, h: Hyper) -> Result<Tensor> {
+    match slot {
+        Some(buf) => {
+            call(
+                "aten::mul_",
+                "Tensor",
+                &[("self", Arg::Tensor(buf)), ("other", Arg::Float(h.momentum))],
+            )?;
+            call(
+                "aten::add_",
+                "Tensor",
+                &[
+                    ("self", Arg::Tensor(buf)),
+                    ("other", Arg::Tensor(g)),
+                    ("alpha", Arg::Float(1.0)),
+                ],
+            )?;
+            Ok(buf.shallow_clone())
+        }
+        None => {
+            let buf = g.f_detach_copy().map_err(torch("sgd momentum buffer"))?;
+            *slot = Some(buf.shallow_clone());
+            Ok(buf)
+        }
+    }
 }
 
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
-        let h = self.h;
-        tch::no_grad(|| -> Result<()> {
-            for (i, p) in self.params.iter().enumerate() {
-                let g = p.grad();
-                if !g.defined() {
-                    continue;
-                }
-                let mut p = p.shallow_clone();
-                match &mut self.momentum {
-                    None => {
-                        let _ = p.f_add_(&(g * -h.lr)).map_err(torch("sgd step"))?;
-                    }
-                    Some(bufs) => {
-                        // torch.optim.SGD: buf = clone(grad) on the first step, then
-                        // buf.mul_(momentum).add_(grad); param.add_(buf, alpha=-lr).
-                        let buf = match &mut bufs[i] {
-                            Some(buf) => {
-                                let _ = buf.f_mul_scalar_(h.momentum).map_err(torch("sgd momentum"))?;
-                                let _ = buf.f_add_(&g).map_err(torch("sgd momentum"))?;
-                                buf.shallow_clone()
-                            }
-                            slot @ None => {
-                                let buf = g.f_detach_copy().map_err(torch("sgd momentum buffer"))?;
-                                *slot = Some(buf.shallow_clone());
-                                buf
-                            }
-                        };
-                        let _ = p.f_sub_(&(&buf * h.lr)).map_err(torch("sgd step"))?;
-                    }
-                }
-            }
-            Ok(())
+        let idx = with_grad(&self.params);
+        tch::no_grad(|| match self.imp {
+            OptimizerImpl::Single => self.single(&idx),
+            OptimizerImpl::Foreach => self.foreach(&idx),
+            OptimizerImpl::Fused => self.fused(&idx),
         })
     }
     fn state_bytes(&self) -> i64 {
@@ -163,63 +358,307 @@ impl Optimizer for Sgd {
     }
 }
 
+/// `torch.optim.Adam` / `AdamW` (no amsgrad, no maximize, not capturable: PyTorch's defaults).
 struct Adam {
     params: Vec<Tensor>,
     h: Hyper,
+    imp: OptimizerImpl,
     decoupled: bool,
     exp_avg: Vec<Option<Tensor>>,
     exp_avg_sq: Vec<Option<Tensor>>,
-    step: i32,
+    /// Per parameter, the step count as a 0-dim f32 tensor (`state["step"]`).
+    step: Vec<Option<Tensor>>,
+}
+
+impl Adam {
+    /// `_init_group`'s lazy state: `step` (on the host unless fused), `exp_avg`, `exp_avg_sq`.
+    fn init_state(&mut self, idx: &[usize]) -> Result<()> {
+        for &i in idx {
+            if self.step[i].is_some() {
+                continue;
+            }
+            let p = &self.params[i];
+            let device = if self.imp == OptimizerImpl::Fused {
+                p.device()
+            } else {
+                Device::Cpu
+            };
+            let zeros = |what| p.f_zeros_like().map_err(torch(what));
+            self.step[i] =
+                Some(Tensor::f_zeros(Vec::<i64>::new(), (Kind::Float, device)).map_err(torch("adam step count"))?);
+            self.exp_avg[i] = Some(zeros("adam first moment")?);
+            self.exp_avg_sq[i] = Some(zeros("adam second moment")?);
+        }
+        Ok(())
+    }
+
+    fn state_of(&self, i: usize) -> (&Tensor, &Tensor, &Tensor) {
+        fn get(s: &Option<Tensor>) -> &Tensor {
+            s.as_ref().expect("state initialized by init_state")
+        }
+        (get(&self.step[i]), get(&self.exp_avg[i]), get(&self.exp_avg_sq[i]))
+    }
+
+    /// `_single_tensor_adam`, parameter by parameter. Its peak is while computing
+    /// `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`: two temporaries of the
+    /// parameter's size (and the 8-byte wrapped number), plus the previous parameter's `denom`,
+    /// which the Python loop's variable keeps alive until the new one is assigned.
+    fn single(&self, idx: &[usize]) -> Result<()> {
+        let h = self.h;
+        let mut denom_var: Option<Tensor> = None;
+        for &i in idx {
+            let p = &self.params[i];
+            let (step_t, m, v) = self.state_of(i);
+            let mut g = p.grad();
+            call(
+                "aten::add_",
+                "Tensor",
+                &[("self", Arg::Tensor(step_t)), ("other", Arg::Int(1))],
+            )?;
+            if h.weight_decay != 0.0 {
+                if self.decoupled {
+                    call(
+                        "aten::mul_",
+                        "Tensor",
+                        &[
+                            ("self", Arg::Tensor(p)),
+                            ("other", Arg::Float(1.0 - h.lr * h.weight_decay)),
+                        ],
+                    )?;
+                } else {
+                    g = call_tensor(
+                        "aten::add",
+                        "Tensor",
+                        &[
+                            ("self", Arg::Tensor(&g)),
+                            ("other", Arg::Tensor(p)),
+                            ("alpha", Arg::Float(h.weight_decay)),
+                        ],
+                    )?;
+                }
+            }
+            call(
+                "aten::lerp_",
+                "Scalar",
+                &[
+                    ("self", Arg::Tensor(m)),
+                    ("end", Arg::Tensor(&g)),
+                    ("weight", Arg::Float(1.0 - h.betas.0)),
+                ],
+            )?;
+            call(
+                "aten::mul_",
+                "Tensor",
+                &[("self", Arg::Tensor(v)), ("other", Arg::Float(h.betas.1))],
+            )?;
+            call(
+                "aten::addcmul_",
+                "",
+                &[
+                    ("self", Arg::Tensor(v)),
+                    ("tensor1", Arg::Tensor(&g)),
+                    ("tensor2", Arg::Tensor(&g)),
+                    ("value", Arg::Float(1.0 - h.betas.1)),
+                ],
+            )?;
+            let step = step_t.f_double_value(&[]).map_err(torch("adam step count"))?;
+            let (step_size, bc2_sqrt) = bias_corrections(h, step);
+            let denom = {
+                let sqrt = call_tensor("aten::sqrt", "", &[("self", Arg::Tensor(v))])?;
+                call_tensor(
+                    "aten::div",
+                    "Tensor",
+                    &[("self", Arg::Tensor(&sqrt)), ("other", Arg::Float(bc2_sqrt))],
+                )?
+            };
+            call(
+                "aten::add_",
+                "Tensor",
+                &[("self", Arg::Tensor(&denom)), ("other", Arg::Float(h.eps))],
+            )?;
+            let denom = denom_var.insert(denom);
+            call(
+                "aten::addcdiv_",
+                "",
+                &[
+                    ("self", Arg::Tensor(p)),
+                    ("tensor1", Arg::Tensor(m)),
+                    ("tensor2", Arg::Tensor(denom)),
+                    ("value", Arg::Float(-step_size)),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `_multi_tensor_adam` per (device, dtype) group. Its peak is `_foreach_sqrt` of every
+    /// second moment of the group at once.
+    fn foreach(&self, idx: &[usize]) -> Result<()> {
+        let h = self.h;
+        for group in groups(&self.params, idx) {
+            let params: Vec<Tensor> = group.iter().map(|&i| self.params[i].shallow_clone()).collect();
+            let mut grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
+            let steps: Vec<Tensor> = group.iter().map(|&i| self.state_of(i).0.shallow_clone()).collect();
+            let ms: Vec<Tensor> = group.iter().map(|&i| self.state_of(i).1.shallow_clone()).collect();
+            let vs: Vec<Tensor> = group.iter().map(|&i| self.state_of(i).2.shallow_clone()).collect();
+            {
+                // Host steps: one f32 `torch.tensor(1.0)` added to all (the Tensor overload).
+                let one = Tensor::f_from_slice(&[1.0f32])
+                    .and_then(|t| t.f_reshape(Vec::<i64>::new()))
+                    .map_err(torch("adam step count"))?;
+                call(
+                    "aten::_foreach_add_",
+                    "Tensor",
+                    &[
+                        ("self", list(&steps)),
+                        ("other", Arg::Tensor(&one)),
+                        ("alpha", Arg::Float(1.0)),
+                    ],
+                )?;
+            }
+            if h.weight_decay != 0.0 {
+                if self.decoupled {
+                    call(
+                        "aten::_foreach_mul_",
+                        "Scalar",
+                        &[
+                            ("self", list(&params)),
+                            ("scalar", Arg::Float(1.0 - h.lr * h.weight_decay)),
+                        ],
+                    )?;
+                } else {
+                    grads = call_tensors(
+                        "aten::_foreach_add",
+                        "List",
+                        &[
+                            ("self", list(&grads)),
+                            ("other", list(&params)),
+                            ("alpha", Arg::Float(h.weight_decay)),
+                        ],
+                    )?;
+                }
+            }
+            call(
+                "aten::_foreach_lerp_",
+                "Scalar",
+                &[
+                    ("self", list(&ms)),
+                    ("tensors1", list(&grads)),
+                    ("weight", Arg::Float(1.0 - h.betas.0)),
+                ],
+            )?;
+            call(
+                "aten::_foreach_mul_",
+                "Scalar",
+                &[("self", list(&vs)), ("scalar", Arg::Float(h.betas.1))],
+            )?;
+            call(
+                "aten::_foreach_addcmul_",
+                "Scalar",
+                &[
+                    ("self", list(&vs)),
+                    ("tensor1", list(&grads)),
+                    ("tensor2", list(&grads)),
+                    ("value", Arg::Float(1.0 - h.betas.1)),
+                ],
+            )?;
+            drop(grads);
+            let mut step_size = Vec::with_capacity(steps.len());
+            let mut bc2_sqrt = Vec::with_capacity(steps.len());
+            for s in &steps {
+                let (a, b) = bias_corrections(h, s.f_double_value(&[]).map_err(torch("adam step count"))?);
+                step_size.push(-a);
+                bc2_sqrt.push(b);
+            }
+            let sqrt = call_tensors("aten::_foreach_sqrt", "", &[("self", list(&vs))])?;
+            call(
+                "aten::_foreach_div_",
+                "ScalarList",
+                &[("self", list(&sqrt)), ("scalars", Arg::Floats(bc2_sqrt))],
+            )?;
+            call(
+                "aten::_foreach_add_",
+                "Scalar",
+                &[("self", list(&sqrt)), ("scalar", Arg::Float(h.eps))],
+            )?;
+            call(
+                "aten::_foreach_addcdiv_",
+                "ScalarList",
+                &[
+                    ("self", list(&params)),
+                    ("tensor1", list(&ms)),
+                    ("tensor2", list(&sqrt)),
+                    ("scalars", Arg::Floats(step_size)),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `_fused_adam`: the step counts incremented, then one `_fused_adam(w)_` per group.
+    fn fused(&self, idx: &[usize]) -> Result<()> {
+        let h = self.h;
+        for group in groups(&self.params, idx) {
+            let params: Vec<Tensor> = group.iter().map(|&i| self.params[i].shallow_clone()).collect();
+            let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
+            let steps: Vec<Tensor> = group.iter().map(|&i| self.state_of(i).0.shallow_clone()).collect();
+            let ms: Vec<Tensor> = group.iter().map(|&i| self.state_of(i).1.shallow_clone()).collect();
+            let vs: Vec<Tensor> = group.iter().map(|&i| self.state_of(i).2.shallow_clone()).collect();
+            call(
+                "aten::_foreach_add_",
+                "Scalar",
+                &[("self", list(&steps)), ("scalar", Arg::Int(1))],
+            )?;
+            let op = if self.decoupled {
+                "aten::_fused_adamw_"
+            } else {
+                "aten::_fused_adam_"
+            };
+            call(
+                op,
+                "",
+                &[
+                    ("self", list(&params)),
+                    ("grads", list(&grads)),
+                    ("exp_avgs", list(&ms)),
+                    ("exp_avg_sqs", list(&vs)),
+                    ("max_exp_avg_sqs", list(&[])),
+                    ("state_steps", list(&steps)),
+                    ("lr", Arg::Float(h.lr)),
+                    ("beta1", Arg::Float(h.betas.0)),
+                    ("beta2", Arg::Float(h.betas.1)),
+                    ("weight_decay", Arg::Float(h.weight_decay)),
+                    ("eps", Arg::Float(h.eps)),
+                    ("amsgrad", Arg::Bool(false)),
+                    ("maximize", Arg::Bool(false)),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// `(lr / (1 - beta1^step), sqrt(1 - beta2^step))`, in f64 as Python computes them.
+fn bias_corrections(h: Hyper, step: f64) -> (f64, f64) {
+    let bc1 = 1.0 - h.betas.0.powf(step);
+    let bc2 = 1.0 - h.betas.1.powf(step);
+    (h.lr / bc1, bc2.powf(0.5))
 }
 
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
-        let h = self.h;
-        self.step += 1;
-        let step = self.step;
-        let decoupled = self.decoupled;
-        tch::no_grad(|| -> Result<()> {
-            for (i, p) in self.params.iter().enumerate() {
-                let mut g = p.grad();
-                if !g.defined() {
-                    continue;
-                }
-                let mut p = p.shallow_clone();
-                let m = self.exp_avg[i].get_or_insert_with(|| p.zeros_like());
-                let v = self.exp_avg_sq[i].get_or_insert_with(|| p.zeros_like());
-                if h.weight_decay != 0.0 {
-                    if decoupled {
-                        let _ = p
-                            .f_mul_scalar_(1.0 - h.lr * h.weight_decay)
-                            .map_err(torch("adamw decay"))?;
-                    } else {
-                        g = g.f_add(&(&p * h.weight_decay)).map_err(torch("adam decay"))?;
-                    }
-                }
-                // exp_avg.lerp_(grad, 1 - beta1)
-                let _ = m.f_lerp_(&g, 1.0 - h.betas.0).map_err(torch("adam first moment"))?;
-                // exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad²; tch's addcmul_ has no
-                // `value`, so scale around it in place rather than allocating (1 - beta2) * grad.
-                let c = 1.0 - h.betas.1;
-                let _ = v.f_mul_scalar_(h.betas.1 / c).map_err(torch("adam second moment"))?;
-                let _ = v.f_addcmul_(&g, &g).map_err(torch("adam second moment"))?;
-                let _ = v.f_mul_scalar_(c).map_err(torch("adam second moment"))?;
-                let bc1 = 1.0 - h.betas.0.powi(step);
-                let bc2_sqrt = (1.0 - h.betas.1.powi(step)).sqrt();
-                // param -= lr / bc1 * exp_avg / (sqrt(exp_avg_sq) / sqrt(bc2) + eps), with one
-                // temporary of the parameter's size (PyTorch's loop has two at its peak).
-                let mut denom = v.f_sqrt().map_err(torch("adam denominator"))?;
-                let _ = denom.f_div_scalar_(bc2_sqrt).map_err(torch("adam denominator"))?;
-                let _ = denom.f_add_scalar_(h.eps).map_err(torch("adam denominator"))?;
-                let _ = denom.f_reciprocal_().map_err(torch("adam denominator"))?;
-                let _ = denom.f_mul_scalar_(-h.lr / bc1).map_err(torch("adam denominator"))?;
-                let _ = p.f_addcmul_(m, &denom).map_err(torch("adam update"))?;
+        let idx = with_grad(&self.params);
+        tch::no_grad(|| {
+            self.init_state(&idx)?;
+            match self.imp {
+                OptimizerImpl::Single => self.single(&idx),
+                OptimizerImpl::Foreach => self.foreach(&idx),
+                OptimizerImpl::Fused => self.fused(&idx),
             }
-            Ok(())
         })
     }
     fn state_bytes(&self) -> i64 {
-        state_bytes(&self.exp_avg) + state_bytes(&self.exp_avg_sq)
+        state_bytes(&self.exp_avg) + state_bytes(&self.exp_avg_sq) + state_bytes(&self.step)
     }
     fn params(&self) -> &[Tensor] {
         &self.params

@@ -457,7 +457,7 @@ class Bench:
                     "peak_above_start_ratio": (ck_peak - fixed) / (ea["peak_bytes"] - ea["start_bytes"]),
                 })
         res["runtime"] = runtime
-        res["torch_adamw"] = load(os.path.join(d, "eager-fp32-0.json"))["adamw"]
+        res["torch_adamw"] = load(os.path.join(d, "eager-fp32-0.json"))["optimizer_kwargs"]
         return res
 
     def profcost_row(self, name, gran, prof, wall):

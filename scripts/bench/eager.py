@@ -36,11 +36,15 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--optimizer", choices=["sgd", "sgd-momentum", "adam", "adamw"], default="adamw")
+    ap.add_argument("--optimizer-impl", choices=["single", "foreach", "fused"], default="single",
+                    help="torch.optim's implementation (single = foreach=False, PyTorch's CPU default)")
     ap.add_argument("-o", "--output")
     a = ap.parse_args()
 
     names = eager.matching(a.model, a.checkpoint, ROOT)
-    plan = eager.regex_plan(a.checkpoint, names, precision=a.precision, micro_batch=a.batch)
+    plan = eager.regex_plan(a.checkpoint, names, precision=a.precision, micro_batch=a.batch,
+                            optimizer=a.optimizer, optimizer_impl=a.optimizer_impl)
     try:
         r = eager.run(a.model, plan, image=a.image, seq=a.seq, steps=a.steps, warmup=a.warmup,
                       threads=a.threads, lr=a.lr, root=ROOT, log=lambda m: print(m, file=sys.stderr))
@@ -50,8 +54,9 @@ def main():
     out = {
         "format": "ckptune.bench-eager/1",
         **{k: r[k] for k in ("model", "torch", "threads", "precision", "optimizer")},
-        "adamw": {"lr": kw["lr"], "betas": list(kw["betas"]), "eps": kw["eps"],
-                  "weight_decay": kw["weight_decay"], "foreach": kw.get("foreach"), "fused": kw.get("fused")},
+        "optimizer_impl": a.optimizer_impl,
+        "optimizer_kwargs": {k: (list(v) if isinstance(v, tuple) else v) for k, v in kw.items()
+                             if k in ("lr", "betas", "eps", "weight_decay", "momentum", "foreach", "fused")},
         "batch": a.batch,
         **{k: r[k] for k in ("image", "seq", "regex", "modules", "warmup", "steps", "median_seconds",
                              "peak_bytes", "start_bytes", "meter")},

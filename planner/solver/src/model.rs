@@ -147,7 +147,8 @@ pub fn peak_at(c: &ConfigProfile, x: &[bool]) -> (i64, String) {
     best
 }
 
-/// Predicted seconds per optimizer step under checkpoint mask `x` (blocks, then groups).
+/// Predicted seconds per optimizer step under checkpoint mask `x` (blocks, then groups): the
+/// median step with nothing checkpointed plus each checkpointed unit's median recompute.
 pub fn seconds_at(c: &ConfigProfile, x: &[bool]) -> f64 {
     c.seconds_none.median
         + x.iter()
@@ -155,4 +156,70 @@ pub fn seconds_at(c: &ConfigProfile, x: &[bool]) -> f64 {
             .filter(|(on, _)| **on)
             .map(|(_, s)| s)
             .sum::<f64>()
+}
+
+/// The spread around [`seconds_at`] the profile's samples allow: the fastest step with nothing
+/// checkpointed plus each checkpointed unit's fastest recompute, and the same with the
+/// slowest. `None` for a profile without its recompute samples (written before ckptune kept
+/// them).
+pub fn seconds_range_at(c: &ConfigProfile, x: &[bool]) -> Option<(f64, f64)> {
+    if c.recompute_spread.len() != c.recompute_seconds.len() {
+        return None;
+    }
+    let chosen = || x.iter().zip(&c.recompute_spread).filter(|(on, _)| **on).map(|(_, s)| s);
+    Some((
+        c.seconds_none.min + chosen().map(|s| s.min).sum::<f64>(),
+        c.seconds_none.max + chosen().map(|s| s.max).sum::<f64>(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{ConfigSpec, Contention, FixedBytes, Stats};
+
+    fn stats(min: f64, median: f64, max: f64) -> Stats {
+        Stats { median, min, max, n: 3 }
+    }
+
+    fn profile(spread: Vec<Stats>) -> ConfigProfile {
+        ConfigProfile {
+            config: ConfigSpec {
+                precision: "fp32".into(),
+                optimizer: "adamw".into(),
+                optimizer_impl: None,
+                micro_batch: 1,
+                grad_accum: 1,
+                set_to_none: true,
+            },
+            fixed: FixedBytes::default(),
+            regimes: Vec::new(),
+            optimizer_peak: 0,
+            peak_none: 0,
+            peak_all: 0,
+            seconds_none: stats(0.9, 1.0, 1.2),
+            seconds_all: stats(1.5, 1.6, 1.8),
+            recompute_seconds: spread.iter().map(|s| s.median).collect(),
+            steps_run: 8,
+            wall_seconds: 10.0,
+            recompute_spread: spread,
+            contention: Contention::default(),
+        }
+    }
+
+    #[test]
+    fn the_predicted_range_adds_the_chosen_units_extremes_around_the_median_estimate() {
+        let c = profile(vec![stats(0.1, 0.2, 0.25), stats(0.3, 0.3, 0.5), stats(0.05, 0.1, 0.1)]);
+        let x = [true, false, true];
+        assert!((seconds_at(&c, &x) - 1.3).abs() < 1e-12);
+        let (lo, hi) = seconds_range_at(&c, &x).unwrap();
+        assert!((lo - (0.9 + 0.1 + 0.05)).abs() < 1e-12, "{lo}");
+        assert!((hi - (1.2 + 0.25 + 0.1)).abs() < 1e-12, "{hi}");
+        let (lo, hi) = seconds_range_at(&c, &[false; 3]).unwrap();
+        assert_eq!((lo, hi), (0.9, 1.2));
+        // A profile without its recompute samples has no range.
+        let mut old = c.clone();
+        old.recompute_spread.clear();
+        assert_eq!(seconds_range_at(&old, &x), None);
+    }
 }

@@ -11,18 +11,48 @@
 pub struct ConfigSpec {
     pub precision: String,
     pub optimizer: String,
+    /// `torch.optim`'s implementation (`single`, `foreach`, `fused`) for the optimizers it has;
+    /// absent for the others (lion, the 8-bit ones) and in documents written before the choice
+    /// existed.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub optimizer_impl: Option<String>,
     pub micro_batch: i64,
     pub grad_accum: i64,
     pub set_to_none: bool,
 }
 
 impl ConfigSpec {
+    /// The same config, where a document written before the implementations were a choice
+    /// (`optimizer_impl` absent) stands for the single-tensor loop, the one it measured.
+    pub fn same_as(&self, other: &ConfigSpec) -> bool {
+        let imp = |c: &ConfigSpec| match c.optimizer_impl.as_deref() {
+            None => "single".to_owned(),
+            Some(i) => i.to_owned(),
+        };
+        ConfigSpec {
+            optimizer_impl: None,
+            ..self.clone()
+        } == ConfigSpec {
+            optimizer_impl: None,
+            ..other.clone()
+        } && imp(self) == imp(other)
+    }
+
+    /// `adamw`, or `adamw-foreach`/`adamw-fused` for those implementations: the single-tensor
+    /// loop is PyTorch's CPU default and goes unnamed.
+    pub fn optimizer_label(&self) -> String {
+        match self.optimizer_impl.as_deref() {
+            None | Some("single") => self.optimizer.clone(),
+            Some(i) => format!("{}-{i}", self.optimizer),
+        }
+    }
+
     /// `bf16/adamw/mb8x1`, with `/zero` when gradients are zeroed in place.
     pub fn label(&self) -> String {
         format!(
             "{}/{}/mb{}x{}{}",
             self.precision,
-            self.optimizer,
+            self.optimizer_label(),
             self.micro_batch,
             self.grad_accum,
             if self.set_to_none { "" } else { "/zero" }
@@ -152,6 +182,50 @@ impl Stats {
     }
 }
 
+/// How busy the rest of the machine was while a config's steps were timed (docs/timing.md).
+/// A sample is contended when the rest of the machine took more CPU than the step's threads
+/// leave free; contended samples are re-timed, and the estimates use the quiet ones.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Contention {
+    /// Timed samples behind the estimates. 0: not recorded (a profile from before ckptune
+    /// checked for contention).
+    pub samples: usize,
+    /// Of those, how many ran contended: a kind of step with no quiet sample left its
+    /// contended ones in (its estimate is a busy machine's).
+    pub contended: usize,
+    /// Samples whose load could not be judged: no reading (no `/proc`), or a step too short
+    /// for the counters to resolve one busy core.
+    pub unchecked: usize,
+    /// Steps run again because their timing was contended.
+    pub retimed: usize,
+    /// CPU the rest of the machine took during the samples behind the estimates, in cores
+    /// (CPU seconds per second): the median and the highest.
+    pub other_cores_median: f64,
+    pub other_cores_max: f64,
+}
+
+impl Contention {
+    /// Whether the load was checked at all.
+    pub fn recorded(&self) -> bool {
+        self.samples > 0
+    }
+
+    pub fn unrecorded(&self) -> bool {
+        !self.recorded()
+    }
+
+    /// Some estimate rests on contended samples: no quiet sample could be had.
+    pub fn contended(&self) -> bool {
+        self.contended > 0
+    }
+
+    /// Every sample escaped judgement: nothing is known about the load.
+    pub fn unjudged(&self) -> bool {
+        self.recorded() && self.unchecked == self.samples
+    }
+}
+
 /// Everything measured for one config. Fields are in the order of the profile format.
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -164,12 +238,21 @@ pub struct ConfigProfile {
     /// Measured whole-step peaks (absolute) with nothing and with everything checkpointed.
     pub peak_none: i64,
     pub peak_all: i64,
-    /// Step times (whole optimizer step, all micro-steps) with nothing / everything checkpointed.
+    /// Step times (whole optimizer step, all micro-steps) with nothing / everything checkpointed,
+    /// over the quiet samples (docs/timing.md); estimates use the median.
     pub seconds_none: Stats,
     pub seconds_all: Stats,
     /// Extra seconds per optimizer step if the block (then, after the blocks, the group) is
-    /// checkpointed: its no-grad forward, once per micro-step.
+    /// checkpointed: its no-grad forward, once per micro-step (the median of `recompute_spread`).
     pub recompute_seconds: Vec<f64>,
     pub steps_run: usize,
     pub wall_seconds: f64,
+    /// The samples behind `recompute_seconds`, per unit (empty in profiles from before
+    /// ckptune recorded it).
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub recompute_spread: Vec<Stats>,
+    /// How busy the rest of the machine was while the steps were timed (left out of documents
+    /// when not recorded, so older profiles and the plans made from them read back unchanged).
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Contention::unrecorded"))]
+    pub contention: Contention,
 }

@@ -88,6 +88,12 @@ pub struct ModelArgs {
     /// adam8bit, adamw8bit (8-bit block-wise moments, a quarter of Adam's state).
     #[arg(long, value_delimiter = ',', default_value = "adamw")]
     pub optimizer: Vec<String>,
+    /// torch.optim implementations to consider for sgd, sgd-momentum, adam and adamw,
+    /// comma-separated: single (`foreach=False`), foreach, fused. They differ in the optimizer
+    /// step's temporaries. Default: PyTorch's own default for the device (single on CPU,
+    /// foreach on CUDA), so the plan holds in a loop that does not set them.
+    #[arg(long, value_delimiter = ',')]
+    pub optimizer_impl: Vec<String>,
     /// Also consider the 8-bit variant of each Adam-family optimizer given (adamw → adamw8bit).
     #[arg(long)]
     pub allow_8bit: bool,

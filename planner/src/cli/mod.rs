@@ -1,13 +1,15 @@
 //! The CLI: thin glue from arguments to the runtime, the solver and the formats. One file per
 //! subcommand under [`commands`]; [`setup`] resolves flags and builds the sessions every
 //! command that runs a model starts from; [`error`] decides exit codes by error type;
-//! [`output`] prints to stdout without panicking on a closed pipe.
+//! [`output`] prints to stdout without panicking on a closed pipe; [`timing`] words what
+//! commands say about step times timed on a busy machine.
 
 pub mod args;
 pub mod commands;
 pub mod error;
 pub mod output;
 pub mod setup;
+pub mod timing;
 
 use std::process::ExitCode;
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use ckptune_models::{Chain, Granularity, ModelOptions};
 use ckptune_runtime::profile::{profile, ProfileSettings};
-use ckptune_runtime::{OptimizerKind, Precision, Session, TrainConfig};
+use ckptune_runtime::{OptimizerImpl, OptimizerKind, Precision, Session, TrainConfig};
 use ckptune_solver::formats::{self, BlockJson, CachedConfig, DeviceJson, GroupJson, ModelJson, ProfileJson};
 use tch::Device;
 
@@ -94,6 +94,25 @@ impl Setup {
                 }
             }
         }
+        let impls: Vec<OptimizerImpl> = if a.optimizer_impl.is_empty() {
+            vec![OptimizerImpl::default_for(device)]
+        } else {
+            let mut v: Vec<OptimizerImpl> = a
+                .optimizer_impl
+                .iter()
+                .map(|i| i.parse::<OptimizerImpl>().context("--optimizer-impl"))
+                .collect::<Result<_>>()?;
+            v.dedup();
+            if !optimizers.iter().any(|o| o.in_torch_optim()) {
+                return Err(usage(format!(
+                    "--optimizer-impl {}: none of the optimizers ({}) is torch.optim's; the \
+                     implementations apply to sgd, sgd-momentum, adam and adamw",
+                    a.optimizer_impl.join(","),
+                    a.optimizer.join(",")
+                )));
+            }
+            v
+        };
         let default_batch = if a.model.contains("bert") || a.model.contains("gpt") {
             4
         } else {
@@ -116,8 +135,20 @@ impl Setup {
             return Err(usage(format!("--global-batch {global_batch}: must be at least 1")));
         }
         let mut configs = Vec::new();
+        // Lion and the 8-bit optimizers have one implementation each.
+        let variants: Vec<(OptimizerKind, OptimizerImpl)> = optimizers
+            .iter()
+            .flat_map(|&o| {
+                let own = if o.in_torch_optim() {
+                    impls.clone()
+                } else {
+                    vec![OptimizerImpl::Single]
+                };
+                own.into_iter().map(move |i| (o, i))
+            })
+            .collect();
         for &p in &precisions {
-            for &o in &optimizers {
+            for &(o, imp) in &variants {
                 for &mb in &batches {
                     if global_batch % mb != 0 {
                         if batches.len() == 1 {
@@ -129,6 +160,7 @@ impl Setup {
                         continue;
                     }
                     let mut c = TrainConfig::new(p, o, mb);
+                    c.optimizer_impl = imp;
                     c.grad_accum = global_batch / mb;
                     c.set_to_none = !a.zero_grad_in_place;
                     configs.push(c);
@@ -249,8 +281,10 @@ impl Setup {
             // `win2`: every allocation of the step inside a moment's window (the recompute's
             // RNG swap joined its window). `cpu`: oneDNN picks kernels, and so workspace
             // sizes, by the CPU's vector extensions; a profile from another CPU is not exact.
-            // `--candidates` and `--state-dict-key` choose the chain and the weights.
-            "v{}|chain2|win2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|{}|{:?}|threads={}|repeats={}",
+            // `--candidates` and `--state-dict-key` choose the chain and the weights. `optim2`:
+            // the optimizers allocate what torch.optim's implementations allocate. `timing1`:
+            // step times checked for contention; older profiles did not record it.
+            "v{}|chain2|win2|optim2|timing1|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             cpu_identity(),
             model_id,
@@ -328,7 +362,9 @@ pub fn cpu_identity() -> String {
 }
 
 /// Profiles every config of `setup`, reusing cached profiles; each finished config is cached
-/// at once, so an interrupted run resumes where it stopped.
+/// at once, so an interrupted run resumes where it stopped. A cached config whose step times
+/// could not get quiet samples is not reused: it is profiled again, and the new profile
+/// replaces it (docs/timing.md).
 pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
     tch::set_num_threads(setup.threads);
     ckptune_kernels::meter::install()?;
@@ -342,10 +378,20 @@ pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
             .map(|d| d.join(format!("{:016x}.json", fnv1a(&key))));
         if let Some(f) = &cache_file {
             if let Ok(cached) = formats::read_tagged::<CachedConfig>(f, formats::CACHE_FORMAT) {
-                if cached.key == key {
+                if cached.key == key && !cached.profile.contention.contended() {
                     model.get_or_insert(cached.model);
                     configs.push(cached.profile);
                     continue;
+                }
+                if cached.key == key && !setup.quiet {
+                    eprintln!(
+                        "note: the cached profile of {} under {} was timed on a busy machine ({} of {} \
+                         samples contended); profiling it again",
+                        setup.model,
+                        cfg.label(),
+                        cached.profile.contention.contended,
+                        cached.profile.contention.samples
+                    );
                 }
             }
         }
@@ -356,6 +402,7 @@ pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
             &ProfileSettings {
                 repeats: setup.repeats,
                 quiet: setup.quiet,
+                ..Default::default()
             },
         )
         .with_context(|| format!("profiling {} under {}", setup.model, cfg.label()))?;

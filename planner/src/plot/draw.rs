@@ -122,7 +122,7 @@ pub(super) fn titled<DB: DrawingBackend>(
 }
 
 /// Opacity of whiskers: visible, but quieter than the markers they belong to.
-pub(super) const WHISKER_OPACITY: f64 = 0.6;
+pub const WHISKER_OPACITY: f64 = 0.6;
 
 /// A horizontal whisker from `from` to `to` with short end caps, in any coordinate system.
 pub(super) fn draw_whisker<DB: DrawingBackend, CT: CoordTranslate>(

@@ -19,6 +19,7 @@ use std::path::Path;
 use ckptune_solver::formats::FormatError;
 
 use candidates::Candidates;
+pub use draw::WHISKER_OPACITY;
 use render::write_figure;
 use tradeoff::Scatter;
 
@@ -133,6 +134,9 @@ pub struct TradeoffPoint {
     /// Throughput lost by the fastest and the slowest timed step, drawn as a whisker through
     /// the measured marker: on a shared machine one slow step can move a median far.
     pub throughput_lost_range_pct: Option<(f64, f64)>,
+    /// Throughput lost as predicted from the profile's fastest and slowest samples, drawn as a
+    /// whisker through the predicted marker.
+    pub predicted_range_pct: Option<(f64, f64)>,
 }
 
 /// What checkpointing one candidate block alone saves and costs.
@@ -224,7 +228,12 @@ pub fn scatter(points: &[TradeoffPoint], meta: &PlotMeta, svg_path: &Path, png_p
             .into_iter()
             .flatten()
             .flat_map(|t| [t.throughput_lost_pct, t.memory_saved_pct])
-            .chain(p.throughput_lost_range_pct.into_iter().flat_map(|(a, b)| [a, b]));
+            .chain(
+                [p.throughput_lost_range_pct, p.predicted_range_pct]
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|(a, b)| [a, b]),
+            );
         check_finite(svg_path, &p.label, values)?;
     }
     if points.iter().all(|p| p.measured.is_none() && p.predicted.is_none()) {

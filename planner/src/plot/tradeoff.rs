@@ -81,7 +81,8 @@ impl Figure for Scatter<'_> {
             .enumerate()
             .filter_map(|(i, p)| p.predicted.map(|t| (i, t)))
             .collect();
-        // Whiskers belong to measured points; only those are drawn, so only those count.
+        // Whiskers belong to drawn points: a measured range through its measured marker, a
+        // predicted range through its predicted one.
         let whiskers: Vec<(usize, (f64, f64), f64)> = measured
             .iter()
             .filter_map(|(i, t)| {
@@ -89,6 +90,11 @@ impl Figure for Scatter<'_> {
                     .throughput_lost_range_pct
                     .map(|r| (*i, r, t.memory_saved_pct))
             })
+            .chain(
+                predicted
+                    .iter()
+                    .filter_map(|(i, t)| self.points[*i].predicted_range_pct.map(|r| (*i, r, t.memory_saved_pct))),
+            )
             .collect();
         let all = measured.iter().chain(&predicted).map(|(_, t)| *t);
         let (mut x0, mut x1, mut y0, mut y1) = (0f64, 0f64, 0f64, 0f64);

@@ -6,7 +6,8 @@
 //! lazily allocated gradients and oneDNN's primitive caches exist afterwards), then `repeats`
 //! steps with nothing checkpointed (step A; the first is instrumented) and `repeats` with every
 //! candidate checkpointed (step B; the first is instrumented). Memory comes from the two
-//! instrumented steps; times are medians over the repeats.
+//! instrumented steps; times are medians over the repeats' quiet samples: a sample timed while
+//! the rest of the machine was busy is re-timed after the instrumented steps (docs/timing.md).
 //!
 //! Terms are differences of absolute meter levels, with the level before each moment taken
 //! from the model itself, so the model reproduces steps A and B exactly by construction; what
@@ -15,7 +16,9 @@
 use std::time::Instant;
 
 use ckptune_kernels::meter;
-pub use ckptune_solver::profile::{BlockProfile, ConfigProfile, FixedBytes, GroupProfile, RegimeProfile, Stats};
+pub use ckptune_solver::profile::{
+    BlockProfile, ConfigProfile, Contention, FixedBytes, GroupProfile, RegimeProfile, Stats,
+};
 
 use crate::error::Result;
 use crate::exec::{Session, StepTrace};
@@ -23,8 +26,11 @@ use crate::progress::progress_bar;
 
 mod moments;
 mod terms;
+pub mod timing;
 
 pub use moments::measured_moments;
+pub use timing::RetimePolicy;
+use timing::{ContentionTally, Retimer, Sample};
 
 /// Profiling settings.
 #[derive(Debug, Clone)]
@@ -32,6 +38,8 @@ pub struct ProfileSettings {
     /// Timed repeats of each of steps A and B (≥ 1).
     pub repeats: usize,
     pub quiet: bool,
+    /// How samples timed while the machine was busy are re-timed.
+    pub retime: RetimePolicy,
 }
 
 impl Default for ProfileSettings {
@@ -39,6 +47,7 @@ impl Default for ProfileSettings {
         Self {
             repeats: 3,
             quiet: false,
+            retime: RetimePolicy::default(),
         }
     }
 }
@@ -75,47 +84,37 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
     }
 
     let mut trace_c = StepTrace::default();
-    let mut group_secs: Vec<Vec<f64>> = vec![Vec::new(); session.chain.groups.len()];
     let mut trace_a = StepTrace::default();
     let mut trace_b = StepTrace::default();
-    let mut secs_a = Vec::new();
-    let mut secs_b = Vec::new();
-    let mut fwd_ng: Vec<Vec<f64>> = vec![Vec::new(); n];
+    // Timed samples per kind of step: A (nothing checkpointed), B (every candidate block
+    // checkpointed; with each block's no-grad forward time), C (every group checkpointed; with
+    // each group's). The first of each is instrumented.
+    let mut samples_a: Vec<Sample<()>> = Vec::new();
+    let mut samples_b: Vec<UnitSample> = Vec::new();
+    let mut samples_c: Vec<UnitSample> = Vec::new();
     let mut peak_none = 0;
     let mut peak_all = 0;
     for r in 0..repeats {
         let ra = session.step(&none, if r == 0 { Some(&mut trace_a) } else { None })?;
         pb.inc(1);
-        secs_a.push(ra.seconds);
+        samples_a.push(Sample::of(&ra, ()));
         if r == 0 {
             peak_none = ra.peak_bytes;
         }
-        let mut tb = StepTrace::default();
-        let rb = session.step(&all, Some(&mut tb))?;
+        let (sb, tb, peak) = step_b(session, &all)?;
         pb.inc(1);
-        secs_b.push(rb.seconds);
-        for (i, v) in fwd_ng.iter_mut().enumerate() {
-            v.push(tb.micro.iter().map(|m| m.blocks[i].fwd_seconds).sum::<f64>());
-        }
         if r == 0 {
-            peak_all = rb.peak_bytes;
+            peak_all = peak;
             trace_b = tb;
         }
+        samples_b.push(sb);
         if let Some(c) = &grouped {
-            let mut tc = StepTrace::default();
-            session.step(c, Some(&mut tc))?;
+            let (sc, tc) = step_c(session, c)?;
             pb.inc(1);
-            for (g, v) in session.chain.groups.iter().zip(group_secs.iter_mut()) {
-                v.push(
-                    tc.micro
-                        .iter()
-                        .map(|m| m.blocks[g.first..=g.last].iter().map(|b| b.fwd_seconds).sum::<f64>())
-                        .sum(),
-                );
-            }
             if r == 0 {
                 trace_c = tc;
             }
+            samples_c.push(sc);
         }
     }
     // A′: the blocks' plain terms, with boundaries inside groups.
@@ -131,6 +130,17 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
             Some(t)
         }
     };
+    // Contended samples are re-timed after the instrumented steps, so the steps memory comes
+    // from run exactly as they would on a quiet machine.
+    let mut retimer = Retimer::new(settings.retime);
+    retimer.retime(&mut samples_a, || Ok(Sample::of(&session.step(&none, None)?, ())))?;
+    retimer.retime(&mut samples_b, || Ok(step_b(session, &all)?.0))?;
+    if let Some(c) = &grouped {
+        retimer.retime(&mut samples_c, || Ok(step_c(session, c)?.0))?;
+    }
+    let retimed = retimer.retimed;
+    pb.inc_length(retimed as u64);
+    pb.inc(retimed as u64);
     pb.finish_and_clear();
 
     // With groups, A is the fused step and A′ gives the blocks' plain terms.
@@ -151,13 +161,25 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
         )?);
     }
     // The no-grad forward is what checkpointing adds (the recompute replaces the grad-mode
-    // forward of a plain step).
-    let recompute_seconds: Vec<f64> = fwd_ng
-        .iter()
-        .zip(&session.chain.blocks)
-        .map(|(v, b)| if b.candidate { Stats::of(v).median } else { 0.0 })
-        .chain(group_secs.iter().map(|v| Stats::of(v).median))
+    // forward of a plain step), from the samples the estimates use.
+    let unit_stats = |samples: &[UnitSample], i: usize| {
+        Stats::of(&timing::used(samples).iter().map(|s| s.extra[i]).collect::<Vec<_>>())
+    };
+    let recompute_spread: Vec<Stats> = (0..n)
+        .map(|i| {
+            if session.chain.blocks[i].candidate {
+                unit_stats(&samples_b, i)
+            } else {
+                Stats::default()
+            }
+        })
+        .chain((0..session.chain.groups.len()).map(|g| unit_stats(&samples_c, g)))
         .collect();
+    let recompute_seconds = recompute_spread.iter().map(|s| s.median).collect();
+    let mut tally = ContentionTally::default();
+    tally.add(&samples_a);
+    tally.add(&samples_b);
+    tally.add(&samples_c);
 
     let (parameters, buffers) = session.param_and_buffer_bytes();
     let start = trace_a.micro[0].start;
@@ -184,12 +206,47 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
         optimizer_peak: trace_a.opt_peak,
         peak_none,
         peak_all,
-        seconds_none: Stats::of(&secs_a),
-        seconds_all: Stats::of(&secs_b),
+        seconds_none: timing::seconds(&samples_a),
+        seconds_all: timing::seconds(&samples_b),
         recompute_seconds,
-        steps_run: kinds + kinds * repeats + split_steps,
+        steps_run: kinds + kinds * repeats + split_steps + retimed,
         wall_seconds: t0.elapsed().as_secs_f64(),
+        recompute_spread,
+        contention: tally.finish(retimed),
     })
+}
+
+/// A timed step with the seconds of each block or group in it.
+type UnitSample = Sample<Vec<f64>>;
+
+/// Step B (every candidate block checkpointed), instrumented: its sample with each block's
+/// no-grad forward seconds (summed over micro-steps), its trace and its peak.
+fn step_b(session: &mut Session, all: &[bool]) -> Result<(UnitSample, StepTrace, i64)> {
+    let mut tb = StepTrace::default();
+    let rb = session.step(all, Some(&mut tb))?;
+    let fwd_ng = (0..session.chain.blocks.len())
+        .map(|i| tb.micro.iter().map(|m| m.blocks[i].fwd_seconds).sum::<f64>())
+        .collect();
+    Ok((Sample::of(&rb, fwd_ng), tb, rb.peak_bytes))
+}
+
+/// Step C (every group checkpointed whole), instrumented: its sample with each group's no-grad
+/// forward seconds, and its trace.
+fn step_c(session: &mut Session, groups: &[bool]) -> Result<(UnitSample, StepTrace)> {
+    let mut tc = StepTrace::default();
+    let rc = session.step(groups, Some(&mut tc))?;
+    let secs = session
+        .chain
+        .groups
+        .iter()
+        .map(|g| {
+            tc.micro
+                .iter()
+                .map(|m| m.blocks[g.first..=g.last].iter().map(|b| b.fwd_seconds).sum::<f64>())
+                .sum()
+        })
+        .collect();
+    Ok((Sample::of(&rc, secs), tc))
 }
 
 fn batch_bytes(session: &mut Session) -> i64 {

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use ckptune_models::toy::{toy, ToyConfig};
-use ckptune_runtime::profile::{profile, ConfigProfile, ProfileSettings};
+use ckptune_runtime::profile::{profile, ConfigProfile, ProfileSettings, RetimePolicy};
 use ckptune_runtime::{Session, TrainConfig};
 use tch::{Device, Tensor};
 
@@ -13,13 +13,14 @@ pub fn toy_session(toy_cfg: &ToyConfig, cfg: TrainConfig) -> Session {
     Session::new(toy(toy_cfg, Device::Cpu), cfg, Device::Cpu).expect("session")
 }
 
-/// A profile with one timed repeat (memory needs no more) and no progress bar.
+/// A profile with one timed repeat (memory needs no more), no re-timing and no progress bar.
 pub fn quick_profile(s: &mut Session) -> ConfigProfile {
     profile(
         s,
         &ProfileSettings {
             repeats: 1,
             quiet: true,
+            retime: RetimePolicy::never(),
         },
     )
     .expect("profile")

@@ -2,7 +2,9 @@
 //! where its data meets serde (the profile's measured terms, [`crate::profile`], derive serde
 //! behind the same `serde` feature so that the profile format embeds them unchanged). Every
 //! document carries `"format": "ckptune.<kind>/1"`; readers reject other kinds and versions
-//! with a message that says what was found and expected. Writes are atomic.
+//! with a message that says what was found and expected. A field added with a default keeps
+//! the version (older documents read with the default, older ckptune ignores the field: the
+//! timing fields of docs/timing.md); a changed or removed field bumps it. Writes are atomic.
 
 use std::fs;
 use std::io::Write;
@@ -25,7 +27,7 @@ pub use plan::{
     AlternativeJson, CheckpointJson, CorrectionJson, PlanFailureJson, PlanJson, PredictedJson, ShapeJson, SolverJson,
 };
 pub use profile::{BlockJson, DeviceJson, GroupJson, ModelJson, ModelListing, ProfileJson};
-pub use python::{python_literal, string_field};
+pub use python::python_literal;
 pub use pytorch::{PytorchRunJson, VerifyPytorchJson};
 pub use run::{MeasuredRun, MismatchJson, PredictedRun, TrainJson, TrainStepJson, VerifyJson};
 pub use sweep::{SweepConfigJson, SweepJson, SweepPointJson};

@@ -14,7 +14,11 @@ pub struct CheckpointJson {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PredictedJson {
     pub peak_bytes: i64,
+    /// The median-based estimate, and the spread the profile's samples allow around it
+    /// (fastest, slowest; absent for profiles without recompute samples). docs/timing.md.
     pub step_seconds: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_seconds_range: Option<[f64; 2]>,
     /// Fraction of this config's throughput lost to recompute: 1 − t(nothing) / t(plan).
     pub throughput_loss: f64,
     /// The moment of the step where the peak occurs.

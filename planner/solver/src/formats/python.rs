@@ -15,12 +15,6 @@ pub fn python_literal<T: Serialize>(value: &T) -> Result<String, FormatError> {
     Ok(literal(&v))
 }
 
-/// A string field of a document part, if it has one (`optimizer_impl` of a config, which plans
-/// of earlier versions lack).
-pub fn string_field<T: Serialize>(value: &T, name: &str) -> Option<String> {
-    serde_json::to_value(value).ok()?.get(name)?.as_str().map(str::to_owned)
-}
-
 fn literal(v: &serde_json::Value) -> String {
     use serde_json::Value;
     match v {
@@ -51,8 +45,5 @@ mod tests {
             python_literal(&v).unwrap(),
             r#"{"a": [True, False, None, 1, 2.5, "x\"y\\z\n"], "b": {}}"#
         );
-        assert_eq!(string_field(&v, "a"), None);
-        let c: serde_json::Value = serde_json::from_str(r#"{"optimizer_impl": "fused"}"#).unwrap();
-        assert_eq!(string_field(&c, "optimizer_impl").as_deref(), Some("fused"));
     }
 }

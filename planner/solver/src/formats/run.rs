@@ -2,18 +2,24 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::profile::{ConfigSpec, Stats};
+use crate::profile::{ConfigSpec, Contention, Stats};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PredictedRun {
     pub peak_bytes: i64,
     pub step_seconds: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_seconds_range: Option<[f64; 2]>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MeasuredRun {
     pub peak_bytes: i64,
+    /// Over the quiet timed steps (all of them when none was quiet); docs/timing.md.
     pub step_seconds: Stats,
+    /// How busy the rest of the machine was during the timed steps.
+    #[serde(default)]
+    pub contention: Contention,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,6 +52,10 @@ pub struct VerifyJson {
     /// Every moment where the measurement differs from the model (empty: byte-exact). A
     /// difference is a defect of the model, reported with the moment where it occurred.
     pub mismatches: Vec<MismatchJson>,
+    /// What the reader should know about the step times: steps timed on a busy machine, here or
+    /// in the plan's profile.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,6 +66,10 @@ pub struct TrainStepJson {
     pub peak_bytes: i64,
     /// Level when the step started (parameters, buffers, optimizer state, batch, …).
     pub start_bytes: i64,
+    /// CPU the rest of the machine took while the step ran, in cores (absent where it cannot
+    /// be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_cores: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -614,7 +614,7 @@ fn torchtitan(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
          TRAINING = {{\n{training}}}\n"
     );
     // `optimizer_impl` (single, foreach, fused) as the plan's config names it, when it does.
-    let impl_kwargs = match formats::string_field(c, "optimizer_impl").as_deref() {
+    let impl_kwargs = match c.optimizer_impl.as_deref() {
         Some("foreach") => "{\"foreach\": True}",
         Some("fused") => "{\"fused\": True}",
         Some("single") => "{\"foreach\": False}",

@@ -11,7 +11,7 @@ use ckptune_solver::formats::{
     self, AlternativeJson, CheckpointJson, CorrectionJson, ModelJson, PlanFailureJson, PlanJson, PredictedJson,
     ProfileJson, ShapeJson, SolverJson,
 };
-use ckptune_solver::model::{solver_problem, unit_order};
+use ckptune_solver::model::{seconds_range_at, solver_problem, unit_order};
 use ckptune_solver::profile::ConfigSpec;
 use ckptune_solver::solver::{self, ConfigProblem, SolveError, SolveStatus};
 use ckptune_solver::{chain_model, regex_emit};
@@ -21,6 +21,7 @@ use crate::cli::args::PlanArgs;
 use crate::cli::error::UsageError;
 use crate::cli::output::{outln, print_json};
 use crate::cli::setup::{cpu_identity, measure_profile, Setup};
+use crate::cli::timing::{profile_notes, range_text};
 
 /// Names of the checkpointed units of choice `x` (unit order), in execution order: a group
 /// where its first block would be.
@@ -93,6 +94,7 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
             predicted: PredictedJson {
                 peak_bytes: sol.peak,
                 step_seconds: sol.seconds,
+                step_seconds_range: seconds_range_at(c, &sol.x).map(|(lo, hi)| [lo, hi]),
                 throughput_loss: if sol.seconds > 0.0 {
                     1.0 - base / sol.seconds
                 } else {
@@ -209,7 +211,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
             // The flags say which configs are allowed; a profile may hold more (or fewer).
             let allowed: Vec<ConfigSpec> = setup.configs.iter().map(TrainConfig::spec).collect();
             let measured: Vec<String> = prof.configs.iter().map(|c| c.config.label()).collect();
-            prof.configs.retain(|c| allowed.contains(&c.config));
+            prof.configs.retain(|c| allowed.iter().any(|a| a.same_as(&c.config)));
             if prof.configs.is_empty() {
                 return Err(UsageError(format!(
                     "profile {} holds none of the configs allowed by the flags ({}); it has: {}",
@@ -221,7 +223,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
             }
             let missing: Vec<String> = allowed
                 .iter()
-                .filter(|c| !prof.configs.iter().any(|pc| &pc.config == *c))
+                .filter(|c| !prof.configs.iter().any(|pc| pc.config.same_as(c)))
                 .map(ConfigSpec::label)
                 .collect();
             if !missing.is_empty() {
@@ -245,6 +247,10 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         }
         None => measure_profile(&setup)?,
     };
+    // Step times from a busy machine: said, not silently used (a cached profile was re-timed
+    // already; one given with --profile is used as it is). No path in the note: plans from the
+    // same profile read the same wherever it lies.
+    notes.extend(profile_notes(&profile, "the profile"));
     let measured_on = profile.device.device.split(':').next().unwrap_or("cpu").to_owned();
     let target = a.target.clone().unwrap_or_else(|| measured_on.clone());
     if target != "cpu" && target != "cuda" {
@@ -429,7 +435,7 @@ pub fn print_plan(p: &PlanJson) {
         format_size(p.budget_bytes as u64)
     );
     outln!(
-        "  {:<26} {:>5} {:>12} {:>12} {:>9}  checkpoint",
+        "  {:<32} {:>5} {:>12} {:>12} {:>9}  checkpoint",
         "config",
         "fits",
         "peak",
@@ -439,7 +445,7 @@ pub fn print_plan(p: &PlanJson) {
     for a in &p.alternatives {
         let mark = if a.config == p.config { "*" } else { " " };
         outln!(
-            "{mark} {:<26} {:>5} {:>12} {:>10.3} s {:>8.1}%  {}",
+            "{mark} {:<32} {:>5} {:>12} {:>10.3} s {:>8.1}%  {}",
             a.config.label(),
             if a.feasible { "yes" } else { "no" },
             format_size(a.predicted.peak_bytes as u64),
@@ -472,16 +478,32 @@ pub fn print_plan(p: &PlanJson) {
         p.predicted.peak_moment
     );
     outln!(
-        "  predicted step:   {:.3} s ({:.1}% throughput lost to recompute)",
+        "  predicted step:   {:.3} s ({}{:.1}% throughput lost to recompute)",
         p.predicted.step_seconds,
+        p.predicted
+            .step_seconds_range
+            .map(|r| format!("{} over the profile's samples; ", range_text(r)))
+            .unwrap_or_default(),
         100.0 * p.predicted.throughput_loss
     );
     outln!(
         "  training config:  precision {}, optimizer {}, micro-batch {}, gradient accumulation {}, set_to_none {}",
         p.config.precision,
-        p.config.optimizer,
+        optimizer_in_pytorch(&p.config),
         p.config.micro_batch,
         p.config.grad_accum,
         p.config.set_to_none
     );
+}
+
+/// The optimizer as the user builds it: `adamw (foreach=False)`, naming the torch.optim
+/// implementation the plan measured, which the user must select too (PyTorch's default differs
+/// by device).
+fn optimizer_in_pytorch(c: &ConfigSpec) -> String {
+    match c.optimizer_impl.as_deref() {
+        Some("single") => format!("{} (foreach=False)", c.optimizer),
+        Some("foreach") => format!("{} (foreach=True)", c.optimizer),
+        Some("fused") => format!("{} (fused=True)", c.optimizer),
+        _ => c.optimizer.clone(),
+    }
 }

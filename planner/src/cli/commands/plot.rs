@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 
 use ckptune_solver::formats::{self, DeviceJson, ProfileJson, SweepConfigJson, SweepJson};
-use ckptune_solver::model::{peak_at, seconds_at};
+use ckptune_solver::model::{peak_at, seconds_at, seconds_range_at};
 use ckptune_solver::profile::ConfigSpec;
 
 use crate::cli::args::PlotArgs;
@@ -72,7 +72,7 @@ fn meta(model: &str, device: &DeviceJson, c: &ConfigSpec, source: String) -> Plo
         grad_accum: c.grad_accum,
         set_to_none: c.set_to_none,
         precision: c.precision.clone(),
-        optimizer: c.optimizer.clone(),
+        optimizer: c.optimizer_label(),
         device: format!("{}, {} threads", device.device, device.threads),
         source,
     }
@@ -81,7 +81,10 @@ fn meta(model: &str, device: &DeviceJson, c: &ConfigSpec, source: String) -> Plo
 fn config_name(model: &str, c: &ConfigSpec) -> String {
     format!(
         "{model} under {} / {} / micro-batch {} × {}",
-        c.precision, c.optimizer, c.micro_batch, c.grad_accum
+        c.precision,
+        c.optimizer_label(),
+        c.micro_batch,
+        c.grad_accum
     )
 }
 
@@ -160,6 +163,11 @@ fn sweep_series(s: &SweepJson, c: &SweepConfigJson) -> Result<(Vec<TradeoffPoint
             }),
             _ => None,
         };
+        // The predicted spread, relative to the predicted median with nothing checkpointed.
+        let predicted_range_pct = match (predicted, pred_base, p.predicted_step_range) {
+            (Some(_), Some((_, pt0)), Some([lo, hi])) if lo > 0.0 => Some((lost_pct(pt0, lo), lost_pct(pt0, hi))),
+            _ => None,
+        };
         points.push(TradeoffPoint {
             label: plot::subset_label(&p.modules),
             baseline: p.modules.is_empty(),
@@ -169,6 +177,7 @@ fn sweep_series(s: &SweepJson, c: &SweepConfigJson) -> Result<(Vec<TradeoffPoint
             }),
             predicted,
             throughput_lost_range_pct: Some((lost_pct(t0, p.step_seconds.min), lost_pct(t0, p.step_seconds.max))),
+            predicted_range_pct,
         });
     }
     // Single-block subsets, in chain order.
@@ -227,14 +236,17 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
         }
 
         // Per candidate (blocks, then groups): the bytes it keeps plain minus checkpointed.
-        let bar = |label: &str, saved: i64, rec: f64| CandidateBar {
+        let bar = |label: &str, saved: i64, u: usize| CandidateBar {
             block: label.to_owned(),
             saved_bytes: saved,
             saved_pct: 100.0 * saved as f64 / c.peak_none as f64,
-            cost_seconds: rec,
-            cost_pct: 100.0 * rec / t0,
-            // The profile keeps one recompute time per candidate, not its spread.
-            cost_range_pct: None,
+            cost_seconds: c.recompute_seconds[u],
+            cost_pct: 100.0 * c.recompute_seconds[u] / t0,
+            // The fastest and slowest recompute sample (profiles before ckptune kept them: none).
+            cost_range_pct: c
+                .recompute_spread
+                .get(u)
+                .map(|s| (100.0 * s.min / t0, 100.0 * s.max / t0)),
         };
         // In execution order, a group just before its blocks. A block saves what it keeps plain
         // minus checkpointed; a group what it keeps run plain (fused) minus checkpointed.
@@ -242,12 +254,9 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
         let bars: Vec<CandidateBar> = ckptune_solver::chain_model::solver_order(n, &spans)
             .into_iter()
             .filter_map(|u| match regime.blocks.get(u) {
-                Some(b) if b.candidate => Some(bar(&b.name, b.kept_grad - b.kept_nograd, c.recompute_seconds[u])),
+                Some(b) if b.candidate => Some(bar(&b.name, b.kept_grad - b.kept_nograd, u)),
                 Some(_) => None,
-                None => regime
-                    .groups
-                    .get(u - n)
-                    .map(|g| bar(&g.name, g.fused_kept - g.kept, c.recompute_seconds[u])),
+                None => regime.groups.get(u - n).map(|g| bar(&g.name, g.fused_kept - g.kept, u)),
             })
             .collect();
 
@@ -257,6 +266,9 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
             throughput_lost_pct: lost_pct(pt0, seconds_at(c, mask)),
             memory_saved_pct: saved_pct(pp0, peak_at(c, mask).0 as f64),
         };
+        // The spread the profile's samples allow, relative to the median with nothing
+        // checkpointed (the whisker of the reference itself shows that median's own spread).
+        let spread = |mask: &[bool]| seconds_range_at(c, mask).map(|(lo, hi)| (lost_pct(pt0, lo), lost_pct(pt0, hi)));
         let mut points = vec![TradeoffPoint {
             label: plot::subset_label(&[]),
             baseline: true,
@@ -266,6 +278,7 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
             }),
             predicted: Some(predict(&none)),
             throughput_lost_range_pct: None,
+            predicted_range_pct: spread(&none),
         }];
         let names: Vec<&str> = regime
             .blocks
@@ -283,6 +296,7 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
                 measured: None,
                 predicted: Some(predict(&mask)),
                 throughput_lost_range_pct: None,
+                predicted_range_pct: spread(&mask),
             });
         }
         let all: Vec<bool> = (0..units).map(|i| i < n && candidate(i)).collect();
@@ -297,6 +311,7 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
                 measured,
                 predicted: Some(predict(&all)),
                 throughput_lost_range_pct: None,
+                predicted_range_pct: spread(&all),
             });
         }
 

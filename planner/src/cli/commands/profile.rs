@@ -10,6 +10,7 @@ use ckptune_solver::formats::{self, ProfileJson};
 use crate::cli::args::ProfileArgs;
 use crate::cli::output::{group_digits, outln, print_json};
 use crate::cli::setup::{measure_profile, Setup};
+use crate::cli::timing::contention_note;
 
 pub fn profile_cmd(a: ProfileArgs) -> Result<ExitCode> {
     let setup = Setup::resolve(&a.model, &[Precision::Fp32])?;
@@ -42,7 +43,7 @@ fn print_profile(p: &ProfileJson) {
             "\n{} / {} / micro-batch {} × {} / {}: peak {} with nothing checkpointed, {} with everything; \
              step {:.3} s (median of {}, {:.3}–{:.3})",
             cfg.precision,
-            cfg.optimizer,
+            cfg.optimizer_label(),
             cfg.micro_batch,
             cfg.grad_accum,
             if cfg.set_to_none { "set_to_none" } else { "zeroed grads" },
@@ -53,6 +54,9 @@ fn print_profile(p: &ProfileJson) {
             c.seconds_none.min,
             c.seconds_none.max
         );
+        if let Some(n) = contention_note("this profile", &c.contention) {
+            outln!("  note: {n}");
+        }
         outln!(
             "  fixed: parameters {}, buffers {}, optimizer state {}, gradients {}, batch {}",
             format_size(c.fixed.parameters as u64),

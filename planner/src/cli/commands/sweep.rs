@@ -5,12 +5,14 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use ckptune_models::Chain;
+use ckptune_runtime::profile::timing::{self, timed_steps};
+use ckptune_runtime::profile::RetimePolicy;
 use ckptune_runtime::progress::progress_bar;
 use ckptune_runtime::{Precision, Session};
 use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, ProfileJson, SweepConfigJson, SweepJson, SweepPointJson};
-use ckptune_solver::model::{peak_at, seconds_at};
-use ckptune_solver::profile::{ConfigProfile, Stats};
+use ckptune_solver::model::{peak_at, seconds_at, seconds_range_at};
+use ckptune_solver::profile::ConfigProfile;
 
 use crate::cli::args::SweepArgs;
 use crate::cli::error::UsageError;
@@ -72,7 +74,7 @@ pub fn sweep_cmd(a: SweepArgs) -> Result<ExitCode> {
         }
         let cp = prof
             .as_ref()
-            .and_then(|p| p.configs.iter().find(|c| c.config == cfg.spec()));
+            .and_then(|p| p.configs.iter().find(|c| c.config.same_as(&cfg.spec())));
         let points = sweep(&mut s, &masks, setup.repeats, setup.quiet, cp)?;
         model.get_or_insert_with(|| model_json(&s.chain));
         configs.push(SweepConfigJson {
@@ -99,8 +101,9 @@ pub fn sweep_cmd(a: SweepArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Measures each mask: one warm-up step, then `repeats` timed steps; the peak is the first
-/// timed step's (identical across repeats on CPU, which the sweep checks).
+/// Measures each mask: one warm-up step, then `repeats` timed steps, contended ones re-timed
+/// (docs/timing.md); the peak is the first timed step's (identical across steps on CPU, which
+/// the sweep checks).
 pub fn sweep(
     s: &mut Session,
     masks: &[Vec<bool>],
@@ -120,13 +123,17 @@ pub fn sweep(
         let mut secs = Vec::new();
         let mut peaks = Vec::new();
         let mut loss = 0.0;
-        for _ in 0..repeats {
-            let r = s.step(mask, None)?;
+        let mut timed = 0;
+        let (samples, contention) = timed_steps(s, mask, repeats, RetimePolicy::default(), |r| {
+            timed += 1;
+            if timed > repeats {
+                pb.inc_length(1);
+            }
             pb.inc(1);
             secs.push(r.seconds);
             peaks.push(r.peak_bytes);
             loss = r.loss;
-        }
+        })?;
         if s.device == tch::Device::Cpu && peaks.iter().any(|p| *p != peaks[0]) {
             bail!(
                 "sweep of {} {:?}: the peak differed between identical steps ({peaks:?})",
@@ -135,17 +142,18 @@ pub fn sweep(
             );
         }
         let names = s.chain.names_of(mask);
-        let stats = Stats::of(&secs);
         let pred = prof.map(|p| peak_at(p, mask));
         points.push(SweepPointJson {
             regex: ckptune_solver::regex_emit::checkpoint_regex(&names, &s.chain.modules)?,
             modules: names,
             peak_bytes: peaks[0],
-            step_seconds: stats.clone(),
-            step_samples: secs.clone(),
+            step_seconds: timing::seconds(&samples),
+            step_samples: secs,
+            contention,
             loss,
             predicted_peak_bytes: pred.as_ref().map(|p| p.0),
             predicted_step_seconds: prof.map(|p| seconds_at(p, mask)),
+            predicted_step_range: prof.and_then(|p| seconds_range_at(p, mask)).map(|(lo, hi)| [lo, hi]),
             predicted_moment: pred.map(|p| p.1),
         });
     }
@@ -159,7 +167,7 @@ fn print_sweep(s: &SweepJson) {
         outln!(
             "{} / {} / micro-batch {} × {}:",
             cfg.precision,
-            cfg.optimizer,
+            cfg.optimizer_label(),
             cfg.micro_batch,
             cfg.grad_accum
         );

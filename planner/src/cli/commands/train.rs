@@ -72,6 +72,7 @@ pub fn train_cmd(a: TrainArgs) -> Result<ExitCode> {
             seconds: r.seconds,
             peak_bytes: r.peak_bytes,
             start_bytes: r.start_bytes,
+            other_cores: r.load.map(|l| l.other_cores()),
         });
     }
     let out = TrainJson {

@@ -4,17 +4,18 @@
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use ckptune_runtime::profile::measured_moments;
+use ckptune_runtime::profile::timing::{self, timed_steps};
+use ckptune_runtime::profile::{measured_moments, RetimePolicy};
 use ckptune_runtime::progress::progress_bar;
 use ckptune_runtime::{StepTrace, TrainConfig};
 use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, MeasuredRun, MismatchJson, PlanJson, PredictedRun, VerifyJson};
 use ckptune_solver::model::moments_at;
-use ckptune_solver::profile::Stats;
 
 use crate::cli::args::{ModelArgs, VerifyArgs};
 use crate::cli::output::{group_digits, outln, print_json};
 use crate::cli::setup::Setup;
+use crate::cli::timing::{contention_note, range_text};
 
 /// A setup that rebuilds the plan's model and config.
 pub(crate) fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfig)> {
@@ -30,6 +31,7 @@ pub(crate) fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, Tra
         state_dict_key: plan.shape.state_dict_key.clone(),
         precision: vec![plan.config.precision.clone()],
         optimizer: vec![plan.config.optimizer.clone()],
+        optimizer_impl: plan.config.optimizer_impl.iter().cloned().collect(),
         zero_grad_in_place: !plan.config.set_to_none,
         allow_8bit: false,
         device: plan.device.device.split(':').next().unwrap_or("cpu").to_owned(),
@@ -52,19 +54,22 @@ pub fn verify_plan(plan: &PlanJson, steps: usize, quiet: bool) -> Result<VerifyJ
     ckptune_kernels::meter::install()?;
     let mut s = setup.session(&cfg)?;
     let mask = s.select(&plan.checkpoint.regex)?;
+    let steps = steps.max(1);
     let pb = progress_bar((steps + 2) as u64, "verifying plan", quiet);
-    // Warm-up twice as the profiler does (nothing, everything checkpointed would differ from
-    // the plan; what matters is optimizer state and caches existing), then the plan.
+    // One warm-up step (optimizer state and caches come to exist), then the timed steps,
+    // contended ones re-timed (docs/timing.md).
     s.step(&mask, None)?;
     pb.inc(1);
-    let mut secs = Vec::new();
     let mut peak = 0;
-    for _ in 0..steps.max(1) {
-        let r = s.step(&mask, None)?;
+    let mut timed = 0;
+    let (samples, contention) = timed_steps(&mut s, &mask, steps, RetimePolicy::default(), |r| {
+        timed += 1;
+        if timed > steps {
+            pb.inc_length(1);
+        }
         pb.inc(1);
-        secs.push(r.seconds);
         peak = peak.max(r.peak_bytes);
-    }
+    })?;
     let mut trace = StepTrace::default();
     let r = s.step(&mask, Some(&mut trace))?;
     pb.finish_and_clear();
@@ -90,11 +95,16 @@ pub fn verify_plan(plan: &PlanJson, steps: usize, quiet: bool) -> Result<VerifyJ
         .max_by_key(|(_, v)| *v)
         .map(|(l, _)| l.clone())
         .unwrap_or_default();
-    let stats = Stats::of(&secs);
+    let stats = timing::seconds(&samples);
     let pred = PredictedRun {
         peak_bytes: plan.predicted.peak_bytes,
         step_seconds: plan.predicted.step_seconds,
+        step_seconds_range: plan.predicted.step_seconds_range,
     };
+    let notes = contention_note("the plan's profile", &plan.profile.contention)
+        .into_iter()
+        .chain(contention_note("this verification", &contention))
+        .collect();
     Ok(VerifyJson {
         format: formats::VERIFY_FORMAT.into(),
         model: plan.model.name.clone(),
@@ -113,9 +123,11 @@ pub fn verify_plan(plan: &PlanJson, steps: usize, quiet: bool) -> Result<VerifyJ
         measured: MeasuredRun {
             peak_bytes: peak,
             step_seconds: stats.clone(),
+            contention,
         },
         peak_moment,
         mismatches,
+        notes,
     })
 }
 
@@ -138,13 +150,29 @@ pub fn print_verify(r: &VerifyJson) {
         r.peak_error_bytes,
         100.0 * r.peak_error_relative
     );
+    let m = &r.measured.step_seconds;
+    let c = &r.measured.contention;
+    let which = if c.contended() {
+        format!("{} steps, {} of them contended", m.n, c.contended)
+    } else if c.recorded() && c.unchecked == 0 {
+        format!("{} quiet steps", m.n)
+    } else {
+        format!("{} steps", m.n)
+    };
     outln!(
-        "  step: measured {:.3} s (median of {}), predicted {:.3} s, error {:+.1}%",
-        r.measured.step_seconds.median,
-        r.measured.step_seconds.n,
+        "  step: measured {:.3} s (median of {which}, {}), predicted {:.3} s{}, error {:+.1}%",
+        m.median,
+        range_text([m.min, m.max]),
         r.predicted.step_seconds,
+        r.predicted
+            .step_seconds_range
+            .map(|p| format!(" ({})", range_text(p)))
+            .unwrap_or_default(),
         100.0 * r.step_error_relative
     );
+    for n in &r.notes {
+        outln!("  note: {n}");
+    }
     if r.mismatches.is_empty() {
         outln!("  every moment of the step matched the model to the byte");
     } else {
