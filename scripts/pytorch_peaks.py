@@ -94,24 +94,48 @@ def ckptune_points(model, shape, sets, precisions, optimizers, impl, raw):
     return out
 
 
-def eager_point(model, shape, label, regex, precision, optimizer, impl, raw):
+def eager_point(model, shape, label, regex, precision, optimizer, impl, raw, autocast_cache=True):
     tag = f"{model}-{precision}-{optimizer}-{impl}-{label.replace(' ', '-')}"
+    if not autocast_cache:
+        tag += "-no-autocast-cache"
     out = os.path.join(raw, f"eager-{tag}.json")
     full = f"^(?:{regex})$" if regex else ""
     run([PY, os.path.join(HERE, "bench", "eager.py"), model, "--checkpoint", full, *shape,
          "--precision", precision, "--optimizer", optimizer, "--optimizer-impl", impl,
-         "--steps", "3", "--warmup", "2", "--threads", str(THREADS), "-o", out],
+         "--steps", "3", "--warmup", "2", "--threads", str(THREADS), "-o", out,
+         *([] if autocast_cache else ["--no-autocast-cache"])],
         os.path.join(raw, f"eager-{tag}.log"))
     return json.load(open(out))
+
+
+def autocast_cache_check(rows, models, raw):
+    """bf16 points where PyTorch peaks above the prediction: PyTorch again with autocast's cache
+    off, which tells whether the cached weight casts are the difference."""
+    for r in rows:
+        if r["precision"] != "bf16" or r["pytorch_peak"] <= r["predicted_peak"]:
+            continue
+        shape = models[r["model"]][0]
+        e = eager_point(r["model"], shape, r["set"], r["regex"], "bf16", r["optimizer"], r["impl"], raw,
+                        autocast_cache=False)
+        r["pytorch_peak_no_autocast_cache"] = e["peak_bytes"]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny models, output under /tmp")
+    ap.add_argument("--autocast-check-only", action="store_true",
+                    help="only the last phase: re-run peaks.json's bf16 points above the prediction "
+                         "with autocast's cache off, and rewrite peaks.json and the README")
     a = ap.parse_args()
     models = QUICK if a.quick else MODELS
     out_dir = "/tmp/ckptune-pytorch-peaks" if a.quick else os.path.join(ROOT, "results", "pytorch-peaks")
     raw = os.path.join(out_dir, "raw")
+    if a.autocast_check_only:
+        doc = json.load(open(os.path.join(out_dir, "peaks.json")))
+        autocast_cache_check(doc["rows"], models, raw)
+        doc["autocast_check_command"] = "scripts/pytorch_peaks.py --autocast-check-only"
+        finish(doc, out_dir)
+        return
     os.makedirs(raw, exist_ok=True)
     for f in os.listdir(raw):  # nothing stale: every file comes from this run
         os.remove(os.path.join(raw, f))
@@ -150,6 +174,7 @@ def main():
                             "ckptune_seconds": p["step_seconds"]["median"],
                             "pytorch_seconds": e["median_seconds"],
                         })
+    autocast_cache_check(rows, models, raw)
     doc = {
         "format": "ckptune.pytorch-peaks/1",
         "command": "scripts/pytorch_peaks.py" + (" --quick" if a.quick else ""),
@@ -163,6 +188,11 @@ def main():
         "shapes": {m: " ".join(models[m][0]) for m in names},
         "rows": rows,
     }
+    finish(doc, out_dir)
+
+
+def finish(doc, out_dir):
+    """Writes peaks.json and the README made from it."""
     write_atomic(os.path.join(out_dir, "peaks.json"), doc)
     readme = os.path.join(out_dir, "README.md")
     text = subprocess.run([PY, os.path.join(HERE, "pytorch_peaks_table.py"), os.path.join(out_dir, "peaks.json")],

@@ -106,16 +106,28 @@ def main():
         left = [r for r in berts if r["pytorch_peak"] - r["predicted_peak"] - (
             -_shape_bytes(doc, r) if _mask_freed_in_pytorch(r) else 0) != 0]
         w(f"{len(berts) - len(left)} of {len(berts)} BERT points are exact once the mask is accounted for.\n")
-        if any(r["precision"] == "bf16" for r in left):
-            w("Not yet modelled (the bf16 rows left above): under bf16 autocast, PyTorch keeps the bf16 "
-              "casts of the weights in autocast's cache until the user's `with torch.autocast(...)` "
-              "region ends (after the loss), also for layers run under `torch.utils.checkpoint`, whose "
-              "forward saves nothing else; ckptune runs each block in its own autocast region, so a "
-              "checkpointed block's casts die with it. When some layers are checkpointed and others "
-              "not, the end of PyTorch's forward can then be the peak, above every moment ckptune "
-              "predicts. This is the likely cause, not yet confirmed by a measurement of the cache; "
-              "until the model has that term, bf16 plans that checkpoint some layers should keep "
-              "the margin this table shows.\n")
+        checked = [r for r in rows if "pytorch_peak_no_autocast_cache" in r]
+        if checked:
+            w("bf16 points where PyTorch peaks above the prediction, run again in PyTorch with "
+              "`torch.autocast(..., cache_enabled=False)`"
+              + (f" (`{doc['autocast_check_command']}`)" if "autocast_check_command" in doc else "")
+              + ". With the cache on, autocast keeps every bf16 weight cast made in its region until "
+              "the region ends (after the loss), also the casts of layers run under "
+              "`torch.utils.checkpoint`, whose forward saves nothing else; ckptune runs each block in "
+              "its own autocast region, so a checkpointed block's casts die with its forward. Where "
+              "the cache-off run equals the prediction up to the mask, the cache is the whole "
+              "difference:\n")
+            w("| model | optimizer | checkpointed | predicted | PyTorch | PyTorch, cache off | cache off − predicted − mask |")
+            w("|---|---|---|---|---|---|---|")
+            for r in checked:
+                mask = -_shape_bytes(doc, r) if _mask_freed_in_pytorch(r) else 0
+                off = r["pytorch_peak_no_autocast_cache"]
+                w(f"| {r['model']} | {r['optimizer']} | {r['set']} | {b(r['predicted_peak'])} | "
+                  f"{b(r['pytorch_peak'])} | {b(off)} | {signed(off - r['predicted_peak'] - mask)} |")
+            w("\nThe memory model has no term for autocast's cache yet: a bf16 plan that checkpoints "
+              "some layers and not others can peak in PyTorch at the end of the forward, above every "
+              "moment ckptune predicts, unless the loop disables the cache "
+              "(`torch.autocast(..., cache_enabled=False)`, which re-casts each weight at each use).\n")
     opt = [r for r in rows if r["predicted_moment"] == "optimizer step"]
     w(f"The peak is the optimizer step in {len(opt)} points: "
       + ", ".join(f"{r['model']} {r['precision']} {r['optimizer']}"

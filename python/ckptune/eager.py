@@ -102,9 +102,11 @@ def _batches(ref, model, backbone, batch, image, seq, gen):
 
 
 def run(model_name, plan, *, image=None, seq=None, steps=6, warmup=2, threads=2, lr=1e-3, root=None,
-        log=None):
+        log=None, autocast_cache=True):
     """Trains the reference of `model_name` with `plan` (a path or dict: its checkpoint and
     config) applied, and measures every step. Returns the run as a dict (format `FORMAT`).
+    `autocast_cache=False` runs autocast with `cache_enabled=False` (its bf16 weight casts are
+    then not kept until the autocast region ends).
 
     Raises ValueError for a plan this cannot follow (its names differ from the reference's, a
     precision or optimizer torch cannot run on CPU, a model without a reference).
@@ -144,7 +146,7 @@ def run(model_name, plan, *, image=None, seq=None, steps=6, warmup=2, threads=2,
             if pure and batch[0].is_floating_point():
                 batch = (batch[0].to(cfg.param_dtype),) + batch[1:]
             with torch.autocast("cpu", dtype=cfg.autocast_dtype or torch.bfloat16,
-                                enabled=cfg.autocast_dtype is not None):
+                                enabled=cfg.autocast_dtype is not None, cache_enabled=autocast_cache):
                 loss = loss_of(batch)
             loss.backward()
             loss_sum += loss.item()
@@ -170,6 +172,7 @@ def run(model_name, plan, *, image=None, seq=None, steps=6, warmup=2, threads=2,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "precision": cfg.precision,
+        "autocast_cache": autocast_cache,
         "optimizer": cfg.optimizer,
         "optimizer_class": f"{cfg.optimizer_class.__module__}.{cfg.optimizer_class.__name__}",
         "optimizer_kwargs": {k: v for k, v in group.items() if k != "params" and _plain(v)},

@@ -39,6 +39,8 @@ def main():
     ap.add_argument("--optimizer", choices=["sgd", "sgd-momentum", "adam", "adamw"], default="adamw")
     ap.add_argument("--optimizer-impl", choices=["single", "foreach", "fused"], default="single",
                     help="torch.optim's implementation (single = foreach=False, PyTorch's CPU default)")
+    ap.add_argument("--no-autocast-cache", action="store_true",
+                    help="torch.autocast(..., cache_enabled=False): bf16 weight casts are not cached")
     ap.add_argument("-o", "--output")
     a = ap.parse_args()
 
@@ -47,7 +49,8 @@ def main():
                             optimizer=a.optimizer, optimizer_impl=a.optimizer_impl)
     try:
         r = eager.run(a.model, plan, image=a.image, seq=a.seq, steps=a.steps, warmup=a.warmup,
-                      threads=a.threads, lr=a.lr, root=ROOT, log=lambda m: print(m, file=sys.stderr))
+                      threads=a.threads, lr=a.lr, root=ROOT, log=lambda m: print(m, file=sys.stderr),
+                      autocast_cache=not a.no_autocast_cache)
     except ValueError as e:
         raise SystemExit(f"eager.py: {e}")
     kw = r["optimizer_kwargs"]
