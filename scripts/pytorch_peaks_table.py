@@ -47,6 +47,26 @@ def _mask_freed_in_pytorch(r):
     return not any(j <= k for j in ckpt)
 
 
+def _checkpointed_layers_before_backward(r):
+    """How many checkpointed encoder layers have run their forward but not yet finished their
+    backward at the predicted peak's moment (each holds its attention scaling's wrapped number
+    in PyTorch)."""
+    moment = r["predicted_moment"]
+    ckpt = [n for n in (_layer(m) for m in r["modules"]) if n is not None]
+    if moment == "optimizer step":
+        return 0
+    where = moment.split(": ")[-1].split(" ", 1)
+    kind, name = where[0], where[-1]
+    k = _layer(name)
+    if kind == "forward":
+        return sum(j < k for j in ckpt) if k is not None else (len(ckpt) if name == "pooler" else 0)
+    if name == "pooler":
+        return len(ckpt)
+    if k is None:  # the embeddings' backward: every encoder layer's is done
+        return 0
+    return sum(j <= k for j in ckpt)
+
+
 def main():
     doc = json.load(open(sys.argv[1]))
     rows = doc["rows"]
@@ -92,20 +112,27 @@ def main():
           "computes the additive mask (batch × seq × 4 bytes) before the first block and keeps it "
           "through the micro-step's backward, while the reference builds it inside "
           "`BertModel.forward`, where it dies with the forward unless a checkpointed encoder layer "
-          "saved it (then until that layer's backward is done). *Mask* is what that accounts for "
-          "at the predicted peak's moment; *left* is not explained by it:\n")
-        w("| model | precision | optimizer | impl | checkpointed | at | PyTorch − predicted | mask | left |")
-        w("|---|---|---|---|---|---|---|---|---|")
+          "saved it (then until that layer's backward is done). Second, each attention layer "
+          "divides its scores by a Python float, and autograd saves that 8-byte wrapped-number "
+          "tensor; saved-tensor hooks, which `torch.utils.checkpoint` uses to drop what a "
+          "checkpointed forward saves, do not apply to wrapped numbers, so PyTorch keeps it per "
+          "checkpointed layer from the forward to that layer's backward, where ckptune's no-grad "
+          "forward saves nothing. *Mask* and *scalars* are what these account for at the predicted "
+          "peak's moment; *left* is what neither explains:\n")
+        w("| model | precision | optimizer | impl | checkpointed | at | PyTorch − predicted | mask | scalars | left |")
+        w("|---|---|---|---|---|---|---|---|---|---|")
         for r in berts:
             batch, seq = (int(x) for x in _shape(doc["shapes"][r["model"]]))
             d = r["pytorch_peak"] - r["predicted_peak"]
             mask = -batch * seq * 4 if _mask_freed_in_pytorch(r) else 0
+            scalars = 8 * _checkpointed_layers_before_backward(r)
             w(f"| {r['model']} | {r['precision']} | {r['optimizer']} | {r['impl']} | {r['set']} | "
-              f"{r['predicted_moment']} | {signed(d)} | {signed(mask)} | {signed(d - mask)} |")
+              f"{r['predicted_moment']} | {signed(d)} | {signed(mask)} | {signed(scalars)} | "
+              f"{signed(d - mask - scalars)} |")
         w("")
         left = [r for r in berts if r["pytorch_peak"] - r["predicted_peak"] - (
-            -_shape_bytes(doc, r) if _mask_freed_in_pytorch(r) else 0) != 0]
-        w(f"{len(berts) - len(left)} of {len(berts)} BERT points are exact once the mask is accounted for.\n")
+            -_shape_bytes(doc, r) if _mask_freed_in_pytorch(r) else 0) - 8 * _checkpointed_layers_before_backward(r) != 0]
+        w(f"{len(berts) - len(left)} of {len(berts)} BERT points are exact once these are accounted for.\n")
         checked = [r for r in rows if "pytorch_peak_no_autocast_cache" in r]
         if checked:
             w("bf16 points where PyTorch peaks above the prediction, run again in PyTorch with "
