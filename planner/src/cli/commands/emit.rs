@@ -283,7 +283,10 @@ fn python(plan: &PlanJson, f: &Facts) -> String {
     opt = cfg.optimizer_class(model.parameters(), lr=lr, **cfg.optimizer_kwargs)
     scaler = torch.amp.GradScaler(device) if cfg.grad_scaler else None
     for step, batch in enumerate(loader):
-        with torch.autocast(device, dtype=cfg.autocast_dtype, enabled=cfg.autocast_dtype is not None):
+        # cache_enabled=False: autocast's cache would keep checkpointed layers' casts of their
+        # weights until this region ends, which the plan does not count (results/pytorch-peaks).
+        with torch.autocast(device, dtype=cfg.autocast_dtype, enabled=cfg.autocast_dtype is not None,
+                            cache_enabled=False):
             loss = loss_fn(model, batch) / cfg.grad_accum
         (scaler.scale(loss) if scaler else loss).backward()
         if (step + 1) % cfg.grad_accum == 0:
