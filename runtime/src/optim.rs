@@ -178,6 +178,11 @@ fn groups(params: &[Tensor], with_grad: &[usize]) -> Vec<Vec<usize>> {
     out
 }
 
+/// The tensors of one group, in its order.
+fn pick(ts: &[Tensor], group: &[usize]) -> Vec<Tensor> {
+    group.iter().map(|&i| ts[i].shallow_clone()).collect()
+}
+
 /// Indices of the parameters that have a gradient (`_init_group` skips the others).
 fn with_grad(params: &[Tensor]) -> Vec<usize> {
     (0..params.len()).filter(|&i| params[i].grad().defined()).collect()
@@ -222,7 +227,7 @@ impl Sgd {
     fn foreach(&mut self, idx: &[usize]) -> Result<()> {
         let h = self.h;
         for group in groups(&self.params, idx) {
-            let params: Vec<Tensor> = group.iter().map(|&i| self.params[i].shallow_clone()).collect();
+            let params = pick(&self.params, &group);
             let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
             let d = match &mut self.momentum {
                 None => grads,
@@ -278,7 +283,7 @@ impl Sgd {
             }
         }
         for group in groups(&self.params, idx) {
-            let params: Vec<Tensor> = group.iter().map(|&i| self.params[i].shallow_clone()).collect();
+            let params = pick(&self.params, &group);
             let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
             let bufs: Vec<Tensor> = match &self.momentum {
                 Some(b) => group
@@ -392,6 +397,18 @@ impl Adam {
         Ok(())
     }
 
+    /// A group's `step`, `exp_avg` and `exp_avg_sq` lists, as `_init_group` hands them over.
+    fn group_state(&self, group: &[usize]) -> (Vec<Tensor>, Vec<Tensor>, Vec<Tensor>) {
+        let (mut steps, mut ms, mut vs) = (Vec::new(), Vec::new(), Vec::new());
+        for &i in group {
+            let (s, m, v) = self.state_of(i);
+            steps.push(s.shallow_clone());
+            ms.push(m.shallow_clone());
+            vs.push(v.shallow_clone());
+        }
+        (steps, ms, vs)
+    }
+
     fn state_of(&self, i: usize) -> (&Tensor, &Tensor, &Tensor) {
         fn get(s: &Option<Tensor>) -> &Tensor {
             s.as_ref().expect("state initialized by init_state")
@@ -496,11 +513,9 @@ impl Adam {
     fn foreach(&self, idx: &[usize]) -> Result<()> {
         let h = self.h;
         for group in groups(&self.params, idx) {
-            let params: Vec<Tensor> = group.iter().map(|&i| self.params[i].shallow_clone()).collect();
+            let params = pick(&self.params, &group);
             let mut grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
-            let steps: Vec<Tensor> = group.iter().map(|&i| self.state_of(i).0.shallow_clone()).collect();
-            let ms: Vec<Tensor> = group.iter().map(|&i| self.state_of(i).1.shallow_clone()).collect();
-            let vs: Vec<Tensor> = group.iter().map(|&i| self.state_of(i).2.shallow_clone()).collect();
+            let (steps, ms, vs) = self.group_state(&group);
             {
                 // Host steps: one f32 `torch.tensor(1.0)` added to all (the Tensor overload).
                 let one = Tensor::f_from_slice(&[1.0f32])
@@ -599,11 +614,9 @@ impl Adam {
     fn fused(&self, idx: &[usize]) -> Result<()> {
         let h = self.h;
         for group in groups(&self.params, idx) {
-            let params: Vec<Tensor> = group.iter().map(|&i| self.params[i].shallow_clone()).collect();
+            let params = pick(&self.params, &group);
             let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
-            let steps: Vec<Tensor> = group.iter().map(|&i| self.state_of(i).0.shallow_clone()).collect();
-            let ms: Vec<Tensor> = group.iter().map(|&i| self.state_of(i).1.shallow_clone()).collect();
-            let vs: Vec<Tensor> = group.iter().map(|&i| self.state_of(i).2.shallow_clone()).collect();
+            let (steps, ms, vs) = self.group_state(&group);
             call(
                 "aten::_foreach_add_",
                 "Scalar",

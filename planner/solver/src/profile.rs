@@ -38,6 +38,17 @@ impl ConfigSpec {
         } && imp(self) == imp(other)
     }
 
+    /// The `torch.optim` keyword that selects the implementation (`foreach=False` for the
+    /// single-tensor loop, `foreach=True`, `fused=True`), for the optimizers that have one.
+    pub fn torch_optim_kwarg(&self) -> Option<(&'static str, bool)> {
+        match self.optimizer_impl.as_deref()? {
+            "single" => Some(("foreach", false)),
+            "foreach" => Some(("foreach", true)),
+            "fused" => Some(("fused", true)),
+            _ => None,
+        }
+    }
+
     /// `adamw`, or `adamw-foreach`/`adamw-fused` for those implementations: the single-tensor
     /// loop is PyTorch's CPU default and goes unnamed.
     pub fn optimizer_label(&self) -> String {

@@ -617,11 +617,9 @@ fn torchtitan(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
          TRAINING = {{\n{training}}}\n"
     );
     // `optimizer_impl` (single, foreach, fused) as the plan's config names it, when it does.
-    let impl_kwargs = match c.optimizer_impl.as_deref() {
-        Some("foreach") => "{\"foreach\": True}",
-        Some("fused") => "{\"fused\": True}",
-        Some("single") => "{\"foreach\": False}",
-        _ => "{}",
+    let impl_kwargs = match c.torch_optim_kwarg() {
+        Some((key, on)) => format!("{{\"{key}\": {}}}", if on { "True" } else { "False" }),
+        None => "{}".to_owned(),
     };
     let _ = writeln!(
         s,

@@ -500,10 +500,8 @@ pub fn print_plan(p: &PlanJson) {
 /// implementation the plan measured, which the user must select too (PyTorch's default differs
 /// by device).
 fn optimizer_in_pytorch(c: &ConfigSpec) -> String {
-    match c.optimizer_impl.as_deref() {
-        Some("single") => format!("{} (foreach=False)", c.optimizer),
-        Some("foreach") => format!("{} (foreach=True)", c.optimizer),
-        Some("fused") => format!("{} (fused=True)", c.optimizer),
-        _ => c.optimizer.clone(),
+    match c.torch_optim_kwarg() {
+        Some((key, on)) => format!("{} ({key}={})", c.optimizer, if on { "True" } else { "False" }),
+        None => c.optimizer.clone(),
     }
 }
