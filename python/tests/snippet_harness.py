@@ -103,19 +103,30 @@ def changed(before, model):
     return any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
 
 
+class Observed:
+    """What every trainer's run reports: the watched modules' calls, the autocast dtypes the
+    backbone's forwards ran under, and whether training changed the parameters."""
+
+    def __init__(self, model, backbone):
+        self.model = model
+        self.calls = count_calls(backbone, WATCH)
+        self.autocast = record_autocast(backbone)
+        self.before = [p.detach().clone() for p in model.parameters()]
+
+    def report(self, micro_steps, **extra):
+        return {"calls": self.calls, "micro_steps": micro_steps, "trained": changed(self.before, self.model),
+                "autocast": sorted(set(map(str, self.autocast))), **extra}
+
+
 def run_python(mod, name, steps):
     torch.manual_seed(0)
     model, prefix = reference.build(name)
     backbone = model.get_submodule(prefix.rstrip("."))
-    watch = WATCH
-    calls = count_calls(backbone, watch)
-    autocast = record_autocast(backbone)
-    before = [p.detach().clone() for p in model.parameters()]
+    seen = Observed(model, backbone)
     micro = mod.PLAN["config"]["micro_batch"]
     accum = mod.PLAN["config"]["grad_accum"]
     wrapped = mod.train(model, tiny_batches(name, steps * accum, micro), reference_loss(name))
-    return {"wrapped": wrapped, "calls": calls, "micro_steps": steps * accum, "trained": changed(before, model),
-            "autocast": sorted(set(map(str, autocast)))}
+    return seen.report(steps * accum, wrapped=wrapped)
 
 
 def hf_model(name):
@@ -135,10 +146,7 @@ def hf_model(name):
 
 def run_hf(mod, name, steps, out_dir):
     model, backbone = hf_model(name)
-    watch = WATCH
-    calls = count_calls(backbone, watch)
-    autocast = record_autocast(backbone)
-    before = [p.detach().clone() for p in model.parameters()]
+    seen = Observed(model, backbone)
     micro = mod.PLAN["config"]["micro_batch"]
     accum = mod.PLAN["config"]["grad_accum"]
     n = steps * accum * micro
@@ -158,9 +166,8 @@ def run_hf(mod, name, steps, out_dir):
     trainer.train()
     flags = {n: bool(getattr(m, "gradient_checkpointing", False)) for n, m in backbone.named_modules()
              if hasattr(m, "gradient_checkpointing")}
-    return {"calls": calls, "micro_steps": steps * accum, "trained": changed(before, model), "hf_flags": flags,
-            "autocast": sorted(set(map(str, autocast))),
-            "route": "native" if "GradientCheckpointingLayer" in dir(mod) else "apply"}
+    return seen.report(steps * accum, hf_flags=flags,
+                       route="native" if "GradientCheckpointingLayer" in dir(mod) else "apply")
 
 
 def run_lightning(mod, name, steps, out_dir):
@@ -182,11 +189,8 @@ def run_lightning(mod, name, steps, out_dir):
             grads_at_forward.append(sum(p.grad is not None for p in self.model.parameters()))
             return loss_fn(self.model, batch)
 
-    watch = WATCH
-    calls = count_calls(backbone, watch)
-    autocast = record_autocast(backbone)
+    seen = Observed(net, backbone)
     grads_at_forward = []
-    before = [p.detach().clone() for p in net.parameters()]
     micro = mod.PLAN["config"]["micro_batch"]
     accum = mod.PLAN["config"]["grad_accum"]
     # A DataLoader over the samples: Lightning reads a plain list as a list of dataloaders.
@@ -209,11 +213,9 @@ def run_lightning(mod, name, steps, out_dir):
         trainer.fit(Module(), train_dataloaders=data)
     finally:
         torch.optim.Optimizer.zero_grad = original
-    return {"wrapped": callback.wrapped, "calls": calls, "micro_steps": steps * accum,
-            "autocast": sorted(set(map(str, autocast))),
-            "trained": changed(before, net), "precision": str(trainer.precision),
-            "set_to_none": sorted(zeroed), "grads_at_forward": grads_at_forward,
-            "parameters": sum(1 for _ in net.parameters())}
+    return seen.report(steps * accum, wrapped=callback.wrapped, precision=str(trainer.precision),
+                       set_to_none=sorted(zeroed), grads_at_forward=grads_at_forward,
+                       parameters=sum(1 for _ in net.parameters()))
 
 
 def run_torchtitan(mod):
