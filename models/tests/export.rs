@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use ckptune_models::export::chain_from_export;
-use ckptune_models::{builtin, Chain, Granularity, InputSpec, ModelError, ModelOptions};
+use ckptune_models::{builtin, Chain, Granularity, InputSpec, ModelError, ModelOptions, TokenTargets};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
@@ -457,4 +457,39 @@ fn outputs_after_the_first_are_computed_not_handed_on() {
     let batch = c.make_batch(3, tch::Device::Cpu, 1);
     let out = c.forward_all(&batch.input, None, true).pop().unwrap();
     assert_eq!(out.size(), [3, 4]);
+}
+
+#[test]
+fn values_every_layer_reads_are_computed_where_they_are_read() {
+    // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
+    // serialized with every other test that runs a model.
+    let _lock = ckptune_kernels::meter::exclusive();
+    // A mask made inside `bert` (from the batch's mask, or from the sizes alone), rotary cos/sin
+    // and a causal mask made inside `model`: each layer reads them, no layer makes them, and
+    // they used to make the glue before the first layer hand on several tensors. The tiny_*
+    // files come from reference.py, the hf_* files from transformers itself.
+    let bert = ["bert.encoder.layer.0", "bert.encoder.layer.1"];
+    let llama = ["model.layers.0", "model.layers.1"];
+    for (file, layers, seq, vocab, targets) in [
+        ("tiny_bert_hf.pt2", bert, 8, 100, TokenTargets::Classes(2)),
+        ("tiny_llama.pt2", llama, 8, 100, TokenTargets::PerToken),
+        ("hf_bert.pt2", bert, 16, 120, TokenTargets::Classes(3)),
+        ("hf_bert_mask.pt2", bert, 16, 120, TokenTargets::Classes(3)),
+        ("hf_llama.pt2", llama, 16, 128, TokenTargets::PerToken),
+    ] {
+        let c = load(file, ModelOptions::default()).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(candidates(&c), layers, "{file}");
+        assert_eq!(c.input, InputSpec::Tokens { seq, vocab, targets }, "{file}");
+        assert!(
+            c.blocks.iter().all(|b| b.skips.is_empty()),
+            "{file}: nothing crosses a cut but the chain"
+        );
+        if !file.contains("mask") && !file.starts_with("tiny_bert") {
+            // Another batch than the exported one: the sizes the side values are made from
+            // are this batch's.
+            let batch = c.make_batch(3, tch::Device::Cpu, 1);
+            let out = tch::no_grad(|| c.forward_all(&batch.input, None, true).pop().unwrap());
+            assert_eq!(out.size()[0], 3, "{file}");
+        }
+    }
 }

@@ -56,6 +56,10 @@ pub(crate) enum Target {
     GetItem,
     /// `torch.ops.higher_order.wrap_with_set_grad_enabled(enabled, graph, *operands)`.
     SetGrad,
+    /// `torch.ops.higher_order.wrap_with_autocast(device_type, dtype, enabled, cache_enabled,
+    /// graph, *operands)`: a `with torch.autocast(...)` block inside forward (transformers'
+    /// rotary embedding turns autocast off around its cos/sin).
+    Autocast,
 }
 
 #[derive(Debug, Clone)]
@@ -360,9 +364,10 @@ fn parse_target(node: &str, t: &str) -> GResult<Target> {
     if let Some(rest) = t.strip_prefix("torch.ops.higher_order.") {
         return match rest {
             "wrap_with_set_grad_enabled" => Ok(Target::SetGrad),
+            "wrap_with_autocast" => Ok(Target::Autocast),
             _ => Err(unsupported(
-                "higher-order ops other than wrap_with_set_grad_enabled (cond, while_loop, map, …) \
-                 are not supported; export a model without data-dependent control flow",
+                "higher-order ops other than wrap_with_set_grad_enabled and wrap_with_autocast (cond, \
+                 while_loop, map, …) are not supported; export a model without data-dependent control flow",
             )),
         };
     }
@@ -422,9 +427,21 @@ impl Graph {
                 map: HashMap::new(),
                 graph: &mut g,
             };
-            for i in j.get("inputs").and_then(Json::as_array).into_iter().flatten() {
+            for (k, i) in j
+                .get("inputs")
+                .and_then(Json::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
                 match parse_arg(i, &mut ids, &mut subgraphs)? {
                     Input::Tensor(v) | Input::Sym(v) => inputs.push(v),
+                    // A constant user input (`use_cache=False` passed as a keyword when exporting):
+                    // torch.export specialized the graph on its value, so no node reads it. It
+                    // keeps its place, which the signature's input specs are matched by.
+                    Input::None | Input::Int(_) | Input::Float(_) | Input::Bool(_) | Input::Str(_) => {
+                        inputs.push(ids.id(&format!("<constant input {k}>"), false))
+                    }
                     other => return Err(format_err(format!("graph input {other:?} is not a tensor or a size"))),
                 }
             }
@@ -774,22 +791,56 @@ impl Graph {
                     other => Err(run_err(node, format!("getitem on {other:?}"))),
                 }
             }
-            Target::SetGrad => self.run_set_grad(node, env),
+            Target::SetGrad => {
+                let enabled = match node.args.first().map(|(_, a)| a) {
+                    Some(Input::Bool(b)) => *b,
+                    other => return Err(run_err(node, format!("expected the grad mode, found {other:?}"))),
+                };
+                if enabled {
+                    tch::with_grad(|| self.run_subgraph(node, 1, env))
+                } else {
+                    tch::no_grad(|| self.run_subgraph(node, 1, env))
+                }
+            }
+            Target::Autocast => {
+                let arg = |k: usize| node.args.get(k).map(|(_, a)| a);
+                let device = match arg(0) {
+                    Some(Input::Str(d)) if d == "cpu" => tch::Device::Cpu,
+                    Some(Input::Str(d)) if d.starts_with("cuda") => tch::Device::Cuda(0),
+                    other => return Err(run_err(node, format!("expected the device type, found {other:?}"))),
+                };
+                let enabled = match arg(2) {
+                    Some(Input::Bool(b)) => *b,
+                    other => return Err(run_err(node, format!("expected `enabled`, found {other:?}"))),
+                };
+                // torch.autocast's dtype defaults to the device's current autocast dtype.
+                let dtype = match arg(1) {
+                    Some(Input::Int(15)) => tch::Kind::BFloat16,
+                    Some(Input::Int(5)) => tch::Kind::Half,
+                    Some(Input::Int(6)) => tch::Kind::Float,
+                    Some(Input::None) | None => ckptune_kernels::autocast::dtype(device).unwrap_or(tch::Kind::BFloat16),
+                    other => {
+                        return Err(run_err(
+                            node,
+                            format!("autocast dtype {other:?} is not bf16, f16 or f32"),
+                        ))
+                    }
+                };
+                let _guard = ckptune_kernels::autocast::AutocastGuard::new(device, dtype, enabled)
+                    .map_err(|e| run_err(node, e.to_string()))?;
+                self.run_subgraph(node, 4, env)
+            }
         }
     }
 
-    /// `wrap_with_set_grad_enabled(enabled, subgraph, *operands)`: the subgraph runs with grad
-    /// mode set to `enabled` (a `with torch.no_grad():` block in the model's forward).
-    fn run_set_grad(&self, node: &Node, env: &mut Env<'_>) -> GResult<Vec<Value>> {
-        let enabled = match node.args.first().map(|(_, a)| a) {
-            Some(Input::Bool(b)) => *b,
-            other => return Err(run_err(node, format!("expected the grad mode, found {other:?}"))),
-        };
-        let sub = match node.args.get(1).map(|(_, a)| a) {
+    /// Runs the subgraph that argument `at` of a higher-order node holds on the operands after
+    /// it, in whatever grad or autocast mode the caller set.
+    fn run_subgraph(&self, node: &Node, at: usize, env: &mut Env<'_>) -> GResult<Vec<Value>> {
+        let sub = match node.args.get(at).map(|(_, a)| a) {
             Some(Input::Graph(i)) => &self.subgraphs[*i],
             other => return Err(run_err(node, format!("expected a subgraph, found {other:?}"))),
         };
-        let operands: Vec<Value> = node.args[2..]
+        let operands: Vec<Value> = node.args[at + 1..]
             .iter()
             .map(|(_, a)| self.value_of(a, env, node))
             .collect::<GResult<_>>()?;
@@ -819,12 +870,7 @@ impl Graph {
         }
         let outs: Vec<usize> = sub.outputs.iter().flat_map(Input::reads).collect();
         let keep = |v: usize| outs.contains(&v);
-        let run = || sub.run(0..sub.nodes.len(), &mut inner, &keep);
-        if enabled {
-            tch::with_grad(run)?;
-        } else {
-            tch::no_grad(run)?;
-        }
+        sub.run(0..sub.nodes.len(), &mut inner, &keep)?;
         sub.outputs
             .iter()
             .map(|o| sub.value_of(o, &inner, node))

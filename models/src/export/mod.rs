@@ -38,10 +38,12 @@ struct Program {
     syms: Mutex<Vec<Option<i64>>>,
     /// The program's attention-mask input, fed from the batch's mask, if it takes one.
     mask_input: Option<usize>,
-    /// Nodes computed from the mask input alone (the extended attention mask): in no block;
-    /// each block that reads one of their values computes them first.
+    /// Nodes computed without the batch's data or the parameters (see `chain_from_export`): in
+    /// no block; each block computes the ones it reads when it first reads them.
     side_nodes: Vec<bool>,
     side_values: Vec<bool>,
+    /// Per value, the node that defines it.
+    def: Vec<Option<usize>>,
 }
 
 // SAFETY: tensors are handles to refcounted libtorch tensors; the runtime runs blocks from one
@@ -52,14 +54,19 @@ unsafe impl Sync for Program {}
 struct ExportBlock {
     prog: Arc<Program>,
     name: String,
-    nodes: std::ops::Range<usize>,
     /// The value the block's input (`xs`) carries, if the block reads it.
     input: Option<usize>,
     /// The values the block's skips carry, in the order of its `ChainBlock::skips`.
     skips: Vec<usize>,
     output: usize,
-    /// Side values (see [`Program::side_nodes`]) the block reads.
-    side_reads: Vec<usize>,
+    /// The nodes the block runs, in order: its own, and the side nodes inside its range that
+    /// make what its own read (where the program computes them; side nodes of its range that
+    /// only other blocks need are left to them).
+    runs: Vec<usize>,
+    /// Side values the nodes it runs read, with the last of those nodes that reads each: it is
+    /// freed after that node, as a module's local would be. Those made outside the block are
+    /// computed when first read (see [`ExportBlock::compute_side`]).
+    side_reads: HashMap<usize, usize>,
 }
 
 impl Block for ExportBlock {
@@ -77,31 +84,24 @@ impl Block for ExportBlock {
             env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(ctx.skip(k).shallow_clone()));
         }
         let out = self.output;
-        // The side values this block reads, computed from the batch's mask (each block that
-        // reads them makes its own, as a module would compute a mask it needs).
-        if !self.side_reads.is_empty() {
-            let (Some(m), Some(mask)) = (p.mask_input, ctx.batch_mask) else {
-                panic!("block {} reads the attention mask, but the batch has none", self.name);
-            };
-            env.local[m] = Some(ckptune_kernels::ops::Value::Tensor(mask.shallow_clone()));
-            let keep = |v: usize| self.side_reads.contains(&v);
-            for k in (0..p.graph.nodes.len()).filter(|&k| p.side_nodes[k]) {
-                if let Err(e) = p.graph.run(k..k + 1, &mut env, &keep) {
-                    panic!("block {}: {}", self.name, describe(&e));
-                }
-            }
-            env.local[m] = None;
-        }
         let keep = |v: usize| v == out || p.mutations.contains_key(&v);
         // Load-time checks covered every operator and argument kind; what fails here is a shape
         // or dtype the exported example did not cover, reported with the node.
-        let mut k = self.nodes.start;
-        while k < self.nodes.end {
-            let end = (k..self.nodes.end).find(|&j| p.side_nodes[j]).unwrap_or(self.nodes.end);
-            if let Err(e) = p.graph.run(k..end, &mut env, &keep) {
+        for &k in &self.runs {
+            let reads = p.graph.nodes[k].reads();
+            for &v in &reads {
+                if p.side_values[v] && env.local[v].is_none() {
+                    self.compute_side(v, k, &mut env, ctx);
+                }
+            }
+            if let Err(e) = p.graph.run(k..k + 1, &mut env, &keep) {
                 panic!("block {}: {}", self.name, describe(&e));
             }
-            k = end + 1;
+            for v in reads {
+                if self.side_reads.get(&v) == Some(&k) {
+                    env.local[v] = None;
+                }
+            }
         }
         // Buffer mutations (core ATen's functional batch norm returns the new running
         // statistics): the buffer takes the new value's storage with `set_data`, not `copy_`,
@@ -126,6 +126,45 @@ impl Block for ExportBlock {
         match env.local[out].take() {
             Some(ckptune_kernels::ops::Value::Tensor(t)) => t,
             other => panic!("block {} did not produce its output ({other:?})", self.name),
+        }
+    }
+}
+
+impl ExportBlock {
+    /// Computes side value `v` and what it needs that this block does not hold yet, in program
+    /// order, before node `at` reads it; the intermediates die at once unless the block's own
+    /// nodes read them later.
+    fn compute_side(&self, v: usize, at: usize, env: &mut Env<'_>, ctx: &Ctx<'_>) {
+        let p = &self.prog;
+        let mut needed: BTreeSet<usize> = BTreeSet::new();
+        let mut stack = vec![v];
+        while let Some(w) = stack.pop() {
+            let Some(d) = p.def[w].filter(|&d| p.side_nodes[d]) else {
+                continue;
+            };
+            if env.local[w].is_none() && needed.insert(d) {
+                stack.extend(p.graph.nodes[d].reads().into_iter().filter(|&r| p.side_values[r]));
+            }
+        }
+        if let Some(m) = p.mask_input {
+            let Some(mask) = ctx.batch_mask else {
+                panic!("block {} reads the attention mask, but the batch has none", self.name);
+            };
+            env.local[m] = Some(ckptune_kernels::ops::Value::Tensor(mask.shallow_clone()));
+        }
+        for &d in &needed {
+            if let Err(e) = p.graph.run(d..d + 1, env, &|_| true) {
+                panic!("block {}: {}", self.name, describe(&e));
+            }
+        }
+        for w in needed
+            .iter()
+            .flat_map(|&d| p.graph.nodes[d].defines())
+            .chain(p.mask_input)
+        {
+            if w != v && self.side_reads.get(&w).is_none_or(|&last| last < at) {
+                env.local[w] = None;
+            }
         }
     }
 }
@@ -404,6 +443,8 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
                 user_inputs.push(v);
                 continue;
             }
+            // Specialized into the graph (see Graph::parse); nothing to feed.
+            "constant_input" => continue,
             other => {
                 return Err(bad(format!(
                     "input {} is a {other}, which ckptune does not support (parameters, buffers, tensor \
@@ -552,22 +593,69 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
             )));
         }
     }
-    // Side nodes: computed from the mask input (and constants) alone.
+    // Side nodes: what the program computes without the batch's data or the parameters, from
+    // the mask input, constant buffers, sizes and literals alone (an attention bias, a causal
+    // mask, position ids, rotary cos/sin). Models compute these once and every layer reads them;
+    // here each block that reads one computes it (see `ExportBlock::forward`), so blocks hand
+    // on one tensor. Nodes reading a buffer the program mutates are never side nodes (the value
+    // depends on when it is read).
+    let mutated: BTreeSet<usize> = {
+        let targets: Vec<&Tensor> = mutations.values().collect();
+        (0..graph.names.len())
+            .filter(|&v| {
+                statics[v]
+                    .as_ref()
+                    .is_some_and(|t| targets.iter().any(|b| b.data_ptr() == t.data_ptr()))
+            })
+            .collect()
+    };
     let mut side_values = vec![false; graph.names.len()];
     let mut side_nodes = vec![false; graph.nodes.len()];
     if let Some(m) = mask_input {
         side_values[m] = true;
-        for (k, node) in graph.nodes.iter().enumerate() {
-            let reads = node.reads();
-            let constant = |v: usize| statics[v].as_ref().is_some_and(|t| !t.requires_grad());
-            if reads.iter().any(|&v| side_values[v]) && reads.iter().all(|&v| side_values[v] || constant(v)) {
-                side_nodes[k] = true;
-                for v in node.defines() {
-                    side_values[v] = true;
+    }
+    for (k, node) in graph.nodes.iter().enumerate() {
+        let defines = node.defines();
+        let makes_tensors = !defines.is_empty() && defines.iter().all(|&v| graph.is_tensor[v]);
+        // Random operators would be redrawn by every block; those whose result the signature
+        // writes back to a buffer (`num_batches_tracked + 1`), and in-place ones on anything but
+        // a side value (`detach_` of a fresh constant is fine), must run once, in their block.
+        let reads = node.reads();
+        let once = defines.iter().any(|v| mutations.contains_key(v))
+            || match &node.target {
+                Target::Op { name, .. } => {
+                    (name.ends_with('_') && !reads.first().is_some_and(|&v| side_values[v]))
+                        || [
+                            "dropout",
+                            "rand",
+                            "bernoulli",
+                            "normal",
+                            "uniform",
+                            "multinomial",
+                            "exponential",
+                        ]
+                        .iter()
+                        .any(|r| name.contains(r))
                 }
+                _ => false,
+            };
+        let free = |v: usize| {
+            side_values[v]
+                || !graph.is_tensor[v]
+                || statics[v]
+                    .as_ref()
+                    .is_some_and(|t| !t.requires_grad() && !mutated.contains(&v))
+        };
+        if makes_tensors && !once && reads.into_iter().all(free) {
+            side_nodes[k] = true;
+            for v in defines {
+                side_values[v] = true;
             }
         }
     }
+    // Symbolic sizes count as free: a side value is computed when a block's node first reads
+    // it, so the sizes it needs (`sym_size(input_ids, 0)`, made by an earlier node) are this
+    // batch's by then.
 
     // ---- candidates and blocks ----------------------------------------------------------------
     let (modules, runs) = module_runs(&graph);
@@ -689,17 +777,38 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         mask_input,
         side_nodes,
         side_values,
+        def: def.clone(),
     });
     let g = &prog.graph;
     let mut blocks = Vec::with_capacity(units.len());
     for (i, u) in units.iter().enumerate() {
         let mut reads: BTreeSet<usize> = BTreeSet::new();
-        let mut side_reads: BTreeSet<usize> = BTreeSet::new();
-        for k in (u.first..=u.last).filter(|&k| !prog.side_nodes[k]) {
+        // The side nodes of the range that the block's own nodes need, transitively.
+        let mut local_side: BTreeSet<usize> = BTreeSet::new();
+        let mut stack: Vec<usize> = (u.first..=u.last)
+            .filter(|&k| !prog.side_nodes[k])
+            .flat_map(|k| g.nodes[k].reads())
+            .collect();
+        while let Some(v) = stack.pop() {
+            if let Some(d) = def[v].filter(|&d| prog.side_nodes[d] && (u.first..=u.last).contains(&d)) {
+                if local_side.insert(d) {
+                    stack.extend(g.nodes[d].reads());
+                }
+            }
+        }
+        let runs: Vec<usize> = (u.first..=u.last)
+            .filter(|&k| !prog.side_nodes[k] || local_side.contains(&k))
+            .collect();
+        let mut side_reads: HashMap<usize, usize> = HashMap::new();
+        for &k in &runs {
             for v in g.nodes[k].reads() {
                 if prog.side_values[v] {
-                    side_reads.insert(v);
-                } else if g.is_tensor[v] && prog.statics[v].is_none() && def[v].is_none_or(|d| d < u.first) {
+                    side_reads.insert(v, k);
+                } else if !prog.side_nodes[k]
+                    && g.is_tensor[v]
+                    && prog.statics[v].is_none()
+                    && def[v].is_none_or(|d| d < u.first)
+                {
                     reads.insert(v);
                 }
             }
@@ -735,11 +844,11 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
             Box::new(ExportBlock {
                 prog: prog.clone(),
                 name: u.name.clone(),
-                nodes: u.first..u.last + 1,
                 input: block_input,
                 skips: skip_vals,
                 output: outputs_of[i],
-                side_reads: side_reads.into_iter().collect(),
+                runs,
+                side_reads,
             }),
         );
         cb.skips = skips;
