@@ -19,6 +19,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/node.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -124,6 +125,24 @@ struct ReleaseAfterRoot final : torch::autograd::FunctionPostHook {
   torch::autograd::variable_list* held_;
 };
 
+// Backward helper: a root that hands out two gradients at once, the block output's and the
+// gradient the block's input leaf already holds from later blocks that read it (skips). The
+// engine runs it first, so the leaf's accumulation buffer starts with that gradient and then
+// adds the block's own contributions in the engine's order: the sum a fused graph computes,
+// where the later readers' backward also ran first. (Adding the block's total to the leaf's
+// .grad afterwards sums in another order, which differs in the last bit when the block reads
+// its input more than once, as RMSNorm does.) It moves the gradients out when it runs, so it
+// keeps neither alive.
+struct SeededRoot final : torch::autograd::Node {
+  SeededRoot(torch::autograd::edge_list edges, torch::autograd::variable_list grads)
+      : Node(std::move(edges)), grads_(std::move(grads)) {}
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& /*inputs*/) override {
+    return std::move(grads_);
+  }
+  std::string name() const override { return "ckptune::SeededRoot"; }
+  torch::autograd::variable_list grads_;
+};
+
 }  // namespace
 
 extern "C" {
@@ -213,6 +232,42 @@ int ckpt_backward(at::Tensor* out, at::Tensor* grad, char** err) {
     if (auto* fn = roots[0].function.get(); fn != nullptr) {
       fn->add_post_hook(std::make_unique<ReleaseAfterRoot>(&inputs));
     }
+    torch::autograd::Engine::get_default_engine().execute(roots, inputs, /*keep_graph=*/false,
+                                                          /*create_graph=*/false,
+                                                          /*accumulate_grad=*/true);
+  });
+}
+
+// As ckpt_backward, with `leaf`'s pending gradient `leaf_grad` (taken off the leaf by the
+// caller) fed in before the block's own contributions to it (see SeededRoot). Takes ownership
+// of `out`, `grad` and `leaf_grad`.
+int ckpt_backward_seeded(at::Tensor* out, at::Tensor* grad, const at::Tensor* leaf, at::Tensor* leaf_grad,
+                         char** err) {
+  return guarded(err, [&] {
+    at::Tensor o = std::move(*out);
+    at::Tensor g = std::move(*grad);
+    at::Tensor lg = std::move(*leaf_grad);
+    delete out;
+    delete grad;
+    delete leaf_grad;
+    TORCH_CHECK(o.requires_grad(), "backward: the output does not require grad");
+    TORCH_CHECK(g.sizes() == o.sizes(), "backward: gradient shape ", g.sizes(),
+                " differs from output shape ", o.sizes());
+    TORCH_CHECK(leaf->requires_grad() && leaf->is_leaf(), "backward: the seeded tensor is not a leaf that requires grad");
+    TORCH_CHECK(lg.sizes() == leaf->sizes(), "backward: seed gradient shape ", lg.sizes(),
+                " differs from the leaf's ", leaf->sizes());
+    torch::autograd::edge_list edges{torch::autograd::impl::gradient_edge(o),
+                                     torch::autograd::impl::gradient_edge(*leaf)};
+    TORCH_CHECK(edges[0].function != nullptr, "backward: the output has no gradient function");
+    o.reset();
+    auto root = c10::make_intrusive<SeededRoot>(std::move(edges),
+                                             torch::autograd::variable_list{std::move(g), std::move(lg)});
+    // The engine feeds its one root a gradient: an empty one, which allocates nothing.
+    at::Tensor none = at::empty({0});
+    root->add_input_metadata(none);
+    torch::autograd::edge_list roots{torch::autograd::Edge(root, 0)};
+    torch::autograd::variable_list inputs{std::move(none)};
+    root.reset();
     torch::autograd::Engine::get_default_engine().execute(roots, inputs, /*keep_graph=*/false,
                                                           /*create_graph=*/false,
                                                           /*accumulate_grad=*/true);

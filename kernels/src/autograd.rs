@@ -19,6 +19,26 @@ pub fn backward(output: Tensor, grad_output: Tensor) -> Result<(), KernelError> 
     })
 }
 
+/// [`backward`] for a block whose input `leaf` already holds a gradient from later blocks
+/// that read it: that gradient is taken off the leaf and fed to the engine ahead of the
+/// block's own contributions, so the leaf ends with the sum a single fused graph computes, in
+/// the same order, bit for bit (summing the block's total into `.grad` afterwards adds in
+/// another order). Without a pending gradient this is [`backward`].
+pub fn backward_seeded(output: Tensor, grad_output: Tensor, leaf: &Tensor) -> Result<(), KernelError> {
+    let pending = leaf.grad();
+    if !pending.defined() {
+        return backward(output, grad_output);
+    }
+    clear_grad(leaf)?;
+    let out = ffi::into_raw(output);
+    let grad = ffi::into_raw(grad_output);
+    let seed = ffi::into_raw(pending);
+    let leaf = leaf.as_ptr() as ffi::CTensor;
+    ffi::check("backward with an output gradient and a seeded input", |e| unsafe {
+        ffi::ckpt_backward_seeded(out, grad, leaf, seed, e)
+    })
+}
+
 /// Sets a tensor's `.grad` to None (`zero_grad(set_to_none=True)`), freeing it if no one else
 /// holds it. tch can only zero a gradient in place.
 pub fn clear_grad(t: &Tensor) -> Result<(), KernelError> {

@@ -51,6 +51,13 @@ extern "C" {
     pub(crate) fn ckpt_autocast_clear_cache();
 
     pub(crate) fn ckpt_backward(out: CTensor, grad: CTensor, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_backward_seeded(
+        out: CTensor,
+        grad: CTensor,
+        leaf: CTensor,
+        leaf_grad: CTensor,
+        err: *mut *mut c_char,
+    ) -> c_int;
 
     pub(crate) fn ckpt_clear_grad(t: CTensor, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_rng_get_state(out: *mut CTensor, err: *mut *mut c_char) -> c_int;

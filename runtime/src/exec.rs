@@ -508,7 +508,10 @@ impl Session {
                         block.name, self.chain.name
                     )));
                 }
-                autograd::backward(out, g)?;
+                match (start > 0).then(|| leaves[start - 1].as_ref()).flatten() {
+                    Some(x) => autograd::backward_seeded(out, g, x)?,
+                    None => autograd::backward(out, g)?,
+                }
             } else {
                 drop(out);
             }
