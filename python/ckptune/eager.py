@@ -66,7 +66,9 @@ def _batches(ref, model, backbone, batch, image, seq, gen):
 
         return make_batch, loss_of
 
-    cfg = backbone.config
+    # BERT's backbone carries the config; GPT-2's `transformer` and Llama's `model` do not, the
+    # model around them does.
+    cfg = getattr(backbone, "config", None) or model.config
     positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
     seq = seq or min(128, positions)
     per_token = not isinstance(model, ref.BertForSequenceClassification)
@@ -196,7 +198,9 @@ def run(model_name, plan, *, image=None, seq=None, steps=6, warmup=2, threads=2,
 
 
 def _positions(backbone):
-    cfg = backbone.config
+    # BERT's backbone carries the config; GPT-2's `transformer` and Llama's `model` do not, the
+    # model around them does.
+    cfg = getattr(backbone, "config", None) or model.config
     return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
 
 

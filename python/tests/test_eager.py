@@ -42,6 +42,14 @@ class RunTest(unittest.TestCase):
         # after the first is above the first step's (which had none yet).
         self.assertGreater(r["steps"][1]["start_bytes"], r["steps"][0]["start_bytes"])
 
+    def test_runs_decoders_whose_backbone_has_no_config(self):
+        # GPT-2's `transformer` and Llama's `model` carry no config; the model around them does.
+        for name, layer in [("tiny-gpt2", "h.1"), ("tiny-llama", "model.layers.1")]:
+            with self.subTest(name=name):
+                r = eager.run(name, plan([layer]), seq=16, steps=2, warmup=1, threads=1)
+                self.assertEqual((r["modules"], r["seq"]), ([layer], 16))
+                self.assertGreater(r["peak_bytes"], r["steps"][-1]["start_bytes"])
+
     def test_refuses_names_that_differ_and_configs_torch_cannot_run(self):
         for name, doc, fragment in [
             ("tiny-gpt2", plan(["encoder.layer.0"]), "matches no module of this model"),
