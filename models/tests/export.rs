@@ -346,6 +346,22 @@ fn the_layer_rule_finds_each_familys_repeated_layers() {
         ]),
         ["encoder.layers.encoder_layer_0", "encoder.layers.encoder_layer_1"]
     );
+    // torchvision MobileNet / EfficientNet: `features` and `classifier` are both containers of
+    // numbered children but no numbered siblings; the stages are `features.N`.
+    assert_eq!(
+        rule(&[
+            "features",
+            "features.0",
+            "features.0.0",
+            "features.1",
+            "features.1.conv",
+            "features.2",
+            "classifier",
+            "classifier.0",
+            "classifier.1",
+        ]),
+        ["features.0", "features.1", "features.2"]
+    );
     // No repeated layers: the top-level modules.
     assert_eq!(
         rule(&["features", "features.conv", "classifier"]),

@@ -284,12 +284,13 @@ fn children<'a>(m: &str, modules: &'a [String]) -> Vec<&'a String> {
 
 /// The repeated layers of a model, by this rule: a *layer container* is a module with children
 /// whose names end in a number (`layer1.0`, `encoder.layer.3`, `model.layers.7`,
-/// `encoder.layers.encoder_layer_5`), taking the outermost ones. If two or more containers are
-/// siblings (torchvision ResNet's `layer1` … `layer4`) they are the layers, as ckptune's built-in
-/// ResNets have it; otherwise the numbered children of the container with the most of them are
-/// (BERT's `encoder.layer.N`, Llama's `model.layers.N`, ViT's `encoder.layers.encoder_layer_N`
-/// rather than its `heads.0`). Without any container the
-/// top-level modules are. Only modules whose nodes form one contiguous run qualify.
+/// `encoder.layers.encoder_layer_5`), taking the outermost ones. If two or more containers whose
+/// own names end in a number are siblings (torchvision ResNet's `layer1` … `layer4`) they are the
+/// layers, as ckptune's built-in ResNets have it; otherwise the numbered children of the container
+/// with the most of them are (BERT's `encoder.layer.N`, Llama's `model.layers.N`, ViT's
+/// `encoder.layers.encoder_layer_N` rather than its `heads.0`, MobileNet's and EfficientNet's
+/// `features.N` rather than `features` and `classifier`). Without any container the top-level
+/// modules are. Only modules whose nodes form one contiguous run qualify.
 pub fn layers(modules: &[String], runs: &HashMap<String, (usize, usize)>) -> Vec<String> {
     let numbered = |c: &str| {
         c.rsplit('.')
@@ -305,22 +306,24 @@ pub fn layers(modules: &[String], runs: &HashMap<String, (usize, usize)>) -> Vec
             .iter()
             .any(|o| o != *c && c.starts_with(&format!("{o}.")) && children(o, modules).iter().any(|x| numbered(x)))
     });
+    // Sibling layers: numbered containers (`layer1`, `layer2`) sharing a parent.
     let mut by_parent: HashMap<&str, usize> = HashMap::new();
-    for c in &containers {
+    for c in containers.iter().filter(|c| numbered(c)) {
         *by_parent.entry(parent(c)).or_default() += 1;
     }
+    let siblings = |c: &str| numbered(c) && by_parent.get(parent(c)).is_some_and(|&n| n >= 2);
     let numbered_children = |c: &str| children(c, modules).into_iter().filter(|x| numbered(x)).count();
     // Among lone containers, the one(s) with the most numbered children hold the layers (a ViT's
     // `encoder.layers`, not its one-entry `heads` Sequential).
     let most = containers
         .iter()
-        .filter(|c| by_parent[parent(c)] < 2)
+        .filter(|c| !siblings(c))
         .map(|c| numbered_children(c))
         .max()
         .unwrap_or(0);
     let mut out: Vec<String> = Vec::new();
     for c in &containers {
-        if by_parent[parent(c)] >= 2 {
+        if siblings(c) {
             out.push((*c).clone());
         } else if numbered_children(c) == most {
             out.extend(children(c, modules).into_iter().filter(|x| numbered(x)).cloned());
