@@ -560,7 +560,15 @@ impl Session {
         }
         if leaves[i - 1].is_none() {
             let out = outputs[i - 1].as_ref().expect("a block's input is alive when it runs");
-            leaves[i - 1] = Some(out.detach().set_requires_grad(true));
+            // Inside a layer run as its children the boundary is a view: autocast caches the
+            // bf16 cast of a leaf that requires grad (meant for weights) but not of a view, so a
+            // child that casts its input more than once (Llama's q/k/v projections, gate and
+            // up) makes the casts the fused layer makes, and their gradients are summed as
+            // there, in f32. Between layers the boundary is the plain leaf both runs share.
+            let detached = out.detach();
+            let inside = self.chain.groups.iter().any(|g| g.first < i && i <= g.last);
+            let boundary = if inside { detached.view_as(&detached) } else { detached };
+            leaves[i - 1] = Some(boundary.set_requires_grad(true));
         }
         leaf(leaves, i - 1)
     }

@@ -152,25 +152,13 @@ fn nested_checkpointing_equals_plain_bit_for_bit() {
             picks.push(all_groups);
             for x in picks {
                 let (g, p) = grads(x);
-                // In bf16 a Llama layer run as its children (a child checkpointed, or the
-                // layer as a checkpointed group) differs from the fused layer in the last bits:
-                // autocast caches the bf16 cast of a block's input leaf (a leaf that requires
-                // grad, as a weight is), so the MLP's gate and up projections share one cast and
-                // their gradients are summed in bf16, where the fused layer casts twice and sums
-                // in f32 (ARCHITECTURE.md, Known limits). fp32 is bitwise: the split run sums
-                // its input's gradient in the fused graph's order (autograd::backward_seeded).
-                let split = name == "tiny-llama" && precision == Precision::Bf16 && x.iter().any(|&c| c);
+                // Bitwise also for Llama, whose layer input has three readers and whose
+                // children cast their inputs more than once: a split run sums its input's
+                // gradient in the fused graph's order (autograd::backward_seeded), and the
+                // boundaries inside a layer are views, whose casts autocast does not cache.
                 for ((na, a), (_, b)) in g0.iter().chain(&p0).zip(g.iter().chain(&p)) {
                     assert_eq!(a.defined(), b.defined(), "{name} {precision} {na}");
-                    if a.defined() && split {
-                        // Relative to the tensor's largest element; measured at most 3e-3.
-                        let d = (a - b).abs().max().double_value(&[]);
-                        let m = a.abs().max().double_value(&[]);
-                        assert!(
-                            d <= 1e-2 * m,
-                            "{name} {precision} {x:?}: {na} differs by {d:e} of {m:e}"
-                        );
-                    } else if a.defined() {
+                    if a.defined() {
                         assert!(a.equal(b), "{name} {precision} {x:?}: {na} differs");
                     }
                 }
