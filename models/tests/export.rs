@@ -508,4 +508,21 @@ fn values_every_layer_reads_are_computed_where_they_are_read() {
             assert_eq!(out.size()[0], 3, "{file}");
         }
     }
+    // Llama's layers as their children: RMSNorm casts its input to float32, a no-op the
+    // residual sum read through when the program was traced; it reads the layer input instead.
+    for file in ["tiny_llama.pt2", "hf_llama.pt2"] {
+        let c = load(
+            file,
+            ModelOptions {
+                granularity: Granularity::Nested,
+                ..Default::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let cands = candidates(&c);
+        for m in ["model.layers.1", "model.layers.1.self_attn", "model.layers.1.mlp"] {
+            assert!(cands.iter().any(|c| c == m), "{file}: {m} not in {cands:?}");
+        }
+        assert_eq!(c.groups.len(), 2, "{file}: each layer a group over its children");
+    }
 }

@@ -179,9 +179,7 @@ fn exported_stack_with_dropout_checkpoints_bitwise_at_every_level() {
 fn exported_transformers_checkpoint_bitwise() {
     // Values every layer reads but no layer makes (a mask from the batch or from the sizes,
     // rotary cos/sin) are computed by each block that reads them; dropout replays under
-    // recompute. Layers, and for BERT the layers' children, checkpointed. Llama's children
-    // are left out: a layer run as its children sums its input's gradient in another order
-    // (ARCHITECTURE.md, Known limits).
+    // recompute. Layers, and the layers' children, checkpointed.
     let _lock = meter::exclusive();
     tch::set_num_threads(1);
     use ckptune_models::Granularity::{Layer, Nested};
@@ -190,9 +188,11 @@ fn exported_transformers_checkpoint_bitwise() {
         ("tiny_bert.pt2", Nested),
         ("tiny_bert_hf.pt2", Nested),
         ("tiny_llama.pt2", Layer),
+        ("tiny_llama.pt2", Nested),
         ("hf_bert.pt2", Nested),
         ("hf_bert_mask.pt2", Layer),
         ("hf_llama.pt2", Layer),
+        ("hf_llama.pt2", Nested),
     ] {
         let opts = ModelOptions {
             granularity,

@@ -67,6 +67,9 @@ struct ExportBlock {
     /// freed after that node, as a module's local would be. Those made outside the block are
     /// computed when first read (see [`ExportBlock::compute_side`]).
     side_reads: HashMap<usize, usize>,
+    /// `(cast, source)`: no-op casts made in an earlier block that this block's nodes read; they
+    /// read the source (see `alias_src` in `chain_from_export`).
+    aliases: Vec<(usize, usize)>,
 }
 
 impl Block for ExportBlock {
@@ -82,6 +85,11 @@ impl Block for ExportBlock {
         }
         for (k, &v) in self.skips.iter().enumerate() {
             env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(ctx.skip(k).shallow_clone()));
+        }
+        for &(cast, src) in &self.aliases {
+            if let Some(ckptune_kernels::ops::Value::Tensor(t)) = &env.local[src] {
+                env.local[cast] = Some(ckptune_kernels::ops::Value::Tensor(t.shallow_clone()));
+            }
         }
         let out = self.output;
         let keep = |v: usize| v == out || p.mutations.contains_key(&v);
@@ -359,7 +367,11 @@ fn cut(g: &Graph, lo: usize, hi: usize, cands: &[(String, usize, usize)], depth:
             }
         }
         let name = if names.is_empty() {
-            format!("<{}>", g.nodes[a].name)
+            // Nodes of the enclosing module itself (a layer's residual sums): named after it.
+            match g.nodes[a].modules.last() {
+                Some(m) => format!("{m} ({})", g.nodes[a].name),
+                None => format!("<{}>", g.nodes[a].name),
+            }
         } else {
             names.join("+")
         };
@@ -726,12 +738,56 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         }
         b
     };
+    // Casts that were no-ops when the program was exported (`x.to(torch.float32)` of a float32
+    // `x` returns `x` itself): tracing then has later readers of `x` read the cast, such as the
+    // residual sum after a Llama RMSNorm, which casts its input first. A reader in another block
+    // than the cast's reads the source instead, as the model's code does (`residual =
+    // hidden_states` before the norm), so the cast is not handed on besides the norm's output.
+    let alias_src: HashMap<usize, usize> = graph
+        .nodes
+        .iter()
+        .filter_map(|node| {
+            let Target::Op { name, .. } = &node.target else {
+                return None;
+            };
+            if !matches!(name.as_str(), "aten::to" | "aten::alias" | "aten::type_as") {
+                return None;
+            }
+            if node
+                .args
+                .iter()
+                .any(|(a, i)| a == "copy" && matches!(i, Input::Bool(true)))
+            {
+                return None;
+            }
+            let src = match node.args.first() {
+                Some((_, Input::Tensor(v))) if statics[*v].is_none() && !side_values[*v] => *v,
+                _ => return None,
+            };
+            let [out] = node.defines()[..] else {
+                return None;
+            };
+            let same = sizes_of(&ar.model, &graph.names[src])
+                .is_some_and(|a| sizes_of(&ar.model, &graph.names[out]).is_some_and(|b| a == b));
+            same.then_some((out, src))
+        })
+        .collect();
+    let read_as = |v: usize, k: usize| -> usize {
+        let mut v = v;
+        while let Some(&src) = alias_src.get(&v) {
+            if def[v].map(|d| block_of_node[d]) == Some(block_of_node[k]) {
+                break;
+            }
+            v = src;
+        }
+        v
+    };
     // The last node reading each value: outputs other than the first (a model returning
     // `(logits, hidden)`) are computed but not handed on, as the loss reads only the first.
     let mut last_read: Vec<Option<usize>> = vec![None; graph.names.len()];
     for (k, node) in graph.nodes.iter().enumerate() {
         for v in node.reads() {
-            last_read[v] = Some(k);
+            last_read[read_as(v, k)] = Some(k);
         }
     }
     let mut outputs_of: Vec<usize> = Vec::with_capacity(units.len());
@@ -803,8 +859,16 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
             .filter(|&k| !prog.side_nodes[k] || local_side.contains(&k))
             .collect();
         let mut side_reads: HashMap<usize, usize> = HashMap::new();
+        let mut aliases: BTreeSet<(usize, usize)> = BTreeSet::new();
         for &k in &runs {
             for v in g.nodes[k].reads() {
+                let v = match read_as(v, k) {
+                    src if src != v => {
+                        aliases.insert((v, src));
+                        src
+                    }
+                    _ => v,
+                };
                 if prog.side_values[v] {
                     side_reads.insert(v, k);
                 } else if !prog.side_nodes[k]
@@ -852,6 +916,7 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
                 output: outputs_of[i],
                 runs,
                 side_reads,
+                aliases: aliases.into_iter().collect(),
             }),
         );
         cb.skips = skips;
