@@ -69,11 +69,9 @@ Plans under budgets that force checkpointing, each run by `ckptune verify`:
 Per model: `profile.json`/`.txt`, `sweep.json`/`.txt`, `plots/` (trade-off and per-candidate
 charts) and `plans/` (each plan and its verification) are the commands' outputs.
 [`speed.md`](speed.md) (`scripts/bench_export.py`) times exported ResNet-50 and BERT-base
-against the built-in models.
-
-Not yet: the Llama-style model at `--granularity nested` is refused: RMSNorm's `x.float()` is an
-alias of the layer input that the residual sum reads after `input_layernorm`, so that child
-would hand two tensors to later nodes (the error says so and suggests `--candidates`).""")
+against the built-in models. The layers' children (`--granularity block` or `nested`) are
+covered by the tests on the fixtures of `models/fixtures/` (`planner/tests/export_cli.rs`,
+`runtime/tests/export.rs`), transformers' own `LlamaForCausalLM` among them.""")
 
 
 if __name__ == "__main__":
