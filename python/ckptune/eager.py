@@ -248,6 +248,14 @@ def write_atomic(path, obj):
             os.remove(tmp)
 
 
+def write_output(path, doc):
+    """A command's JSON result: to `path` atomically when one is given, else to stdout."""
+    if path:
+        write_atomic(path, doc)
+    else:
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ckptune.eager", description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan", required=True, help="a plan written by `ckptune plan -o`")
@@ -269,11 +277,7 @@ def main(argv=None):
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if a.output:
-        write_atomic(a.output, out)
-    else:
-        json.dump(out, sys.stdout, indent=2)
-        print()
+    write_output(a.output, out)
     return 0
 
 

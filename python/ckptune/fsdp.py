@@ -857,13 +857,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("interrupted; the ranks were killed", file=sys.stderr)
         return 130
-    if a.output:
-        from .eager import write_atomic  # noqa: PLC0415
+    from .eager import write_output  # noqa: PLC0415
 
-        write_atomic(a.output, out)
-    else:
-        json.dump(out, sys.stdout, indent=2)
-        print()
+    write_output(a.output, out)
     return 0
 
 
