@@ -256,6 +256,7 @@ def write_output(path, doc):
         json.dump(doc, sys.stdout, indent=2)
         print()
 
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ckptune.eager", description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan", required=True, help="a plan written by `ckptune plan -o`")
