@@ -651,8 +651,8 @@ impl Keys<'_> {
             None if hidden % 64 == 0 => Ok(hidden / 64),
             None => Err(self.unknown(format!(
                 "the attention head count is not stored in the weights and the hidden size {hidden} is not a \
-                 multiple of 64 (the head size of every released BERT and GPT-2); set ModelOptions::heads, or on \
-                 the command line plan the model's Hugging Face folder, whose config.json records it"
+                 multiple of 64 (the head size of every released BERT and GPT-2); pass --heads N (ModelOptions::heads), \
+                 or plan the model's Hugging Face folder, whose config.json records it"
             ))),
         }
     }
@@ -798,7 +798,7 @@ fn infer_llama(k: &Keys<'_>, heads: Option<i64>) -> Result<llama::Config> {
         None => {
             return Err(k.unknown(format!(
                 "the attention head count is not stored in the weights and q_proj's {q} outputs are not \
-                 heads of size 64; set ModelOptions::heads, or on the command line plan the model's Hugging Face \
+                 heads of size 64; pass --heads N (ModelOptions::heads), or plan the model's Hugging Face \
                  folder, whose config.json records it"
             )))
         }

@@ -495,6 +495,29 @@ fn a_hugging_face_config_alone_plans_and_verifies() {
     assert_eq!(r["peak_error_bytes"], 0, "{r}");
 }
 
+/// A state dict whose head size is not 64 names the flag that fixes it; with `--heads` it plans,
+/// the plan records the heads, and `verify` rebuilds the same model from the plan.
+#[test]
+fn heads_are_given_for_a_state_dict_that_cannot_say() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture("tiny_bert.safetensors");
+    let plan = dir.path().join("plan.json");
+    let mut args = vec!["plan", "--budget", "1GiB", model.as_str(), "--seq", "8", "--batch", "2"];
+    args.extend(["--precision", "fp32", "-o", plan.to_str().unwrap()]);
+    args.extend(COMMON);
+    let out = ckptune(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--heads"), "{err}");
+    assert!(!plan.exists(), "nothing is written for bad input");
+    args.extend(["--heads", "2"]);
+    ok(&args);
+    let v = read(&plan);
+    assert_eq!(v["shape"]["heads"], 2, "{}", v["shape"]);
+    let r = verify(&plan, dir.path());
+    assert_eq!(r["peak_error_bytes"], 0, "{r}");
+}
+
 /// `--optimizer-impl`: torch.optim's implementations differ at the optimizer step, the peak of a
 /// small-batch ResNet-18 step. foreach holds a temporary per parameter at once (46.8 MB), the
 /// single-tensor loop two of the largest parameter and the previous one's (28 MB); under a budget between the two the plan

@@ -71,6 +71,11 @@ pub struct ModelArgs {
     /// the top level, or the first of state_dict, model_state_dict, model, module, net.
     #[arg(long)]
     pub state_dict_key: Option<String>,
+    /// Attention heads of a transformer read from a state dict, whose weights do not record
+    /// them (the default there is hidden / 64, true of released BERT, GPT-2 and Llama models);
+    /// a Hugging Face folder's config.json says it instead.
+    #[arg(long)]
+    pub heads: Option<i64>,
     /// Candidate granularity: `layer` (ResNet stages, transformer layers), `block` (the
     /// modules inside them: `layer3.17`, `encoder.layer.3.attention`, `h.5.mlp`) or `nested`
     /// (both: a layer or any of its children, never both).

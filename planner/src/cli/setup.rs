@@ -192,6 +192,7 @@ impl Setup {
             seq: a.seq,
             classes: a.classes,
             state_dict_key: a.state_dict_key.clone(),
+            heads: a.heads,
             granularity,
             device,
             // A torch.export program with a static batch runs only at its exported batch.
@@ -284,7 +285,7 @@ impl Setup {
             // `--candidates` and `--state-dict-key` choose the chain and the weights. `optim2`:
             // the optimizers allocate what torch.optim's implementations allocate. `timing1`:
             // step times checked for contention; older profiles did not record it.
-            "v{}|chain2|win2|optim2|timing1|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|{}|{:?}|threads={}|repeats={}",
+            "v{}|chain2|win2|optim2|timing1|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             cpu_identity(),
             model_id,
@@ -294,6 +295,7 @@ impl Setup {
             self.opts.granularity,
             self.opts.candidates,
             self.opts.state_dict_key,
+            self.opts.heads,
             cfg.label(),
             self.device,
             self.threads,

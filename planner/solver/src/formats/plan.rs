@@ -99,6 +99,9 @@ pub struct ShapeJson {
     /// `--state-dict-key`: where in a training checkpoint the state dict was, when given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_dict_key: Option<String>,
+    /// `--heads`: the attention heads of a transformer read from a state dict, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heads: Option<i64>,
 }
 
 /// `plan --json` when nothing fits: the failure as data, for scripts. Fields are in

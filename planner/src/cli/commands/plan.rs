@@ -294,6 +294,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         repeats: setup.repeats,
         candidates: a.model.candidates.clone(),
         state_dict_key: a.model.state_dict_key.clone(),
+        heads: a.model.heads,
     };
     let mut plan = match plan_from_profile(&profile, budget - reserve, shape.clone()) {
         Ok(p) => p,
