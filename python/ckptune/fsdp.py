@@ -365,6 +365,8 @@ def _die_with_parent(parent):
 
 
 def _worker_main(spec_path, rank):
+    from .eager import write_atomic  # noqa: PLC0415
+
     with open(spec_path) as f:
         spec = json.load(f)
     _die_with_parent(spec["parent"])
@@ -373,17 +375,10 @@ def _worker_main(spec_path, rank):
         result = _rank(spec, rank)
     except BaseException as e:  # noqa: BLE001  (reported to the parent, then re-raised)
         error = {"time": time.time(), "traceback": "".join(traceback.format_exception(e))}
-        _write_json(os.path.join(out_dir, f"rank{rank}.error"), error)
+        write_atomic(os.path.join(out_dir, f"rank{rank}.error"), error)
         raise
-    _write_json(os.path.join(out_dir, f"rank{rank}.json"), result)
+    write_atomic(os.path.join(out_dir, f"rank{rank}.json"), result)
     return 0
-
-
-def _write_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
 
 
 class _Loss(nn.Module):
@@ -443,9 +438,7 @@ def _build(spec, ref, gen):
         return model, model, "", make_batch, loss_of, None
 
     model, backbone, prefix = _reference_model(spec, ref)
-    config = _config(model, backbone)
-    make_batch, loss_of = _batches(ref, model, _HasConfig(config) if config else backbone, spec["micro_batch"],
-                                   spec["image"], spec["seq"], gen)
+    make_batch, loss_of = _batches(ref, model, backbone, spec["micro_batch"], spec["image"], spec["seq"], gen)
     return model, backbone, prefix, make_batch, loss_of, _FAMILY_UNITS.get(type(model).__name__)
 
 
@@ -466,13 +459,6 @@ def _config(model, backbone):
     """A transformer's config: on the backbone (BERT's `bert`) or on the model (GPT-2's, whose
     `transformer` has none; Llama's, whose backbone is the model); None for a ResNet."""
     return getattr(backbone, "config", None) or getattr(model, "config", None)
-
-
-class _HasConfig:
-    """What `eager._batches` reads of a backbone: its config."""
-
-    def __init__(self, config):
-        self.config = config
 
 
 def _rebuild(ref, proto, prefix, overrides):
