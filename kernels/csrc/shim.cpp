@@ -143,6 +143,17 @@ struct SeededRoot final : torch::autograd::Node {
   torch::autograd::variable_list grads_;
 };
 
+// The gradient edge of `out`, a block's output that backward starts from, after checking that
+// `grad` fits it.
+torch::autograd::Edge output_edge(const at::Tensor& out, const at::Tensor& grad) {
+  TORCH_CHECK(out.requires_grad(), "backward: the output does not require grad");
+  TORCH_CHECK(grad.sizes() == out.sizes(), "backward: gradient shape ", grad.sizes(),
+              " differs from output shape ", out.sizes());
+  torch::autograd::Edge edge = torch::autograd::impl::gradient_edge(out);
+  TORCH_CHECK(edge.function != nullptr, "backward: the output has no gradient function");
+  return edge;
+}
+
 }  // namespace
 
 extern "C" {
@@ -222,11 +233,7 @@ int ckpt_backward(at::Tensor* out, at::Tensor* grad, char** err) {
     at::Tensor g = std::move(*grad);
     delete out;
     delete grad;
-    TORCH_CHECK(o.requires_grad(), "backward: the output does not require grad");
-    TORCH_CHECK(g.sizes() == o.sizes(), "backward: gradient shape ", g.sizes(),
-                " differs from output shape ", o.sizes());
-    torch::autograd::edge_list roots{torch::autograd::impl::gradient_edge(o)};
-    TORCH_CHECK(roots[0].function != nullptr, "backward: the output has no gradient function");
+    torch::autograd::edge_list roots{output_edge(o, g)};
     o.reset();
     torch::autograd::variable_list inputs{std::move(g)};
     if (auto* fn = roots[0].function.get(); fn != nullptr) {
@@ -250,15 +257,10 @@ int ckpt_backward_seeded(at::Tensor* out, at::Tensor* grad, const at::Tensor* le
     delete out;
     delete grad;
     delete leaf_grad;
-    TORCH_CHECK(o.requires_grad(), "backward: the output does not require grad");
-    TORCH_CHECK(g.sizes() == o.sizes(), "backward: gradient shape ", g.sizes(),
-                " differs from output shape ", o.sizes());
     TORCH_CHECK(leaf->requires_grad() && leaf->is_leaf(), "backward: the seeded tensor is not a leaf that requires grad");
     TORCH_CHECK(lg.sizes() == leaf->sizes(), "backward: seed gradient shape ", lg.sizes(),
                 " differs from the leaf's ", leaf->sizes());
-    torch::autograd::edge_list edges{torch::autograd::impl::gradient_edge(o),
-                                     torch::autograd::impl::gradient_edge(*leaf)};
-    TORCH_CHECK(edges[0].function != nullptr, "backward: the output has no gradient function");
+    torch::autograd::edge_list edges{output_edge(o, g), torch::autograd::impl::gradient_edge(*leaf)};
     o.reset();
     auto root = c10::make_intrusive<SeededRoot>(std::move(edges),
                                              torch::autograd::variable_list{std::move(g), std::move(lg)});

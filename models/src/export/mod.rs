@@ -93,8 +93,6 @@ impl Block for ExportBlock {
         }
         let out = self.output;
         let keep = |v: usize| v == out || p.mutations.contains_key(&v);
-        // Load-time checks covered every operator and argument kind; what fails here is a shape
-        // or dtype the exported example did not cover, reported with the node.
         for &k in &self.runs {
             let reads = p.graph.nodes[k].reads();
             for &v in &reads {
@@ -102,9 +100,7 @@ impl Block for ExportBlock {
                     self.compute_side(v, k, &mut env, ctx);
                 }
             }
-            if let Err(e) = p.graph.run(k..k + 1, &mut env, &keep) {
-                panic!("block {}: {}", self.name, describe(&e));
-            }
+            self.run(k, &mut env, &keep);
             for v in reads {
                 if self.side_reads.get(&v) == Some(&k) {
                     env.local[v] = None;
@@ -139,6 +135,14 @@ impl Block for ExportBlock {
 }
 
 impl ExportBlock {
+    /// Runs node `k`. Load-time checks covered every operator and argument kind; what fails here
+    /// is a shape or dtype the exported example did not cover, reported with the node.
+    fn run(&self, k: usize, env: &mut Env<'_>, keep: &dyn Fn(usize) -> bool) {
+        if let Err(e) = self.prog.graph.run(k..k + 1, env, keep) {
+            panic!("block {}: {}", self.name, describe(&e));
+        }
+    }
+
     /// Computes side value `v` and what it needs that this block does not hold yet, in program
     /// order, before node `at` reads it; the intermediates die at once unless the block's own
     /// nodes read them later.
@@ -161,9 +165,7 @@ impl ExportBlock {
             env.local[m] = Some(ckptune_kernels::ops::Value::Tensor(mask.shallow_clone()));
         }
         for &d in &needed {
-            if let Err(e) = p.graph.run(d..d + 1, env, &|_| true) {
-                panic!("block {}: {}", self.name, describe(&e));
-            }
+            self.run(d, env, &|_| true);
         }
         for w in needed
             .iter()
@@ -430,7 +432,8 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
     // ---- parameters, buffers, constants, user inputs ----------------------------------------
     let vs = nn::VarStore::new(opts.device);
     let mut statics: Vec<Option<Tensor>> = (0..graph.names.len()).map(|_| None).collect();
-    let mut by_fqn: HashMap<String, Tensor> = HashMap::new();
+    // Each parameter, buffer and constant by its qualified name, with its input value.
+    let mut by_fqn: HashMap<String, (Tensor, usize)> = HashMap::new();
     let mut user_inputs = Vec::new();
     let mut reference_params = 0i64;
     let specs = sig
@@ -484,10 +487,12 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         } else {
             t
         };
-        by_fqn.insert(fqn, t.shallow_clone());
+        by_fqn.insert(fqn, (t.shallow_clone(), v));
         statics[v] = Some(t);
     }
     let mut mutations = HashMap::new();
+    // The input values of the buffers the program mutates.
+    let mut mutated: BTreeSet<usize> = BTreeSet::new();
     let mut user_outputs = Vec::new();
     let mut graph_out = graph.outputs.iter();
     for spec in sig.get("output_specs").and_then(Json::as_array).into_iter().flatten() {
@@ -500,10 +505,11 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
             ("user_output", Some(o)) => user_outputs.push(o),
             ("buffer_mutation", Some(Input::Tensor(v))) => {
                 let fqn = body.get("buffer_name").and_then(Json::as_str).unwrap_or_default();
-                let buf = by_fqn
+                let (buf, input) = by_fqn
                     .get(fqn)
                     .ok_or_else(|| bad(format!("buffer mutation of unknown buffer {fqn}")))?;
                 mutations.insert(*v, buf.shallow_clone());
+                mutated.insert(*input);
             }
             (other, _) => {
                 return Err(bad(format!(
@@ -614,16 +620,6 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
     // here each block that reads one computes it (see `ExportBlock::forward`), so blocks hand
     // on one tensor. Nodes reading a buffer the program mutates are never side nodes (the value
     // depends on when it is read).
-    let mutated: BTreeSet<usize> = {
-        let targets: Vec<&Tensor> = mutations.values().collect();
-        (0..graph.names.len())
-            .filter(|&v| {
-                statics[v]
-                    .as_ref()
-                    .is_some_and(|t| targets.iter().any(|b| b.data_ptr() == t.data_ptr()))
-            })
-            .collect()
-    };
     let mut side_values = vec![false; graph.names.len()];
     let mut side_nodes = vec![false; graph.nodes.len()];
     if let Some(m) = mask_input {
