@@ -486,12 +486,15 @@ fn values_every_layer_reads_are_computed_where_they_are_read() {
     // files come from reference.py, the hf_* files from transformers itself.
     let bert = ["bert.encoder.layer.0", "bert.encoder.layer.1"];
     let llama = ["model.layers.0", "model.layers.1"];
+    let gpt2 = ["transformer.h.0", "transformer.h.1"];
     for (file, layers, seq, vocab, targets) in [
         ("tiny_bert_hf.pt2", bert, 8, 100, TokenTargets::Classes(2)),
         ("tiny_llama.pt2", llama, 8, 100, TokenTargets::PerToken),
         ("hf_bert.pt2", bert, 16, 120, TokenTargets::Classes(3)),
         ("hf_bert_mask.pt2", bert, 16, 120, TokenTargets::Classes(3)),
         ("hf_llama.pt2", llama, 16, 128, TokenTargets::PerToken),
+        // GPT-2 embeds a reshape of its ids (`input_ids.view(-1, seq)`), not the input itself.
+        ("hf_gpt2.pt2", gpt2, 16, 120, TokenTargets::PerToken),
     ] {
         let c = load(file, ModelOptions::default()).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert_eq!(candidates(&c), layers, "{file}");
@@ -500,6 +503,13 @@ fn values_every_layer_reads_are_computed_where_they_are_read() {
             c.blocks.iter().all(|b| b.skips.is_empty()),
             "{file}: nothing crosses a cut but the chain"
         );
+        // GPT-2's lm_head.weight is transformer.wte.weight: one parameter, as model.parameters()
+        // yields it, under the first name.
+        if file == "hf_gpt2.pt2" {
+            let names: Vec<String> = c.vs.variables().into_keys().collect();
+            assert!(names.iter().any(|n| n == "transformer.wte.weight"), "{names:?}");
+            assert!(!names.iter().any(|n| n == "lm_head.weight"), "{names:?}");
+        }
         if !file.contains("mask") && !file.starts_with("tiny_bert") {
             // Another batch than the exported one: the sizes the side values are made from
             // are this batch's.

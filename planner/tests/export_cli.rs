@@ -23,6 +23,7 @@ fn exported_resnet_sweep_is_byte_exact_on_every_subset() {
         ("tiny_llama.pt2", "layer", None),
         ("hf_bert.pt2", "layer", None),
         ("hf_llama.pt2", "layer", None),
+        ("hf_gpt2.pt2", "layer", None),
         // Its decoder layers' children: the residual sums read the layer input, not the norm's
         // no-op cast of it.
         ("hf_llama.pt2", "block", None),
@@ -68,7 +69,7 @@ fn exported_resnet_sweep_is_byte_exact_on_every_subset() {
             let points = s["configs"][0]["points"].as_array().unwrap();
             let want = if granularity == "block" && file.contains("llama") {
                 256
-            } else if file.contains("bert") || file.contains("llama") {
+            } else if file.contains("bert") || file.contains("llama") || file.contains("gpt2") {
                 4
             } else if candidates.is_some() {
                 8

@@ -671,7 +671,10 @@ impl Session {
         self.named_parameters()
             .into_iter()
             .filter(|(_, t)| t.requires_grad())
-            .map(|(n, t)| (n, t.grad().copy()))
+            .map(|(n, t)| {
+                let g = t.grad();
+                (n, if g.defined() { g.copy() } else { g })
+            })
             .collect()
     }
 }

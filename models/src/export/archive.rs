@@ -19,6 +19,10 @@ pub(crate) struct Archive {
     pub model: Json,
     /// Parameters, buffers and constants by their fully qualified name.
     pub tensors: HashMap<String, Tensor>,
+    /// Per name, where its data lies in the archive (file, offset, sizes, strides): names with
+    /// the same place are one tensor of the model, tied (GPT-2's `lm_head.weight` and
+    /// `transformer.wte.weight`).
+    pub storage: HashMap<String, String>,
 }
 
 fn bad(path: &Path, reason: impl Into<String>) -> ModelError {
@@ -118,6 +122,7 @@ pub(crate) fn read(path: &Path) -> Result<Archive> {
         ));
     }
     let mut tensors = HashMap::new();
+    let mut storage = HashMap::new();
     for (dir, config) in [
         ("weights", "model_weights_config.json"),
         ("constants", "model_constants_config.json"),
@@ -177,9 +182,14 @@ pub(crate) fn read(path: &Path) -> Result<Archive> {
                 )
             })?;
             tensors.insert(fqn.clone(), t);
+            storage.insert(fqn.clone(), format!("{dir}/{file}@{offset}:{sizes:?}:{strides:?}"));
         }
     }
-    Ok(Archive { model, tensors })
+    Ok(Archive {
+        model,
+        tensors,
+        storage,
+    })
 }
 
 fn contiguous(sizes: &[i64]) -> Vec<i64> {

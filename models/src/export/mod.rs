@@ -434,6 +434,8 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
     let mut statics: Vec<Option<Tensor>> = (0..graph.names.len()).map(|_| None).collect();
     // Each parameter, buffer and constant by its qualified name, with its input value.
     let mut by_fqn: HashMap<String, (Tensor, usize)> = HashMap::new();
+    // Each registered tensor by where its data lies in the archive.
+    let mut tied: HashMap<String, Tensor> = HashMap::new();
     let mut user_inputs = Vec::new();
     let mut reference_params = 0i64;
     let specs = sig
@@ -476,6 +478,16 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
             .tensors
             .get(&fqn)
             .ok_or_else(|| bad(format!("{kind} {fqn} has no data in the archive")))?;
+        // A tied tensor (the same data under two names) is one tensor, registered under the
+        // first name, as `model.parameters()` yields it once: one parameter, one gradient, one
+        // optimizer state, whichever name the graph reads it by.
+        let place = ar.storage.get(&fqn).cloned().unwrap_or_default();
+        if let Some(shared) = tied.get(&place) {
+            let shared: &Tensor = shared;
+            by_fqn.insert(fqn, (shared.shallow_clone(), v));
+            statics[v] = Some(shared.shallow_clone());
+            continue;
+        }
         let t = t.to_device(opts.device);
         let t = if kind == "parameter" {
             reference_params += t.numel() as i64;
@@ -488,6 +500,7 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
             t
         };
         by_fqn.insert(fqn, (t.shallow_clone(), v));
+        tied.insert(place, t.shallow_clone());
         statics[v] = Some(t);
     }
     let mut mutations = HashMap::new();
@@ -556,12 +569,42 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
     let (out_sizes, _) = sizes_of(&ar.model, &graph.names[output]).unwrap_or_default();
 
     // ---- input and loss -------------------------------------------------------------------------
+    // The embedding that reads the token ids, directly or through reshapes of them
+    // (transformers' GPT-2 embeds `input_ids.view(-1, seq)`).
+    let reshape_of: HashMap<usize, usize> = graph
+        .nodes
+        .iter()
+        .filter_map(|n| match (&n.target, n.args.first(), &n.defines()[..]) {
+            (Target::Op { name, .. }, Some((_, Input::Tensor(src))), [out])
+                if matches!(
+                    name.as_str(),
+                    "aten::view"
+                        | "aten::reshape"
+                        | "aten::_unsafe_view"
+                        | "aten::unsqueeze"
+                        | "aten::squeeze"
+                        | "aten::flatten"
+                        | "aten::contiguous"
+                        | "aten::alias"
+                ) =>
+            {
+                Some((*out, *src))
+            }
+            _ => None,
+        })
+        .collect();
+    let is_input = |mut v: usize| {
+        while let Some(&src) = reshape_of.get(&v) {
+            v = src;
+        }
+        v == input
+    };
     let vocab = graph.nodes.iter().find_map(|n| match &n.target {
         Target::Op { name, .. } if name == "aten::embedding" => {
             let reads_input = n
                 .args
                 .iter()
-                .any(|(a, i)| a == "indices" && matches!(i, Input::Tensor(v) if *v == input));
+                .any(|(a, i)| a == "indices" && matches!(i, Input::Tensor(v) if is_input(*v)));
             let weight = n.args.iter().find_map(|(a, i)| match i {
                 Input::Tensor(w) if a == "weight" => statics[*w].as_ref().map(|t| t.size()[0]),
                 _ => None,
