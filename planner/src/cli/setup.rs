@@ -284,8 +284,11 @@ impl Setup {
             // sizes, by the CPU's vector extensions; a profile from another CPU is not exact.
             // `--candidates` and `--state-dict-key` choose the chain and the weights. `optim2`:
             // the optimizers allocate what torch.optim's implementations allocate. `timing1`:
-            // step times checked for contention; older profiles did not record it.
-            "v{}|chain2|win2|optim2|timing1|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|{}|{:?}|threads={}|repeats={}",
+            // step times checked for contention; older profiles did not record it. `step2`: a
+            // split layer's boundaries are views and its input's gradient is seeded (nested
+            // memory moved); export side values, no-op casts and tied weights (exported
+            // programs' chains changed).
+            "v{}|chain2|win2|optim2|timing1|step2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             cpu_identity(),
             model_id,
