@@ -1,14 +1,18 @@
 //! `torch.export` programs run node by node: the exported tiny ResNet (models/fixtures,
 //! made by make_export_fixtures.py from reference.py) cuts into the built-in's blocks, its
 //! training step peaks at exactly the built-in's bytes under every checkpoint subset, and its
-//! gradients with checkpointing equal the plain step's bit for bit.
+//! gradients with checkpointing equal the plain step's bit for bit; the exported tiny BERT holds
+//! the built-in's bytes but for what Python's locals hold in its forward, derived from PyTorch.
 
 use std::path::PathBuf;
+
+mod common;
 
 use ckptune_kernels::meter;
 use ckptune_models::export::chain_from_export;
 use ckptune_models::{builtin, Chain, ModelOptions};
-use ckptune_runtime::{OptimizerKind, Precision, Session, TrainConfig};
+use ckptune_runtime::profile::measured_moments;
+use ckptune_runtime::{OptimizerKind, Precision, Session, StepTrace, TrainConfig};
 use tch::Device;
 
 fn fixture(name: &str) -> PathBuf {
@@ -218,13 +222,156 @@ fn exported_transformers_checkpoint_bitwise() {
             for ((n, a), (_, b)) in plain.iter().zip(&ckpt) {
                 // Every parameter trains: a tied pair (GPT-2's wte and lm_head) is one.
                 assert!(a.defined() && b.defined(), "{file}: {n} got no gradient");
-                {
-                    assert!(
-                        a.equal(b),
-                        "{file} {granularity:?} {precision}: gradient of {n} differs"
-                    );
-                }
+                assert!(
+                    a.equal(b),
+                    "{file} {granularity:?} {precision}: gradient of {n} differs"
+                );
             }
         }
+    }
+}
+
+#[test]
+fn exported_bert_peaks_as_the_builtin_but_for_python_locals() {
+    // The exported tiny BERT and the built-in tiny-bert (both reference.py's model) hold the same
+    // bytes at every backward moment and at the optimizer step. In a module's forward, the
+    // built-in holds what Python's locals hold, as the nn.Module in PyTorch eager does (say
+    // `hidden_states` in BertOutput.forward, the dropout output, alive while its LayerNorm runs),
+    // while the export interpreter frees each value after its last reader, as PyTorch's own
+    // graph interpreter does. So every forward and recompute moment differs by exactly what
+    // PyTorch measures between those two runs of the same module, and the step peak by that
+    // difference at the moment where both peak; the test derives each byte from the reference.
+    for batch in [4, 2] {
+        python_locals_explain_every_byte(batch);
+    }
+}
+
+fn python_locals_explain_every_byte(batch: i64) {
+    let reference = common::python_reference("locals_vs_graph.py", &[batch.to_string(), "8".into()]);
+    let at = |mode: &str, run: &str, module: &str| reference[mode][run][module].as_i64().unwrap();
+    let rng_state = reference["rng_state_bytes"].as_i64().unwrap();
+    let locals = |mode: &str, module: &str| at(mode, "eager", module) - at(mode, "graph", module);
+    // Every layer computes the values all layers read (the extended mask) itself, so each is
+    // measured as layer 0 is in the graph run, where the mask is made before the layer.
+    let module = |block: &str| {
+        if block.starts_with("encoder.layer.") {
+            "encoder.layer.0"
+        } else {
+            block
+        }
+        .to_owned()
+    };
+
+    let _lock = meter::exclusive();
+    tch::set_num_threads(1);
+    let opts = ModelOptions {
+        batch: Some(batch),
+        seq: Some(8),
+        ..Default::default()
+    };
+    for bits in 0..4usize {
+        let ckpt = |name: &str| match name {
+            "encoder.layer.0" => bits & 1 == 1,
+            "encoder.layer.1" => bits & 2 == 2,
+            _ => false,
+        };
+        // Per chain: the step's moments (relative to its start), its peak, and each block's
+        // forward window above the level where the block began.
+        let run = |chain: Chain| {
+            let mut s = session(chain, Precision::Fp32, batch);
+            let mask: Vec<bool> = s.chain.blocks.iter().map(|b| ckpt(&b.name)).collect();
+            s.step(&mask, None).unwrap(); // warm-up of this subset
+            let mut trace = StepTrace::default();
+            let r = s.step(&mask, Some(&mut trace)).unwrap();
+            let moments: Vec<(String, i64)> = measured_moments(&trace, &s.chain, 1)
+                .into_iter()
+                .map(|(l, v)| (l, v - r.start_bytes))
+                .collect();
+            let windows: Vec<(String, i64)> = s
+                .chain
+                .blocks
+                .iter()
+                .zip(&trace.micro[0].blocks)
+                .map(|(b, t)| (b.name.clone(), t.fwd_peak - t.fwd_before))
+                .collect();
+            (moments, r.peak_bytes - r.start_bytes, windows)
+        };
+        tch::manual_seed(0);
+        let (bi, bi_peak, bi_windows) = run(builtin("tiny-bert", &opts).unwrap());
+        tch::manual_seed(0);
+        let (ex, ex_peak, ex_windows) = run(chain_from_export(&fixture("tiny_bert.pt2"), &opts).unwrap());
+
+        // Each side is its PyTorch run, byte for byte: the built-in is eager, the export the
+        // graph; a checkpointed block's no-grad forward also saves the generator's state.
+        for (windows, run_name) in [(&bi_windows, "eager"), (&ex_windows, "graph")] {
+            for (name, window) in windows
+                .iter()
+                .filter(|(n, _)| n == "embeddings" || n.starts_with("encoder.layer."))
+            {
+                let want = if ckpt(name) {
+                    at("no_grad", run_name, &module(name)) + rng_state
+                } else {
+                    at("grad", run_name, &module(name))
+                };
+                assert_eq!(
+                    *window, want,
+                    "batch {batch} subset {bits}: {name}'s forward vs PyTorch's {run_name} run"
+                );
+            }
+        }
+
+        // Moment by moment, where the two chains have the same blocks.
+        let expected = |label: &str| -> Option<i64> {
+            let (_, what) = label.split_once(": ").unwrap_or(("", label));
+            if let Some(block) = what.strip_prefix("forward ") {
+                let mode = if ckpt(block) { "no_grad" } else { "grad" };
+                Some(locals(mode, &module(block)))
+            } else if let Some(block) = what.strip_prefix("recompute ") {
+                Some(locals("grad", &module(block)))
+            } else {
+                Some(0) // backward moments and the optimizer step
+            }
+        };
+        // The head is cut differently (the built-in's pooler block and its loss over dropout and
+        // classifier; the export's pooler+dropout+classifier block and a bare loss): those
+        // moments are left to the step peak below, and neither chain peaks there.
+        let head = |label: &str| label.contains("pooler") || label.ends_with(": loss");
+        let mut compared = 0;
+        for (label, b) in bi.iter().filter(|(l, _)| !head(l)) {
+            let (_, e) = ex
+                .iter()
+                .find(|(l, _)| l == label)
+                .expect("the same moment in the export");
+            assert_eq!(b - e, expected(label).unwrap(), "batch {batch} subset {bits}: {label}");
+            compared += 1;
+        }
+        assert!(
+            compared >= 7,
+            "batch {batch} subset {bits}: {compared} moments compared"
+        );
+        // So the export's step peak follows from the built-in's moments and the reference:
+        // where a checkpointed layer's recompute is the built-in's peak, the export's is lower
+        // by its locals or lands on another moment.
+        let highest = |ms: &[(String, i64)]| ms.iter().filter(|(l, _)| !head(l)).map(|(_, v)| *v).max().unwrap();
+        assert_eq!(
+            bi_peak,
+            highest(&bi),
+            "batch {batch} subset {bits}: the built-in peaks outside the head"
+        );
+        assert_eq!(
+            ex_peak,
+            highest(&ex),
+            "batch {batch} subset {bits}: the export peaks outside the head"
+        );
+        let derived = bi
+            .iter()
+            .filter(|(l, _)| !head(l))
+            .map(|(l, v)| v - expected(l).unwrap())
+            .max()
+            .unwrap();
+        assert_eq!(
+            ex_peak, derived,
+            "batch {batch} subset {bits}: the export's step peak from the built-in's moments"
+        );
     }
 }

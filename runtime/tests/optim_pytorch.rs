@@ -4,8 +4,7 @@
 //! the same bytes, and leave the parameters bit for bit equal to PyTorch's own steps
 //! (`fixtures/optim_pytorch.py`, run with the venv's torch under the same counting allocator).
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
 use ckptune_kernels::meter;
 use ckptune_runtime::optim;
@@ -16,14 +15,6 @@ use tch::{Device, Kind, Tensor};
 /// Must equal the fixture's SHAPES and STEPS.
 const SHAPES: [&[i64]; 4] = [&[40, 24], &[24], &[64, 40], &[5]];
 const STEPS: usize = 3;
-
-fn python() -> Command {
-    let py = std::env::var("CKPTUNE_PYTHON")
-        .ok()
-        .or_else(|| option_env!("CKPTUNE_PYTHON").map(str::to_string))
-        .expect("CKPTUNE_PYTHON is not set: run `scripts/setup`, then the tests through cargo");
-    Command::new(py)
-}
 
 /// `(arange(n) * scale + shift + k).reshape(shape).to(kind)`, the fixture's `ramp`.
 fn ramp(k: usize, scale: f64, shift: f64, shape: &[i64], kind: Kind) -> Tensor {
@@ -46,14 +37,10 @@ fn bits(t: &Tensor, kind: Kind) -> Vec<i64> {
 
 #[test]
 fn every_torch_optim_step_allocates_and_computes_what_pytorch_does() {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/optim_pytorch.py");
-    let out = python().arg(&fixture).output().expect("starting CKPTUNE_PYTHON");
-    assert!(
-        out.status.success(),
-        "optim_pytorch.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let reference: Vec<Value> = serde_json::from_slice(&out.stdout).expect("optim_pytorch.py prints JSON");
+    let reference: Vec<Value> = match common::python_reference("optim_pytorch.py", &[]) {
+        Value::Array(rows) => rows,
+        other => panic!("optim_pytorch.py prints a list, not {other}"),
+    };
 
     let _guard = meter::exclusive();
     meter::install().expect("meter");

@@ -1,5 +1,6 @@
-//! Set-up shared by the runtime's tests: sessions on the toy chain, a quick profile, and the
-//! bitwise comparison of named tensors. Each test file uses what it needs.
+//! Set-up shared by the runtime's tests: sessions on the toy chain, a quick profile, the
+//! bitwise comparison of named tensors, and the venv's Python for PyTorch references. Each test
+//! file uses what it needs.
 #![allow(dead_code)]
 
 use ckptune_models::toy::{toy, ToyConfig};
@@ -43,4 +44,27 @@ pub fn assert_bitwise(what: &str, a: &[(String, Tensor)], b: &[(String, Tensor)]
             assert!(ta.equal(tb), "{what}: {na} differs");
         }
     }
+}
+
+/// The venv's Python (`CKPTUNE_PYTHON`, set by .cargo/config.toml) running a PyTorch reference
+/// script from `tests/fixtures/` with `args`; its standard output parsed as JSON.
+pub fn python_reference(script: &str, args: &[String]) -> serde_json::Value {
+    let py = std::env::var("CKPTUNE_PYTHON")
+        .ok()
+        .or_else(|| option_env!("CKPTUNE_PYTHON").map(str::to_string))
+        .expect("CKPTUNE_PYTHON is not set: run `scripts/setup`, then the tests through cargo");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(script);
+    let out = std::process::Command::new(py)
+        .arg(&path)
+        .args(args)
+        .output()
+        .expect("starting CKPTUNE_PYTHON");
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{script} prints JSON: {e}"))
 }
