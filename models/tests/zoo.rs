@@ -9,8 +9,9 @@ use ckptune_models::{builtin, Chain, Ctx, Granularity, InputSpec, ModelError, Mo
 use common::run_blocks;
 use tch::{Device, Kind, Tensor};
 
-/// libtorch's generator is process-wide and tests run on parallel threads: tests that seed it
-/// and then draw from it (batches, dropout) hold this lock.
+/// libtorch's generator is process-wide and tests run on parallel threads: every test that draws
+/// from it holds this lock, building a model (its weights' initialisation) included, so a test
+/// that seeds it sees only its own draws.
 static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn rng() -> std::sync::MutexGuard<'static, ()> {
@@ -19,6 +20,7 @@ fn rng() -> std::sync::MutexGuard<'static, ()> {
 
 #[test]
 fn catalogue_lists_the_builtins() {
+    let _rng = rng();
     let list = zoo::list();
     let names: Vec<&str> = list.iter().map(|m| m.name).collect();
     assert_eq!(
@@ -72,6 +74,7 @@ fn catalogue_lists_the_builtins() {
 
 #[test]
 fn block_names_per_family() {
+    let _rng = rng();
     let chain = builtin("tiny-resnet", &ModelOptions::default()).unwrap();
     let names: Vec<&str> = chain.blocks.iter().map(|b| b.name.as_str()).collect();
     assert_eq!(
@@ -103,6 +106,7 @@ fn block_names_per_family() {
 
 #[test]
 fn block_granularity_cuts_resnets_into_residual_blocks() {
+    let _rng = rng();
     let opts = ModelOptions {
         granularity: Granularity::Block,
         ..Default::default()
@@ -130,6 +134,7 @@ fn block_granularity_cuts_resnets_into_residual_blocks() {
 
 #[test]
 fn options_are_checked() {
+    let _rng = rng();
     let e = builtin("resnet-50", &ModelOptions::default()).unwrap_err();
     assert!(matches!(e, ModelError::UnknownModel { .. }));
     assert!(
@@ -212,6 +217,7 @@ fn options_are_checked() {
 
 #[test]
 fn options_shape_the_model() {
+    let _rng = rng();
     let opts = ModelOptions {
         image: Some(64),
         classes: Some(7),
