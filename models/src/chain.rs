@@ -379,6 +379,33 @@ impl Chain {
             .unwrap_or(Kind::Float)
     }
 
+    /// Trainable parameters in PyTorch's `model.parameters()` order (module registration order,
+    /// as `modules` lists them; a module's own parameters in creation order, weight before
+    /// bias) with their names, shapes and element sizes. The builders create some modules
+    /// out of that order (a ResNet block's shortcut first), so creation order alone is not it.
+    pub fn parameter_shapes(&self) -> Vec<(String, Vec<i64>, i64)> {
+        let named = self.vs.variables();
+        let owner = |name: &str| {
+            let module = name.rsplit_once('.').map_or("", |(m, _)| m);
+            self.modules.iter().position(|m| m == module).unwrap_or(usize::MAX)
+        };
+        let mut out: Vec<(String, Vec<i64>, i64)> = self
+            .vs
+            .trainable_variables()
+            .iter()
+            .map(|t| {
+                let name = named
+                    .iter()
+                    .find(|(_, v)| v.data_ptr() == t.data_ptr() && v.size() == t.size())
+                    .map(|(n, _)| n.clone())
+                    .unwrap_or_default();
+                (name, t.size(), t.kind().elt_size_in_bytes() as i64)
+            })
+            .collect();
+        out.sort_by_key(|(name, _, _)| owner(name));
+        out
+    }
+
     /// Total number of parameter elements (trainable variables) in the var store.
     pub fn param_count(&self) -> i64 {
         self.vs.trainable_variables().iter().map(|t| t.numel() as i64).sum()

@@ -47,6 +47,7 @@ fn model(candidates: &[&str]) -> ModelJson {
         modules: blocks.iter().map(|b| b.name.clone()).collect(),
         blocks,
         groups: Vec::new(),
+        parameters: Vec::new(),
     }
 }
 
@@ -337,6 +338,9 @@ fn profile_plots_predicted_singles_and_the_candidates() {
             label: "first micro-step".into(),
             fixed: 31_000,
             loss_transient: 500,
+            loss_forward_transient: None,
+            loss_kept: None,
+            after_backward: None,
             blocks,
             groups: Vec::new(),
         }],

@@ -68,8 +68,15 @@ pub struct MicroTrace {
     pub start: i64,
     pub blocks: Vec<BlockTrace>,
     pub loss_before: i64,
+    /// Peak of the loss head's forward (the loss made, before backward starts), and the level
+    /// once backward's seed exists: what FSDP's root sees at its pre-backward.
+    pub loss_fwd_peak: i64,
+    pub loss_seeded: i64,
     pub loss_peak: i64,
     pub loss_after: i64,
+    /// Level when the last block's backward is done, with the loss and the seed alive: what
+    /// FSDP's end-of-backward callback sees.
+    pub bwd_end: i64,
     pub end: i64,
 }
 
@@ -407,6 +414,10 @@ impl Session {
             // `loss.backward()` seeds the engine with `ones_like(loss)`, alive until the whole
             // backward returns.
             let seed = scaled.f_ones_like().map_err(torch("loss backward"))?;
+            if let Some(t) = tr.as_deref_mut() {
+                t.loss_fwd_peak = self.probe.window_peak();
+                t.loss_seeded = self.probe.current();
+            }
             autograd::backward(scaled.shallow_clone(), seed.shallow_clone())?;
             // Detached: its storage only. Its graph would hold the last block's output leaf,
             // which eager PyTorch (no boundaries) does not have.
@@ -539,6 +550,9 @@ impl Session {
         }
         drop(grad);
         drop(mask);
+        if let Some(t) = tr.as_deref_mut() {
+            t.bwd_end = self.probe.current();
+        }
         drop(seed);
         if let Some(t) = tr {
             t.end = self.probe.current();

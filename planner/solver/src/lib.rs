@@ -12,6 +12,7 @@ pub mod formats;
 pub mod model;
 pub mod profile;
 pub mod regex_emit;
+pub mod shard;
 pub mod solver;
 #[cfg(feature = "testing")]
 pub mod testing;

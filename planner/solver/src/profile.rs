@@ -139,6 +139,16 @@ pub struct RegimeProfile {
     pub fixed: i64,
     /// Loss forward+backward peak above the level the chain leaves.
     pub loss_transient: i64,
+    /// The loss head's forward alone: its peak, and what it leaves with backward's seed made,
+    /// above the level the chain leaves; and the level when backward is done (the loss and the
+    /// seed still alive) above `fixed`. What FSDP's root hooks see (`plan --shard`); absent in
+    /// profiles from before ckptune measured them.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub loss_forward_transient: Option<i64>,
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub loss_kept: Option<i64>,
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub after_backward: Option<i64>,
     pub blocks: Vec<BlockProfile>,
     /// The chain's groups (empty when it has none).
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]

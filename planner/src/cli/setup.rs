@@ -8,6 +8,7 @@ use ckptune_models::{Chain, Granularity, ModelOptions};
 use ckptune_runtime::profile::{profile, ProfileSettings};
 use ckptune_runtime::{OptimizerImpl, OptimizerKind, Precision, Session, TrainConfig};
 use ckptune_solver::formats::{self, BlockJson, CachedConfig, DeviceJson, GroupJson, ModelJson, ProfileJson};
+use ckptune_solver::shard::Parameter;
 use tch::Device;
 
 use super::args::ModelArgs;
@@ -287,8 +288,9 @@ impl Setup {
             // step times checked for contention; older profiles did not record it. `step2`: a
             // split layer's boundaries are views and its input's gradient is seeded (nested
             // memory moved); export side values, no-op casts and tied weights (exported
-            // programs' chains changed).
-            "v{}|chain2|win2|optim2|timing1|step2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|{}|{:?}|threads={}|repeats={}",
+            // programs' chains changed). `shard1`: the loss head's forward, its seed and the
+            // end of backward measured, and the parameters' shapes recorded (plan --shard).
+            "v{}|chain2|win2|optim2|timing1|step2|shard1|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             cpu_identity(),
             model_id,
@@ -342,6 +344,15 @@ pub fn model_json(chain: &Chain) -> ModelJson {
             })
             .collect(),
         modules: chain.modules.clone(),
+        parameters: chain
+            .parameter_shapes()
+            .into_iter()
+            .map(|(name, shape, element_bytes)| Parameter {
+                name,
+                shape,
+                element_bytes,
+            })
+            .collect(),
     }
 }
 

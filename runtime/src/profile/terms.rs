@@ -99,6 +99,9 @@ pub(super) fn regime(
         label: label.to_owned(),
         fixed: f,
         loss_transient: a.loss_peak - a.loss_before,
+        loss_forward_transient: Some(a.loss_fwd_peak - a.loss_before),
+        loss_kept: Some(a.loss_seeded - a.loss_before),
+        after_backward: Some(a.bwd_end - f),
         blocks,
         groups,
     })

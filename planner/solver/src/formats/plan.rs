@@ -34,6 +34,10 @@ pub struct AlternativeJson {
     /// Peak and time of this config with nothing checkpointed.
     pub baseline_peak_bytes: i64,
     pub baseline_step_seconds: f64,
+    /// Sharded plans (`plan --shard N`): FSDP2's `reshard_after_forward` for every unit in this
+    /// alternative; absent for unsharded plans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reshard_after_forward: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -73,6 +77,35 @@ pub struct PlanJson {
     pub reserve_bytes: i64,
     #[serde(default)]
     pub notes: Vec<String>,
+    /// `plan --shard N`: how the plan shards the model over N ranks with FSDP2, and each rank's
+    /// predicted peak (`predicted.peak_bytes` is the highest of them). Absent for one device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardJson>,
+}
+
+/// A plan for N ranks, each running FSDP2 (`fully_shard` on every unit, then on the root). The
+/// config's micro-batch is each rank's; the global batch is `ranks` times it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardJson {
+    pub ranks: i64,
+    /// `reshard_after_forward` of every unit (the root is never resharded after forward, as
+    /// FSDP2 does by default).
+    pub reshard_after_forward: bool,
+    /// `gloo` (CPU: its collectives allocate a temporary of their output's or input's size) or
+    /// `nccl` (CUDA: collectives work in FSDP's buffers).
+    pub collective: String,
+    /// The modules wrapped with `fully_shard`, in forward order; every other parameter is the
+    /// root's.
+    pub units: Vec<String>,
+    /// Per rank, in rank order: the predicted peak and the moment it occurs.
+    pub per_rank: Vec<RankPredictionJson>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankPredictionJson {
+    pub rank: i64,
+    pub peak_bytes: i64,
+    pub peak_moment: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

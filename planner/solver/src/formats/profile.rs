@@ -44,6 +44,10 @@ pub struct ModelJson {
     pub groups: Vec<GroupJson>,
     /// Every qualified module name (the universe a checkpoint regex is checked against).
     pub modules: Vec<String>,
+    /// Trainable parameters in `model.parameters()` order, with their shapes: what FSDP2
+    /// shards (`plan --shard`). Empty in documents written before ckptune recorded them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parameters: Vec<crate::shard::Parameter>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

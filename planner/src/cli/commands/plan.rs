@@ -104,6 +104,7 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
             },
             baseline_peak_bytes: c.peak_none,
             baseline_step_seconds: base,
+            reshard_after_forward: None,
         });
     }
     let best = alternatives[plan.best].clone();
@@ -130,6 +131,7 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
         target_device: profile.device.device.clone(),
         reserve_bytes: 0,
         notes: Vec::new(),
+        shard: None,
     })
 }
 
