@@ -70,6 +70,9 @@ std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<int64_t> g_window_peak{0};
 std::atomic<int64_t> g_allocs{0};
+// The level when the latest ckpt_backward* call had let go of its output tensor, before the
+// engine ran: what a hook at the start of that backward sees (FSDP's pre-backward).
+std::atomic<int64_t> g_backward_start{0};
 c10::Allocator* g_inner = nullptr;
 c10::DeleterFnPtr g_inner_raw_deleter = nullptr;
 
@@ -179,6 +182,7 @@ int ckpt_meter_install(char** err) {
 int64_t ckpt_meter_current() { return g_current.load(std::memory_order_relaxed); }
 int64_t ckpt_meter_peak() { return g_peak.load(std::memory_order_relaxed); }
 int64_t ckpt_meter_allocs() { return g_allocs.load(std::memory_order_relaxed); }
+int64_t ckpt_meter_backward_start() { return g_backward_start.load(std::memory_order_relaxed); }
 void ckpt_meter_reset_peak() { g_peak.store(g_current.load(std::memory_order_relaxed)); }
 int64_t ckpt_meter_window_peak() { return g_window_peak.load(std::memory_order_relaxed); }
 void ckpt_meter_reset_window() { g_window_peak.store(g_current.load(std::memory_order_relaxed)); }
@@ -235,6 +239,7 @@ int ckpt_backward(at::Tensor* out, at::Tensor* grad, char** err) {
     delete grad;
     torch::autograd::edge_list roots{output_edge(o, g)};
     o.reset();
+    g_backward_start.store(g_current.load(std::memory_order_relaxed), std::memory_order_relaxed);
     torch::autograd::variable_list inputs{std::move(g)};
     if (auto* fn = roots[0].function.get(); fn != nullptr) {
       fn->add_post_hook(std::make_unique<ReleaseAfterRoot>(&inputs));
@@ -262,6 +267,7 @@ int ckpt_backward_seeded(at::Tensor* out, at::Tensor* grad, const at::Tensor* le
                 " differs from the leaf's ", leaf->sizes());
     torch::autograd::edge_list edges{output_edge(o, g), torch::autograd::impl::gradient_edge(*leaf)};
     o.reset();
+    g_backward_start.store(g_current.load(std::memory_order_relaxed), std::memory_order_relaxed);
     auto root = c10::make_intrusive<SeededRoot>(std::move(edges),
                                              torch::autograd::variable_list{std::move(g), std::move(lg)});
     // The engine feeds its one root a gradient: an empty one, which allocates nothing.

@@ -34,6 +34,7 @@ extern "C" {
     pub(crate) fn ckpt_meter_current() -> i64;
     pub(crate) fn ckpt_meter_peak() -> i64;
     pub(crate) fn ckpt_meter_allocs() -> i64;
+    pub(crate) fn ckpt_meter_backward_start() -> i64;
     pub(crate) fn ckpt_meter_reset_peak();
     pub(crate) fn ckpt_meter_window_peak() -> i64;
     pub(crate) fn ckpt_meter_reset_window();

@@ -44,6 +44,12 @@ pub fn exclusive() -> MutexGuard<'static, ()> {
 pub fn current() -> i64 {
     unsafe { ffi::ckpt_meter_current() }
 }
+/// The level when the latest [`crate::autograd::backward`] (or its seeded form) had let go of
+/// its output tensor, before any backward node ran: what a hook at the start of that backward
+/// sees. The output is freed there unless its own graph saved it.
+pub fn backward_start() -> i64 {
+    unsafe { ffi::ckpt_meter_backward_start() }
+}
 /// Highest `current` since the last [`reset_peak`].
 pub fn peak() -> i64 {
     unsafe { ffi::ckpt_meter_peak() }

@@ -2,8 +2,9 @@
 //! executed (python/tests/snippet_harness.py) with a plan the binary made for a tiny model, and
 //! the modules that ran twice per step (forward and recompute) must be exactly the plan's. The
 //! trainers come from python/requirements-trainers.txt, which scripts/setup installs at
-//! `.trainers`. Also the refusals: a snippet the trainer cannot express, a plan whose regex or
-//! names do not hold, another format version — exit 2 and nothing written.
+//! `.trainers`. The FSDP2 snippet runs on two gloo ranks under torchrun. Also the refusals: a
+//! snippet the trainer cannot express, a plan whose regex, names or shard section do not hold,
+//! another format version — exit 2 and nothing written.
 
 mod common;
 
@@ -121,8 +122,10 @@ fn emit(kind: &str, plan: &Path) -> String {
 /// Runs the harness on the snippet; the JSON line it prints.
 fn execute(kind: &str, snippet: &str, model: &str, steps: usize, watch: &[String]) -> Value {
     let trainers = root().join(".trainers");
+    // The plain-PyTorch snippets run with torch and the companion alone.
+    let plain = kind == "python" || kind == "fsdp2";
     assert!(
-        kind == "python" || trainers.exists(),
+        plain || trainers.exists(),
         "{} missing: scripts/setup installs the trainers of python/requirements-trainers.txt there",
         trainers.display()
     );
@@ -130,8 +133,7 @@ fn execute(kind: &str, snippet: &str, model: &str, steps: usize, watch: &[String
     let path = dir.path().join("snippet.py");
     std::fs::write(&path, snippet).unwrap();
     let mut pythonpath = root().join("python").into_os_string();
-    if kind != "python" {
-        // The plain-PyTorch snippet runs with torch and the companion alone.
+    if !plain {
         pythonpath.push(":");
         pythonpath.push(&trainers);
     }
@@ -384,6 +386,234 @@ fn bf16_plans_run_under_each_trainers_bf16_autocast() {
     assert!(emit("lightning", &bf16).contains("precision=\"bf16-mixed\""));
 }
 
+/// `doc` with a shard section as `plan --shard N` writes it: `units` wrapped with `fully_shard`,
+/// every rank predicted at the plan's peak.
+fn sharded(doc: &Value, ranks: i64, reshard_after_forward: bool, units: &[&str]) -> Value {
+    let mut doc = doc.clone();
+    let peak = doc["predicted"]["peak_bytes"].clone();
+    doc["shard"] = serde_json::json!({
+        "ranks": ranks,
+        "reshard_after_forward": reshard_after_forward,
+        "collective": "gloo",
+        "units": units,
+        "per_rank": (0..ranks)
+            .map(|r| serde_json::json!({"rank": r, "peak_bytes": peak, "peak_moment": "reduce-scatter layer4"}))
+            .collect::<Vec<_>>(),
+    });
+    doc
+}
+
+const RESNET_UNITS: [&str; 4] = ["layer1", "layer2", "layer3", "layer4"];
+
+#[test]
+fn fsdp2_snippet_shards_each_unit_then_the_root_after_checkpointing() {
+    let p = planned("tiny-resnet");
+    let dir = tempfile::tempdir().unwrap();
+    for raf in [true, false] {
+        let doc = sharded(&p.doc, 2, raf, &RESNET_UNITS);
+        let plan = edited(dir.path(), "sharded.json", &doc, |_| {});
+        let snippet = emit("fsdp2", &plan);
+        let flag = if raf { "True" } else { "False" };
+        // ckptune.apply first, then one fully_shard per unit in forward order with the plan's
+        // reshard_after_forward, then the root.
+        let mut at = snippet.find("wrapped = ckptune.apply(backbone, PLAN)").expect("apply");
+        for unit in RESNET_UNITS {
+            let call = format!(
+                "    fully_shard(backbone.get_submodule(\"{unit}\"), mesh=mesh, reshard_after_forward={flag})\n"
+            );
+            let found = snippet[at..]
+                .find(&call)
+                .unwrap_or_else(|| panic!("{call} after {at}:\n{snippet}"));
+            at += found;
+        }
+        assert!(snippet[at..].contains("fully_shard(root, mesh=mesh)\n"), "{snippet}");
+        assert_eq!(
+            snippet.matches("fully_shard(").count(),
+            4 + 1,
+            "the 4 units and the root:\n{snippet}"
+        );
+        assert!(
+            snippet.contains("dist.init_process_group(backend=\"gloo\")"),
+            "{snippet}"
+        );
+        assert!(snippet.contains("# Launch one process per rank: torchrun --nproc_per_node 2 train.py"));
+        assert!(snippet.contains("RANKS = 2\n"));
+        assert!(snippet.contains("micro-batch 8 per rank, 16 samples per micro-step over the 2 ranks"));
+        // The plan's optimizer kwargs, as the python snippet passes them.
+        assert!(snippet.contains("opt = cfg.optimizer_class(root.parameters(), lr=lr, **cfg.optimizer_kwargs)"));
+        assert!(snippet.contains("(adamw with foreach=False)"), "{snippet}");
+    }
+    // NCCL: one GPU per rank, by torchrun's LOCAL_RANK.
+    let nccl = edited(dir.path(), "nccl.json", &sharded(&p.doc, 8, true, &RESNET_UNITS), |d| {
+        d["shard"]["collective"] = "nccl".into()
+    });
+    let snippet = emit("fsdp2", &nccl);
+    assert!(
+        snippet.contains("dist.init_process_group(backend=\"nccl\")"),
+        "{snippet}"
+    );
+    assert!(snippet.contains("torch.cuda.set_device(device)"), "{snippet}");
+    assert!(snippet.contains("torchrun --nproc_per_node 8 train.py"), "{snippet}");
+}
+
+#[test]
+fn fsdp2_snippet_trains_on_two_gloo_ranks_under_torchrun() {
+    // tiny-resnet as planned (some stages checkpointed), its four stages the units.
+    let p = planned("tiny-resnet");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = edited(
+        dir.path(),
+        "sharded.json",
+        &sharded(&p.doc, 2, true, &RESNET_UNITS),
+        |_| {},
+    );
+    let watch = candidates(&p.doc);
+    let result = execute("fsdp2", &emit("fsdp2", &plan), "tiny-resnet", 2, &watch);
+    let mut expected_calls: Vec<Value> = RESNET_UNITS.iter().map(|u| serde_json::json!([u, true])).collect();
+    expected_calls.push(serde_json::json!(["<root>", null]));
+    assert_ranks_trained_the_plan(&result, &p.doc, &watch, &expected_calls, "[\"None\"]");
+}
+
+#[test]
+fn fsdp2_snippet_runs_a_loss_that_calls_submodules_under_bf16_autocast() {
+    // tiny-bert's loss calls model.bert and model.classifier, never model: the root whose
+    // forward is the loss still gathers the embeddings and the head. Layers kept unsharded
+    // between forward and backward, bf16 autocast.
+    let p = planned("tiny-bert");
+    let dir = tempfile::tempdir().unwrap();
+    let units = ["encoder.layer.0", "encoder.layer.1"];
+    let plan = edited(dir.path(), "sharded.json", &sharded(&p.doc, 2, false, &units), |d| {
+        d["config"]["precision"] = "bf16".into()
+    });
+    let watch = candidates(&p.doc);
+    let result = execute("fsdp2", &emit("fsdp2", &plan), "tiny-bert", 1, &watch);
+    let mut expected_calls: Vec<Value> = units.iter().map(|u| serde_json::json!([u, false])).collect();
+    expected_calls.push(serde_json::json!(["<root>", null]));
+    assert_ranks_trained_the_plan(&result, &p.doc, &watch, &expected_calls, "[\"torch.bfloat16\"]");
+}
+
+/// Both ranks: the fully_shard calls expected, the plan's modules wrapped and recomputed, gloo
+/// over 2 ranks, parameters sharded and trained, the group destroyed, no process left.
+fn assert_ranks_trained_the_plan(result: &Value, doc: &Value, watch: &[String], calls: &[Value], autocast: &str) {
+    let ranks = result["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2, "{result}");
+    for (r, rank) in ranks.iter().enumerate() {
+        assert_eq!(rank["rank"], r, "{result}");
+        assert_eq!(rank["world_size"], 2);
+        assert_eq!(rank["backend"], "gloo");
+        assert_eq!(rank["fully_shard"], Value::from(calls.to_vec()), "{result}");
+        assert_eq!(rank["wrapped"], doc["checkpoint"]["modules"], "{result}");
+        assert_eq!(rank["autocast"].to_string(), autocast, "{result}");
+        assert_eq!(rank["sharded"], true, "{result}");
+        assert_eq!(rank["process_group_destroyed"], true, "{result}");
+        assert_recomputed_exactly_the_plan(rank, &modules(doc), watch);
+    }
+    assert_eq!(
+        result["alive_after"],
+        serde_json::json!([]),
+        "no rank outlives the run: {result}"
+    );
+}
+
+#[test]
+fn fsdp2_refuses_a_plan_for_one_device_and_a_damaged_shard_section() {
+    let p = planned("tiny-resnet");
+    let out = ckptune(&["emit", "fsdp2", p.plan.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is for one device"), "{err}");
+    assert!(err.contains("plan --shard N"), "{err}");
+    assert!(out.stdout.is_empty());
+
+    // plan --emit fsdp2 without --shard: the plan file is not written either.
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    let budget = p.doc["budget_bytes"].as_i64().unwrap().to_string();
+    let out = plan_again(
+        p,
+        "tiny-resnet",
+        &budget,
+        &["--emit", "fsdp2", "-o", plan.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("plan --shard N"));
+    assert!(!plan.exists(), "a refused --emit writes no plan");
+
+    // A shard section that does not hold is refused by every kind.
+    let doc = sharded(&p.doc, 2, true, &RESNET_UNITS);
+    let absent = edited(dir.path(), "absent.json", &doc, |d| {
+        d["shard"]["units"][3] = "layer9".into()
+    });
+    let nested = edited(dir.path(), "nested.json", &doc, |d| {
+        d["shard"]["units"][3] = "layer3.0".into()
+    });
+    let collective = edited(dir.path(), "mpi.json", &doc, |d| {
+        d["shard"]["collective"] = "mpi".into()
+    });
+    for kind in ["fsdp2", "python"] {
+        refused(
+            &["emit", kind, absent.to_str().unwrap()],
+            &[
+                "shards layer9 but tiny-resnet has no module of that name",
+                "plan --shard N",
+            ],
+        );
+        refused(
+            &["emit", kind, nested.to_str().unwrap()],
+            &["layer3 and layer3.0, one inside the other"],
+        );
+        refused(
+            &["emit", kind, collective.to_str().unwrap()],
+            &["\"mpi\" (expected gloo or nccl)"],
+        );
+    }
+}
+
+#[test]
+fn torchtitan_snippet_sets_the_data_parallel_shard_degree_of_a_sharded_plan() {
+    let p = planned("tiny-llama");
+    let dir = tempfile::tempdir().unwrap();
+    let unsharded = emit("torchtitan", &p.plan);
+    assert!(
+        !unsharded.contains("parallelism"),
+        "one device: no parallelism settings\n{unsharded}"
+    );
+    let units = ["model.layers.0", "model.layers.1"];
+    for (raf, policy) in [(true, "always"), (false, "never")] {
+        let plan = edited(dir.path(), "sharded.json", &sharded(&p.doc, 4, raf, &units), |_| {});
+        let snippet = emit("torchtitan", &plan);
+        // The blocks' checkpointing is the unsharded plan's, word for word.
+        let ac = |s: &str| {
+            s.lines()
+                .find(|l| l.starts_with("ACTIVATION_CHECKPOINT = "))
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(ac(&snippet), ac(&unsharded));
+        assert!(
+            snippet.contains(&format!("\"fsdp_reshard_after_forward\": \"{policy}\",\n")),
+            "{snippet}"
+        );
+        if raf {
+            continue; // executed once: torchtitan takes seconds to import
+        }
+        // Executed against torchtitan's own (slotted) config classes: the names exist.
+        let result = execute("torchtitan", &snippet, "tiny-llama", 1, &[]);
+        assert_eq!(
+            result["parallelism"],
+            serde_json::json!({"data_parallel_shard_degree": 4, "fsdp_reshard_after_forward": policy}),
+            "{snippet}"
+        );
+        let config = &p.doc["config"];
+        assert_eq!(result["training"]["local_batch_size"], config["micro_batch"]);
+        assert_eq!(
+            result["training"]["global_batch_size"].as_i64().unwrap(),
+            4 * config["micro_batch"].as_i64().unwrap() * config["grad_accum"].as_i64().unwrap(),
+            "the global batch is over the 4 ranks"
+        );
+    }
+}
+
 /// A copy of `doc` with `edit` applied, written to `dir/name`.
 fn edited(dir: &Path, name: &str, doc: &Value, edit: impl FnOnce(&mut Value)) -> PathBuf {
     let mut doc = doc.clone();
@@ -416,7 +646,7 @@ fn bad_plans_are_refused_with_exit_2_by_emit_and_verify() {
     let differs = edited(dir.path(), "differs.json", &p.doc, |d| {
         d["checkpoint"]["regex"] = "^(?:pooler)$".into();
     });
-    for kind in ["python", "hf", "lightning", "torchtitan"] {
+    for kind in ["python", "fsdp2", "hf", "lightning", "torchtitan"] {
         refused(
             &["emit", kind, other.to_str().unwrap()],
             &["\"ckptune.plan/2\"", "expected \"ckptune.plan/1\""],

@@ -312,6 +312,8 @@ fn block(name: &str, candidate: bool, kept: i64) -> BlockProfile {
         fwd_nograd_seconds: 0.008,
         bwd_seconds: 0.02,
         rec_seconds: 0.009,
+        out_released: None,
+        out_released_ckpt: None,
     }
 }
 

@@ -29,7 +29,9 @@ allocates nothing. docs/fsdp.md is what these show.
 
 Every path out of `run` (success, a failing rank, the timeout, Ctrl-C) kills and reaps the
 rank processes before it returns or raises; a rank also dies with the process that started it
-(Linux parent-death signal), should that one be killed outright.
+(Linux parent-death signal), should that one be killed outright. With `--parent PID` the CLI
+arms the same signal on itself (SIGTERM, then the cleanup above), for a caller that cannot:
+`ckptune verify --pytorch` of a sharded plan passes its own pid.
 
 Exit codes of the CLI: 0 done, 2 bad input or no gloo, 1 a rank failed or the run timed out.
 """
@@ -125,7 +127,7 @@ def local_shard_numel(shape, world_size, rank):
 
 def run(model, *, config=None, regex="", world_size=2, precision="fp32", optimizer="adamw", micro_batch=2,
         image=None, seq=None, reshard_after_forward=True, shard_regex=None, steps=3, warmup=1, lr=1e-3,
-        trace=False, settle=True, timeout=600.0, port=0, root=None, seed=0):
+        trace=False, settle=True, timeout=600.0, port=0, root=None, seed=0, autocast_cache=True):
     """Runs an FSDP2 training step on `world_size` CPU processes and returns the measurements (a
     dict, format `FORMAT`, one entry per rank under "ranks").
 
@@ -142,6 +144,9 @@ def run(model, *, config=None, regex="", world_size=2, precision="fp32", optimiz
     reduce-scatter return only once gloo has freed what it allocated for it (see
     `_settled_comms`); without it, gloo's worker thread can free a collective's temporaries late,
     at a moment that depends on thread scheduling, and peaks vary between steps and runs.
+    `autocast_cache=False` enters bf16 autocast with `cache_enabled=False`, the loop ckptune
+    plans (docs/memory-model.md): with the cache, each weight's bf16 copy lives until autocast
+    exits.
 
     Raises ValueError for bad arguments, GlooUnavailable without gloo, FsdpTimeout after `timeout`
     seconds, FsdpError when a rank fails (with that rank's traceback) or `port` is taken.
@@ -170,6 +175,7 @@ def run(model, *, config=None, regex="", world_size=2, precision="fp32", optimiz
         "image": image, "seq": seq, "reshard_after_forward": bool(reshard_after_forward), "regex": regex or "",
         "shard_regex": shard_regex, "steps": int(steps), "warmup": int(warmup), "lr": lr, "trace": bool(trace),
         "settle": bool(settle),
+        "autocast_cache": bool(autocast_cache),
         "root": root or meter_mod.ROOT, "seed": seed, "config": dict(config or {}), "timeout": float(timeout),
         "parent": os.getpid(), "sys_path": list(sys.path),
     }
@@ -292,7 +298,8 @@ def _launch(spec, port):
         shutil.rmtree(tmp, ignore_errors=True)
 
     out = {k: spec[k] for k in ("world_size", "precision", "optimizer", "micro_batch", "reshard_after_forward",
-                                "regex", "steps", "warmup", "config", "seed", "port", "settle")}
+                                "regex", "steps", "warmup", "config", "seed", "port", "settle",
+                                "autocast_cache")}
     first = ranks[0]
     out.update({"format": FORMAT, "torch": torch.__version__, "model": spec["model"] or first["model"],
                 "image": first["image"], "seq": first["seq"], "shard_regex": first["shard_regex"],
@@ -362,6 +369,19 @@ def _die_with_parent(parent):
         return
     if os.getppid() != parent:  # it died before the signal was armed
         os._exit(1)
+
+
+def _exit_with_parent(parent):
+    """Linux: SIGTERM this harness when `parent`, the process that started it, dies, however it
+    dies; the SIGTERM handler leaves through `run`'s cleanup, which kills and reaps the ranks.
+    For callers that cannot arm the signal on their child themselves (`ckptune verify
+    --pytorch`). Returns False when `parent` is already gone."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return True
+    return os.getppid() == parent  # else it died before the signal was armed
 
 
 def _worker_main(spec_path, rank):
@@ -623,7 +643,8 @@ def _train(spec, rank, meter, levels):
         meter.begin()
         rec["start"] = meter.current()
         batch = make_batch()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_dtype is not None):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_dtype is not None,
+                            cache_enabled=spec["autocast_cache"]):
             loss = task(batch)
         events.append(["forward_end", "", meter.current(), meter.mark()])
         rec["after_forward"], rec["forward_peak"] = meter.current(), meter.high
@@ -817,11 +838,15 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=3, help="steps in all, warm-up included")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--trace", action="store_true", help="record the meter at each FSDP transition (last step)")
+    ap.add_argument("--no-autocast-cache", dest="autocast_cache", action="store_false",
+                    help="autocast with cache_enabled=False, the loop ckptune plans (docs/memory-model.md)")
     ap.add_argument("--no-settle", dest="settle", action="store_false",
                     help="FSDP's own collectives, whose buffers gloo may free late (peaks vary run to run)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are killed")
     ap.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (default: a free one)")
     ap.add_argument("--root", help="the ckptune checkout (default: $CKPTUNE_ROOT, else this package's)")
+    ap.add_argument("--parent", type=int, metavar="PID",
+                    help="leave (killing the ranks) when process PID, the one that started this, dies (Linux)")
     ap.add_argument("-o", "--output")
     a = ap.parse_args(argv)
 
@@ -829,11 +854,15 @@ def main(argv=None):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    if a.parent is not None and not _exit_with_parent(a.parent):
+        print(f"error: the parent process {a.parent} exited before the run started", file=sys.stderr)
+        return 1
     try:
         out = run(a.model, config=dict(a.config), regex=a.regex, world_size=a.nproc, precision=a.precision,
                   optimizer=a.optimizer, micro_batch=a.micro_batch, image=a.image, seq=a.seq,
                   reshard_after_forward=a.reshard, shard_regex=a.shard_regex, steps=a.steps, warmup=a.warmup,
-                  trace=a.trace, settle=a.settle, timeout=a.timeout, port=a.port, root=a.root)
+                  trace=a.trace, settle=a.settle, timeout=a.timeout, port=a.port, root=a.root,
+                  autocast_cache=a.autocast_cache)
     except (ValueError, GlooUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

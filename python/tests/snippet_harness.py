@@ -14,14 +14,32 @@ download), or the reference for other models, through the snippet's `make_traine
 lightning: the reference inside a LightningModule (`self.model`), the snippet's callback,
 optimizer mix-in and `make_trainer`.
 torchtitan: torchtitan's Llama 3 debug model; its ACTIVATION_CHECKPOINT built and applied, and
-`apply_plan` on torchtitan's TrainingConfig (flex attention has no CPU backward, so the model
-runs forward only).
+`apply_plan` on torchtitan's TrainingConfig and ParallelismConfig (flex attention has no CPU
+backward, so the model runs forward only).
+fsdp2: the snippet's `main` on each of its RANKS ranks, launched by torchrun (the venv's
+`python -m torch.distributed.run`, gloo on 127.0.0.1), each rank the reference model with its own
+batches; every rank reports as the python kind does, plus the `fully_shard` calls the snippet
+made (module and `reshard_after_forward`, in order) and whether its parameters are sharded.
+Every rank is gone when the harness returns, however the run ended: torchrun stops the others
+when one fails, the harness stops torchrun at its timeout, a rank dies with torchrun
+(PR_SET_PDEATHSIG), and the harness checks each rank's pid before it returns.
 """
 
+import ctypes
 import importlib.util
 import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
+import time
+import traceback
 import types
+import uuid
 from pathlib import Path
 
 import torch
@@ -73,8 +91,8 @@ def record_autocast(backbone):
     return seen
 
 
-def tiny_batches(name, steps, batch, seq=16, image=32):
-    g = torch.Generator().manual_seed(1)
+def tiny_batches(name, steps, batch, seq=16, image=32, seed=1):
+    g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(steps):
         if name == "tiny-resnet":
@@ -219,7 +237,7 @@ def run_lightning(mod, name, steps, out_dir):
 
 
 def run_torchtitan(mod):
-    from torchtitan.config import TrainingConfig
+    from torchtitan.config import ParallelismConfig, TrainingConfig
     from torchtitan.models.llama3 import model_registry
 
     torch.manual_seed(0)
@@ -228,7 +246,9 @@ def run_torchtitan(mod):
         mod.ACTIVATION_CHECKPOINT.build().apply(model)
     wrapped = sorted(n[: -len("._checkpoint_wrapped_module")] for n, _ in model.named_modules()
                      if n.endswith("._checkpoint_wrapped_module"))
-    config = types.SimpleNamespace(training=TrainingConfig(), activation_checkpoint=None)
+    # The real config classes (slotted dataclasses): a field name torchtitan lacks fails here.
+    config = types.SimpleNamespace(training=TrainingConfig(), parallelism=ParallelismConfig(),
+                                   activation_checkpoint=None)
     mod.apply_plan(config)
     tokens = torch.randint(0, 100, (2, 16))
     positions = torch.arange(16).expand(2, 16)
@@ -238,13 +258,183 @@ def run_torchtitan(mod):
     return {"wrapped": wrapped, "ac": type(mod.ACTIVATION_CHECKPOINT).__qualname__,
             "training": {"local_batch_size": t.local_batch_size, "global_batch_size": t.global_batch_size,
                          "seq_len": t.seq_len, "dtype": t.dtype, "mixed_precision_param": t.mixed_precision_param},
+            "parallelism": {"data_parallel_shard_degree": config.parallelism.data_parallel_shard_degree,
+                            "fsdp_reshard_after_forward": config.parallelism.fsdp_reshard_after_forward},
             "output": list(out.shape)}
+
+
+# ------------------------------------------------------------------------------ fsdp2
+
+
+def _loopback_interface():
+    """The loopback interface's name (`lo` on Linux, `lo0` on macOS), if there is one."""
+    return next((name for _, name in socket.if_nameindex() if re.fullmatch(r"lo\d*", name)), None)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _rank_pids(out):
+    return sorted(int(p.read_text()) for p in Path(out).glob("rank*.pid"))
+
+
+def _rank_errors(out):
+    """Every failed rank's traceback, the first to report first. Which one is the cause is not
+    always the first: a rank that raises closes its connections on the way out (the snippet's
+    `finally: destroy_process_group()`), and its peers' collectives fail at once."""
+    errors = sorted((json.loads(p.read_text()) for p in Path(out).glob("rank*.error")), key=lambda e: e["time"])
+    return "\n".join(f"rank {e['rank']} failed:\n{e['traceback'].rstrip()}" for e in errors) or None
+
+
+class LaunchError(RuntimeError):
+    """An fsdp2 run that did not complete; `pids` are its rank processes, all gone by now."""
+
+    def __init__(self, message, pids):
+        super().__init__(message)
+        self.pids = pids
+
+
+def run_fsdp2(path, name, steps, watch=(), timeout=120.0):
+    """Launches the snippet on its RANKS ranks with torchrun and returns every rank's report, or
+    raises LaunchError naming the failing rank (or the timeout) with torchrun's output. Every
+    rank process is gone when this returns or raises."""
+    ranks = snippet(path).RANKS  # the parent only reads the rank count
+    out = tempfile.mkdtemp(prefix="ckptune-fsdp2-")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    lo = _loopback_interface()
+    if lo and "GLOO_SOCKET_IFNAME" not in env:
+        env["GLOO_SOCKET_IFNAME"] = lo  # gloo's pairs bind to loopback, not the host's address
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={ranks}",
+           "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4()}",
+           "--max-restarts=0", str(Path(__file__).resolve()), "fsdp2-rank", str(path), name, str(steps),
+           json.dumps(list(watch)), out]
+    log_path = Path(out) / "torchrun.log"
+    failure = None
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                failure = f"the {ranks} ranks did not finish within {timeout:g} s; stopped torchrun and its ranks"
+                proc.terminate()  # torchrun passes it on to its ranks and waits for them
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()  # its ranks die with it (PR_SET_PDEATHSIG)
+                    proc.wait()
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            else:
+                if code != 0:
+                    failure = _rank_errors(out) or f"torchrun exited with {code}"
+        pids = _rank_pids(out)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        outlived = [p for p in pids if _alive(p)]
+        for p in outlived:
+            os.kill(p, signal.SIGKILL)
+        if failure is None and outlived:
+            failure = f"rank processes {outlived} outlived torchrun"
+        if failure is not None:
+            tail = log_path.read_bytes()[-4000:].decode(errors="replace")
+            raise LaunchError(f"{failure}\n--- torchrun output\n{tail}", pids)
+        reports = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(ranks)]
+        return {"ranks": reports, "pids": pids, "alive_after": [p for p in pids if _alive(p)]}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _die_with_parent():
+    """Linux: SIGKILL this rank when torchrun, which started it, dies, however it dies."""
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the signal was armed
+        os._exit(1)
+
+
+def fsdp2_rank(path, name, steps, out):
+    """One rank under torchrun: the snippet's `main` with a `build` that gives the reference model
+    (the same seed on every rank) and this rank's batches; writes the rank's report to `out`."""
+    _die_with_parent()
+    rank = int(os.environ["RANK"])
+    (Path(out) / f"rank{rank}.pid").write_text(str(os.getpid()))
+    try:
+        report = _fsdp2_rank(path, name, steps, rank)
+    except BaseException as e:
+        error = {"rank": rank, "time": time.time(), "traceback": "".join(traceback.format_exception(e))}
+        (Path(out) / f"rank{rank}.error").write_text(json.dumps(error))
+        raise
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(report))
+
+
+def _fsdp2_rank(path, name, steps, rank):
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    mod = snippet(path)
+    state = {"names": {}, "calls": [], "shards": None}
+    fully_shard = mod.fully_shard
+
+    def recording(module, **kwargs):
+        """The snippet's fully_shard, recording which module and how; after the root's call, this
+        rank's shards as they were before training."""
+        who = state["names"].get(id(module), "<root>")
+        state["calls"].append([who, kwargs.get("reshard_after_forward")])
+        result = fully_shard(module, **kwargs)
+        if who == "<root>":
+            state["shards"] = [p.to_local().detach().clone() for p in module.parameters()]
+            state["backend"] = dist.get_backend()
+            state["world_size"] = dist.get_world_size()
+        return result
+
+    mod.fully_shard = recording
+
+    def build(r):
+        torch.manual_seed(0)  # the same initial weights on every rank, as FSDP requires
+        model, prefix = reference.build(name)
+        backbone = model.get_submodule(prefix.rstrip("."))
+        state["names"] = {id(m): n for n, m in backbone.named_modules()}
+        state["model"] = model
+        state["seen"] = Observed(model, backbone)
+        micro = mod.PLAN["config"]["micro_batch"]
+        accum = mod.PLAN["config"]["grad_accum"]
+        return model, tiny_batches(name, steps * accum, micro, seed=1 + r), reference_loss(name)
+
+    wrapped = mod.main(build)
+    model = state["model"]
+    after = [p.to_local().detach() for p in model.parameters()]
+    seen = state["seen"]
+    report = {
+        "calls": seen.calls, "micro_steps": steps * mod.PLAN["config"]["grad_accum"], "wrapped": wrapped,
+        "autocast": sorted(set(map(str, seen.autocast))),
+        "rank": rank, "pid": os.getpid(), "world_size": state["world_size"], "backend": state["backend"],
+        "fully_shard": state["calls"], "process_group_destroyed": not dist.is_initialized(),
+        "sharded": all(isinstance(p, DTensor) for p in model.parameters()),
+        # this rank's own shards changed: the optimizer stepped on them
+        "trained": any(not torch.equal(a, b) for a, b in zip(state["shards"], after)),
+    }
+    return report
 
 
 def main():
     global WATCH
     kind, path, name, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     WATCH = json.loads(sys.argv[5]) if len(sys.argv) > 5 else []
+    if kind == "fsdp2-rank":  # one rank, started by run_fsdp2's torchrun
+        fsdp2_rank(path, name, steps, sys.argv[6])
+        return
     out_dir = str(Path(path).parent / "trainer-out")
     mod = snippet(path)
     if kind == "python":
@@ -255,6 +445,8 @@ def main():
         result = run_lightning(mod, name, steps, out_dir)
     elif kind == "torchtitan":
         result = run_torchtitan(mod)
+    elif kind == "fsdp2":
+        result = run_fsdp2(path, name, steps, WATCH)
     else:
         raise SystemExit(f"unknown kind {kind}")
     print("RESULT " + json.dumps(result))

@@ -60,6 +60,11 @@ pub struct BlockTrace {
     pub bwd_seconds: f64,
     /// Bytes of the gradient this block's backward hands to the previous block.
     pub grad_in_bytes: i64,
+    /// Bytes freed when the block's backward let go of its output (0 when its own graph saved
+    /// it), and when a checkpointed block's stored no-grad output was dropped for the
+    /// recompute: eager PyTorch frees an unsaved output as soon as its readers' backward ran.
+    pub out_released: i64,
+    pub ckpt_out_released: i64,
 }
 
 /// Meter readings for one micro-step.
@@ -450,7 +455,11 @@ impl Session {
             next = start;
             if let Some((first, last)) = segments[i].filter(|&(_, last)| last == i) {
                 // The stored no-grad output is dead: the recompute produces it again.
+                let before = tr.as_ref().map(|_| self.probe.current());
                 outputs[i] = None;
+                if let (Some(t), Some(before)) = (tr.as_deref_mut(), before) {
+                    t.blocks[i].ckpt_out_released = before - self.probe.current();
+                }
                 // The first recompute's window opens here: swapping the RNG state holds two
                 // states at once and the buffer snapshot is allocated, and every allocation of
                 // the step must fall inside some moment's window, or the step's peak could sit
@@ -522,6 +531,9 @@ impl Session {
                 match (start > 0).then(|| leaves[start - 1].as_ref()).flatten() {
                     Some(x) => autograd::backward_seeded(out, g, x)?,
                     None => autograd::backward(out, g)?,
+                }
+                if let (Some(t), Some(start)) = (tr.as_deref_mut(), self.probe.backward_start()) {
+                    t.blocks[i].out_released = t.blocks[i].bwd_before - start;
                 }
             } else {
                 drop(out);

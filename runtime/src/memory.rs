@@ -104,6 +104,15 @@ impl Probe {
     }
 
     /// Highest level since [`Probe::reset_window`].
+    /// The level when the latest block backward had let go of its output, before the engine
+    /// ran (CPU only: the CUDA probe does not see inside the call).
+    pub fn backward_start(&self) -> Option<i64> {
+        match self.device {
+            Device::Cpu => Some(meter::backward_start()),
+            _ => None,
+        }
+    }
+
     pub fn window_peak(&self) -> i64 {
         match self.device {
             #[cfg(feature = "cuda")]

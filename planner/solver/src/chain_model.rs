@@ -173,36 +173,36 @@ impl Moment {
 /// Affine expression builder: `term(i, off, on)` adds a quantity that is `off` when block
 /// `i` is not checkpointed and `on` when it is, i.e. `off + x_i (on − off)`.
 #[derive(Clone)]
-struct Affine {
+pub(crate) struct Affine {
     constant: i64,
     coef: Vec<i64>,
 }
 
 impl Affine {
-    fn new(n: usize, constant: i64) -> Self {
+    pub(crate) fn new(n: usize, constant: i64) -> Self {
         Affine {
             constant,
             coef: vec![0; n],
         }
     }
 
-    fn add(&mut self, v: i64) -> &mut Self {
+    pub(crate) fn add(&mut self, v: i64) -> &mut Self {
         self.constant = self.constant.saturating_add(v);
         self
     }
 
-    fn term(&mut self, i: usize, off: i64, on: i64) -> &mut Self {
+    pub(crate) fn term(&mut self, i: usize, off: i64, on: i64) -> &mut Self {
         self.constant = self.constant.saturating_add(off);
         self.coef[i] = self.coef[i].saturating_add(on.saturating_sub(off));
         self
     }
 
-    fn coef_add(&mut self, i: usize, v: i64) -> &mut Self {
+    pub(crate) fn coef_add(&mut self, i: usize, v: i64) -> &mut Self {
         self.coef[i] = self.coef[i].saturating_add(v);
         self
     }
 
-    fn moment(&self, label: String, occurs: Occurs) -> Moment {
+    pub(crate) fn moment(&self, label: String, occurs: Occurs) -> Moment {
         Moment {
             label,
             constant: self.constant,

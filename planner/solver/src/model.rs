@@ -15,6 +15,7 @@
 
 use crate::chain_model::{self, BlockTerms, FusedTerms, GroupTerms, StepTerms};
 use crate::profile::{ConfigProfile, RegimeProfile};
+use crate::shard::{Measured, Parameter, ShardError, ShardOptimizer, ShardStep};
 use crate::solver::ConfigProblem;
 
 /// The chain model's terms of one memory regime of a profiled config.
@@ -71,6 +72,58 @@ pub fn step_terms(c: &ConfigProfile, r: &RegimeProfile) -> StepTerms {
             })
             .collect(),
     }
+}
+
+/// The per-rank FSDP2 model of a profiled config ([`crate::shard`]): its first regime's chain
+/// terms (a sharded plan has one micro-step per optimizer step) with the terms FSDP's root
+/// hooks see, its FSDP units the blocks `is_unit` accepts.
+pub fn shard_step(
+    c: &ConfigProfile,
+    parameters: &[Parameter],
+    is_unit: impl Fn(&str) -> bool,
+    model: &str,
+) -> Result<ShardStep, ShardError> {
+    let r = &c.regimes[0];
+    let missing =
+        |what: &str| ShardError::Missing(format!("the profile of {model} ({}) has no {what}", c.config.label()));
+    let optimizer = ShardOptimizer::from_name(&c.config.optimizer)
+        .filter(|_| c.config.optimizer_impl.as_deref().is_none_or(|i| i == "single"))
+        .ok_or_else(|| {
+            ShardError::Unsupported(format!(
+                "optimizer {}: sharded plans model adamw and sgd-momentum with torch.optim's single-tensor loop",
+                c.config.optimizer_label()
+            ))
+        })?;
+    if c.config.precision != "fp32" {
+        return Err(ShardError::Unsupported(format!(
+            "precision {}: sharded plans model fp32 (under bf16 autocast, eager PyTorch with FSDP2 keeps \
+             about a layer's bf16 weight casts more per layer than the single-process profile: measured, \
+             not yet modelled; docs/fsdp.md)",
+            c.config.precision
+        )));
+    }
+    if c.config.grad_accum != 1 || !c.config.set_to_none || c.regimes.len() != 1 {
+        return Err(ShardError::Unsupported(format!(
+            "config {}: sharded plans model one micro-step per optimizer step with zero_grad(set_to_none=True) \
+             (raise --batch instead of accumulating; FSDP reduce-scatters every micro-step)",
+            c.config.label()
+        )));
+    }
+    let measured = Measured {
+        parameters_bytes: c.fixed.parameters,
+        optimizer_state_bytes: c.fixed.optimizer_state,
+        loss_forward: r.loss_forward_transient.ok_or_else(|| missing("loss forward term"))?,
+        loss_kept: r.loss_kept.ok_or_else(|| missing("loss head's kept bytes"))?,
+        after_backward: r.after_backward.ok_or_else(|| missing("end-of-backward level"))?,
+        optimizer,
+        released: r
+            .blocks
+            .iter()
+            .map(|b| b.out_released.zip(b.out_released_ckpt))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| missing("outputs released at the backward's start"))?,
+    };
+    ShardStep::new(step_terms(c, r), parameters, is_unit, model, measured)
 }
 
 /// The chain problem of one profiled config: the moments of every regime (first micro-step,

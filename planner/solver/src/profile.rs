@@ -100,6 +100,14 @@ pub struct BlockProfile {
     pub fwd_nograd_seconds: f64,
     pub bwd_seconds: f64,
     pub rec_seconds: f64,
+    /// Bytes of its output the block's backward frees as it starts (0 when its own graph saved
+    /// the output), plain and checkpointed: a hook at the start of the block's backward (FSDP's
+    /// pre-backward) sees the level before the VJP less these. Absent in profiles from before
+    /// ckptune measured them.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub out_released: Option<i64>,
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub out_released_ckpt: Option<i64>,
 }
 
 /// Terms of a group (a module over a run of blocks) checkpointed as a whole, from the step

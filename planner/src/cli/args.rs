@@ -181,20 +181,35 @@ pub struct PlanArgs {
     /// planned from a CPU profile keeps a reserve for what a CPU cannot see.
     #[arg(long)]
     pub target: Option<String>,
+    /// Plan for N ranks running PyTorch FSDP2: every unit and then the root wrapped with
+    /// `fully_shard`, each rank's step modelled (its shards, the all-gathered layers, the
+    /// reduce-scatter buffers, activations of its own micro-batch: --batch is per rank), and
+    /// `reshard_after_forward` chosen next to the checkpoint set. The budget is per rank. N a
+    /// power of two; fp32, AdamW or SGD with momentum (single-tensor), one micro-step per
+    /// optimizer step (docs/fsdp.md, section 11). Verify with `verify --pytorch`.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..))]
+    pub shard: Option<i64>,
+    /// The modules `--shard` wraps with `fully_shard` (a full match over the chain's blocks);
+    /// default: every candidate layer whose name ends in its index (`layer3`,
+    /// `encoder.layer.11`, `h.5`).
+    #[arg(long, value_name = "REGEX", requires = "shard")]
+    pub shard_units: Option<String>,
     /// Memory kept out of the budget for the CUDA context, library workspaces and allocator
     /// fragmentation when planning a CUDA budget from a CPU profile. Default: 1 GiB + 10% of
     /// the budget.
     #[arg(long)]
     pub reserve: Option<String>,
     /// Print the plan as a ready snippet for this trainer instead of the summary (the plan is
-    /// still written with -o): python, hf, lightning or torchtitan.
+    /// still written with -o): python, fsdp2 (with --shard N: FSDP2 on N ranks under torchrun),
+    /// hf, lightning or torchtitan.
     #[arg(long, value_enum, conflicts_with = "json")]
     pub emit: Option<EmitKind>,
 }
 
 #[derive(Debug, Args)]
 pub struct EmitArgs {
-    /// The trainer: python (plain PyTorch), hf (Hugging Face Trainer), lightning, torchtitan.
+    /// The trainer: python (plain PyTorch), fsdp2 (plain PyTorch FSDP2 on the N ranks of a plan
+    /// made with `plan --shard N`), hf (Hugging Face Trainer), lightning, torchtitan.
     #[arg(value_enum)]
     pub kind: EmitKind,
     /// A plan written by `ckptune plan -o`.
@@ -217,13 +232,24 @@ pub struct VerifyArgs {
     pub quiet: bool,
     /// Also run the plan in PyTorch eager on the built-in model's plain-torch reference
     /// (models/fixtures/reference.py) with the same counting allocator, and compare: exit 1 if
-    /// PyTorch's peak exceeds the budget.
+    /// PyTorch's peak exceeds the budget. A sharded plan (`plan --shard N`) runs instead with
+    /// PyTorch FSDP2 on its N ranks, one CPU process each (`python -m ckptune.fsdp`): exit 1 if
+    /// any rank's peak exceeds the budget.
     #[arg(long)]
     pub pytorch: bool,
     /// The Python with torch that runs `--pytorch` (default: $CKPTUNE_PYTHON, else the venv
     /// `scripts/setup` links at .venv in this checkout).
     #[arg(long, requires = "pytorch")]
     pub python: Option<PathBuf>,
+    /// The ranks a sharded plan (`plan --shard N`) is verified on: its FSDP2 run on N processes
+    /// replaces the single-process runs. Optional (a sharded plan runs on its own ranks); when
+    /// given it must be the plan's.
+    #[arg(long, value_name = "N", requires = "pytorch", value_parser = clap::value_parser!(i64).range(1..))]
+    pub shard: Option<i64>,
+    /// The rendezvous port of a sharded run's process group on 127.0.0.1 (default: a free one
+    /// the OS picks).
+    #[arg(long, requires = "pytorch", value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: Option<u16>,
 }
 
 #[derive(Debug, Args)]

@@ -289,8 +289,9 @@ impl Setup {
             // split layer's boundaries are views and its input's gradient is seeded (nested
             // memory moved); export side values, no-op casts and tied weights (exported
             // programs' chains changed). `shard1`: the loss head's forward, its seed and the
-            // end of backward measured, and the parameters' shapes recorded (plan --shard).
-            "v{}|chain2|win2|optim2|timing1|step2|shard1|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|{}|{:?}|threads={}|repeats={}",
+            // end of backward measured, and the parameters' shapes recorded (plan --shard); `shard2`:
+            // what each block's backward frees as it starts (FSDP's pre-backward sees it).
+            "v{}|chain2|win2|optim2|timing1|step2|shard2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             cpu_identity(),
             model_id,

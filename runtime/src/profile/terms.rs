@@ -60,6 +60,12 @@ pub(super) fn regime(
             fwd_nograd_seconds: tb.fwd_seconds,
             bwd_seconds: ta.bwd_seconds,
             rec_seconds: tb.rec_seconds,
+            out_released: Some(ta.out_released),
+            out_released_ckpt: Some(if tb.checkpointed {
+                tb.ckpt_out_released
+            } else {
+                ta.out_released
+            }),
         });
     }
     let groups = match cd {

@@ -46,8 +46,46 @@ pub struct ModelJson {
     pub modules: Vec<String>,
     /// Trainable parameters in `model.parameters()` order, with their shapes: what FSDP2
     /// shards (`plan --shard`). Empty in documents written before ckptune recorded them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "parameters_json")]
     pub parameters: Vec<crate::shard::Parameter>,
+}
+
+/// `ModelJson.parameters` as `{"name", "shape", "element_bytes"}` objects; the shard model's
+/// [`crate::shard::Parameter`] stays free of serde.
+mod parameters_json {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::shard::Parameter;
+
+    #[derive(Serialize, Deserialize)]
+    struct ParameterJson {
+        name: String,
+        shape: Vec<i64>,
+        element_bytes: i64,
+    }
+
+    pub fn serialize<S: Serializer>(params: &[Parameter], s: S) -> Result<S::Ok, S::Error> {
+        params
+            .iter()
+            .map(|p| ParameterJson {
+                name: p.name.clone(),
+                shape: p.shape.clone(),
+                element_bytes: p.element_bytes,
+            })
+            .collect::<Vec<_>>()
+            .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Parameter>, D::Error> {
+        Ok(Vec::<ParameterJson>::deserialize(d)?
+            .into_iter()
+            .map(|p| Parameter {
+                name: p.name,
+                shape: p.shape,
+                element_bytes: p.element_bytes,
+            })
+            .collect())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

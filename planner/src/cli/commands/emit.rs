@@ -1,5 +1,6 @@
 //! `ckptune plan --emit KIND` and `ckptune emit KIND plan.json`: the plan as a ready snippet
-//! for a trainer — plain PyTorch, Hugging Face `Trainer`, Lightning, torchtitan. Every value in
+//! for a trainer — plain PyTorch, PyTorch FSDP2 on N ranks (`plan --shard N`), Hugging Face
+//! `Trainer`, Lightning, torchtitan. Every value in
 //! a snippet comes from the plan (its checkpoint regex and modules, its config, its shape); the
 //! code around them says how each trainer expresses that, and where a trainer's own
 //! checkpointing option cannot express the plan, the snippet says so and uses the companion.
@@ -13,7 +14,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use ckptune_solver::budget::format_size;
-use ckptune_solver::formats::{self, PlanJson};
+use ckptune_solver::formats::{self, PlanJson, RankPredictionJson, ShardJson};
 use clap::ValueEnum;
 
 use crate::cli::args::EmitArgs;
@@ -25,6 +26,9 @@ use crate::cli::output::{group_digits, outln};
 pub enum EmitKind {
     /// Plain PyTorch: `ckptune.apply` and a `ckptune.training_config` loop.
     Python,
+    /// Plain PyTorch FSDP2 on the plan's N ranks under torchrun (plans made with `plan --shard
+    /// N`): `ckptune.apply`, `fully_shard` on every unit and then the root, the same loop.
+    Fsdp2,
     /// Hugging Face `Trainer`: its per-layer checkpointing flags when the plan names only
     /// layers, else `ckptune.apply` before the `Trainer`.
     Hf,
@@ -45,13 +49,26 @@ pub fn emit_cmd(a: EmitArgs) -> Result<ExitCode> {
 /// Checks that the plan means what it says, then renders the snippet.
 pub fn snippet(plan: &PlanJson, kind: EmitKind) -> Result<String, UsageError> {
     check_plan(plan)?;
+    if let Some(shard) = &plan.shard {
+        check_shard(plan, shard)?;
+    }
     let facts = Facts::of(plan);
     Ok(match kind {
         EmitKind::Python => python(plan, &facts),
+        EmitKind::Fsdp2 => fsdp2(plan, &facts)?,
         EmitKind::Hf => hf(plan, &facts),
         EmitKind::Lightning => lightning(plan, &facts),
         EmitKind::Torchtitan => torchtitan(plan, &facts)?,
     })
+}
+
+/// Of `names`, those the plan's model has no module of.
+fn unknown_modules<'a>(model: &ckptune_solver::formats::ModelJson, names: &'a [String]) -> Vec<&'a str> {
+    names
+        .iter()
+        .filter(|n| !model.modules.contains(n))
+        .map(String::as_str)
+        .collect()
 }
 
 /// The plan's regex matches exactly its listed modules among the model's module names (full
@@ -65,13 +82,7 @@ pub fn check_plan(plan: &PlanJson) -> Result<(), UsageError> {
         ))
     })?;
     let model = &plan.model;
-    let missing: Vec<&str> = plan
-        .checkpoint
-        .modules
-        .iter()
-        .filter(|m| !model.modules.contains(m))
-        .map(String::as_str)
-        .collect();
+    let missing = unknown_modules(model, &plan.checkpoint.modules);
     if !missing.is_empty() {
         return Err(UsageError(format!(
             "the plan checkpoints {} but {} has no module of that name; re-plan with this ckptune",
@@ -105,6 +116,47 @@ pub fn check_plan(plan: &PlanJson) -> Result<(), UsageError> {
                 plan.checkpoint.modules.join(", ")
             }
         )));
+    }
+    Ok(())
+}
+
+/// A sharded plan's `shard` section means what it says: at least one rank, a collective the
+/// snippets know, and units that are distinct modules of the model, none inside another
+/// (`fully_shard` on both would nest them; ckptune models one level of units under the root).
+fn check_shard(plan: &PlanJson, shard: &ShardJson) -> Result<(), UsageError> {
+    let damaged = |what: String| {
+        UsageError(format!(
+            "the plan's shard section {what}; the plan was edited or is damaged: re-plan with \
+             `ckptune plan --shard N`"
+        ))
+    };
+    if shard.ranks < 1 {
+        return Err(damaged(format!("has {} ranks", shard.ranks)));
+    }
+    if !matches!(shard.collective.as_str(), "gloo" | "nccl") {
+        return Err(damaged(format!(
+            "names the collective {:?} (expected gloo or nccl)",
+            shard.collective
+        )));
+    }
+    let model = &plan.model;
+    let missing = unknown_modules(model, &shard.units);
+    if !missing.is_empty() {
+        return Err(damaged(format!(
+            "shards {} but {} has no module of that name",
+            missing.join(", "),
+            model.name
+        )));
+    }
+    for (i, a) in shard.units.iter().enumerate() {
+        for b in &shard.units[i + 1..] {
+            if a == b {
+                return Err(damaged(format!("lists the unit {a} twice")));
+            }
+            if a.starts_with(&format!("{b}.")) || b.starts_with(&format!("{a}.")) {
+                return Err(damaged(format!("lists the units {a} and {b}, one inside the other")));
+            }
+        }
     }
     Ok(())
 }
@@ -243,7 +295,87 @@ fn header(plan: &PlanJson, trainer: &str) -> String {
         plan.device.device,
         plan.device.threads
     );
+    if let Some(shard) = &plan.shard {
+        s.push_str(&shard_header(shard, c.micro_batch));
+    }
     s
+}
+
+/// The header's lines for a sharded plan: the ranks, the units, each rank's predicted peak.
+fn shard_header(shard: &ShardJson, micro_batch: i64) -> String {
+    let mut s = String::new();
+    let units = if shard.units.is_empty() {
+        "on the root only (every parameter)".to_string()
+    } else {
+        format!(
+            "on {} (reshard_after_forward={}), then on the root (every other parameter)",
+            unit_list(&shard.units),
+            py_bool(shard.reshard_after_forward)
+        )
+    };
+    let _ = writeln!(
+        s,
+        "#   sharded over {n} ranks with FSDP2 ({}): fully_shard {units}; micro-batch {micro_batch} per rank, \
+         {} samples per micro-step over the {n} ranks",
+        shard.collective,
+        micro_batch * shard.ranks,
+        n = shard.ranks,
+    );
+    // Ranks with the same prediction in one entry: `ranks 0–2 …; rank 3 …`.
+    let mut groups: Vec<(i64, i64, &RankPredictionJson)> = Vec::new();
+    for r in &shard.per_rank {
+        match groups.last_mut() {
+            Some((_, last, g)) if g.peak_bytes == r.peak_bytes && g.peak_moment == r.peak_moment => *last = r.rank,
+            _ => groups.push((r.rank, r.rank, r)),
+        }
+    }
+    let entries: Vec<String> = groups
+        .iter()
+        .map(|(first, last, r)| {
+            let who = if first == last {
+                format!("rank {first}")
+            } else {
+                format!("ranks {first}–{last}")
+            };
+            format!(
+                "{who} {} ({} B) at {}",
+                format_size(r.peak_bytes.max(0) as u64),
+                group_digits(r.peak_bytes),
+                r.peak_moment
+            )
+        })
+        .collect();
+    if !entries.is_empty() {
+        let _ = writeln!(s, "#   predicted peak per rank: {}", entries.join("; "));
+    }
+    s
+}
+
+/// For the one-process snippets of a sharded plan: what they leave out.
+fn one_process_note(plan: &PlanJson) -> &'static str {
+    if plan.shard.is_some() {
+        "# This snippet trains on one process, without the plan's sharding: `ckptune emit fsdp2` writes that.\n"
+    } else {
+        ""
+    }
+}
+
+/// Module names for a comment: all of them, or the first two and the last of a long list.
+fn unit_list(units: &[String]) -> String {
+    match units {
+        [first, second, .., last] if units.len() > 6 => {
+            format!("{first}, {second}, …, {last} ({} units)", units.len())
+        }
+        _ => units.join(", "),
+    }
+}
+
+fn py_bool(b: bool) -> &'static str {
+    if b {
+        "True"
+    } else {
+        "False"
+    }
 }
 
 fn backbone_comment(f: &Facts) -> String {
@@ -265,6 +397,7 @@ fn backbone_comment(f: &Facts) -> String {
 
 fn python(plan: &PlanJson, f: &Facts) -> String {
     let mut s = header(plan, "Plain PyTorch training");
+    s.push_str(one_process_note(plan));
     s.push_str("# Needs the ckptune companion (`pip install ./python` from a ckptune checkout) and torch.\n");
     s.push_str("import torch\n\nimport ckptune\n\n");
     s.push_str(&plan_literal(plan));
@@ -282,12 +415,23 @@ fn python(plan: &PlanJson, f: &Facts) -> String {
     model.to(device=device, dtype=cfg.param_dtype).train()
     opt = cfg.optimizer_class(model.parameters(), lr=lr, **cfg.optimizer_kwargs)
     scaler = torch.amp.GradScaler(device) if cfg.grad_scaler else None
-    for step, batch in enumerate(loader):
+{loop}"#,
+        mb = plan.config.micro_batch,
+        loop = training_loop("device", "loss_fn(model, batch)")
+    );
+    s
+}
+
+/// The loop of every plain-PyTorch snippet, one step per batch: `device_type` names the
+/// autocast device, `loss` computes one micro-batch's loss.
+fn training_loop(device_type: &str, loss: &str) -> String {
+    format!(
+        r#"    for step, batch in enumerate(loader):
         # cache_enabled=False: autocast's cache would keep checkpointed layers' casts of their
         # weights until this region ends, which the plan does not count (results/pytorch-peaks).
-        with torch.autocast(device, dtype=cfg.autocast_dtype, enabled=cfg.autocast_dtype is not None,
+        with torch.autocast({device_type}, dtype=cfg.autocast_dtype, enabled=cfg.autocast_dtype is not None,
                             cache_enabled=False):
-            loss = loss_fn(model, batch) / cfg.grad_accum
+            loss = {loss} / cfg.grad_accum
         (scaler.scale(loss) if scaler else loss).backward()
         if (step + 1) % cfg.grad_accum == 0:
             if scaler:
@@ -297,10 +441,165 @@ fn python(plan: &PlanJson, f: &Facts) -> String {
                 opt.step()
             opt.zero_grad(set_to_none=cfg.set_to_none)
     return wrapped
-"#,
-        mb = plan.config.micro_batch
+"#
+    )
+}
+
+/// `--emit fsdp2`: the `python` snippet's loop on N ranks, each a torchrun process, the model
+/// sharded as the plan was modelled (docs/fsdp.md, python/ckptune/fsdp.py): the plan's modules
+/// checkpointed by `ckptune.apply`, `fully_shard` on every unit with the plan's
+/// `reshard_after_forward`, then on a root whose forward is the loss.
+fn fsdp2(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
+    let shard = plan.shard.as_ref().ok_or_else(|| {
+        UsageError(format!(
+            "--emit fsdp2: the plan for {} is for one device (it has no shard section); plan for N \
+             ranks with `ckptune plan --shard N`, or use --emit python",
+            plan.model.name
+        ))
+    })?;
+    let c = &plan.config;
+    let n = shard.ranks;
+    let mut s = header(plan, "Plain PyTorch FSDP2 training");
+    let _ = writeln!(
+        s,
+        "# Launch one process per rank: torchrun --nproc_per_node {n} train.py\n\
+         # Needs torch with torch.distributed.fsdp.fully_shard (2.6 or later) and the ckptune companion\n\
+         # (`pip install ./python` from a ckptune checkout)."
     );
-    s
+    s.push_str("import os\n\nimport torch\nimport torch.distributed as dist\n");
+    s.push_str("from torch.distributed.device_mesh import init_device_mesh\n");
+    s.push_str("from torch.distributed.fsdp import fully_shard\n\nimport ckptune\n\n");
+    s.push_str(&plan_literal(plan));
+    s.push_str(&backbone_comment(f));
+    let _ = writeln!(s, "BACKBONE = {}", py_str(f.backbone));
+    let _ = writeln!(s, "RANKS = {n}\n\n");
+    s.push_str(
+        r#"class LossRoot(torch.nn.Module):
+    """FSDP's root: the model, with the loss as its forward. The root's parameters (all but the
+    units') are all-gathered in its pre-forward and stay unsharded until its backward, so the
+    whole step runs inside it, as ckptune modelled it; a loss that calls submodules (BERT's
+    `model.bert`, then `model.classifier`) would otherwise bypass the root's hooks."""
+
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, batch):
+        return self.loss_fn(self.model, batch)
+
+
+"#,
+    );
+    // The device and process group follow the plan's collective: the plan counted gloo's
+    // temporaries for a CPU target and none for NCCL's.
+    let init = if shard.collective == "nccl" {
+        "    \"\"\"Joins the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n\
+         \x20   LOCAL_RANK) with NCCL, the plan's collective, one GPU per rank; returns this rank's device.\"\"\"\n\
+         \x20   device = torch.device(\"cuda\", int(os.environ[\"LOCAL_RANK\"]))\n\
+         \x20   torch.cuda.set_device(device)\n\
+         \x20   dist.init_process_group(backend=\"nccl\")\n"
+    } else {
+        "    \"\"\"Joins the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)\n\
+         \x20   with gloo, the plan's collective, on the CPU; returns this rank's device.\"\"\"\n\
+         \x20   device = torch.device(\"cpu\")\n\
+         \x20   dist.init_process_group(backend=\"gloo\")\n"
+    };
+    let _ = write!(
+        s,
+        r#"def init_distributed():
+{init}    if dist.get_world_size() != RANKS:
+        raise RuntimeError(f"the plan is for {{RANKS}} ranks, this run has {{dist.get_world_size()}}: launch it with "
+                           f"torchrun --nproc_per_node {{RANKS}}, or plan again with --shard {{dist.get_world_size()}}")
+    return device
+
+
+"#
+    );
+    let mut calls = String::new();
+    for unit in &shard.units {
+        let _ = writeln!(
+            calls,
+            "    fully_shard(backbone.get_submodule({}), mesh=mesh, reshard_after_forward={})",
+            py_str(unit),
+            py_bool(shard.reshard_after_forward)
+        );
+    }
+    let units_doc = match (shard.units.len(), shard.reshard_after_forward) {
+        (0, _) => "The plan has no units: the root holds every parameter.".to_string(),
+        (k, true) => format!(
+            "Each of the {k} units frees its gathered parameters after its forward\n    \
+             (reshard_after_forward=True) and gathers them again for its backward."
+        ),
+        (k, false) => format!(
+            "Each of the {k} units keeps its gathered parameters from its forward to its\n    \
+             backward (reshard_after_forward=False)."
+        ),
+    };
+    let _ = write!(
+        s,
+        r#"def shard(model, loss_fn, device):
+    """The plan on this rank's `model`: ckptune.apply checkpoints the plan's modules, fully_shard
+    makes each unit an FSDP unit, then the root takes every other parameter and, as FSDP does by
+    default, keeps them unsharded from its forward to its backward.
+    {units_doc}
+    Returns the root, whose forward is the loss, and the names ckptune.apply wrapped."""
+    backbone = model.get_submodule(BACKBONE)
+    wrapped = ckptune.apply(backbone, PLAN)
+    cfg = ckptune.training_config(PLAN)
+    model.to(device=device, dtype=cfg.param_dtype)
+    mesh = init_device_mesh(device.type, (RANKS,))
+{calls}    root = LossRoot(model, loss_fn)
+    fully_shard(root, mesh=mesh)
+    return root, wrapped
+
+
+"#
+    );
+    let optimizer = match c.torch_optim_kwarg() {
+        Some((key, on)) => format!("{} with {key}={}", c.optimizer, py_bool(on)),
+        None => c.optimizer.clone(),
+    };
+    let _ = write!(
+        s,
+        r#"def train(model, loader, loss_fn, device, lr=1e-3):
+    """Trains `model` on this rank as the plan was measured: the plan's modules checkpointed, the
+    model sharded over the {n} ranks, its precision, optimizer, accumulation and zero_grad. Every
+    rank builds `model` with the same initial weights (FSDP shards one model); `loader` yields this
+    rank's own batches of {mb} samples (a DistributedSampler splits a dataset); `loss_fn(model,
+    batch)` returns the loss. Returns the names `ckptune.apply` wrapped."""
+    root, wrapped = shard(model, loss_fn, device)
+    cfg = ckptune.training_config(PLAN)
+    root.train()
+    # The plan's optimizer ({optimizer}) on this rank's shards.
+    opt = cfg.optimizer_class(root.parameters(), lr=lr, **cfg.optimizer_kwargs)
+    scaler = torch.amp.GradScaler(device.type) if cfg.grad_scaler else None
+{loop}
+
+def build(rank):
+    """Yours: (model, loader, loss_fn) for this rank, as `train` takes them."""
+    raise NotImplementedError("build(rank): return your model, this rank's loader and loss_fn")
+
+
+def main(build=build):
+    """One rank's run: joins the process group, trains what build(rank) returns, leaves the group."""
+    device = init_distributed()
+    try:
+        model, loader, loss_fn = build(dist.get_rank())
+        wrapped = train(model, loader, loss_fn, device)
+        dist.barrier()  # no rank leaves the group while a peer still needs it
+        return wrapped
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"#,
+        mb = c.micro_batch,
+        loop = training_loop("device.type", "root(batch)"),
+    );
+    Ok(s)
 }
 
 fn autocast_flags(precision: &str) -> (&'static str, &'static str) {
@@ -314,6 +613,7 @@ fn autocast_flags(precision: &str) -> (&'static str, &'static str) {
 
 fn hf(plan: &PlanJson, f: &Facts) -> String {
     let mut s = header(plan, "Hugging Face Trainer");
+    s.push_str(one_process_note(plan));
     let native = f.only_layers(plan);
     let n = plan.checkpoint.modules.len();
     s.push_str("# Needs transformers (with accelerate) and the ckptune companion (`pip install ./python`).\n");
@@ -421,6 +721,7 @@ fn hf(plan: &PlanJson, f: &Facts) -> String {
 
 fn lightning(plan: &PlanJson, f: &Facts) -> String {
     let mut s = header(plan, "Lightning");
+    s.push_str(one_process_note(plan));
     let precision = match plan.config.precision.as_str() {
         "bf16" => "bf16-mixed",
         "fp16" => "16-mixed",
@@ -601,11 +902,19 @@ fn torchtitan(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
         "bf16" => ("float32", "bfloat16"),
         _ => ("float32", "float32"),
     };
-    let mut training = format!(
-        "    \"local_batch_size\": {mb},\n    \"global_batch_size\": {gb},  # on one data-parallel rank: x the DP degree\n",
-        mb = c.micro_batch,
-        gb = c.micro_batch * c.grad_accum
-    );
+    let mut training = match &plan.shard {
+        None => format!(
+            "    \"local_batch_size\": {mb},\n    \"global_batch_size\": {gb},  # on one data-parallel rank: x the DP degree\n",
+            mb = c.micro_batch,
+            gb = c.micro_batch * c.grad_accum
+        ),
+        Some(shard) => format!(
+            "    \"local_batch_size\": {mb},\n    \"global_batch_size\": {gb},  # over the {n} data-parallel ranks\n",
+            mb = c.micro_batch,
+            gb = c.micro_batch * c.grad_accum * shard.ranks,
+            n = shard.ranks
+        ),
+    };
     if let Some(q) = plan.shape.seq {
         let _ = writeln!(training, "    \"seq_len\": {q},");
     }
@@ -628,14 +937,58 @@ fn torchtitan(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
          OPTIMIZER_KWARGS = {impl_kwargs}\n",
         c.optimizer
     );
-    s.push_str(
-        r#"
+    let Some(shard) = &plan.shard else {
+        s.push_str(
+            r#"
 
 def apply_plan(config):
     """Sets the plan's activation checkpointing, batch and precision on a torchtitan Trainer.Config."""
     config.activation_checkpoint = ACTIVATION_CHECKPOINT
     for name, value in TRAINING.items():
         setattr(config.training, name, value)
+    return config
+"#,
+        );
+        return Ok(s);
+    };
+    let plan_units = if shard.units.is_empty() {
+        "none (the root holds every parameter)".to_string()
+    } else {
+        let mapped: Vec<String> = shard
+            .units
+            .iter()
+            .map(|u| torchtitan_name(u).unwrap_or_else(|| u.clone()))
+            .collect();
+        unit_list(&mapped)
+    };
+    let _ = write!(
+        s,
+        "# ParallelismConfig fields (torchtitan.config.ParallelismConfig) for the plan's sharding: FSDP2 over\n\
+         # {n} ranks, reshard_after_forward={raf} for every unit (\"always\"/\"never\"; torchtitan's \"default\"\n\
+         # keeps norm and output gathered). torchtitan wraps tok_embeddings, every block layers.N, and norm\n\
+         # with output as its units; the plan's units were {plan_units}, its root the rest.\n\
+         {mixed}PARALLELISM = {{\n    \"data_parallel_shard_degree\": {n},\n    \"fsdp_reshard_after_forward\": {policy},\n}}\n",
+        n = shard.ranks,
+        raf = py_bool(shard.reshard_after_forward),
+        policy = py_str(if shard.reshard_after_forward { "always" } else { "never" }),
+        mixed = if c.precision == "bf16" {
+            "# Under FSDP torchtitan casts through MixedPrecisionPolicy (mixed_precision_param: bf16\n\
+             # all-gathers), where the plan counted fp32 parameters under autocast.\n"
+        } else {
+            ""
+        },
+    );
+    s.push_str(
+        r#"
+
+def apply_plan(config):
+    """Sets the plan's activation checkpointing, batch, precision and sharding on a torchtitan
+    Trainer.Config."""
+    config.activation_checkpoint = ACTIVATION_CHECKPOINT
+    for name, value in TRAINING.items():
+        setattr(config.training, name, value)
+    for name, value in PARALLELISM.items():
+        setattr(config.parallelism, name, value)
     return config
 "#,
     );
@@ -661,5 +1014,35 @@ mod tests {
         assert_eq!(torchtitan_name("model.layers.0.input_layernorm"), None);
         assert_eq!(torchtitan_name("model.layers.x"), None);
         assert_eq!(torchtitan_name("layer1"), None);
+    }
+
+    #[test]
+    fn shard_header_groups_ranks_with_the_same_prediction() {
+        let rank = |rank, peak_bytes, moment: &str| RankPredictionJson {
+            rank,
+            peak_bytes,
+            peak_moment: moment.into(),
+        };
+        let units: Vec<String> = (0..12).map(|i| format!("model.layers.{i}")).collect();
+        let shard = ShardJson {
+            ranks: 4,
+            reshard_after_forward: false,
+            collective: "nccl".into(),
+            units,
+            per_rank: vec![
+                rank(0, 2048, "forward layer4"),
+                rank(1, 2048, "forward layer4"),
+                rank(2, 2048, "forward layer4"),
+                rank(3, 1024, "optimizer"),
+            ],
+        };
+        assert_eq!(
+            shard_header(&shard, 2),
+            "#   sharded over 4 ranks with FSDP2 (nccl): fully_shard on model.layers.0, model.layers.1, …, \
+             model.layers.11 (12 units) (reshard_after_forward=False), then on the root (every other \
+             parameter); micro-batch 2 per rank, 8 samples per micro-step over the 4 ranks\n\
+             #   predicted peak per rank: ranks 0–2 2.00 KiB (2,048 B) at forward layer4; rank 3 1.00 KiB \
+             (1,024 B) at optimizer\n"
+        );
     }
 }

@@ -10,3 +10,4 @@ pub mod sweep;
 pub mod train;
 pub mod verify;
 pub mod verify_pytorch;
+pub mod verify_shard;

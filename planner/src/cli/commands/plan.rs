@@ -9,10 +9,11 @@ use ckptune_runtime::{Precision, TrainConfig};
 use ckptune_solver::budget::{format_size, parse_size};
 use ckptune_solver::formats::{
     self, AlternativeJson, CheckpointJson, CorrectionJson, ModelJson, PlanFailureJson, PlanJson, PredictedJson,
-    ProfileJson, ShapeJson, SolverJson,
+    ProfileJson, RankPredictionJson, ShapeJson, ShardJson, SolverJson,
 };
-use ckptune_solver::model::{seconds_range_at, solver_problem, unit_order};
+use ckptune_solver::model::{seconds_range_at, shard_step, solver_problem, unit_order};
 use ckptune_solver::profile::ConfigSpec;
+use ckptune_solver::shard::{Collective, ShardError, ShardSpec, ShardStep};
 use ckptune_solver::solver::{self, ConfigProblem, SolveError, SolveStatus};
 use ckptune_solver::{chain_model, regex_emit};
 
@@ -42,14 +43,94 @@ fn checkpoint_json(model: &ModelJson, x: &[bool]) -> Result<CheckpointJson> {
     Ok(CheckpointJson { regex, modules })
 }
 
-/// Solves a plan for `profile` under `budget`. `Err` of [`PlanFailure`] when nothing fits.
-pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -> Result<PlanJson> {
-    let problems: Vec<ConfigProblem> = profile
-        .configs
-        .iter()
-        .map(|c| solver_problem(c.config.label(), c))
-        .collect();
-    let orders: Vec<Vec<usize>> = profile.configs.iter().map(unit_order).collect();
+/// How `plan --shard N` shards: the ranks, the collectives, and which blocks are FSDP units.
+#[derive(Debug, Clone)]
+pub struct ShardRequest {
+    pub ranks: i64,
+    pub collective: Collective,
+    /// Full match over block names; `None`: every candidate block whose name ends in its index
+    /// (the repeated layers: `layer3`, `encoder.layer.11`, `h.5`, `model.layers.7`).
+    pub units: Option<regex::Regex>,
+}
+
+impl ShardRequest {
+    fn is_unit(&self, model: &ModelJson, name: &str) -> bool {
+        match &self.units {
+            Some(re) => re.is_match(name),
+            None => {
+                model.blocks.iter().any(|b| b.candidate && b.name == name)
+                    && name.ends_with(|c: char| c.is_ascii_digit())
+            }
+        }
+    }
+}
+
+/// One problem the solver sees: a profiled config, and for a sharded plan one
+/// `reshard_after_forward` setting of it with its per-rank model.
+struct Candidate {
+    config: usize,
+    problem: ConfigProblem,
+    order: Vec<usize>,
+    shard: Option<(ShardStep, ShardSpec)>,
+}
+
+/// A config sharded over `ranks` ranks: `fp32/adamw/mb8x1/fsdp4`, with `/keep` when FSDP2 keeps
+/// each unit unsharded from its forward to its backward (`reshard_after_forward=False`).
+fn shard_label(c: &ConfigSpec, ranks: i64, reshard_after_forward: bool) -> String {
+    format!(
+        "{}/fsdp{ranks}{}",
+        c.label(),
+        if reshard_after_forward { "" } else { "/keep" }
+    )
+}
+
+fn candidates(profile: &ProfileJson, shard: Option<&ShardRequest>) -> Result<Vec<Candidate>> {
+    let mut out = Vec::new();
+    for (i, c) in profile.configs.iter().enumerate() {
+        let Some(req) = shard else {
+            out.push(Candidate {
+                config: i,
+                problem: solver_problem(c.config.label(), c),
+                order: unit_order(c),
+                shard: None,
+            });
+            continue;
+        };
+        let step = shard_step(
+            c,
+            &profile.model.parameters,
+            |name| req.is_unit(&profile.model, name),
+            &profile.model.name,
+        )
+        .map_err(|e| UsageError(e.to_string()))?;
+        for reshard_after_forward in [true, false] {
+            let spec = ShardSpec {
+                ranks: req.ranks,
+                reshard_after_forward,
+                collective: req.collective,
+            };
+            let key = shard_label(&c.config, req.ranks, reshard_after_forward);
+            out.push(Candidate {
+                config: i,
+                problem: step.config_problem(key, spec),
+                order: (0..c.regimes[0].blocks.len()).collect(),
+                shard: Some((step.clone(), spec)),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Solves a plan for `profile` under `budget` (for each rank of a sharded plan). `Err` of
+/// [`PlanFailure`] when nothing fits.
+pub fn plan_from_profile(
+    profile: &ProfileJson,
+    budget: i64,
+    shape: ShapeJson,
+    shard: Option<&ShardRequest>,
+) -> Result<PlanJson> {
+    let cands = candidates(profile, shard)?;
+    let problems: Vec<ConfigProblem> = cands.iter().map(|c| c.problem.clone()).collect();
     let t0 = std::time::Instant::now();
     let result = solver::solve(&problems, budget);
     let solve_seconds = t0.elapsed().as_secs_f64();
@@ -63,7 +144,7 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
             ..
         }) => {
             let k = problems.iter().position(|p| p.key == key).unwrap_or(0);
-            let mut x = chain_model::unpermute(&x, &orders[k]);
+            let mut x = chain_model::unpermute(&x, &cands[k].order);
             x.truncate(profile.model.blocks.len() + profile.model.groups.len());
             let regex = checkpoint_json(&profile.model, &x)?.regex;
             return Err(PlanFailure {
@@ -73,19 +154,21 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
                 binding,
                 regex,
                 profile: profile.clone(),
+                ranks: shard.map(|r| r.ranks),
             }
             .into());
         }
         Err(e) => return Err(e.into()),
     };
     let units = profile.model.blocks.len() + profile.model.groups.len();
-    for (sol, order) in plan.configs.iter_mut().zip(&orders) {
+    for (sol, cand) in plan.configs.iter_mut().zip(&cands) {
         // Back in unit order, without the fused variables (the runtime fuses by itself).
-        sol.x = chain_model::unpermute(&sol.x, order);
+        sol.x = chain_model::unpermute(&sol.x, &cand.order);
         sol.x.truncate(units);
     }
     let mut alternatives = Vec::new();
-    for (sol, c) in plan.configs.iter().zip(&profile.configs) {
+    for (sol, cand) in plan.configs.iter().zip(&cands) {
+        let c = &profile.configs[cand.config];
         let base = c.seconds_none.median;
         alternatives.push(AlternativeJson {
             config: c.config.clone(),
@@ -102,13 +185,32 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
                 },
                 peak_moment: sol.binding.clone(),
             },
-            baseline_peak_bytes: c.peak_none,
+            baseline_peak_bytes: match &cand.shard {
+                Some((step, spec)) => rank_max(step, *spec, &vec![false; sol.x.len()]).0,
+                None => c.peak_none,
+            },
             baseline_step_seconds: base,
-            reshard_after_forward: None,
+            reshard_after_forward: cand.shard.as_ref().map(|(_, spec)| spec.reshard_after_forward),
         });
     }
     let best = alternatives[plan.best].clone();
-    let chosen_profile = profile.configs[plan.best].clone();
+    let chosen = &cands[plan.best];
+    let shard_json = chosen.shard.as_ref().map(|(step, spec)| ShardJson {
+        ranks: spec.ranks,
+        reshard_after_forward: spec.reshard_after_forward,
+        collective: spec.collective.name().to_owned(),
+        units: step.unit_names(),
+        per_rank: step
+            .rank_peaks(*spec, &plan.configs[plan.best].x)
+            .into_iter()
+            .enumerate()
+            .map(|(r, (peak_bytes, peak_moment))| RankPredictionJson {
+                rank: r as i64,
+                peak_bytes,
+                peak_moment,
+            })
+            .collect(),
+    });
     Ok(PlanJson {
         format: formats::PLAN_FORMAT.into(),
         ckptune_version: env!("CARGO_PKG_VERSION").into(),
@@ -126,13 +228,20 @@ pub fn plan_from_profile(profile: &ProfileJson, budget: i64, shape: ShapeJson) -
         },
         alternatives,
         shape,
-        profile: chosen_profile,
+        profile: profile.configs[chosen.config].clone(),
         corrections: Vec::new(),
         target_device: profile.device.device.clone(),
         reserve_bytes: 0,
         notes: Vec::new(),
-        shard: None,
+        shard: shard_json,
     })
+}
+
+/// The highest rank's peak under `x` and its moment.
+fn rank_max(step: &ShardStep, spec: ShardSpec, x: &[bool]) -> (i64, String) {
+    step.rank_peaks(spec, x)
+        .into_iter()
+        .fold((i64::MIN, String::new()), |best, p| if p.0 > best.0 { p } else { best })
 }
 
 /// No plan fits: what would, and what else could help.
@@ -144,6 +253,8 @@ pub struct PlanFailure {
     pub binding: String,
     pub regex: String,
     pub profile: ProfileJson,
+    /// The rank count of a sharded plan: its hints are the ones `--shard` accepts.
+    pub ranks: Option<i64>,
 }
 
 impl std::fmt::Display for PlanFailure {
@@ -170,6 +281,18 @@ impl std::fmt::Display for PlanFailure {
             .min()
             .unwrap_or(1);
         write!(f, " What else could help:")?;
+        if let Some(n) = self.ranks {
+            // Sharded plans are fp32, one micro-step per optimizer step, AdamW or SGD with
+            // momentum: the other levers are refused with --shard.
+            write!(f, " more ranks (--shard {});", 2 * n)?;
+            if min_mb > 1 {
+                write!(f, " a smaller micro-batch per rank (--batch {});", min_mb / 2)?;
+            }
+            if !opt("sgd-momentum") {
+                write!(f, " an optimizer with less state (--optimizer adamw,sgd-momentum);")?;
+            }
+            return write!(f, " a larger budget.");
+        }
         if min_mb > 1 {
             write!(
                 f,
@@ -207,7 +330,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
             setup.model
         ));
     }
-    let profile: ProfileJson = match &a.profile {
+    let mut profile: ProfileJson = match &a.profile {
         Some(p) => {
             let mut prof: ProfileJson = formats::read_tagged(p, formats::PROFILE_FORMAT)?;
             // The flags say which configs are allowed; a profile may hold more (or fewer).
@@ -287,6 +410,81 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
             format_size(reserve as u64)
         ));
     }
+    let shard = match a.shard {
+        None => None,
+        Some(ranks) => {
+            if ranks & (ranks - 1) != 0 {
+                return Err(UsageError(format!(
+                    "--shard {ranks}: sharded plans are modelled for powers of two ranks (1, 2, 4, 8, ...): gloo \
+                     reduce-scatters over other counts with another algorithm, whose buffers ckptune does not model \
+                     (docs/fsdp.md, section 11)"
+                ))
+                .into());
+            }
+            if a.verify {
+                return Err(UsageError(
+                    "plan --shard --verify: a sharded plan is verified on N real processes: write it with -o, \
+                     then run `ckptune verify --pytorch plan.json`"
+                        .into(),
+                )
+                .into());
+            }
+            let units = a
+                .shard_units
+                .as_deref()
+                .map(|u| regex::Regex::new(&format!("^(?:{u})$")))
+                .transpose()
+                .map_err(|e| UsageError(format!("--shard-units: not a regex: {e}")))?;
+            notes.push(format!(
+                "sharded over {ranks} rank{} with FSDP2: the budget and the peaks are per rank, --batch is each \
+                 rank's micro-batch (global batch {ranks} x {}); step times are one process's compute, FSDP's \
+                 all-gathers and reduce-scatters are not timed",
+                if ranks == 1 { "" } else { "s" },
+                profile.configs.first().map_or(0, |c| c.config.micro_batch)
+            ));
+            if target == "cuda" {
+                notes.push(
+                    "NCCL's communicator buffers and the caching allocator's rounding of FSDP's all-gather \
+                     and reduce-scatter buffers are not seen on CPU: they are part of the reserve; NCCL \
+                     collectives allocate no temporaries (gloo's are left out of the model)"
+                        .into(),
+                );
+            }
+            let req = ShardRequest {
+                ranks,
+                collective: if target == "cuda" {
+                    Collective::Nccl
+                } else {
+                    Collective::Gloo
+                },
+                units,
+            };
+            // Configs the sharded model does not cover are left out, said in a note; none left
+            // is bad input, with each config's reason.
+            let mut reasons = Vec::new();
+            profile.configs.retain(|c| {
+                match shard_step(
+                    c,
+                    &profile.model.parameters,
+                    |n| req.is_unit(&profile.model, n),
+                    &profile.model.name,
+                ) {
+                    Err(ShardError::Unsupported(why)) => {
+                        reasons.push(why);
+                        false
+                    }
+                    _ => true,
+                }
+            });
+            if profile.configs.is_empty() {
+                return Err(UsageError(format!("--shard: no config can be sharded: {}", reasons.join("; "))).into());
+            }
+            if !reasons.is_empty() {
+                notes.push(format!("left out of the sharded plan: {}", reasons.join("; ")));
+            }
+            Some(req)
+        }
+    };
     let shape = ShapeJson {
         model: setup.model.clone(),
         image: setup.opts.image,
@@ -298,7 +496,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         state_dict_key: a.model.state_dict_key.clone(),
         heads: a.model.heads,
     };
-    let mut plan = match plan_from_profile(&profile, budget - reserve, shape.clone()) {
+    let mut plan = match plan_from_profile(&profile, budget - reserve, shape.clone(), shard.as_ref()) {
         Ok(p) => p,
         Err(e) => {
             // With --json, scripts get the failure as data too (stdout), not only as text.
@@ -367,7 +565,12 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
                     corrections.len()
                 ));
             }
-            plan = finish(plan_from_profile(&profile, planning_budget - reserve, shape.clone())?);
+            plan = finish(plan_from_profile(
+                &profile,
+                planning_budget - reserve,
+                shape.clone(),
+                shard.as_ref(),
+            )?);
         }
     }
     // Rendered before anything is written: a plan the snippet cannot express is bad input that
@@ -445,11 +648,22 @@ pub fn print_plan(p: &PlanJson) {
         "step",
         "slowdown"
     );
+    let chosen_raf = p.shard.as_ref().map(|s| s.reshard_after_forward);
     for a in &p.alternatives {
-        let mark = if a.config == p.config { "*" } else { " " };
+        let mark = if a.config == p.config && a.reshard_after_forward == chosen_raf {
+            "*"
+        } else {
+            " "
+        };
+        // A sharded plan's rows come in pairs per config: FSDP2 resharding each unit after
+        // its forward, and keeping it unsharded until its backward.
+        let label = match (a.reshard_after_forward, &p.shard) {
+            (Some(raf), Some(s)) => shard_label(&a.config, s.ranks, raf),
+            _ => a.config.label(),
+        };
         outln!(
             "{mark} {:<32} {:>5} {:>12} {:>10.3} s {:>8.1}%  {}",
-            a.config.label(),
+            label,
             if a.feasible { "yes" } else { "no" },
             format_size(a.predicted.peak_bytes as u64),
             a.predicted.step_seconds,
@@ -461,7 +675,15 @@ pub fn print_plan(p: &PlanJson) {
             }
         );
     }
-    outln!("\nplan: {}", p.config.label());
+    match &p.shard {
+        Some(s) => outln!(
+            "\nplan: {} on {} ranks, reshard_after_forward={}",
+            p.config.label(),
+            s.ranks,
+            if s.reshard_after_forward { "True" } else { "False" }
+        ),
+        None => outln!("\nplan: {}", p.config.label()),
+    }
     for n in &p.notes {
         outln!("  note: {n}");
     }

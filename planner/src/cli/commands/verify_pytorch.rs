@@ -1,7 +1,8 @@
 //! `ckptune verify --pytorch`: the plan run twice — by ckptune's runtime (as `verify` does) and
 //! in PyTorch eager on the built-in model's plain-torch reference (`python -m ckptune.eager`,
 //! the companion's run with ckptune's counting allocator loaded into the Python process) — and
-//! reported beside the prediction. Exit 1 when either run peaks over the budget.
+//! reported beside the prediction. Exit 1 when either run peaks over the budget. A plan with a
+//! `shard` section goes to [`super::verify_shard`] instead: FSDP2 on its N ranks.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -17,12 +18,12 @@ use crate::cli::output::{group_digits, outln, print_json};
 
 /// The checkout this binary was built from: where the companion (`python/`), the references
 /// (`models/fixtures/reference.py`) and the meter's source (`kernels/csrc/shim.cpp`) are.
-fn checkout() -> PathBuf {
+pub(super) fn checkout() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// `--python`, else `$CKPTUNE_PYTHON`, else the venv `scripts/setup` links at `.venv`.
-fn python(flag: Option<&Path>) -> PathBuf {
+pub(super) fn python(flag: Option<&Path>) -> PathBuf {
     flag.map(Path::to_path_buf)
         .or_else(|| std::env::var_os("CKPTUNE_PYTHON").map(PathBuf::from))
         .unwrap_or_else(|| checkout().join(".venv/bin/python"))
@@ -32,24 +33,14 @@ fn python(flag: Option<&Path>) -> PathBuf {
 /// cannot follow: names that differ from the reference's, a model without a reference) is bad
 /// input here too, with its message.
 fn pytorch_run(plan_path: &Path, steps: usize, python: &Path) -> Result<PytorchRunJson> {
-    if !python.exists() {
-        return Err(UsageError(format!(
-            "verify --pytorch: no Python at {}: run scripts/setup, or pass --python (or set CKPTUNE_PYTHON) \
-             to a Python with torch",
-            python.display()
-        ))
-        .into());
-    }
+    require_python(python)?;
     let dir = tempfile_dir()?;
     let out = dir.join("pytorch-run.json");
-    let root = checkout();
-    let result = Command::new(python)
+    let result = companion(python)
         .args(["-m", "ckptune.eager", "--plan"])
         .arg(plan_path)
         .args(["--steps", &(steps + 2).to_string(), "--warmup", "2", "-o"])
         .arg(&out)
-        .env("PYTHONPATH", root.join("python"))
-        .env("CKPTUNE_ROOT", &root)
         .output()
         .with_context(|| format!("verify --pytorch: running {}", python.display()));
     let run = result.and_then(|o| {
@@ -81,7 +72,28 @@ fn pytorch_run(plan_path: &Path, steps: usize, python: &Path) -> Result<PytorchR
     run
 }
 
-fn tempfile_dir() -> Result<PathBuf> {
+/// `python` with this checkout's companion importable and told where the checkout is.
+pub(super) fn companion(python: &Path) -> Command {
+    let root = checkout();
+    let mut cmd = Command::new(python);
+    cmd.env("PYTHONPATH", root.join("python")).env("CKPTUNE_ROOT", &root);
+    cmd
+}
+
+/// Bad input when the Python that runs `--pytorch` is not there.
+pub(super) fn require_python(python: &Path) -> Result<()> {
+    if !python.exists() {
+        return Err(UsageError(format!(
+            "verify --pytorch: no Python at {}: run scripts/setup, or pass --python (or set CKPTUNE_PYTHON) \
+             to a Python with torch",
+            python.display()
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+pub(super) fn tempfile_dir() -> Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!(
         "ckptune-verify-pytorch-{}-{}",
         std::process::id(),
@@ -97,6 +109,7 @@ fn tempfile_dir() -> Result<PathBuf> {
 /// The PyTorch run first (a plan it refuses is bad input, before minutes of ckptune's run),
 /// then ckptune's.
 pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
+    super::verify_shard::check_shard_flags(a, plan)?;
     if !plan.device.device.starts_with("cpu") {
         return Err(UsageError(format!(
             "verify --pytorch measures the CPU peak with ckptune's counting allocator; the plan is for {}",
@@ -111,6 +124,9 @@ pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
             plan.shape.model
         ))
         .into());
+    }
+    if let Some(shard) = &plan.shard {
+        return super::verify_shard::verify_shard_cmd(a, plan, shard);
     }
     let steps = a.steps.unwrap_or(plan.shape.repeats);
     let pytorch = pytorch_run(&a.plan, steps, &python(a.python.as_deref()))?;
