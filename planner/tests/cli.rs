@@ -633,6 +633,125 @@ fn profile_tiny_bert(path: &Path, flags: &[&str]) -> Value {
     read(path)
 }
 
+#[test]
+fn identical_layers_share_one_recompute_estimate_over_all_their_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    // tiny-bert: embeddings, two identical encoder layers, pooler.
+    let p = profile_tiny_bert(&dir.path().join("bert.json"), &COMMON);
+    let c = &p["configs"][0];
+    assert_eq!(c["recompute_class"], serde_json::json!([0, 1, 1, 3]));
+    let t = c["recompute_seconds"].as_array().unwrap();
+    assert_eq!(t[1], t[2], "one estimate for both layers");
+    let spread = c["recompute_spread"].as_array().unwrap();
+    assert_eq!(spread[1], spread[2]);
+    let repeats = c["contention"]["samples"].as_u64().unwrap() / 2; // steps A and B
+    assert_eq!(
+        spread[1]["n"].as_u64().unwrap(),
+        2 * repeats,
+        "both layers' samples: {}",
+        spread[1]
+    );
+    assert_eq!(spread[0]["n"].as_u64().unwrap(), repeats);
+
+    // Nested: the layers as groups over their children are identical too, and each child is
+    // identical to its counterpart in the other layer; no group shares a class with a block.
+    let nested = profile_tiny_bert(
+        &dir.path().join("nested.json"),
+        &[&["--granularity", "nested"], &COMMON[..]].concat(),
+    );
+    let blocks: Vec<String> = nested["model"]["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap().to_owned())
+        .collect();
+    let groups = nested["model"]["groups"].as_array().unwrap();
+    let class: Vec<usize> = nested["configs"][0]["recompute_class"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(class.len(), blocks.len() + groups.len());
+    let n = blocks.len();
+    let (g0, g1) = (n, n + 1);
+    assert_eq!(groups[0]["name"], "encoder.layer.0");
+    assert_eq!((class[g0], class[g1]), (g0, g0));
+    for (i, name) in blocks.iter().enumerate() {
+        if let Some(child) = name.strip_prefix("encoder.layer.1.") {
+            let twin = blocks
+                .iter()
+                .position(|b| *b == format!("encoder.layer.0.{child}"))
+                .unwrap();
+            assert_eq!(class[i], twin, "{name}");
+        } else if !name.starts_with("encoder.layer.0.") {
+            assert_eq!(class[i], i, "{name} is like no other block");
+        }
+    }
+
+    // tiny-resnet: every layer differs from the others.
+    let path = dir.path().join("resnet.json");
+    let mut args = vec![
+        "profile",
+        "tiny-resnet",
+        "--image",
+        "32",
+        "--batch",
+        "2",
+        "-o",
+        path.to_str().unwrap(),
+    ];
+    args.extend(COMMON);
+    ok(&args);
+    let class = read(&path)["configs"][0]["recompute_class"].clone();
+    let units = class.as_array().unwrap().len();
+    assert_eq!(class, serde_json::json!((0..units).collect::<Vec<_>>()));
+}
+
+#[test]
+fn without_threads_a_busy_machine_gets_the_cores_it_leaves() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        return; // one CPU: one thread whatever the load
+    }
+    // One process keeping a core busy for the whole command, killed however the test ends.
+    struct Busy(std::process::Child);
+    impl Drop for Busy {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _busy = Busy(
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .expect("sh runs"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.json");
+    let out = ckptune(&[
+        "profile",
+        "tiny-resnet",
+        "--image",
+        "32",
+        "--batch",
+        "2",
+        "--precision",
+        "fp32",
+        "--repeats",
+        "1",
+        "--no-cache",
+        "-o",
+        path.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let threads = read(&path)["device"]["threads"].as_u64().unwrap() as usize;
+    assert!(threads < cpus, "{threads} threads on {cpus} CPUs, one of them busy");
+    assert!(err.contains("busy") && err.contains("pass --threads"), "{err}");
+}
+
 /// What a profile whose steps ran while another process took the CPUs holds (docs/timing.md).
 fn contended() -> Value {
     serde_json::json!({

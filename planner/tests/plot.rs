@@ -355,6 +355,7 @@ fn profile_plots_predicted_singles_and_the_candidates() {
         steps_run: 8,
         wall_seconds: 1.0,
         recompute_spread: vec![Stats::default(), stats(0.009), stats(0.006), Stats::default()],
+        recompute_class: Vec::new(),
         contention: Contention::default(),
     };
     let p = ProfileJson {

@@ -173,9 +173,45 @@ impl Load {
     }
 }
 
+/// What the rest of the machine leaves this process, measured over `window` before any work:
+/// the CPUs it may run on, less every core the others kept busy beyond the tolerated
+/// [`QUIET_CORES`] and the counters' rounding (a core half taken counts as taken: a thread
+/// sharing a core stalls the others at every barrier). At least one; `None` where `/proc`
+/// cannot be read. Returns the free CPUs and the other load in cores.
+pub fn free_cpus(window: std::time::Duration) -> Option<(usize, f64)> {
+    let before = CpuCounters::read()?;
+    std::thread::sleep(window);
+    let load = before.until(&CpuCounters::read()?, 0);
+    Some((free_of(&load), load.other_cores()))
+}
+
+fn free_of(load: &Load) -> usize {
+    let taken = (load.other_cores() - load.resolution_cores() - QUIET_CORES)
+        .max(0.0)
+        .ceil() as usize;
+    load.cpus.saturating_sub(taken).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_busy_core_is_taken_and_daemons_are_not() {
+        let load = |other: f64, wall: f64| Load {
+            wall_seconds: wall,
+            other_cpu_seconds: other * wall,
+            own_cpu_seconds: 0.0,
+            cpus: 2,
+            threads: 0,
+        };
+        // Over 0.4 s on 2 CPUs the counters round by 0.075 cores.
+        assert_eq!(free_of(&load(0.0, 0.4)), 2);
+        assert_eq!(free_of(&load(0.3, 0.4)), 2, "background daemons");
+        assert_eq!(free_of(&load(0.6, 0.4)), 1, "half a core taken");
+        assert_eq!(free_of(&load(1.0, 0.4)), 1, "one busy process");
+        assert_eq!(free_of(&load(2.0, 0.4)), 1, "never none");
+    }
 
     #[test]
     fn cpu_lists_parse() {

@@ -256,6 +256,7 @@ mod tests {
             steps_run: 8,
             wall_seconds: 10.0,
             recompute_spread: spread,
+            recompute_class: Vec::new(),
             contention: Contention::default(),
         }
     }

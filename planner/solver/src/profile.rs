@@ -137,6 +137,51 @@ pub struct GroupProfile {
     pub fused_bwd_transient: i64,
 }
 
+impl BlockProfile {
+    /// The block's work, its position aside: every byte term but `carry` (which holds the
+    /// gradients of the blocks after it). Blocks with equal keys and equal parameters compute
+    /// the same thing, so their recompute times differ only by noise.
+    pub fn work_key(&self) -> Vec<i64> {
+        vec![
+            self.candidate as i64,
+            self.kept_grad,
+            self.fwd_transient_grad,
+            self.kept_nograd,
+            self.fwd_transient_nograd,
+            self.bwd_transient,
+            self.rec_transient,
+            self.kept_recompute,
+            self.bwd_transient_ckpt,
+            self.grad_in_bytes,
+            self.out_released.unwrap_or(-1),
+            self.out_released_ckpt.unwrap_or(-1),
+        ]
+    }
+}
+
+impl GroupProfile {
+    /// As [`BlockProfile::work_key`], for a group: its length and every byte term but the
+    /// carries.
+    pub fn work_key(&self) -> Vec<i64> {
+        let mut key = vec![
+            (self.last - self.first) as i64,
+            self.kept,
+            self.fused_kept,
+            self.fused_bwd_transient,
+        ];
+        for v in [
+            &self.fwd_transient,
+            &self.rec_transient,
+            &self.bwd_transient,
+            &self.fused_fwd_transient,
+        ] {
+            key.push(v.len() as i64);
+            key.extend_from_slice(v);
+        }
+        key
+    }
+}
+
 /// The terms of one micro-step regime: the first micro-step of an optimizer step allocates
 /// parameter gradients (with `set_to_none`); later micro-steps accumulate into existing ones.
 #[derive(Debug, Clone, PartialEq)]
@@ -280,6 +325,12 @@ pub struct ConfigProfile {
     /// ckptune recorded it).
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
     pub recompute_spread: Vec<Stats>,
+    /// Per unit, the first unit doing the same work (equal terms, equal parameter shapes; itself
+    /// when none before it does): units of one class share one estimate, the median of all
+    /// their samples, so identical layers cost the same and noise cannot pick between them
+    /// (docs/timing.md). Empty in profiles from before ckptune pooled them.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub recompute_class: Vec<usize>,
     /// How busy the rest of the machine was while the steps were timed (left out of documents
     /// when not recorded, so older profiles and the plans made from them read back unchanged).
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Contention::unrecorded"))]

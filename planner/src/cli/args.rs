@@ -108,7 +108,9 @@ pub struct ModelArgs {
     /// cpu or cuda.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Intra-op threads (profile and run must use the same count for exact memory).
+    /// Intra-op threads (profile and run must use the same count for exact memory). Default:
+    /// the CPUs this process may use, less those the rest of the machine keeps busy when the
+    /// command starts (docs/timing.md).
     #[arg(long)]
     pub threads: Option<i32>,
     /// Timed repeats per measured step.

@@ -26,6 +26,8 @@ pub struct Setup {
     pub global_batch: i64,
     pub cache_dir: Option<PathBuf>,
     pub quiet: bool,
+    /// Why `threads` is below the CPUs when `--threads` was not given: the machine was busy.
+    pub threads_note: Option<String>,
 }
 
 fn usage(msg: String) -> anyhow::Error {
@@ -33,6 +35,14 @@ fn usage(msg: String) -> anyhow::Error {
 }
 
 impl Setup {
+    /// Says on stderr (unless `--quiet`) why fewer threads than CPUs run, for commands whose
+    /// output has no notes of its own.
+    pub fn announce_threads(&self) {
+        if let (Some(n), false) = (&self.threads_note, self.quiet) {
+            eprintln!("note: {n}");
+        }
+    }
+
     /// `default_precisions` applies when `--precision` is not given.
     pub fn resolve(a: &ModelArgs, default_precisions: &[Precision]) -> Result<Setup> {
         let device = match a.device.as_str() {
@@ -176,12 +186,28 @@ impl Setup {
         if a.repeats == 0 {
             return Err(usage("--repeats 0: at least one timed repeat is needed".into()));
         }
+        let mut threads_note = None;
         let threads = match a.threads {
             Some(t) if t < 1 => return Err(usage(format!("--threads {t}: must be at least 1"))),
             Some(t) => t,
-            None => std::thread::available_parallelism()
-                .map(|n| n.get() as i32)
-                .unwrap_or(1),
+            None => {
+                let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+                // More threads than free cores make every step wait on the slowest thread at
+                // each barrier: on 2 CPUs with one busy, a 2-thread step ran up to 20 times
+                // slower (docs/timing.md). The threads are the cores the others leave.
+                match ckptune_runtime::load::free_cpus(std::time::Duration::from_millis(400)) {
+                    Some((free, other)) if free < all => {
+                        threads_note = Some(format!(
+                            "the rest of the machine kept {other:.1} of its {all} CPUs busy when this started: \
+                             ckptune ran {free} thread{} (the free cores), and its step times are for that; \
+                             pass --threads to choose",
+                            if free == 1 { "" } else { "s" }
+                        ));
+                        free as i32
+                    }
+                    _ => all as i32,
+                }
+            }
         };
         let cache_dir = if a.no_cache {
             None
@@ -211,6 +237,7 @@ impl Setup {
             global_batch,
             cache_dir,
             quiet: a.quiet,
+            threads_note,
         })
     }
 
@@ -284,14 +311,15 @@ impl Setup {
             // RNG swap joined its window). `cpu`: oneDNN picks kernels, and so workspace
             // sizes, by the CPU's vector extensions; a profile from another CPU is not exact.
             // `--candidates` and `--state-dict-key` choose the chain and the weights. `optim2`:
-            // the optimizers allocate what torch.optim's implementations allocate. `timing1`:
-            // step times checked for contention; older profiles did not record it. `step2`: a
+            // the optimizers allocate what torch.optim's implementations allocate. `timing2`:
+            // step times checked for contention, and identical units' recompute times pooled
+            // (older profiles did neither). `step2`: a
             // split layer's boundaries are views and its input's gradient is seeded (nested
             // memory moved); export side values, no-op casts and tied weights (exported
             // programs' chains changed). `shard1`: the loss head's forward, its seed and the
             // end of backward measured, and the parameters' shapes recorded (plan --shard); `shard2`:
             // what each block's backward frees as it starts (FSDP's pre-backward sees it).
-            "v{}|chain2|win2|optim2|timing1|step2|shard2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|{}|{:?}|threads={}|repeats={}",
+            "v{}|chain2|win2|optim2|timing2|step2|shard2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             cpu_identity(),
             model_id,

@@ -162,18 +162,23 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
     }
     // The no-grad forward is what checkpointing adds (the recompute replaces the grad-mode
     // forward of a plain step), from the samples the estimates use.
-    let unit_stats = |samples: &[UnitSample], i: usize| {
-        Stats::of(&timing::used(samples).iter().map(|s| s.extra[i]).collect::<Vec<_>>())
+    // Units doing the same work share one estimate over all their samples.
+    let recompute_class = work_classes(session, &regimes);
+    let unit_samples = |u: usize| -> Vec<f64> {
+        let (samples, i) = if u < n { (&samples_b, u) } else { (&samples_c, u - n) };
+        timing::used(samples).iter().map(|s| s.extra[i]).collect()
     };
-    let recompute_spread: Vec<Stats> = (0..n)
-        .map(|i| {
-            if session.chain.blocks[i].candidate {
-                unit_stats(&samples_b, i)
-            } else {
-                Stats::default()
+    let recompute_spread: Vec<Stats> = (0..recompute_class.len())
+        .map(|u| {
+            if u < n && !session.chain.blocks[u].candidate {
+                return Stats::default();
             }
+            let pooled: Vec<f64> = (0..recompute_class.len())
+                .filter(|&v| recompute_class[v] == recompute_class[u])
+                .flat_map(unit_samples)
+                .collect();
+            Stats::of(&pooled)
         })
-        .chain((0..session.chain.groups.len()).map(|g| unit_stats(&samples_c, g)))
         .collect();
     let recompute_seconds = recompute_spread.iter().map(|s| s.median).collect();
     let mut tally = ContentionTally::default();
@@ -212,8 +217,56 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
         steps_run: kinds + kinds * repeats + split_steps + retimed,
         wall_seconds: t0.elapsed().as_secs_f64(),
         recompute_spread,
+        recompute_class,
         contention: tally.finish(retimed),
     })
+}
+
+/// A unit's byte terms in every regime, and its parameters (name under the unit, shape,
+/// element bytes).
+type WorkKey = (Vec<i64>, Vec<(String, Vec<i64>, i64)>);
+
+/// Per unit (blocks, then groups), the first unit doing the same work: the same byte terms in
+/// every regime (position aside, [`BlockProfile::work_key`]) and the same parameter shapes under
+/// its module. Blocks that are not candidates are their own class.
+fn work_classes(session: &Session, regimes: &[RegimeProfile]) -> Vec<usize> {
+    let chain = &session.chain;
+    let params = chain.parameter_shapes();
+    let shapes_under = |module: &str| -> Vec<(String, Vec<i64>, i64)> {
+        let prefix = format!("{module}.");
+        params
+            .iter()
+            .filter_map(|(name, shape, e)| {
+                name.strip_prefix(&prefix)
+                    .map(|rest| (rest.to_owned(), shape.clone(), *e))
+            })
+            .collect()
+    };
+    let n = chain.blocks.len();
+    let keys: Vec<Option<WorkKey>> = (0..n + chain.groups.len())
+        .map(|u| {
+            if u < n {
+                let b = &chain.blocks[u];
+                b.candidate.then(|| {
+                    let terms = regimes.iter().flat_map(|r| r.blocks[u].work_key()).collect();
+                    (terms, shapes_under(&b.name))
+                })
+            } else {
+                let g = &chain.groups[u - n];
+                let terms = regimes.iter().flat_map(|r| r.groups[u - n].work_key()).collect();
+                Some((terms, shapes_under(&g.name)))
+            }
+        })
+        .collect();
+    (0..keys.len())
+        .map(|u| match &keys[u] {
+            None => u,
+            // A group and a block never share a class: their samples come from different steps.
+            Some(k) => (0..u)
+                .find(|&v| (v < n) == (u < n) && keys[v].as_ref() == Some(k))
+                .unwrap_or(u),
+        })
+        .collect()
 }
 
 /// A timed step with the seconds of each block or group in it.

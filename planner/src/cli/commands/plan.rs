@@ -322,7 +322,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
     let budget = parse_size(&a.budget).context("--budget")?;
     let budget = i64::try_from(budget).map_err(|_| UsageError(format!("--budget {}: too large", a.budget)))?;
     let setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = setup.threads_note.iter().cloned().collect();
     if ckptune_models::hf::is_config_only(std::path::Path::new(&setup.model)) {
         notes.push(format!(
             "{} has a config but no weights: planned with seeded random weights (memory and time do \

@@ -14,6 +14,7 @@ use crate::cli::timing::contention_note;
 
 pub fn profile_cmd(a: ProfileArgs) -> Result<ExitCode> {
     let setup = Setup::resolve(&a.model, &[Precision::Fp32])?;
+    setup.announce_threads();
     let p = measure_profile(&setup)?;
     if let Some(out) = &a.output {
         formats::write_atomic(out, &p)?;

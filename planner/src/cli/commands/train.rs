@@ -22,6 +22,7 @@ pub fn train_cmd(a: TrainArgs) -> Result<ExitCode> {
         }
         None => {
             let setup = Setup::resolve(&a.model, &[ckptune_runtime::Precision::Fp32])?;
+            setup.announce_threads();
             if setup.configs.len() != 1 {
                 bail!(UsageError(format!(
                     "train runs one config; --precision/--optimizer/--batch name {}",
