@@ -14,7 +14,7 @@ use std::process::Command;
 
 use ckptune_solver::formats::{self, ProfileJson};
 use ckptune_solver::model::shard_step;
-use ckptune_solver::shard::{Collective, ShardSpec};
+use ckptune_solver::shard::{is_default_unit, Collective, ShardSpec};
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -92,7 +92,12 @@ fn predicted(p: &ProfileJson, ranks: i64, regex: &str, optimizer: &str, raf: boo
     let step = shard_step(
         c,
         &p.model.parameters,
-        |n| p.model.blocks.iter().any(|b| b.candidate && b.name == n) && n.ends_with(|ch: char| ch.is_ascii_digit()),
+        |n| {
+            p.model
+                .blocks
+                .iter()
+                .any(|b| b.name == n && is_default_unit(&b.name, b.candidate))
+        },
         &p.model.name,
     )
     .expect("a shardable profile");

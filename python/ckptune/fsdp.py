@@ -360,28 +360,29 @@ def _failure_text(tmp, rank):
 # ------------------------------------------------------------------------------ rank side
 
 
-def _die_with_parent(parent):
-    """Linux: SIGKILL this rank when the process that started it dies, however it dies."""
+def _signal_with_parent(parent, sig):
+    """Linux: deliver `sig` to this process when `parent`, the process that started it, dies,
+    however it dies (PR_SET_PDEATHSIG). Returns False when `parent` is already gone (it died
+    before the signal was armed); True where the signal cannot be armed (not Linux)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        libc.prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # it died before the signal was armed
+        return True
+    return os.getppid() == parent
+
+
+def _die_with_parent(parent):
+    """A rank: SIGKILL it when the process that started it dies."""
+    if not _signal_with_parent(parent, signal.SIGKILL):
         os._exit(1)
 
 
 def _exit_with_parent(parent):
-    """Linux: SIGTERM this harness when `parent`, the process that started it, dies, however it
-    dies; the SIGTERM handler leaves through `run`'s cleanup, which kills and reaps the ranks.
-    For callers that cannot arm the signal on their child themselves (`ckptune verify
-    --pytorch`). Returns False when `parent` is already gone."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return True
-    return os.getppid() == parent  # else it died before the signal was armed
+    """The harness: SIGTERM it when `parent` dies; the SIGTERM handler leaves through `run`'s
+    cleanup, which kills and reaps the ranks. For callers that cannot arm the signal on their
+    child themselves (`ckptune verify --pytorch`). Returns False when `parent` is already gone."""
+    return _signal_with_parent(parent, signal.SIGTERM)
 
 
 def _worker_main(spec_path, rank):

@@ -25,7 +25,6 @@ when one fails, the harness stops torchrun at its timeout, a rank dies with torc
 (PR_SET_PDEATHSIG), and the harness checks each rank's pid before it returns.
 """
 
-import ctypes
 import importlib.util
 import json
 import os
@@ -271,7 +270,7 @@ def _loopback_interface():
     return next((name for _, name in socket.if_nameindex() if re.fullmatch(r"lo\d*", name)), None)
 
 
-def _alive(pid):
+def alive(pid):
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -337,9 +336,9 @@ def run_fsdp2(path, name, steps, watch=(), timeout=120.0):
                     failure = _rank_errors(out) or f"torchrun exited with {code}"
         pids = _rank_pids(out)
         deadline = time.monotonic() + 10
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        outlived = [p for p in pids if _alive(p)]
+        outlived = [p for p in pids if alive(p)]
         for p in outlived:
             os.kill(p, signal.SIGKILL)
         if failure is None and outlived:
@@ -348,26 +347,18 @@ def run_fsdp2(path, name, steps, watch=(), timeout=120.0):
             tail = log_path.read_bytes()[-4000:].decode(errors="replace")
             raise LaunchError(f"{failure}\n--- torchrun output\n{tail}", pids)
         reports = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(ranks)]
-        return {"ranks": reports, "pids": pids, "alive_after": [p for p in pids if _alive(p)]}
+        return {"ranks": reports, "pids": pids, "alive_after": [p for p in pids if alive(p)]}
     finally:
         shutil.rmtree(out, ignore_errors=True)
-
-
-def _die_with_parent():
-    """Linux: SIGKILL this rank when torchrun, which started it, dies, however it dies."""
-    parent = os.getppid()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # it died before the signal was armed
-        os._exit(1)
 
 
 def fsdp2_rank(path, name, steps, out):
     """One rank under torchrun: the snippet's `main` with a `build` that gives the reference model
     (the same seed on every rank) and this rank's batches; writes the rank's report to `out`."""
-    _die_with_parent()
+    # SIGKILL this rank when torchrun, which started it, dies, however it dies.
+    from ckptune.fsdp import _die_with_parent  # noqa: PLC0415
+
+    _die_with_parent(os.getppid())
     rank = int(os.environ["RANK"])
     (Path(out) / f"rank{rank}.pid").write_text(str(os.getpid()))
     try:

@@ -7,7 +7,6 @@ same contract (RANKS, PLAN, fully_shard, main(build)). Run from the repository r
     .venv/bin/python -m unittest discover -s python/tests
 """
 
-import os
 import sys
 import tempfile
 import textwrap
@@ -43,14 +42,6 @@ def main(build):
 """
 
 
-def gone(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 @unittest.skipUnless(dist.is_available() and dist.is_gloo_available(),
                      "torch.distributed with the gloo backend is not available in this torch build")
 class LaunchTest(unittest.TestCase):
@@ -72,13 +63,13 @@ class LaunchTest(unittest.TestCase):
         self.assertIn("rank 1 failed", str(e))
         self.assertIn("rank 1 fails on purpose", str(e))
         self.assertEqual(len(e.pids), 2)
-        self.assertTrue(all(gone(pid) for pid in e.pids), e.pids)
+        self.assertTrue(not any(snippet_harness.alive(pid) for pid in e.pids), e.pids)
 
     def test_the_timeout_stops_every_rank(self):
         e = self.launch("time.sleep(3600)", timeout=8)
         self.assertIn("did not finish within 8 s", str(e))
         self.assertEqual(len(e.pids), 2)
-        self.assertTrue(all(gone(pid) for pid in e.pids), e.pids)
+        self.assertTrue(not any(snippet_harness.alive(pid) for pid in e.pids), e.pids)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,16 @@
 //! input `RS_u`; `S_u = P_u / N` its shard, also the size of its sharded gradients; `L_u(r)`
 //! rank r's unpadded chunk, what the optimizer state covers; `G_u` its unsharded gradients.
 
+use crate::chain_model::{Affine, Moment, Occurs};
+use crate::solver::ConfigProblem;
+
+/// The FSDP units `plan --shard` wraps unless told otherwise: the candidate blocks whose names
+/// end in their index, a model's repeated layers (`layer3`, `encoder.layer.11`, `h.5`,
+/// `model.layers.7`).
+pub fn is_default_unit(name: &str, candidate: bool) -> bool {
+    candidate && name.ends_with(|c: char| c.is_ascii_digit())
+}
+
 /// One trainable parameter as FSDP2 shards it: on its own, along dim 0.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Parameter {
@@ -247,19 +257,19 @@ impl ShardStep {
         (out, chunks)
     }
 
-    /// Ranks whose moments differ (their optimizer state covers different chunks): one
-    /// representative per class, the lowest rank.
+    /// Per rank, the lowest rank with the same local chunks: ranks whose chunks are equal have
+    /// the same moments (only the optimizer state over the chunks tells ranks apart).
+    fn rank_classes(&self, ranks: i64) -> Vec<i64> {
+        let chunks: Vec<Vec<i64>> = (0..ranks).map(|r| self.sizes(ranks, r).1).collect();
+        (0..chunks.len())
+            .map(|r| chunks.iter().position(|c| *c == chunks[r]).unwrap_or(r) as i64)
+            .collect()
+    }
+
+    /// Ranks whose moments differ: one representative per class, the lowest rank.
     pub fn distinct_ranks(&self, ranks: i64) -> Vec<i64> {
-        let mut seen: Vec<Vec<i64>> = Vec::new();
-        let mut out = Vec::new();
-        for r in 0..ranks {
-            let (_, chunks) = self.sizes(ranks, r);
-            if !seen.contains(&chunks) {
-                seen.push(chunks);
-                out.push(r);
-            }
-        }
-        out
+        let classes = self.rank_classes(ranks);
+        (0..ranks).filter(|&r| classes[r as usize] == r).collect()
     }
 
     /// Every moment of rank `rank`'s step, affine in the checkpoint choice over the chain's
@@ -303,7 +313,7 @@ impl ShardStep {
         let r = root.p;
         push(
             &mut out,
-            Affine::new(n, fixed + flat(r) + temp(r)).add(0),
+            &Affine::new(n, fixed + flat(r) + temp(r)),
             "all-gather <root>".into(),
             Occurs::Always,
         );
@@ -519,8 +529,6 @@ pub struct Measured {
     pub released: Vec<(i64, i64)>,
 }
 
-use crate::chain_model::{Affine, Moment, Occurs};
-
 impl ShardStep {
     /// The solver's input for this step sharded as `spec`: the moments of every rank whose
     /// moments differ (labelled `rank r: …`), so the solved peak is the highest rank's.
@@ -546,27 +554,18 @@ impl ShardStep {
     /// Each rank's peak under checkpoint choice `x` (over the chain's blocks) and the moment
     /// it occurs, in rank order.
     pub fn rank_peaks(&self, spec: ShardSpec, x: &[bool]) -> Vec<(i64, String)> {
-        let classes: Vec<(i64, (i64, String))> = self
-            .distinct_ranks(spec.ranks)
-            .into_iter()
-            .map(|r| {
-                let ms = self.moments(spec, r);
+        let mut peaks: Vec<(i64, String)> = Vec::new();
+        // A rank's class is itself or a lower rank, whose peak is already there.
+        for (r, c) in self.rank_classes(spec.ranks).into_iter().enumerate() {
+            let peak = if c as usize == r {
+                let ms = self.moments(spec, c);
                 let (v, k) = crate::chain_model::peak_of(&ms, x).expect("a step has moments");
-                (r, (v, ms[k].label.clone()))
-            })
-            .collect();
-        (0..spec.ranks)
-            .map(|r| {
-                let (_, chunks) = self.sizes(spec.ranks, r);
-                // Ranks with the same chunks have the same moments: each takes its class's peak.
-                let (_, peak) = classes
-                    .iter()
-                    .find(|(c, _)| self.sizes(spec.ranks, *c).1 == chunks)
-                    .expect("every rank has a class");
-                peak.clone()
-            })
-            .collect()
+                (v, ms[k].label.clone())
+            } else {
+                peaks[c as usize].clone()
+            };
+            peaks.push(peak);
+        }
+        peaks
     }
 }
-
-use crate::solver::ConfigProblem;

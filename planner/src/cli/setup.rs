@@ -26,8 +26,8 @@ pub struct Setup {
     pub global_batch: i64,
     pub cache_dir: Option<PathBuf>,
     pub quiet: bool,
-    /// Why `threads` is below the CPUs when `--threads` was not given: the machine was busy.
-    pub threads_note: Option<String>,
+    /// `--threads` was not given: [`Setup::fit_threads_to_load`] may lower `threads`.
+    pub threads_auto: bool,
 }
 
 fn usage(msg: String) -> anyhow::Error {
@@ -35,10 +35,31 @@ fn usage(msg: String) -> anyhow::Error {
 }
 
 impl Setup {
-    /// Says on stderr (unless `--quiet`) why fewer threads than CPUs run, for commands whose
-    /// output has no notes of its own.
-    pub fn announce_threads(&self) {
-        if let (Some(n), false) = (&self.threads_note, self.quiet) {
+    /// Without `--threads`, before the model runs: as many threads as the rest of the machine
+    /// leaves CPUs free, watched for 0.4 s. More threads than free cores make every step wait
+    /// on the slowest thread at each barrier: on 2 CPUs with one busy, a 2-thread step ran up
+    /// to 20 times slower (docs/timing.md). Returns why fewer threads than CPUs run, if they do.
+    pub fn fit_threads_to_load(&mut self) -> Option<String> {
+        if !self.threads_auto {
+            return None;
+        }
+        let all = self.threads;
+        let (free, other) = ckptune_runtime::load::free_cpus(std::time::Duration::from_millis(400))?;
+        if free as i32 >= all {
+            return None;
+        }
+        self.threads = free as i32;
+        Some(format!(
+            "the rest of the machine kept {other:.1} of its {all} CPUs busy when this started: ckptune ran \
+             {free} thread{} (the free cores), and its step times are for that; pass --threads to choose",
+            if free == 1 { "" } else { "s" }
+        ))
+    }
+
+    /// [`Setup::fit_threads_to_load`], saying why on stderr (unless `--quiet`), for commands
+    /// whose output has no notes of its own.
+    pub fn fit_threads_to_load_announced(&mut self) {
+        if let (Some(n), false) = (self.fit_threads_to_load(), self.quiet) {
             eprintln!("note: {n}");
         }
     }
@@ -186,28 +207,10 @@ impl Setup {
         if a.repeats == 0 {
             return Err(usage("--repeats 0: at least one timed repeat is needed".into()));
         }
-        let mut threads_note = None;
         let threads = match a.threads {
             Some(t) if t < 1 => return Err(usage(format!("--threads {t}: must be at least 1"))),
             Some(t) => t,
-            None => {
-                let all = std::thread::available_parallelism().map_or(1, |n| n.get());
-                // More threads than free cores make every step wait on the slowest thread at
-                // each barrier: on 2 CPUs with one busy, a 2-thread step ran up to 20 times
-                // slower (docs/timing.md). The threads are the cores the others leave.
-                match ckptune_runtime::load::free_cpus(std::time::Duration::from_millis(400)) {
-                    Some((free, other)) if free < all => {
-                        threads_note = Some(format!(
-                            "the rest of the machine kept {other:.1} of its {all} CPUs busy when this started: \
-                             ckptune ran {free} thread{} (the free cores), and its step times are for that; \
-                             pass --threads to choose",
-                            if free == 1 { "" } else { "s" }
-                        ));
-                        free as i32
-                    }
-                    _ => all as i32,
-                }
-            }
+            None => std::thread::available_parallelism().map_or(1, |n| n.get() as i32),
         };
         let cache_dir = if a.no_cache {
             None
@@ -237,7 +240,7 @@ impl Setup {
             global_batch,
             cache_dir,
             quiet: a.quiet,
-            threads_note,
+            threads_auto: a.threads.is_none(),
         })
     }
 

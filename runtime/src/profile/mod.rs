@@ -164,10 +164,13 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
     // forward of a plain step), from the samples the estimates use.
     // Units doing the same work share one estimate over all their samples.
     let recompute_class = work_classes(session, &regimes);
-    let unit_samples = |u: usize| -> Vec<f64> {
-        let (samples, i) = if u < n { (&samples_b, u) } else { (&samples_c, u - n) };
-        timing::used(samples).iter().map(|s| s.extra[i]).collect()
-    };
+    let (used_b, used_c) = (timing::used(&samples_b), timing::used(&samples_c));
+    let unit_samples: Vec<Vec<f64>> = (0..recompute_class.len())
+        .map(|u| {
+            let (used, i) = if u < n { (&used_b, u) } else { (&used_c, u - n) };
+            used.iter().map(|s| s.extra[i]).collect()
+        })
+        .collect();
     let recompute_spread: Vec<Stats> = (0..recompute_class.len())
         .map(|u| {
             if u < n && !session.chain.blocks[u].candidate {
@@ -175,7 +178,7 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
             }
             let pooled: Vec<f64> = (0..recompute_class.len())
                 .filter(|&v| recompute_class[v] == recompute_class[u])
-                .flat_map(unit_samples)
+                .flat_map(|v| unit_samples[v].iter().copied())
                 .collect();
             Stats::of(&pooled)
         })

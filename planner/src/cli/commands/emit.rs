@@ -902,19 +902,15 @@ fn torchtitan(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
         "bf16" => ("float32", "bfloat16"),
         _ => ("float32", "float32"),
     };
-    let mut training = match &plan.shard {
-        None => format!(
-            "    \"local_batch_size\": {mb},\n    \"global_batch_size\": {gb},  # on one data-parallel rank: x the DP degree\n",
-            mb = c.micro_batch,
-            gb = c.micro_batch * c.grad_accum
-        ),
-        Some(shard) => format!(
-            "    \"local_batch_size\": {mb},\n    \"global_batch_size\": {gb},  # over the {n} data-parallel ranks\n",
-            mb = c.micro_batch,
-            gb = c.micro_batch * c.grad_accum * shard.ranks,
-            n = shard.ranks
-        ),
+    let (ranks, over) = match &plan.shard {
+        None => (1, "on one data-parallel rank: x the DP degree".to_owned()),
+        Some(shard) => (shard.ranks, format!("over the {} data-parallel ranks", shard.ranks)),
     };
+    let mut training = format!(
+        "    \"local_batch_size\": {mb},\n    \"global_batch_size\": {gb},  # {over}\n",
+        mb = c.micro_batch,
+        gb = c.micro_batch * c.grad_accum * ranks
+    );
     if let Some(q) = plan.shape.seq {
         let _ = writeln!(training, "    \"seq_len\": {q},");
     }
@@ -927,7 +923,7 @@ fn torchtitan(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
     );
     // `optimizer_impl` (single, foreach, fused) as the plan's config names it, when it does.
     let impl_kwargs = match c.torch_optim_kwarg() {
-        Some((key, on)) => format!("{{\"{key}\": {}}}", if on { "True" } else { "False" }),
+        Some((key, on)) => format!("{{\"{key}\": {}}}", py_bool(on)),
         None => "{}".to_owned(),
     };
     let _ = writeln!(

@@ -13,7 +13,7 @@ use ckptune_solver::formats::{
 };
 use ckptune_solver::model::{seconds_range_at, shard_step, solver_problem, unit_order};
 use ckptune_solver::profile::ConfigSpec;
-use ckptune_solver::shard::{Collective, ShardError, ShardSpec, ShardStep};
+use ckptune_solver::shard::{is_default_unit, Collective, ShardError, ShardSpec, ShardStep};
 use ckptune_solver::solver::{self, ConfigProblem, SolveError, SolveStatus};
 use ckptune_solver::{chain_model, regex_emit};
 
@@ -48,8 +48,7 @@ fn checkpoint_json(model: &ModelJson, x: &[bool]) -> Result<CheckpointJson> {
 pub struct ShardRequest {
     pub ranks: i64,
     pub collective: Collective,
-    /// Full match over block names; `None`: every candidate block whose name ends in its index
-    /// (the repeated layers: `layer3`, `encoder.layer.11`, `h.5`, `model.layers.7`).
+    /// Full match over block names; `None`: [`is_default_unit`].
     pub units: Option<regex::Regex>,
 }
 
@@ -57,10 +56,10 @@ impl ShardRequest {
     fn is_unit(&self, model: &ModelJson, name: &str) -> bool {
         match &self.units {
             Some(re) => re.is_match(name),
-            None => {
-                model.blocks.iter().any(|b| b.candidate && b.name == name)
-                    && name.ends_with(|c: char| c.is_ascii_digit())
-            }
+            None => model
+                .blocks
+                .iter()
+                .any(|b| b.name == name && is_default_unit(&b.name, b.candidate)),
         }
     }
 }
@@ -321,8 +320,8 @@ impl std::error::Error for PlanFailure {}
 pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
     let budget = parse_size(&a.budget).context("--budget")?;
     let budget = i64::try_from(budget).map_err(|_| UsageError(format!("--budget {}: too large", a.budget)))?;
-    let setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
-    let mut notes: Vec<String> = setup.threads_note.iter().cloned().collect();
+    let mut setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
+    let mut notes = Vec::new();
     if ckptune_models::hf::is_config_only(std::path::Path::new(&setup.model)) {
         notes.push(format!(
             "{} has a config but no weights: planned with seeded random weights (memory and time do \
@@ -370,7 +369,11 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
             }
             prof
         }
-        None => measure_profile(&setup)?,
+        None => {
+            // Only a profile measured here runs the model: threads matter to it alone.
+            notes.extend(setup.fit_threads_to_load());
+            measure_profile(&setup)?
+        }
     };
     // Step times from a busy machine: said, not silently used (a cached profile was re-timed
     // already; one given with --profile is used as it is). No path in the note: plans from the

@@ -13,8 +13,8 @@ use crate::cli::setup::{measure_profile, Setup};
 use crate::cli::timing::contention_note;
 
 pub fn profile_cmd(a: ProfileArgs) -> Result<ExitCode> {
-    let setup = Setup::resolve(&a.model, &[Precision::Fp32])?;
-    setup.announce_threads();
+    let mut setup = Setup::resolve(&a.model, &[Precision::Fp32])?;
+    setup.fit_threads_to_load_announced();
     let p = measure_profile(&setup)?;
     if let Some(out) = &a.output {
         formats::write_atomic(out, &p)?;

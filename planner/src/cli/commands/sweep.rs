@@ -44,8 +44,8 @@ fn all_subsets(chain: &Chain) -> Result<Vec<Vec<bool>>> {
 }
 
 pub fn sweep_cmd(a: SweepArgs) -> Result<ExitCode> {
-    let setup = Setup::resolve(&a.model, &[Precision::Fp32])?;
-    setup.announce_threads();
+    let mut setup = Setup::resolve(&a.model, &[Precision::Fp32])?;
+    setup.fit_threads_to_load_announced();
     if a.checkpoints.is_empty() && !a.all_subsets {
         bail!(UsageError(
             "sweep needs --checkpoint REGEX (repeatable) or --all-subsets".into()

@@ -21,8 +21,8 @@ pub fn train_cmd(a: TrainArgs) -> Result<ExitCode> {
             (setup, cfg, plan.checkpoint.regex.clone())
         }
         None => {
-            let setup = Setup::resolve(&a.model, &[ckptune_runtime::Precision::Fp32])?;
-            setup.announce_threads();
+            let mut setup = Setup::resolve(&a.model, &[ckptune_runtime::Precision::Fp32])?;
+            setup.fit_threads_to_load_announced();
             if setup.configs.len() != 1 {
                 bail!(UsageError(format!(
                     "train runs one config; --precision/--optimizer/--batch name {}",

@@ -18,7 +18,7 @@ use crate::cli::output::{group_digits, outln, print_json};
 
 /// The checkout this binary was built from: where the companion (`python/`), the references
 /// (`models/fixtures/reference.py`) and the meter's source (`kernels/csrc/shim.cpp`) are.
-pub(super) fn checkout() -> PathBuf {
+fn checkout() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 

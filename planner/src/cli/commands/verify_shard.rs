@@ -55,13 +55,11 @@ pub fn check_shard_flags(a: &VerifyArgs, plan: &PlanJson) -> Result<()> {
     }
 }
 
-/// Refuses, as bad input, a shard section the FSDP run cannot follow or that contradicts itself.
+/// Refuses, as bad input, a shard section the FSDP run cannot follow or that contradicts itself
+/// (`verify` has already run `emit::check_plan`: at least one rank, known units).
 fn check_plan(path: &Path, plan: &PlanJson, s: &ShardJson) -> Result<()> {
     let bad =
         |why: String| -> Result<()> { Err(UsageError(format!("verify --pytorch: {}: {why}", path.display())).into()) };
-    if s.ranks < 1 {
-        return bad(format!("the shard section has {} ranks", s.ranks));
-    }
     let listed: Vec<i64> = s.per_rank.iter().map(|r| r.rank).collect();
     if listed != (0..s.ranks).collect::<Vec<_>>() {
         return bad(format!(
