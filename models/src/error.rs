@@ -54,6 +54,15 @@ pub enum ModelError {
     )]
     UnsupportedModelType { path: PathBuf, model_type: String },
 
+    /// A folder given as the model, without the `config.json` of a Hugging Face model folder.
+    #[error(
+        "{} is a folder without config.json: a model folder is a Hugging Face one (config.json, with \
+         model.safetensors, its shards, pytorch_model.bin or no weights); give the folder that holds \
+         config.json, a state dict file or a torch.export .pt2 program",
+        path.display()
+    )]
+    NotAModelFolder { path: PathBuf },
+
     #[error("TorchScript model {} cannot be run as a chain of blocks: {reason}", path.display())]
     NotAChain { path: PathBuf, reason: String },
 

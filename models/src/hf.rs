@@ -33,6 +33,9 @@ pub fn load(path: &Path, opts: &ModelOptions) -> Result<Loaded> {
             path.to_path_buf(),
         )
     };
+    if path.is_dir() && !config_path.exists() {
+        return Err(ModelError::NotAModelFolder { path: dir });
+    }
     let text = std::fs::read_to_string(&config_path).map_err(|source| ModelError::Io {
         path: config_path.clone(),
         source,

@@ -6,15 +6,15 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use ckptune::cli::{self, args::Cli, error::exit_code, output::write_failure};
+use ckptune::cli::{self, args::Cli, error, output::write_failure};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let code = match cli::run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            exit_code(&e)
+            eprintln!("error: {}", error::message(&e));
+            error::exit_code(&e)
         }
     };
     match write_failure() {

@@ -107,6 +107,51 @@ fn plan_fits_and_verifies_to_the_byte() {
 }
 
 #[test]
+fn a_budget_share_lies_between_the_smallest_and_the_unconstrained_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("profile.json");
+    let p = profile_tiny_bert(&profile, &COMMON);
+    let c = &p["configs"][0];
+    let (none, all) = (c["peak_none"].as_i64().unwrap(), c["peak_all"].as_i64().unwrap());
+    let plan = dir.path().join("plan.json");
+    let plan_at = |share: &str| {
+        let out = plan_tiny_bert(share, &profile, &["-o", plan.to_str().unwrap()]);
+        (read(&plan), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+
+    let (v, text) = plan_at("50%");
+    let s = &v["budget_share"];
+    let (smallest, unconstrained) = (
+        s["smallest_peak_bytes"].as_i64().unwrap(),
+        s["unconstrained_peak_bytes"].as_i64().unwrap(),
+    );
+    assert_eq!(s["percent"], 50.0);
+    assert!(s["config"].as_str().unwrap().starts_with("fp32/adamw/mb4x1"), "{s}");
+    assert_eq!(
+        unconstrained, none,
+        "one config: the unconstrained plan checkpoints nothing"
+    );
+    assert!(smallest <= all && smallest < none, "{smallest} {all} {none}");
+    assert_eq!(v["budget_bytes"], smallest + (unconstrained - smallest) / 2);
+    assert!(!v["checkpoint"]["modules"].as_array().unwrap().is_empty(), "{v}");
+    assert!(
+        text.contains("50% of the way from the smallest peak checkpointing reaches"),
+        "{text}"
+    );
+    let r = verify(&plan, dir.path());
+    assert_eq!(r["peak_error_bytes"], 0, "{r}");
+    assert_eq!(r["within_budget"], true, "{r}");
+
+    // The ends: 0% is the smallest peak, 100% the unconstrained one with nothing checkpointed.
+    let (v, _) = plan_at("0%");
+    assert_eq!(v["budget_bytes"], smallest);
+    assert_eq!(v["predicted"]["peak_bytes"], smallest);
+    let (v, _) = plan_at("100%");
+    assert_eq!(v["budget_bytes"], none);
+    assert!(v["checkpoint"]["modules"].as_array().unwrap().is_empty(), "{v}");
+}
+
+#[test]
 fn verify_fails_loudly_over_budget() {
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("plan.json");

@@ -140,3 +140,61 @@ fn a_closed_stdout_ends_every_command_quietly() {
     // The work still finished: plot wrote its files although it could not say so.
     assert!(std::fs::read_dir(&plots).unwrap().count() > 0, "plot wrote nothing");
 }
+
+/// `stderr` says `what` exactly once: one message, not a message and its cause repeating it.
+fn says_once(args: &[&str], what: &str) {
+    let out = ckptune(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "ckptune {args:?} should exit 2: {stderr}");
+    assert_eq!(
+        stderr.matches(what).count(),
+        1,
+        "ckptune {args:?} should say {what:?} once: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "ckptune {args:?} panicked: {stderr}");
+}
+
+#[test]
+fn common_mistakes_name_the_real_problem_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // A program cut short in transfer, and a file that only bears the extension.
+    let whole = std::fs::read(common::fixture("tiny_resnet.pt2")).unwrap();
+    let cut = dir.path().join("cut.pt2");
+    std::fs::write(&cut, &whole[..whole.len() / 3]).unwrap();
+    let text = dir.path().join("notes.pt2");
+    std::fs::write(&text, "not a program").unwrap();
+    for file in [&cut, &text] {
+        let file = file.to_str().unwrap();
+        says_once(&["profile", file], "not a readable zip archive");
+        says_once(&["profile", file], file);
+    }
+    // A folder that is not a Hugging Face model folder.
+    let folder = dir.path().join("weights");
+    std::fs::create_dir(&folder).unwrap();
+    let folder = folder.to_str().unwrap();
+    says_once(&["profile", folder], "is a folder without config.json");
+    says_once(&["profile", folder], folder);
+    // A checkpoint regex that matches no module would train with nothing checkpointed.
+    let train = |regex: &str| -> Vec<String> {
+        ["train", "tiny-resnet", "--steps", "1", "--checkpoint", regex]
+            .into_iter()
+            .chain(COMMON)
+            .map(String::from)
+            .collect()
+    };
+    let args = train("^nomatch$");
+    says_once(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        "matches no module of tiny-resnet",
+    );
+    let args = train("layer5");
+    says_once(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        "closest module names: layer1, layer2, layer3",
+    );
+    // Nothing checkpointed on purpose is still possible, with the empty regex.
+    let args = train("");
+    ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    // A share outside 0..=100%.
+    says_once(&["plan", "--budget", "150%", "tiny-resnet"], "outside 0% to 100%");
+}

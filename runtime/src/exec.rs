@@ -24,6 +24,8 @@ use std::time::Instant;
 
 use ckptune_kernels::{autocast::AutocastGuard, autograd, rng};
 use ckptune_models::{Batch, Chain, Ctx};
+use ckptune_solver::names::closest;
+use ckptune_solver::regex_emit::MATCH_NOTHING;
 use tch::{Device, Kind, Tensor};
 
 use crate::config::{Precision, TrainConfig};
@@ -770,8 +772,8 @@ pub fn select(chain: &Chain, pattern: &str) -> Result<Vec<bool>> {
         .collect::<Result<Vec<bool>>>()?;
     if !mask.contains(&true) {
         // A regex naming modules that exist but are not units of this chain (sub-modules at
-        // layer granularity) would silently checkpoint nothing. One matching nothing at all
-        // is how a plan says "checkpoint nothing".
+        // layer granularity) would silently checkpoint nothing, and so would a mistyped one.
+        // Only the empty regex and the one plans emit for "checkpoint nothing" say that.
         let modules: Vec<&str> = chain
             .modules
             .iter()
@@ -784,6 +786,20 @@ pub fn select(chain: &Chain, pattern: &str) -> Result<Vec<bool>> {
                  unit; candidates: {} (--granularity block or nested makes the modules inside layers candidates)",
                 modules.join(", "),
                 chain.name,
+                chain.candidates().join(", ")
+            )));
+        }
+        if !pattern.is_empty() && pattern != MATCH_NOTHING {
+            let close = closest(pattern, &chain.modules, 3);
+            return Err(RuntimeError::Selection(format!(
+                "checkpoint regex {pattern:?} matches no module of {}, so it would checkpoint nothing{}; \
+                 candidates: {} (to checkpoint nothing on purpose, pass an empty regex)",
+                chain.name,
+                if close.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (closest module names: {})", close.join(", "))
+                },
                 chain.candidates().join(", ")
             )));
         }

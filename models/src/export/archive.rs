@@ -32,8 +32,13 @@ fn bad(path: &Path, reason: impl Into<String>) -> ModelError {
     }
 }
 
-/// Whether `path` is a zip holding `models/model.json` (a `torch.export` archive).
+/// Whether `path` is meant as a `torch.export` archive: named `.pt2` (torch.export.save's
+/// extension, so that a damaged one is reported as the program it was meant to be), or a zip
+/// holding `models/model.json`.
 pub fn is_export_archive(path: &Path) -> bool {
+    if path.extension().is_some_and(|e| e == "pt2") && path.is_file() {
+        return true;
+    }
     let Ok(file) = std::fs::File::open(path) else {
         return false;
     };
@@ -72,7 +77,15 @@ pub(crate) fn read(path: &Path) -> Result<Archive> {
         path: path.to_path_buf(),
         source,
     })?;
-    let mut zip = zip::ZipArchive::new(file).map_err(|e| bad(path, format!("not a zip archive ({e})")))?;
+    let mut zip = zip::ZipArchive::new(file).map_err(|e| {
+        bad(
+            path,
+            format!(
+                "not a readable zip archive ({e}): the file is cut short or was not written by \
+                 torch.export.save; save the program again with torch.export.save(ep, path)"
+            ),
+        )
+    })?;
     let model_json = zip
         .file_names()
         .find(|n| n.ends_with("models/model.json"))

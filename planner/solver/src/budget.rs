@@ -21,6 +21,57 @@ pub enum SizeError {
     UnknownUnit { input: String, unit: String },
     #[error("parsing size {input:?}: more than 2^64 − 1 bytes")]
     Overflow { input: String },
+    #[error(
+        "parsing budget {input:?}: {reason}; a relative budget is a percentage from 0 (the smallest \
+         peak checkpointing reaches) to 100 (the unconstrained peak), e.g. 80%"
+    )]
+    Percent { input: String, reason: &'static str },
+}
+
+/// A memory budget as written: a size, or a share of what checkpointing can save.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Budget {
+    Bytes(u64),
+    /// `80%`: the budget lies that share of the way from the smallest peak checkpointing
+    /// reaches (0%) to the unconstrained peak (100%), for the config the unconstrained plan
+    /// runs. `torch._functorch.config.activation_memory_budget` is normalized the same way,
+    /// between recomputing everything and saving everything, so any share below 100% makes a
+    /// plan checkpoint something and any share is achievable. Resolved once the profile is
+    /// known, by [`Budget::resolve`].
+    Percent(f64),
+}
+
+impl Budget {
+    /// The budget in bytes, given the smallest and the unconstrained peak (bytes) a share is
+    /// taken between; a share rounds down, so a resolved budget never exceeds what was asked.
+    pub fn resolve(self, smallest_peak: i64, unconstrained_peak: i64) -> i64 {
+        match self {
+            Budget::Bytes(b) => i64::try_from(b).unwrap_or(i64::MAX),
+            Budget::Percent(p) => {
+                let span = (unconstrained_peak - smallest_peak).max(0) as f64;
+                smallest_peak + (span * p / 100.0).floor() as i64
+            }
+        }
+    }
+}
+
+/// Parse a budget: a size ([`parse_size`]) or a percentage (`80%`, `62.5 %`).
+pub fn parse_budget(s: &str) -> Result<Budget, SizeError> {
+    let Some(number) = s.trim().strip_suffix('%') else {
+        return parse_size(s).map(Budget::Bytes);
+    };
+    let invalid = |reason| SizeError::Percent {
+        input: s.to_string(),
+        reason,
+    };
+    let p: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| invalid("it is not a number followed by %"))?;
+    if !(0.0..=100.0).contains(&p) {
+        return Err(invalid("it is outside 0% to 100%"));
+    }
+    Ok(Budget::Percent(p))
 }
 
 /// Unit spellings (lower-case) and their sizes in bytes.

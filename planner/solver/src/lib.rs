@@ -10,6 +10,7 @@ pub mod chain_model;
 #[cfg(feature = "serde")]
 pub mod formats;
 pub mod model;
+pub mod names;
 pub mod profile;
 pub mod regex_emit;
 pub mod shard;

@@ -105,3 +105,40 @@ fn format_round_trips_within_half_a_percent() {
         b = b * 3 + 1;
     }
 }
+
+#[test]
+fn budgets_are_sizes_or_shares_of_what_checkpointing_saves() {
+    use ckptune_solver::budget::{parse_budget, Budget};
+    assert_eq!(parse_budget("12GiB"), Ok(Budget::Bytes(12 << 30)));
+    assert_eq!(parse_budget("80%"), Ok(Budget::Percent(80.0)));
+    assert_eq!(parse_budget(" 62.5 % "), Ok(Budget::Percent(62.5)));
+    assert_eq!(parse_budget("0%"), Ok(Budget::Percent(0.0)));
+    assert_eq!(parse_budget("100%"), Ok(Budget::Percent(100.0)));
+    // From the smallest peak (0%) to the unconstrained one (100%), rounding down: the resolved
+    // budget never exceeds the share asked for.
+    assert_eq!(Budget::Percent(80.0).resolve(1000, 2001), 1800);
+    assert_eq!(Budget::Percent(0.0).resolve(1000, 2001), 1000);
+    assert_eq!(Budget::Percent(100.0).resolve(1000, 2001), 2001);
+    // Nothing to save: every share is the one peak there is.
+    assert_eq!(Budget::Percent(50.0).resolve(1000, 1000), 1000);
+    assert_eq!(Budget::Bytes(5).resolve(1000, 2001), 5);
+    for input in ["-5%", "150%", "NaN%", "inf%"] {
+        let e = parse_budget(input).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("{input:?}")) && e.contains("outside 0% to 100%"),
+            "{input}: {e}"
+        );
+    }
+    for input in ["%", "eighty%"] {
+        let e = parse_budget(input).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("{input:?}")) && e.contains("not a number"),
+            "{input}: {e}"
+        );
+    }
+    // Anything else is a size, with the size's error.
+    assert!(parse_budget("12 apples")
+        .unwrap_err()
+        .to_string()
+        .contains("unknown unit"));
+}

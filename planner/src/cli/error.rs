@@ -63,3 +63,51 @@ pub fn exit_code(e: &anyhow::Error) -> ExitCode {
         ExitCode::from(1)
     }
 }
+
+/// The error as printed: each cause after the context it came with, as `{:#}` prints them, but
+/// a cause that the message before it already ends with is not repeated (an error type whose
+/// message names its source, such as "cannot read config.json: No such file or directory",
+/// would otherwise print the OS's words twice).
+pub fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read {path}: {source}")]
+    struct Naming {
+        path: &'static str,
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_the_message_names_is_printed_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let text = io.to_string();
+        let e = anyhow::Error::new(Naming {
+            path: "m/config.json",
+            source: io,
+        })
+        .context("loading model m");
+        assert_eq!(
+            message(&e),
+            format!("loading model m: cannot read m/config.json: {text}")
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(message(&plain), "outer: inner");
+    }
+}

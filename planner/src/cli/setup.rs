@@ -260,7 +260,16 @@ impl Setup {
                     other => other,
                 }
             };
-            Ok(loaded.with_context(|| format!("loading model {}", path.display()))?)
+            // Most loader errors name the file already; the others get it as context.
+            loaded.map_err(|e| {
+                let named = e.to_string().contains(&path.display().to_string());
+                let e = anyhow::Error::new(e);
+                if named {
+                    e
+                } else {
+                    e.context(format!("loading model {}", path.display()))
+                }
+            })
         } else if self.model.ends_with(".pt")
             || self.model.ends_with(".pt2")
             || self.model.ends_with(".safetensors")

@@ -24,8 +24,8 @@ mod sweep;
 pub use bench::SolverBenchRow;
 pub use cache::CachedConfig;
 pub use plan::{
-    AlternativeJson, CheckpointJson, CorrectionJson, PlanFailureJson, PlanJson, PredictedJson, RankPredictionJson,
-    ShapeJson, ShardJson, SolverJson,
+    AlternativeJson, BudgetShareJson, CheckpointJson, CorrectionJson, PlanFailureJson, PlanJson, PredictedJson,
+    RankPredictionJson, ShapeJson, ShardJson, SolverJson,
 };
 pub use profile::{BlockJson, DeviceJson, GroupJson, ModelJson, ModelListing, ProfileJson};
 pub use python::python_literal;

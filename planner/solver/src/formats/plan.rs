@@ -54,6 +54,10 @@ pub struct PlanJson {
     pub model: ModelJson,
     pub device: DeviceJson,
     pub budget_bytes: i64,
+    /// A budget given as a share (`--budget 80%`): the share, and the two peaks it lies between.
+    /// Absent for a budget given as a size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_share: Option<BudgetShareJson>,
     pub config: ConfigSpec,
     pub checkpoint: CheckpointJson,
     pub predicted: PredictedJson,
@@ -106,6 +110,16 @@ pub struct RankPredictionJson {
     pub rank: i64,
     pub peak_bytes: i64,
     pub peak_moment: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BudgetShareJson {
+    pub percent: f64,
+    /// The config the unconstrained plan runs (the fastest), whose peaks the share lies between.
+    pub config: String,
+    /// Its smallest peak with checkpointing (0%) and its peak with nothing checkpointed (100%).
+    pub smallest_peak_bytes: i64,
+    pub unconstrained_peak_bytes: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -6,10 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use ckptune_runtime::{Precision, TrainConfig};
-use ckptune_solver::budget::{format_size, parse_size};
+use ckptune_solver::budget::{format_size, parse_budget, parse_size, Budget};
 use ckptune_solver::formats::{
-    self, AlternativeJson, CheckpointJson, CorrectionJson, ModelJson, PlanFailureJson, PlanJson, PredictedJson,
-    ProfileJson, RankPredictionJson, ShapeJson, ShardJson, SolverJson,
+    self, AlternativeJson, BudgetShareJson, CheckpointJson, CorrectionJson, ModelJson, PlanFailureJson, PlanJson,
+    PredictedJson, ProfileJson, RankPredictionJson, ShapeJson, ShardJson, SolverJson,
 };
 use ckptune_solver::model::{seconds_range_at, shard_step, solver_problem, unit_order};
 use ckptune_solver::profile::ConfigSpec;
@@ -216,6 +216,7 @@ pub fn plan_from_profile(
         model: profile.model.clone(),
         device: profile.device.clone(),
         budget_bytes: budget,
+        budget_share: None,
         config: best.config.clone(),
         checkpoint: best.checkpoint.clone(),
         predicted: best.predicted.clone(),
@@ -318,8 +319,7 @@ impl std::fmt::Display for PlanFailure {
 impl std::error::Error for PlanFailure {}
 
 pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
-    let budget = parse_size(&a.budget).context("--budget")?;
-    let budget = i64::try_from(budget).map_err(|_| UsageError(format!("--budget {}: too large", a.budget)))?;
+    let requested = parse_budget(&a.budget).context("--budget")?;
     let mut setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
     let mut notes = Vec::new();
     if ckptune_models::hf::is_config_only(std::path::Path::new(&setup.model)) {
@@ -330,45 +330,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         ));
     }
     let mut profile: ProfileJson = match &a.profile {
-        Some(p) => {
-            let mut prof: ProfileJson = formats::read_tagged(p, formats::PROFILE_FORMAT)?;
-            // The flags say which configs are allowed; a profile may hold more (or fewer).
-            let allowed: Vec<ConfigSpec> = setup.configs.iter().map(TrainConfig::spec).collect();
-            let measured: Vec<String> = prof.configs.iter().map(|c| c.config.label()).collect();
-            prof.configs.retain(|c| allowed.iter().any(|a| a.same_as(&c.config)));
-            if prof.configs.is_empty() {
-                return Err(UsageError(format!(
-                    "profile {} holds none of the configs allowed by the flags ({}); it has: {}",
-                    p.display(),
-                    allowed.iter().map(ConfigSpec::label).collect::<Vec<_>>().join(", "),
-                    measured.join(", ")
-                ))
-                .into());
-            }
-            let missing: Vec<String> = allowed
-                .iter()
-                .filter(|c| !prof.configs.iter().any(|pc| pc.config.same_as(c)))
-                .map(ConfigSpec::label)
-                .collect();
-            if !missing.is_empty() {
-                notes.push(format!(
-                    "not in profile {}, so not considered: {}",
-                    p.display(),
-                    missing.join(", ")
-                ));
-            }
-            let here = cpu_identity();
-            if !prof.device.cpu.is_empty() && prof.device.cpu != here {
-                notes.push(format!(
-                    "profile {} was measured on CPU {:?}, this is {here:?}: libtorch's CPU \
-                     kernels (and their workspaces) differ between CPUs, so profile here for \
-                     byte-exact predictions",
-                    p.display(),
-                    prof.device.cpu
-                ));
-            }
-            prof
-        }
+        Some(p) => read_profile(p, &setup, &mut notes)?,
         None => {
             // Only a profile measured here runs the model: threads matter to it alone.
             notes.extend(setup.fit_threads_to_load());
@@ -384,109 +346,9 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
     if target != "cpu" && target != "cuda" {
         return Err(UsageError(format!("--target {target:?}: expected cpu or cuda")).into());
     }
-    // What a CPU profile cannot see of a CUDA step: the CUDA context and cuBLAS/cuDNN
-    // workspaces (hundreds of MiB, outside the caching allocator's statistics but on the
-    // card) and the caching allocator's rounding and fragmentation (reserved above allocated,
-    // commonly 5-15% of the peak). 1 GiB + 10% covers both on current GPUs; `--reserve`
-    // replaces it with a figure measured on the user's own card.
-    let reserve: i64 = match (&a.reserve, target != measured_on) {
-        (Some(r), _) => {
-            let r = parse_size(r).context("--reserve")?;
-            i64::try_from(r).map_err(|_| UsageError("--reserve: too large".into()))?
-        }
-        (None, true) => (1i64 << 30) + budget / 10,
-        (None, false) => 0,
-    };
-    if reserve >= budget {
-        return Err(UsageError(format!(
-            "--budget {} leaves nothing to plan with after the reserve of {} for {target}",
-            format_size(budget as u64),
-            format_size(reserve as u64)
-        ))
-        .into());
-    }
-    if target != measured_on {
-        notes.push(format!(
-            "planned for {target} from a {measured_on} profile: tensor bytes carry over between devices, but \
-             {} of the budget is kept in reserve for the CUDA context, library workspaces and allocator \
-             fragmentation (--reserve to change it); step times are {measured_on} times",
-            format_size(reserve as u64)
-        ));
-    }
     let shard = match a.shard {
         None => None,
-        Some(ranks) => {
-            if ranks & (ranks - 1) != 0 {
-                return Err(UsageError(format!(
-                    "--shard {ranks}: sharded plans are modelled for powers of two ranks (1, 2, 4, 8, ...): gloo \
-                     reduce-scatters over other counts with another algorithm, whose buffers ckptune does not model \
-                     (docs/fsdp.md, section 11)"
-                ))
-                .into());
-            }
-            if a.verify {
-                return Err(UsageError(
-                    "plan --shard --verify: a sharded plan is verified on N real processes: write it with -o, \
-                     then run `ckptune verify --pytorch plan.json`"
-                        .into(),
-                )
-                .into());
-            }
-            let units = a
-                .shard_units
-                .as_deref()
-                .map(|u| regex::Regex::new(&format!("^(?:{u})$")))
-                .transpose()
-                .map_err(|e| UsageError(format!("--shard-units: not a regex: {e}")))?;
-            notes.push(format!(
-                "sharded over {ranks} rank{} with FSDP2: the budget and the peaks are per rank, --batch is each \
-                 rank's micro-batch (global batch {ranks} x {}); step times are one process's compute, FSDP's \
-                 all-gathers and reduce-scatters are not timed",
-                if ranks == 1 { "" } else { "s" },
-                profile.configs.first().map_or(0, |c| c.config.micro_batch)
-            ));
-            if target == "cuda" {
-                notes.push(
-                    "NCCL's communicator buffers and the caching allocator's rounding of FSDP's all-gather \
-                     and reduce-scatter buffers are not seen on CPU: they are part of the reserve; NCCL \
-                     collectives allocate no temporaries (gloo's are left out of the model)"
-                        .into(),
-                );
-            }
-            let req = ShardRequest {
-                ranks,
-                collective: if target == "cuda" {
-                    Collective::Nccl
-                } else {
-                    Collective::Gloo
-                },
-                units,
-            };
-            // Configs the sharded model does not cover are left out, said in a note; none left
-            // is bad input, with each config's reason.
-            let mut reasons = Vec::new();
-            profile.configs.retain(|c| {
-                match shard_step(
-                    c,
-                    &profile.model.parameters,
-                    |n| req.is_unit(&profile.model, n),
-                    &profile.model.name,
-                ) {
-                    Err(ShardError::Unsupported(why)) => {
-                        reasons.push(why);
-                        false
-                    }
-                    _ => true,
-                }
-            });
-            if profile.configs.is_empty() {
-                return Err(UsageError(format!("--shard: no config can be sharded: {}", reasons.join("; "))).into());
-            }
-            if !reasons.is_empty() {
-                notes.push(format!("left out of the sharded plan: {}", reasons.join("; ")));
-            }
-            Some(req)
-        }
+        Some(ranks) => Some(shard_request(&a, ranks, &target, &mut profile, &mut notes)?),
     };
     let shape = ShapeJson {
         model: setup.model.clone(),
@@ -499,6 +361,15 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         state_dict_key: a.model.state_dict_key.clone(),
         heads: a.model.heads,
     };
+    let share = match requested {
+        Budget::Bytes(_) => None,
+        Budget::Percent(percent) => Some(budget_share(percent, &profile, shard.as_ref())?),
+    };
+    let budget = match &share {
+        Some(s) => requested.resolve(s.smallest_peak_bytes, s.unconstrained_peak_bytes),
+        None => requested.resolve(0, 0),
+    };
+    let reserve = reserve_bytes(&a, budget, &target, &measured_on, &mut notes)?;
     let mut plan = match plan_from_profile(&profile, budget - reserve, shape.clone(), shard.as_ref()) {
         Ok(p) => p,
         Err(e) => {
@@ -522,6 +393,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
     // may have used less), the reserve, and the notes.
     let finish = |mut plan: PlanJson| {
         plan.budget_bytes = budget;
+        plan.budget_share = share.clone();
         plan.margin_bytes = budget - reserve - plan.predicted.peak_bytes;
         plan.target_device = target.clone();
         plan.reserve_bytes = reserve;
@@ -603,6 +475,179 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A profile given with `--profile`, cut to the configs the flags allow; what it lacks, or a
+/// CPU other than this one that measured it, goes into `notes`.
+fn read_profile(path: &std::path::Path, setup: &Setup, notes: &mut Vec<String>) -> Result<ProfileJson> {
+    let mut prof: ProfileJson = formats::read_tagged(path, formats::PROFILE_FORMAT)?;
+    // The flags say which configs are allowed; a profile may hold more (or fewer).
+    let allowed: Vec<ConfigSpec> = setup.configs.iter().map(TrainConfig::spec).collect();
+    let measured: Vec<String> = prof.configs.iter().map(|c| c.config.label()).collect();
+    prof.configs.retain(|c| allowed.iter().any(|a| a.same_as(&c.config)));
+    if prof.configs.is_empty() {
+        return Err(UsageError(format!(
+            "profile {} holds none of the configs allowed by the flags ({}); it has: {}",
+            path.display(),
+            allowed.iter().map(ConfigSpec::label).collect::<Vec<_>>().join(", "),
+            measured.join(", ")
+        ))
+        .into());
+    }
+    let missing: Vec<String> = allowed
+        .iter()
+        .filter(|c| !prof.configs.iter().any(|pc| pc.config.same_as(c)))
+        .map(ConfigSpec::label)
+        .collect();
+    if !missing.is_empty() {
+        notes.push(format!(
+            "not in profile {}, so not considered: {}",
+            path.display(),
+            missing.join(", ")
+        ));
+    }
+    let here = cpu_identity();
+    if !prof.device.cpu.is_empty() && prof.device.cpu != here {
+        notes.push(format!(
+            "profile {} was measured on CPU {:?}, this is {here:?}: libtorch's CPU \
+             kernels (and their workspaces) differ between CPUs, so profile here for \
+             byte-exact predictions",
+            path.display(),
+            prof.device.cpu
+        ));
+    }
+    Ok(prof)
+}
+
+/// What a budget given as a share lies between: the config the plan of an unlimited budget
+/// runs (the fastest; for a sharded plan with its `reshard_after_forward`), its peak there, and
+/// the smallest peak checkpointing reaches in that config (per rank, the highest rank's).
+fn budget_share(percent: f64, profile: &ProfileJson, shard: Option<&ShardRequest>) -> Result<BudgetShareJson> {
+    // The solver takes budgets up to 2^53 B (8 PiB), exact in f64.
+    const UNLIMITED: i64 = 1 << 53;
+    let problems: Vec<ConfigProblem> = candidates(profile, shard)?.into_iter().map(|c| c.problem).collect();
+    let unconstrained = solver::solve(&problems, UNLIMITED)?;
+    let fastest = &problems[unconstrained.best];
+    Ok(BudgetShareJson {
+        percent,
+        config: fastest.key.clone(),
+        smallest_peak_bytes: solver::min_peak(fastest)?.peak,
+        unconstrained_peak_bytes: unconstrained.chosen().peak,
+    })
+}
+
+/// Bytes of the budget kept out of planning: `--reserve`, or when a CUDA budget is planned
+/// from a CPU profile, a guess at what a CPU cannot see (said in `notes`).
+fn reserve_bytes(a: &PlanArgs, budget: i64, target: &str, measured_on: &str, notes: &mut Vec<String>) -> Result<i64> {
+    // What a CPU profile cannot see of a CUDA step: the CUDA context and cuBLAS/cuDNN
+    // workspaces (hundreds of MiB, outside the caching allocator's statistics but on the
+    // card) and the caching allocator's rounding and fragmentation (reserved above allocated,
+    // commonly 5-15% of the peak). 1 GiB + 10% covers both on current GPUs; `--reserve`
+    // replaces it with a figure measured on the user's own card.
+    let reserve: i64 = match (&a.reserve, target != measured_on) {
+        (Some(r), _) => {
+            let r = parse_size(r).context("--reserve")?;
+            i64::try_from(r).map_err(|_| UsageError("--reserve: too large".into()))?
+        }
+        (None, true) => (1i64 << 30) + budget / 10,
+        (None, false) => 0,
+    };
+    if reserve >= budget {
+        return Err(UsageError(format!(
+            "--budget {} leaves nothing to plan with after the reserve of {} for {target}",
+            format_size(budget.max(0) as u64),
+            format_size(reserve as u64)
+        ))
+        .into());
+    }
+    if target != measured_on {
+        notes.push(format!(
+            "planned for {target} from a {measured_on} profile: tensor bytes carry over between devices, but \
+             {} of the budget is kept in reserve for the CUDA context, library workspaces and allocator \
+             fragmentation (--reserve to change it); step times are {measured_on} times",
+            format_size(reserve as u64)
+        ));
+    }
+    Ok(reserve)
+}
+
+/// `--shard N` checked and resolved; configs the sharded model does not cover are dropped
+/// from `profile`, said in `notes` (none left is bad input, with each config's reason).
+fn shard_request(
+    a: &PlanArgs,
+    ranks: i64,
+    target: &str,
+    profile: &mut ProfileJson,
+    notes: &mut Vec<String>,
+) -> Result<ShardRequest> {
+    if ranks & (ranks - 1) != 0 {
+        return Err(UsageError(format!(
+            "--shard {ranks}: sharded plans are modelled for powers of two ranks (1, 2, 4, 8, ...): gloo \
+             reduce-scatters over other counts with another algorithm, whose buffers ckptune does not model \
+             (docs/fsdp.md, section 11)"
+        ))
+        .into());
+    }
+    if a.verify {
+        return Err(UsageError(
+            "plan --shard --verify: a sharded plan is verified on N real processes: write it with -o, \
+             then run `ckptune verify --pytorch plan.json`"
+                .into(),
+        )
+        .into());
+    }
+    let units = a
+        .shard_units
+        .as_deref()
+        .map(|u| regex::Regex::new(&format!("^(?:{u})$")))
+        .transpose()
+        .map_err(|e| UsageError(format!("--shard-units: not a regex: {e}")))?;
+    notes.push(format!(
+        "sharded over {ranks} rank{} with FSDP2: the budget and the peaks are per rank, --batch is each \
+         rank's micro-batch (global batch {ranks} x {}); step times are one process's compute, FSDP's \
+         all-gathers and reduce-scatters are not timed",
+        if ranks == 1 { "" } else { "s" },
+        profile.configs.first().map_or(0, |c| c.config.micro_batch)
+    ));
+    if target == "cuda" {
+        notes.push(
+            "NCCL's communicator buffers and the caching allocator's rounding of FSDP's all-gather \
+             and reduce-scatter buffers are not seen on CPU: they are part of the reserve; NCCL \
+             collectives allocate no temporaries (gloo's are left out of the model)"
+                .into(),
+        );
+    }
+    let req = ShardRequest {
+        ranks,
+        collective: if target == "cuda" {
+            Collective::Nccl
+        } else {
+            Collective::Gloo
+        },
+        units,
+    };
+    let mut reasons = Vec::new();
+    profile.configs.retain(|c| {
+        match shard_step(
+            c,
+            &profile.model.parameters,
+            |n| req.is_unit(&profile.model, n),
+            &profile.model.name,
+        ) {
+            Err(ShardError::Unsupported(why)) => {
+                reasons.push(why);
+                false
+            }
+            _ => true,
+        }
+    });
+    if profile.configs.is_empty() {
+        return Err(UsageError(format!("--shard: no config can be sharded: {}", reasons.join("; "))).into());
+    }
+    if !reasons.is_empty() {
+        notes.push(format!("left out of the sharded plan: {}", reasons.join("; ")));
+    }
+    Ok(req)
+}
+
 /// Why an 8-bit optimizer was chosen: the measured state saved and the measured step time
 /// against the same config with the 32-bit optimizer, when both were profiled.
 pub fn eight_bit_note(p: &PlanJson) -> Option<String> {
@@ -637,12 +682,23 @@ pub fn eight_bit_note(p: &PlanJson) -> Option<String> {
 
 pub fn print_plan(p: &PlanJson) {
     outln!(
-        "{} on {} ({} threads), budget {}\n",
+        "{} on {} ({} thread{}), budget {}",
         p.model.name,
         p.device.device,
         p.device.threads,
+        if p.device.threads == 1 { "" } else { "s" },
         format_size(p.budget_bytes as u64)
     );
+    if let Some(s) = &p.budget_share {
+        outln!(
+            "  ({}% of the way from the smallest peak checkpointing reaches, {}, to the unconstrained peak, {}, of {})",
+            s.percent,
+            format_size(s.smallest_peak_bytes as u64),
+            format_size(s.unconstrained_peak_bytes as u64),
+            s.config
+        );
+    }
+    outln!();
     outln!(
         "  {:<32} {:>5} {:>12} {:>12} {:>9}  checkpoint",
         "config",
