@@ -22,7 +22,7 @@ use tch::{nn, Kind, Tensor};
 use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 use crate::error::{ModelError, Result};
 use crate::layers::{div_by_python_float, dropout, Activation, Embedding, LayerNorm, Linear};
-use crate::zoo::{Granularity, ModelOptions};
+use crate::options::{Granularity, ModelOptions};
 
 /// The fields of HF's `BertConfig` that shape `BertModel` (absolute position embeddings,
 /// encoder only), plus `num_labels` / `classifier_dropout` of the classification head.

@@ -50,9 +50,13 @@ pub enum ModelError {
         "{}: model_type {model_type:?} is not supported; supported model types: {}. For another \
          architecture, export the model with torch.export (a .pt2 file) and give that file",
         path.display(),
-        crate::hf::SUPPORTED_MODEL_TYPES.join(", ")
+        supported.join(", ")
     )]
-    UnsupportedModelType { path: PathBuf, model_type: String },
+    UnsupportedModelType {
+        path: PathBuf,
+        model_type: String,
+        supported: &'static [&'static str],
+    },
 
     /// A folder given as the model, without the `config.json` of a Hugging Face model folder.
     #[error(

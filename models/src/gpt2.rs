@@ -27,7 +27,7 @@ use tch::{nn, Kind, Tensor};
 use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 use crate::error::{ModelError, Result};
 use crate::layers::{dropout, finfo_min, Activation, Conv1D, Embedding, LayerNorm, Spec};
-use crate::zoo::{Granularity, ModelOptions};
+use crate::options::{Granularity, ModelOptions};
 
 /// The fields of HF's `GPT2Config` that shape `GPT2Model`.
 #[derive(Debug, Clone, PartialEq)]

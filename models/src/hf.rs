@@ -11,10 +11,13 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use tch::Tensor;
 
+use crate::architecture::Architecture;
+use crate::assemble::{assemble, restore_tied_embedding, Loaded};
 use crate::error::{ModelError, Result};
+use crate::infer::{infer, Inferred};
 use crate::layers::Activation;
-use crate::load::{self, Inferred, Loaded};
-use crate::zoo::{Architecture, ModelOptions};
+use crate::options::ModelOptions;
+use crate::state_dict::read_state_dict;
 use crate::{bert, gpt2, llama};
 
 /// Named tensors, as [`load::read_state_dict`] returns them.
@@ -71,7 +74,7 @@ pub fn load(path: &Path, opts: &ModelOptions) -> Result<Loaded> {
             random_weights: true,
         });
     };
-    let restored = load::restore_tied_embedding(&mut tensors);
+    let restored = restore_tied_embedding(&mut tensors);
     let shapes: BTreeMap<String, Vec<i64>> = tensors.iter().map(|(k, t)| (k.clone(), t.size())).collect();
     // The prefix (`transformer.`, `bert.`) from the key names; the architecture from the config.
     let heads = match &architecture {
@@ -80,9 +83,9 @@ pub fn load(path: &Path, opts: &ModelOptions) -> Result<Loaded> {
         Architecture::Llama(c) => Some(c.num_attention_heads),
         Architecture::ResNet(_) => None,
     };
-    let prefix = load::infer(&weights_path, &shapes, heads).ok().and_then(|i| i.prefix);
+    let prefix = infer(&weights_path, &shapes, heads).ok().and_then(|i| i.prefix);
     let inferred = Inferred { architecture, prefix };
-    load::assemble(&weights_path, tensors, &shapes, inferred, restored, &opts)
+    assemble(&weights_path, tensors, &shapes, inferred, restored, &opts)
 }
 
 /// Weight files a Hugging Face folder may hold, single files first, then shard indexes.
@@ -113,7 +116,7 @@ fn read_weights(dir: &Path, opts: &ModelOptions) -> Result<Option<(PathBuf, Stat
     for single in WEIGHT_FILES {
         let path = dir.join(single);
         if path.is_file() {
-            return Ok(Some((path.clone(), load::read_state_dict(&path, key)?)));
+            return Ok(Some((path.clone(), read_state_dict(&path, key)?)));
         }
     }
     for index in WEIGHT_INDEXES {
@@ -143,7 +146,7 @@ fn read_weights(dir: &Path, opts: &ModelOptions) -> Result<Option<(PathBuf, Stat
         let mut tensors = Vec::new();
         for shard in shards {
             let shard_path = dir.join(&shard);
-            for (name, t) in load::read_state_dict(&shard_path, key)? {
+            for (name, t) in read_state_dict(&shard_path, key)? {
                 // A key the index assigns to another shard would be loaded twice.
                 if map.get(&name).and_then(Value::as_str) != Some(shard.as_str()) {
                     return Err(bad(format!(
@@ -285,6 +288,7 @@ pub fn architecture(path: &Path, json: &Value) -> Result<Architecture> {
         other => Err(ModelError::UnsupportedModelType {
             path: path.to_path_buf(),
             model_type: other.to_string(),
+            supported: &SUPPORTED_MODEL_TYPES,
         }),
     }
 }

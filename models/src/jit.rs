@@ -9,7 +9,7 @@ use tch::{nn, Kind, Tensor};
 
 use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
 use crate::error::{ModelError, Result};
-use crate::zoo::{Granularity, ModelOptions};
+use crate::options::{Granularity, ModelOptions};
 
 struct JitBlock {
     module: JitModule,

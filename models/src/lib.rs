@@ -2,24 +2,34 @@
 //!
 //! Families, each mirroring its reference implementation: [`resnet`] (torchvision),
 //! [`bert`], [`gpt2`] and [`llama`] (Hugging Face transformers; Llama, Mistral, Qwen2). [`zoo`]
-//! builds them by CLI name; [`load`] builds them from state-dict files, [`hf`] from Hugging Face
-//! folders; [`jit`] and [`export`] run TorchScript and `torch.export` programs.
+//! builds them by CLI name, each an [`architecture`] built with [`options`]; [`load`] builds them
+//! from files: state dicts ([`state_dict`] reads them, [`infer`] names their architecture) and
+//! Hugging Face folders ([`hf`]); [`jit`] and [`export`] run TorchScript and `torch.export`
+//! programs.
+pub mod architecture;
+mod assemble;
 pub mod bert;
 pub mod chain;
 pub mod error;
 pub mod export;
 pub mod gpt2;
 pub mod hf;
+pub mod infer;
 pub mod jit;
 mod layers;
 pub mod llama;
 pub mod load;
+pub mod options;
 pub mod resnet;
+pub mod state_dict;
 pub mod toy;
 pub mod zoo;
 
+pub use architecture::{Architecture, Family};
+pub use assemble::Loaded;
 pub use chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 pub use error::ModelError;
 pub use layers::Activation;
-pub use load::{from_file, Loaded};
-pub use zoo::{builtin, list, Architecture, Family, Granularity, ModelInfo, ModelOptions};
+pub use load::from_file;
+pub use options::{Granularity, ModelOptions};
+pub use zoo::{builtin, list, ModelInfo};

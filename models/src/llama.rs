@@ -31,7 +31,7 @@ use tch::{nn, Kind, Tensor};
 use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 use crate::error::{ModelError, Result};
 use crate::layers::{dropout, finfo_min, param, Embedding, Init, Linear, Spec};
-use crate::zoo::{Granularity, ModelOptions};
+use crate::options::{Granularity, ModelOptions};
 
 /// Which `model_type` a configuration reproduces: the module tree is the same, Qwen2 adds
 /// biases to the query, key and value projections.

@@ -20,7 +20,7 @@ use tch::{nn, Tensor};
 use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead};
 use crate::error::{ModelError, Result};
 use crate::layers::{BatchNorm2d, Conv2d, Init, Linear, Spec};
-use crate::zoo::{Granularity, ModelOptions};
+use crate::options::{Granularity, ModelOptions};
 
 /// torchvision's `block` argument.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,9 +8,10 @@
 
 mod common;
 
-use ckptune_models::load::{self, Loaded};
+use ckptune_models::load;
 use ckptune_models::resnet::{self, BlockKind};
-use ckptune_models::zoo::Architecture;
+use ckptune_models::Architecture;
+use ckptune_models::Loaded;
 use ckptune_models::{Batch, Granularity, ModelOptions};
 use common::{fixture, max_abs_diff, run_blocks, tensors};
 use tch::Tensor;

@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard};
 use ckptune_models::hf;
 use ckptune_models::llama::{self, Llama3RopeScaling, ModelType};
 use ckptune_models::load;
-use ckptune_models::zoo::Architecture;
+use ckptune_models::Architecture;
 use ckptune_models::{Batch, ModelError, ModelOptions};
 use common::{fixture, max_abs_diff, run_blocks, tensors};
 use serde_json::{json, Value};
@@ -118,7 +118,7 @@ fn opts() -> ModelOptions {
 
 /// Forward and loss of the loaded folder against PyTorch's (the llama3 rope scaling comes
 /// from the config: no option needed).
-fn assert_matches_pytorch(loaded: &load::Loaded) {
+fn assert_matches_pytorch(loaded: &ckptune_models::Loaded) {
     let io = tensors("tiny_llama_io.safetensors");
     let chain = &loaded.chain;
     let batch = Batch {

@@ -9,8 +9,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ckptune_models::zoo::{self, Architecture};
-use ckptune_models::{bert, builtin, gpt2, llama, load, resnet, ModelOptions};
+use ckptune_models::zoo;
+use ckptune_models::Architecture;
+use ckptune_models::{bert, builtin, gpt2, llama, resnet, ModelOptions};
 use serde_json::Value;
 use tch::Kind;
 
@@ -179,7 +180,8 @@ fn every_builtin_matches_the_pytorch_reference() {
         // transformers are not the hidden/64 convention, so they are given).
         let shapes: BTreeMap<String, Vec<i64>> = chain.vs.variables().into_iter().map(|(k, t)| (k, t.size())).collect();
         let heads = name.starts_with("tiny-").then_some(2);
-        let inferred = load::infer(Path::new(name), &shapes, heads).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let inferred =
+            ckptune_models::infer::infer(Path::new(name), &shapes, heads).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(inferred.architecture, arch, "{name}: inferred architecture");
         assert_eq!(inferred.prefix, None);
         drop(chain);

@@ -1,8 +1,9 @@
 //! State dicts written from built models come back as the same architecture with the same
 //! weights, under the prefixes wrapper models and DataParallel put in front of the keys.
 
-use ckptune_models::load::{self, write_safetensors};
-use ckptune_models::zoo::Architecture;
+use ckptune_models::load;
+use ckptune_models::state_dict::write_safetensors;
+use ckptune_models::Architecture;
 use ckptune_models::{bert, builtin, gpt2, resnet, Granularity, ModelOptions};
 
 #[test]

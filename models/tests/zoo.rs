@@ -4,7 +4,8 @@
 
 mod common;
 
-use ckptune_models::zoo::{self, Family};
+use ckptune_models::zoo;
+use ckptune_models::Family;
 use ckptune_models::{builtin, Chain, Ctx, Granularity, InputSpec, ModelError, ModelOptions, TokenTargets};
 use common::run_blocks;
 use tch::{Device, Kind, Tensor};

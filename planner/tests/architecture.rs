@@ -2,13 +2,21 @@
 //! libtorch anywhere below it; models and kernels know nothing of planning; the runtime
 //! nothing of the binary), only `kernels/` has native code, and serde appears only in the
 //! formats module and the profile types it serializes (and in the readers of other tools' JSON:
-//! torch.export's graphs and Hugging Face configs).
+//! torch.export's graphs and Hugging Face configs); imports inside a crate form a tree, and no
+//! command reaches into another; files and functions stay short enough to read whole.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+
+#[path = "architecture/imports.rs"]
+mod imports;
+#[path = "architecture/source.rs"]
+mod source;
+
+use source::{functions, rust_files};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -112,21 +120,6 @@ fn dependencies_point_one_way() {
     assert!(has("ckptune", "ckptune-solver") && has("ckptune", "ckptune-runtime"));
 }
 
-/// Every `.rs` file of the workspace's crates, tests and examples included.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy();
-        if path.is_dir() {
-            if name != "target" && !name.starts_with('.') {
-                rust_files(&path, out);
-            }
-        } else if name.ends_with(".rs") {
-            out.push(path);
-        }
-    }
-}
-
 #[test]
 fn serde_lives_in_the_formats_module() {
     let mut files = Vec::new();
@@ -184,4 +177,76 @@ fn collect_native(dir: &Path, out: &mut Vec<PathBuf>) {
             out.push(path);
         }
     }
+}
+
+/// The crates whose source files must import one another as a tree.
+const CRATES: [&str; 5] = [
+    "models/src",
+    "runtime/src",
+    "planner/src",
+    "planner/solver/src",
+    "kernels/src",
+];
+
+#[test]
+fn imports_form_a_tree_in_every_crate() {
+    let mut circles = Vec::new();
+    for krate in CRATES {
+        for c in imports::graph(&root().join(krate)).circles() {
+            circles.push(format!("{krate}:\n    {}", c.join("\n    ")));
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "import circles (a piece two files share belongs in a file of its own, below both):\n{}",
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn no_command_imports_another() {
+    let g = imports::graph(&root().join("planner/src"));
+    let command = |m: &str| m.starts_with("cli::commands::");
+    let crossing: Vec<String> = g
+        .edges
+        .iter()
+        .filter(|(from, _)| command(from))
+        .flat_map(|(from, to)| to.iter().filter(|t| command(t)).map(move |t| format!("{from} → {t}")))
+        .collect();
+    assert!(
+        crossing.is_empty(),
+        "commands reaching into each other (shared logic lives beside them, in cli/): {crossing:?}"
+    );
+}
+
+/// Lines a source file may have, and a function.
+const FILE_LINES: usize = 800;
+const FUNCTION_LINES: usize = 150;
+
+#[test]
+fn files_and_functions_can_be_read_whole() {
+    let mut files = Vec::new();
+    for dir in ["planner", "runtime", "models", "kernels"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    let mut long = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let name = f.strip_prefix(root()).unwrap_or(f).display().to_string();
+        let lines = text.lines().count();
+        if lines > FILE_LINES {
+            long.push(format!("{name}: {lines} lines"));
+        }
+        for func in functions(&text) {
+            if func.lines > FUNCTION_LINES && !func.kept_whole {
+                long.push(format!("{name}:{} fn {}: {} lines", func.line, func.name, func.lines));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "files over {FILE_LINES} lines or functions over {FUNCTION_LINES} (split them at their seams, or say \
+         in a comment above the function why it stays whole):\n  {}",
+        long.join("\n  ")
+    );
 }

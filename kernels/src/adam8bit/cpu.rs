@@ -5,8 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tch::Tensor;
 
+use super::qmap::BLOCK;
+use super::state::{Moments, ParamState};
+use super::update::StepScalars;
 use super::update::{block_kernel, full_kernel};
-use super::{Moments, ParamState, StepScalars, BLOCK};
 use crate::KernelError;
 
 /// Raw views of one parameter's buffers for the CPU kernels.

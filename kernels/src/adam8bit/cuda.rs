@@ -4,8 +4,10 @@
 
 use tch::Tensor;
 
+use super::qmap::BLOCK;
 use super::qmap::{QuantMap, SIGNED, UNSIGNED};
-use super::{ParamState, StepScalars, BLOCK};
+use super::state::ParamState;
+use super::update::StepScalars;
 use crate::KernelError;
 
 /// The CUDA source as compiled: a generated prelude (block length, the two maps as f32 bit

@@ -35,18 +35,9 @@ use state::torch_err;
 #[cfg(feature = "cuda")]
 pub use cuda::gpu;
 pub use cuda::{cuda_source, CUDA_KERNELS, NVRTC_OPTIONS};
-pub use qmap::{dequantize_blockwise, quantize_blockwise, QuantMap, SIGNED, UNSIGNED};
-pub use state::{state_bytes_for, Moments, ParamState};
+pub use qmap::{dequantize_blockwise, quantize_blockwise, QuantMap, BLOCK, SIGNED, UNSIGNED};
+pub use state::{state_bytes_for, Moments, ParamState, MIN_8BIT_NUMEL};
 pub use update::{update_block, update_full, AdamHyper, StepScalars};
-
-/// Elements per quantization block (one absmax each): the paper's block size, and what
-/// bitsandbytes' block-wise 8-bit optimizers use.
-pub const BLOCK: usize = 2048;
-
-/// Tensors with fewer elements keep 32-bit moments (bitsandbytes' `min_8bit_size` default): their
-/// state is negligible, and they are biases and norm scales, which a 2048-element block would
-/// barely fill.
-pub const MIN_8BIT_NUMEL: i64 = 4096;
 
 /// 8-bit block-wise Adam/AdamW over a fixed list of parameters, updated from their `.grad`.
 #[derive(Debug)]

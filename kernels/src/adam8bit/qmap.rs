@@ -3,11 +3,14 @@
 
 use std::sync::LazyLock;
 
-use super::BLOCK;
 use crate::KernelError;
 
 /// The decades of the dynamic tree type: exponent `i` in 0..7 covers [0.1, 1] · 10^(i-6).
 /// Written out, not `10f64.powi`, so every entry is the correctly rounded decimal.
+/// Elements per quantization block (one absmax each): the paper's block size, and what
+/// bitsandbytes' block-wise 8-bit optimizers use.
+pub const BLOCK: usize = 2048;
+
 const DECADES: [f64; 7] = [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0];
 
 /// bitsandbytes' `create_dynamic_map(signed, max_exponent_bits=7, total_bits=8)`: for each decade

@@ -3,9 +3,14 @@
 
 use tch::{Device, Kind, Tensor};
 
+use super::qmap::BLOCK;
 use super::qmap::{dequantize_blockwise, SIGNED, UNSIGNED};
-use super::{BLOCK, MIN_8BIT_NUMEL};
 use crate::KernelError;
+
+/// Tensors with fewer elements keep 32-bit moments (bitsandbytes' `min_8bit_size` default): their
+/// state is negligible, and they are biases and norm scales, which a 2048-element block would
+/// barely fill.
+pub const MIN_8BIT_NUMEL: i64 = 4096;
 
 /// Bytes of optimizer state for a parameter of `numel` elements: 8-bit codes for both moments
 /// plus two f32 absmax per block, or two f32 moments below [`MIN_8BIT_NUMEL`].

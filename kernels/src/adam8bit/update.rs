@@ -3,8 +3,8 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
+use super::qmap::BLOCK;
 use super::qmap::{abs_max, check_len, dequantize, inverse, SIGNED, UNSIGNED};
-use super::BLOCK;
 use crate::KernelError;
 
 /// Adam/AdamW hyper-parameters (PyTorch's names and defaults).
@@ -146,7 +146,7 @@ pub fn update_block(
     Ok(())
 }
 
-/// The 32-bit-state update (tensors below [`MIN_8BIT_NUMEL`](super::MIN_8BIT_NUMEL)): same formulas, f32 moments.
+/// The 32-bit-state update (tensors below [`MIN_8BIT_NUMEL`](super::state::MIN_8BIT_NUMEL)): same formulas, f32 moments.
 pub fn update_full(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &StepScalars) -> Result<(), KernelError> {
     const OP: &str = "32-bit Adam update";
     check_len(OP, "gradient", g.len(), p.len())?;

@@ -26,7 +26,7 @@ use graph::{Env, Graph, GraphError, Input, Target};
 
 use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 use crate::error::{ModelError, Result};
-use crate::zoo::{Granularity, ModelOptions};
+use crate::options::{Granularity, ModelOptions};
 
 /// The parsed program every block of a chain shares.
 struct Program {

@@ -10,7 +10,8 @@
 use std::time::Instant;
 
 use ckptune_solver::formats::{write_atomic, SolverBenchRow as Row};
-use ckptune_solver::solver::{self, Backend, ConfigProblem, Engine, SolveOptions};
+use ckptune_solver::problem::ConfigProblem;
+use ckptune_solver::solver::{self, Backend, Engine, SolveOptions};
 
 fn budget_for(problems: &[ConfigProblem], f: f64) -> i64 {
     // Between the smallest achievable peak and the largest peak with nothing checkpointed.
@@ -22,7 +23,7 @@ fn budget_for(problems: &[ConfigProblem], f: f64) -> i64 {
     let hi = problems
         .iter()
         .map(|p| {
-            ckptune_solver::chain_model::peak_of(&p.moments, &vec![false; p.candidate.len()])
+            ckptune_solver::problem::peak_of(&p.moments, &vec![false; p.candidate.len()])
                 .map(|x| x.0)
                 .unwrap_or(0)
         })

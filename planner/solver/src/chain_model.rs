@@ -6,7 +6,7 @@
 //! solver never needs to know where the list came from. Other regimes (gradient
 //! accumulation, `set_to_none = false`) can supply their own list.
 
-use crate::solver::ConfigProblem;
+use crate::problem::{peak_of, ConfigProblem, Moment, Occurs, UNDECIDED};
 
 /// Measured terms of one block, all bytes as `i64` (they are differences of allocator
 /// counters), named as in docs/memory-model.md.
@@ -86,11 +86,6 @@ pub struct FusedTerms {
     pub bwd: i64,
 }
 
-/// Height of the covering moment that rules out a group with none of `z_g`, `f_g` or its
-/// blocks on: 64 TiB, above any budget the planner passes (it clamps budgets below this), and
-/// small enough that a covering moment over a group of 120 blocks stays within 2^53.
-pub const UNDECIDED: i64 = 1 << 46;
-
 /// Measured terms of one training step in one configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepTerms {
@@ -110,64 +105,6 @@ pub struct StepTerms {
     pub blocks: Vec<BlockTerms>,
     /// Groups over runs of blocks, ordered and disjoint (empty for a plain chain).
     pub groups: Vec<GroupTerms>,
-}
-
-/// One moment of the step: `constant + Σ_i coef[i] · x_i`, in bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Moment {
-    /// Where in the step, e.g. `forward layer2`, `loss`, `recompute layer1`.
-    pub label: String,
-    pub constant: i64,
-    /// Per block: bytes added when that block is checkpointed.
-    pub coef: Vec<i64>,
-    /// Under which choices the step passes through this moment. The solver needs only the
-    /// values (a moment that does not occur is encoded below one that does), but comparing
-    /// the model with a measured step moment by moment needs to know which ones happen.
-    pub occurs: Occurs,
-}
-
-/// When a [`Moment`] happens in the step.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Occurs {
-    /// Under every choice.
-    Always,
-    /// When every listed variable has the listed value (`x[v] == on`).
-    When(Vec<(usize, bool)>),
-    /// Never: a constraint for the solver only (a group's covering moment).
-    Never,
-}
-
-impl Occurs {
-    /// Whether the moment happens under choice `x`.
-    pub fn under(&self, x: &[bool]) -> bool {
-        match self {
-            Occurs::Always => true,
-            Occurs::When(conds) => conds.iter().all(|&(v, on)| x.get(v).copied().unwrap_or(false) == on),
-            Occurs::Never => false,
-        }
-    }
-}
-
-impl Moment {
-    /// Exact value under checkpoint choice `x` (one entry per block).
-    ///
-    /// Saturates instead of wrapping; the solver rejects any moment whose magnitude
-    /// exceeds 2^53 bytes, far below where saturation could start.
-    pub fn eval(&self, x: &[bool]) -> i64 {
-        assert_eq!(
-            x.len(),
-            self.coef.len(),
-            "moment {:?} has {} coefficients but the choice has {} entries",
-            self.label,
-            self.coef.len(),
-            x.len()
-        );
-        self.coef
-            .iter()
-            .zip(x)
-            .filter(|(_, &on)| on)
-            .fold(self.constant, |acc, (&c, _)| acc.saturating_add(c))
-    }
 }
 
 /// Affine expression builder: `term(i, off, on)` adds a quantity that is `off` when block
@@ -475,19 +412,6 @@ pub fn with_fused(x: &[bool], n: usize, groups: &[(usize, usize)]) -> Vec<bool> 
         out.push(!x[n + g] && !x[first..=last].contains(&true));
     }
     out
-}
-
-/// Index and value of the largest moment under `x`; the first one on ties, so the
-/// earliest moment of the step is reported as binding. `None` when `moments` is empty.
-pub fn peak_of(moments: &[Moment], x: &[bool]) -> Option<(i64, usize)> {
-    moments
-        .iter()
-        .enumerate()
-        .map(|(k, m)| (m.eval(x), k))
-        .fold(None, |best, (v, k)| match best {
-            Some((bv, _)) if bv >= v => best,
-            _ => Some((v, k)),
-        })
 }
 
 /// Peak bytes of the step under `x` and the label of the moment that attains it.

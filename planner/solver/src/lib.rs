@@ -11,6 +11,7 @@ pub mod chain_model;
 pub mod formats;
 pub mod model;
 pub mod names;
+pub mod problem;
 pub mod profile;
 pub mod regex_emit;
 pub mod shard;

@@ -14,9 +14,9 @@
 //! `otmp = optimizer_peak − F`. Groups map field for field.
 
 use crate::chain_model::{self, BlockTerms, FusedTerms, GroupTerms, StepTerms};
+use crate::problem::ConfigProblem;
 use crate::profile::{ConfigProfile, RegimeProfile};
 use crate::shard::{Measured, Parameter, ShardError, ShardOptimizer, ShardStep};
-use crate::solver::ConfigProblem;
 
 /// The chain model's terms of one memory regime of a profiled config.
 pub fn step_terms(c: &ConfigProfile, r: &RegimeProfile) -> StepTerms {

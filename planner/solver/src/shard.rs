@@ -9,8 +9,8 @@
 //! input `RS_u`; `S_u = P_u / N` its shard, also the size of its sharded gradients; `L_u(r)`
 //! rank r's unpadded chunk, what the optimizer state covers; `G_u` its unsharded gradients.
 
-use crate::chain_model::{Affine, Moment, Occurs};
-use crate::solver::ConfigProblem;
+use crate::chain_model::Affine;
+use crate::problem::{ConfigProblem, Moment, Occurs};
 
 /// The FSDP units `plan --shard` wraps unless told otherwise: the candidate blocks whose names
 /// end in their index, a model's repeated layers (`layer3`, `encoder.layer.11`, `h.5`,
@@ -559,7 +559,7 @@ impl ShardStep {
         for (r, c) in self.rank_classes(spec.ranks).into_iter().enumerate() {
             let peak = if c as usize == r {
                 let ms = self.moments(spec, c);
-                let (v, k) = crate::chain_model::peak_of(&ms, x).expect("a step has moments");
+                let (v, k) = crate::problem::peak_of(&ms, x).expect("a step has moments");
                 (v, ms[k].label.clone())
             } else {
                 peaks[c as usize].clone()

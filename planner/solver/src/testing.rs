@@ -4,7 +4,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::chain_model::{config_problem, BlockTerms, StepTerms};
-use crate::solver::ConfigProblem;
+use crate::problem::ConfigProblem;
 
 /// A realistic configuration of `n_blocks` blocks built from random [`BlockTerms`] through
 /// the formulas of docs/memory-model.md, for tests and the benchmark command. Even seeds give a

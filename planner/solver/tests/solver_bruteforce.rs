@@ -1,9 +1,10 @@
 //! Every solver engine against brute force over all subsets and configurations, on
 //! hundreds of random small instances, with exact `i64` checks of every returned choice.
 
-use ckptune_solver::chain_model::{self, peak_of, BlockTerms, FusedTerms, GroupTerms, Moment, Occurs, StepTerms};
+use ckptune_solver::chain_model::{self, BlockTerms, FusedTerms, GroupTerms, StepTerms};
+use ckptune_solver::problem::{peak_of, ConfigProblem, Moment, Occurs};
 use ckptune_solver::solver::{
-    min_peak_with, solve_with, ConfigProblem, ConfigSolution, Engine, SolveError, SolveOptions, SolveStatus,
+    min_peak_with, solve_with, ConfigSolution, Engine, SolveError, SolveOptions, SolveStatus,
 };
 use ckptune_solver::testing::synthetic_problem;
 use rand::rngs::StdRng;

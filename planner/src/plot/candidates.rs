@@ -8,9 +8,10 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use ckptune_solver::budget::format_size;
 
 use super::axes::{pct_label, Axis};
+use super::data::{CandidateBar, CandidateBasis, PlotMeta};
+use super::draw::WIDTH;
 use super::draw::{draw_whisker, font, titled, BLUE, GREY, GRID, INK, VERMILLION, WHISKER_OPACITY};
 use super::render::{DrawResult, Figure};
-use super::{CandidateBar, CandidateBasis, PlotMeta, WIDTH};
 
 pub(super) struct Candidates<'a> {
     pub(super) bars: &'a [CandidateBar],

@@ -5,7 +5,19 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::FONT;
+/// Size of every figure in pixels (the SVG's size in user units, the PNG's exactly).
+pub const WIDTH: u32 = 1200;
+pub const HEIGHT: u32 = 800;
+
+/// Opacity of the markers drawn in a plot area, and of nothing else in a figure (legend
+/// swatches are opaque): the tests count points in the SVG by it.
+pub const MARKER_OPACITY: f64 = 0.85;
+
+/// The font family name the embedded font is registered under. Written verbatim into the SVG
+/// as a CSS font list, so an SVG viewer uses DejaVu Sans where it has it (the layout was
+/// measured with it) and its own sans-serif otherwise.
+pub(super) const FONT: &str = "DejaVu Sans, sans-serif";
+pub(super) static FONT_BYTES: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 
 // Okabe & Ito (2008), "Color Universal Design". Black is kept for the reference point and
 // yellow left out: it is too faint for a small marker on white.

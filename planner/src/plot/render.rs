@@ -10,8 +10,26 @@ use plotters::prelude::*;
 
 use ckptune_solver::formats;
 
+use ckptune_solver::formats::FormatError;
+
+use super::draw::{FONT, FONT_BYTES, HEIGHT, WIDTH};
 use super::raster::Raster;
-use super::{PlotError, FONT, FONT_BYTES, HEIGHT, WIDTH};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error(transparent)]
+    Write(#[from] FormatError),
+    #[error("drawing {path}: {message}")]
+    Draw { path: String, message: String },
+    #[error("encoding {path} as PNG: {message}")]
+    Png { path: String, message: String },
+    #[error("the embedded font planner/assets/DejaVuSans.ttf could not be loaded")]
+    Font,
+    #[error("nothing to plot for {what}: {why}")]
+    Empty { what: String, why: String },
+    #[error("cannot plot {what}: {label:?} has the value {value}")]
+    NotFinite { what: String, label: String, value: f64 },
+}
 
 pub(super) type DrawResult<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 

@@ -6,11 +6,12 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::axes::{axis_range, pct_label, Axis};
+use super::data::{PlotMeta, Tradeoff, TradeoffPoint};
 use super::draw::{
     draw_whisker, fit_text, font, marker, titled, Shape, BLUE, GREY, GRID, INK, PALETTE, SHAPES, WHISKER_OPACITY,
 };
+use super::draw::{MARKER_OPACITY, WIDTH};
 use super::render::{DrawResult, Figure};
-use super::{PlotMeta, Tradeoff, TradeoffPoint, MARKER_OPACITY, WIDTH};
 
 pub(super) struct Scatter<'a> {
     pub(super) points: &'a [TradeoffPoint],

@@ -1,7 +1,7 @@
 //! Exact enumeration of every subset of free blocks, the MILP's fallback on numerical trouble.
 
 use super::presolve::{Goal, Reduced};
-use super::ConfigProblem;
+use crate::problem::ConfigProblem;
 
 /// Exact search over every subset of free blocks (Gray code: one block flips per step, so
 /// each step costs one pass over the rows).

@@ -5,42 +5,14 @@ use good_lp::{
     variable, Expression, ProblemVariables, ResolutionError, Solution, SolverModel, Variable, WithInitialSolution,
 };
 
+use super::options::{Backend, SolveOptions};
 use super::presolve::{Goal, Reduced, Row};
-use super::{
-    finish, search, Backend, ConfigProblem, ConfigSolution, SolveError, SolveOptions, SolveStats, SolveStatus,
-};
-use crate::chain_model::peak_of;
+use super::solution::SolveStats;
+use crate::problem::ConfigProblem;
 
 /// Rounds of cover cuts before a MILP that keeps returning points the exact check rejects
 /// is treated as numerical trouble.
 const MAX_CUT_ROUNDS: usize = 64;
-
-/// [`min_peak`] by MILP in three exact stages.
-pub(super) fn min_peak_milp(
-    p: &ConfigProblem,
-    opts: SolveOptions,
-    mut stats: SolveStats,
-) -> Result<ConfigSolution, SolveError> {
-    // Stage 1: a choice of (nearly) minimal peak. The MILP's optimality tolerance is
-    // relative, so its peak may exceed the true minimum by a few bytes; stage 1b closes
-    // that gap exactly.
-    let mut x = search(p, Goal::Peak, 0, None, opts, &mut stats)?.expect("peak minimization always has a solution");
-    let mut best = peak_of(&p.moments, &x).expect("validated").0;
-    // Stage 1b: prove `best` minimal by showing `best − 1` infeasible (each success lowers
-    // `best` strictly, so this ends).
-    while let Some(better) = search(p, Goal::Feasible, best - 1, None, opts, &mut stats)? {
-        best = peak_of(&p.moments, &better).expect("validated").0;
-        x = better;
-    }
-    // Stage 2: fastest choice at that peak; `x` is a known feasible start.
-    let fastest = search(p, Goal::Time, best, Some(&x), opts, &mut stats)?.ok_or_else(|| SolveError::Numerical {
-        key: p.key.clone(),
-        operation: Goal::Time.operation(),
-        free: p.candidate.len(),
-        detail: format!("no choice found within the proven minimal peak {best} B"),
-    })?;
-    Ok(finish(p, fastest, SolveStatus::Optimal, stats))
-}
 
 /// A cut `Σ_{q∈on} (1 − x_q) + Σ_{q∈off} x_q ≥ 1`: at least one listed block must flip.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -23,184 +23,24 @@
 
 mod dp;
 mod enumerate;
+mod error;
 mod milp;
+mod min_peak;
+mod options;
 mod pool;
 mod presolve;
+mod search;
+mod solution;
 
-use crate::budget::format_size;
-use crate::chain_model::{peak_of, Moment, UNDECIDED};
-use enumerate::enumerate;
-use milp::{milp_exact, min_peak_milp};
-use presolve::{presolve, Goal};
+pub use error::SolveError;
+pub use options::{Backend, Engine, SolveOptions, MAX_ENUMERATE};
+pub use solution::{ConfigSolution, Plan, SolveStats, SolveStatus};
 
-/// Largest magnitude, in bytes, of any moment or budget. Below 2^53 every byte count and
-/// every partial sum is an exact `f64`, so the MILP sees the data without rounding, and
-/// `i64` sums cannot overflow. 2^53 B = 8 PiB.
-pub const MAX_BYTES: i64 = 1 << 53;
-
-/// Most free variables the exact enumeration fallback accepts (2^20 points).
-pub const MAX_ENUMERATE: usize = 20;
-
-/// One configuration (precision × optimizer × micro-batch …) to plan for.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ConfigProblem {
-    /// Opaque label naming the configuration, used in results and messages.
-    pub key: String,
-    /// Every moment of the step; the peak is their maximum.
-    pub moments: Vec<Moment>,
-    /// Step time with nothing checkpointed.
-    pub seconds_base: f64,
-    /// Per block: seconds added when it is checkpointed.
-    pub seconds_coef: Vec<f64>,
-    /// Per block: whether it may be checkpointed at all.
-    pub candidate: Vec<bool>,
-    /// Groups of blocks of which at most one may be checkpointed (nested candidates).
-    pub exclusive: Vec<Vec<usize>>,
-}
-
-/// Whether a configuration fits the budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SolveStatus {
-    /// `x` is the fastest choice whose peak fits the budget.
-    Optimal,
-    /// Nothing fits; `x` is the choice with the smallest peak (fastest among those).
-    Infeasible,
-}
-
-/// How a solution was obtained, for reports and benchmarks.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SolveStats {
-    /// Blocks left for the search after presolve fixed the others.
-    pub free_vars: usize,
-    /// Moments left as constraints after presolve dropped those that cannot bind.
-    pub rows: usize,
-    /// Runs of the chain dynamic program.
-    pub dp_runs: u32,
-    /// Times the dynamic program found the moments lacking chain structure and handed
-    /// over to the MILP.
-    pub dp_gave_up: u32,
-    /// MILP solves, counting re-solves after exact-check rejections.
-    pub milp_solves: u32,
-    /// Cover cuts added after exact `i64` arithmetic rejected a point the MILP accepted.
-    pub cover_cuts: u32,
-    /// The MILP failure that sent a search to exact enumeration, if one did.
-    pub enumerated: Option<String>,
-}
-
-/// The answer for one configuration.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ConfigSolution {
-    pub key: String,
-    pub status: SolveStatus,
-    /// Per block: checkpointed or not.
-    pub x: Vec<bool>,
-    /// Exact peak bytes under `x` (maximum over all moments).
-    pub peak: i64,
-    /// Label of the first moment that attains `peak`.
-    pub binding: String,
-    /// Predicted step time under `x`.
-    pub seconds: f64,
-    pub stats: SolveStats,
-}
-
-/// The answer for a set of configurations under one budget.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Plan {
-    pub budget: i64,
-    /// Index into `configs` of the fastest feasible configuration.
-    pub best: usize,
-    /// One solution per input configuration, in input order; infeasible ones carry their
-    /// smallest-peak choice so alternatives can be shown.
-    pub configs: Vec<ConfigSolution>,
-}
-
-impl Plan {
-    /// The chosen configuration's solution.
-    pub fn chosen(&self) -> &ConfigSolution {
-        &self.configs[self.best]
-    }
-}
-
-/// Which engine searches the reduced problem.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Engine {
-    /// The chain dynamic program where the moments have chain structure (every profile
-    /// from the chain memory model does), otherwise the MILP.
-    #[default]
-    Auto,
-    /// Only the exact dynamic program over blocks in order (see `solver/dp.rs`); fails
-    /// with [`SolveError::NoChainStructure`] when its state would be too large.
-    Dp,
-    /// good_lp MILP (the general path), falling back to enumeration on numerical
-    /// trouble when at most [`MAX_ENUMERATE`] blocks are free.
-    Milp,
-    /// Exact enumeration of every subset of free blocks (at most [`MAX_ENUMERATE`]).
-    Enumerate,
-}
-
-/// The MILP backend behind [`Engine::Milp`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Backend {
-    /// microlp, pure Rust; always available.
-    #[default]
-    Microlp,
-    /// HiGHS (feature `highs`).
-    #[cfg(feature = "highs")]
-    Highs,
-}
-
-/// Knobs of a solve; the defaults are what the planner uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SolveOptions {
-    pub engine: Engine,
-    pub backend: Backend,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum SolveError {
-    #[error("solving config {key:?}: {reason}")]
-    InvalidProblem { key: String, reason: String },
-    #[error("solving with budget {budget} B: a budget must lie between 0 and 2^53 bytes")]
-    InvalidBudget { budget: i64 },
-    #[error("solving a plan: no configurations were given")]
-    NoConfigs,
-    #[error(
-        "budget {} is below the smallest achievable peak {} for {key} (binding moment: {binding})",
-        show_bytes(*.budget),
-        show_bytes(*.min_peak)
-    )]
-    Infeasible {
-        budget: i64,
-        min_peak: i64,
-        key: String,
-        binding: String,
-        /// The choice that attains `min_peak`.
-        x: Vec<bool>,
-    },
-    #[error("solving config {key:?}: {operation} with {free} free blocks failed: {detail}")]
-    Numerical {
-        key: String,
-        operation: &'static str,
-        free: usize,
-        detail: String,
-    },
-    #[error("solving config {key:?} by enumeration: {free} free blocks exceed the limit of {MAX_ENUMERATE}")]
-    TooLargeToEnumerate { key: String, free: usize },
-    #[error("solving config {key:?} by the chain dynamic program: the moments lack chain structure: {detail}")]
-    NoChainStructure { key: String, detail: String },
-}
-
-/// `12.00 GiB (12884901888 B)`: readable, and exact for comparisons by hand.
-fn show_bytes(b: i64) -> String {
-    if b < 0 {
-        format!("-{} ({b} B)", format_size(b.unsigned_abs()))
-    } else {
-        format!("{} ({b} B)", format_size(b as u64))
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Public entry points
+use crate::problem::{ConfigProblem, MAX_BYTES, UNDECIDED};
+use min_peak::min_peak_inner;
+use presolve::Goal;
+use search::search;
+use solution::finish;
 
 /// Fastest choice of checkpointed blocks for one configuration whose peak fits `budget`.
 ///
@@ -303,9 +143,6 @@ pub fn solve_with(problems: &[ConfigProblem], budget: i64, opts: SolveOptions) -
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// Validation
-
 fn validate(p: &ConfigProblem) -> Result<(), SolveError> {
     let bad = |reason: String| SolveError::InvalidProblem {
         key: p.key.clone(),
@@ -364,190 +201,10 @@ fn check_budget(budget: i64) -> Result<(), SolveError> {
     }
 }
 
-fn finish(p: &ConfigProblem, x: Vec<bool>, status: SolveStatus, stats: SolveStats) -> ConfigSolution {
-    let (peak, k) = peak_of(&p.moments, &x).expect("validated: moments is non-empty");
-    let seconds = seconds_of(p, &x);
-    ConfigSolution {
-        key: p.key.clone(),
-        status,
-        peak,
-        binding: p.moments[k].label.clone(),
-        seconds,
-        x,
-        stats,
-    }
-}
-
-fn seconds_of(p: &ConfigProblem, x: &[bool]) -> f64 {
-    p.seconds_base
-        + p.seconds_coef
-            .iter()
-            .zip(x)
-            .filter(|(_, &on)| on)
-            .map(|(t, _)| t)
-            .sum::<f64>()
-}
-
-/// Exact check that `x` is allowed (candidates, exclusive groups) and fits `limit`.
-fn fits(p: &ConfigProblem, x: &[bool], limit: i64) -> bool {
-    x.iter().zip(&p.candidate).all(|(&on, &c)| !on || c)
-        && p.exclusive
-            .iter()
-            .all(|g| dedup(g).iter().filter(|&&i| x[i]).count() <= 1)
-        && p.moments.iter().all(|m| m.eval(x) <= limit)
-}
-
-fn dedup(g: &[usize]) -> Vec<usize> {
-    let mut g = g.to_vec();
-    g.sort_unstable();
-    g.dedup();
-    g
-}
-
-// ---------------------------------------------------------------------------------------
-// Search
-
-/// Presolve and search for `goal`; `Some(x)` (full length) or `None` if nothing fits.
-fn search(
-    p: &ConfigProblem,
-    goal: Goal,
-    limit: i64,
-    warm: Option<&[bool]>,
-    opts: SolveOptions,
-    stats: &mut SolveStats,
-) -> Result<Option<Vec<bool>>, SolveError> {
-    let Some(red) = presolve(p, goal, limit) else {
-        return Ok(None);
-    };
-    stats.free_vars = stats.free_vars.max(red.free.len());
-    stats.rows = stats.rows.max(red.rows.len());
-    let y = if red.free.is_empty() {
-        // Nothing left to decide; presolve dropped every row (max ≤ limit) or failed.
-        (goal == Goal::Peak || red.fits(&[], limit)).then(Vec::new)
-    } else {
-        let warm_y: Option<Vec<bool>> = warm.map(|x| red.free.iter().map(|&i| x[i]).collect());
-        let dp_first = matches!(opts.engine, Engine::Auto | Engine::Dp) && goal != Goal::Peak;
-        let mut dp_result = None;
-        if dp_first {
-            stats.dp_runs += 1;
-            let t: Vec<f64> = red.free.iter().map(|&i| p.seconds_coef[i]).collect();
-            match dp::solve(&red, &t, limit, goal == Goal::Time) {
-                dp::Outcome::Found(y) => dp_result = Some(Some(y)),
-                dp::Outcome::Infeasible => dp_result = Some(None),
-                dp::Outcome::TooLarge(detail) => {
-                    if opts.engine == Engine::Dp {
-                        return Err(SolveError::NoChainStructure {
-                            key: p.key.clone(),
-                            detail,
-                        });
-                    }
-                    stats.dp_gave_up += 1;
-                }
-            }
-        }
-        match (dp_result, opts.engine) {
-            (Some(y), _) => y,
-            (None, Engine::Enumerate) => {
-                if red.free.len() > MAX_ENUMERATE {
-                    return Err(SolveError::TooLargeToEnumerate {
-                        key: p.key.clone(),
-                        free: red.free.len(),
-                    });
-                }
-                enumerate(p, &red, goal, limit)
-            }
-            (None, _) => match milp_exact(p, &red, goal, limit, warm_y.as_deref(), opts, stats) {
-                Ok(y) => y,
-                Err(detail) if red.free.len() <= MAX_ENUMERATE => {
-                    // Numerical trouble; enumeration is exact and small enough here.
-                    stats.enumerated = Some(detail);
-                    enumerate(p, &red, goal, limit)
-                }
-                Err(detail) => {
-                    return Err(SolveError::Numerical {
-                        key: p.key.clone(),
-                        operation: goal.operation(),
-                        free: red.free.len(),
-                        detail: format!("the MILP solver reported: {detail} (too many blocks to enumerate instead)"),
-                    })
-                }
-            },
-        }
-    };
-    let x = y.map(|y| red.expand(&y));
-    // The exact check that makes every returned plan trustworthy, whatever the engine.
-    if let Some(x) = &x {
-        if goal != Goal::Peak && !fits(p, x, limit) {
-            return Err(SolveError::Numerical {
-                key: p.key.clone(),
-                operation: goal.operation(),
-                free: red.free.len(),
-                detail: "a returned choice failed the exact check".to_string(),
-            });
-        }
-    }
-    Ok(x)
-}
-
-impl Goal {
-    fn operation(self) -> &'static str {
-        match self {
-            Goal::Time => "time minimization",
-            Goal::Feasible => "the minimal-peak proof",
-            Goal::Peak => "peak minimization",
-        }
-    }
-}
-
-fn min_peak_inner(p: &ConfigProblem, opts: SolveOptions, mut stats: SolveStats) -> Result<ConfigSolution, SolveError> {
-    if opts.engine == Engine::Milp {
-        return min_peak_milp(p, opts, stats);
-    }
-    // Bisection on the limit with exact feasibility searches: the smallest feasible limit
-    // is the minimal peak. Bounds: no choice has a peak below presolve's lower bound, and
-    // nothing checkpointed is one choice.
-    let mut lo = presolve(p, Goal::Peak, 0)
-        .expect("peak presolve never fails")
-        .peak_lower;
-    let mut x = vec![false; p.candidate.len()];
-    let mut hi = peak_of(&p.moments, &x).expect("validated").0;
-    // Invariant: `x` fits `hi`; no choice fits `lo − 1`.
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        let gave_up = stats.dp_gave_up;
-        let found = search(p, Goal::Feasible, mid, None, opts, &mut stats)?;
-        if stats.dp_gave_up > gave_up && opts.engine == Engine::Auto {
-            // No chain structure: three MILP solves beat a bisection of MILP solves.
-            return min_peak_milp(
-                p,
-                SolveOptions {
-                    engine: Engine::Milp,
-                    ..opts
-                },
-                stats,
-            );
-        }
-        match found {
-            Some(y) => {
-                hi = peak_of(&p.moments, &y).expect("validated").0;
-                x = y;
-            }
-            None => lo = mid + 1,
-        }
-    }
-    let fastest = search(p, Goal::Time, hi, Some(&x), opts, &mut stats)?.ok_or_else(|| SolveError::Numerical {
-        key: p.key.clone(),
-        operation: Goal::Time.operation(),
-        free: p.candidate.len(),
-        detail: format!("no choice found within the minimal peak {hi} B"),
-    })?;
-    Ok(finish(p, fastest, SolveStatus::Optimal, stats))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chain_model::Occurs;
+    use crate::problem::{Moment, Occurs};
 
     fn tiny() -> ConfigProblem {
         // Two blocks, peak = 100 − 30·x0 − 20·x1 (loss) and 60 + 25·x0 (recompute 0).

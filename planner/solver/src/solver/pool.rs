@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::SolveError;
+use super::error::SolveError;
 
 /// Map `f` over `items` on up to `available_parallelism` threads, keeping input order and
 /// returning the first error in input order.

@@ -1,8 +1,7 @@
 //! Presolve: fixes blocks by dominance and drops moments that can never bind, leaving the
 //! engines a smaller exact problem.
 
-use super::dedup;
-use super::ConfigProblem;
+use crate::problem::ConfigProblem;
 
 /// What a search optimizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,4 +195,22 @@ impl Reduced {
                 .iter()
                 .all(|r| r.coef.iter().filter(|&&(q, _)| y[q]).fold(r.offset, |a, &(_, c)| a + c) <= limit)
     }
+}
+
+impl Goal {
+    pub(super) fn operation(self) -> &'static str {
+        match self {
+            Goal::Time => "time minimization",
+            Goal::Feasible => "the minimal-peak proof",
+            Goal::Peak => "peak minimization",
+        }
+    }
+}
+
+/// The distinct members of an exclusive group.
+pub(super) fn dedup(g: &[usize]) -> Vec<usize> {
+    let mut g = g.to_vec();
+    g.sort_unstable();
+    g.dedup();
+    g
 }

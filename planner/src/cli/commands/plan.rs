@@ -12,9 +12,10 @@ use ckptune_solver::formats::{
     PredictedJson, ProfileJson, RankPredictionJson, ShapeJson, ShardJson, SolverJson,
 };
 use ckptune_solver::model::{seconds_range_at, shard_step, solver_problem, unit_order};
+use ckptune_solver::problem::ConfigProblem;
 use ckptune_solver::profile::ConfigSpec;
 use ckptune_solver::shard::{is_default_unit, Collective, ShardError, ShardSpec, ShardStep};
-use ckptune_solver::solver::{self, ConfigProblem, SolveError, SolveStatus};
+use ckptune_solver::solver::{self, SolveError, SolveStatus};
 use ckptune_solver::{chain_model, regex_emit};
 
 use super::verify::{print_verify, verify_plan};
