@@ -1,6 +1,7 @@
 //! `ckptune simulate-allocator`: span peaks and every event's state for a small trace, worked out
 //! by hand; exit 1 and the stop recorded when a trace runs out of memory; exit 2 for input that
-//! cannot be used.
+//! cannot be used; and `scripts/gpu_check`'s whole pipeline (synthetic traces, measurement by
+//! its stand-in allocator, simulation by this binary, comparison) without a GPU.
 
 mod common;
 
@@ -103,6 +104,32 @@ fn running_out_of_memory_exits_1_with_the_stop_recorded() {
 }
 
 #[test]
+fn a_closed_stdout_ends_it_quietly() {
+    // As every subcommand (exit_codes.rs): printing stops, the output file is still written.
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write(dir.path(), "t.json", TRACE);
+    let out = dir.path().join("r.json");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_ckptune"))
+        .args([
+            "simulate-allocator",
+            &trace,
+            "--every-event",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(read(&out)["replayed"], 9);
+}
+
+#[test]
 fn unusable_input_exits_2() {
     let dir = tempfile::tempdir().unwrap();
     let trace = write(dir.path(), "t.json", TRACE);
@@ -139,4 +166,36 @@ fn unusable_input_exits_2() {
         assert_eq!(run.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(names), "{args:?} should name {names:?}: {stderr}");
     }
+}
+
+#[test]
+fn gpu_check_pipeline_runs_without_a_gpu() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gpu");
+    let run = std::process::Command::new(root.join("scripts/gpu_check"))
+        .args([
+            "--backend",
+            "fake",
+            "--out",
+            out.to_str().unwrap(),
+            "--ckptune",
+            env!("CARGO_BIN_EXE_ckptune"),
+        ])
+        .output()
+        .expect("runs scripts/gpu_check");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let doc = read(&out.join("replay.json"));
+    assert_eq!(doc["format"], "ckptune.gpu-replay/1");
+    assert_eq!(doc["fake_backend"], true);
+    // Every synthetic trace under every configuration, each simulated by this binary.
+    let configs = doc["configs"].as_array().unwrap().len();
+    let traces = std::fs::read_dir(out.join("work/traces")).unwrap().count();
+    assert_eq!(doc["results"].as_array().unwrap().len(), configs * traces);
+    assert!(configs >= 5 && traces >= 10, "{configs} configs, {traces} traces");
+    for r in doc["results"].as_array().unwrap() {
+        assert!(r["compared"].as_u64().unwrap() > 0, "{r}");
+    }
+    let md = std::fs::read_to_string(out.join("replay.md")).unwrap();
+    assert!(md.contains("FAKE BACKEND"), "{md}");
 }
