@@ -130,7 +130,7 @@ impl Simulator {
         self.stats.reset_peaks();
     }
 
-    /// `torch.cuda.memory_stats()`, with the largest cached free block (`cacheInfo`).
+    /// `torch.cuda.memory_stats()`, with the largest cached free block (`cache_info_aux`).
     pub fn stats(&self) -> Stats {
         let largest = self
             .streams

@@ -66,8 +66,9 @@ pub struct Stats {
     pub num_device_alloc: u64,
     /// cudaFree calls and unmappings (`num_device_free`).
     pub num_device_free: u64,
-    /// The largest cached free block, as `cacheInfo` finds it (0 when there is none): the
-    /// largest request that fits without reserving more.
+    /// The largest cached free block, as `cacheInfo` scans the pools (0 when there is none):
+    /// the largest request that fits without reserving more. (`cacheInfo` itself starts from
+    /// the device's free memory, for cuDNN's workspace sizing; that is left out here.)
     pub largest_free_block: u64,
 }
 
