@@ -1,11 +1,13 @@
 //! ckptune's planning core, with no libtorch anywhere in its dependency tree: the data a
 //! profile holds ([`profile`]), the chain memory model over it ([`chain_model`], mapped from
 //! a profile once in [`model`]), the exact solver ([`solver`]), checkpoint-regex emission
-//! ([`regex_emit`]) and byte sizes ([`budget`]). Everything takes plain structs and returns
+//! ([`regex_emit`]), byte sizes ([`budget`]) and a simulation of PyTorch's CUDA caching
+//! allocator ([`caching_allocator`]). Everything takes plain structs and returns
 //! plain structs, and only [`formats`] (feature `serde`) does I/O. The derivation of the memory model is in
 //! `docs/memory-model.md`.
 
 pub mod budget;
+pub mod caching_allocator;
 pub mod chain_model;
 #[cfg(feature = "serde")]
 pub mod formats;

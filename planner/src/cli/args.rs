@@ -40,6 +40,10 @@ pub enum Command {
     /// Print a plan as a ready snippet for a trainer (plain PyTorch, Hugging Face, Lightning,
     /// torchtitan).
     Emit(EmitArgs),
+    /// Replay an allocation trace through a simulation of PyTorch's CUDA caching allocator:
+    /// allocated and reserved peaks per marked span, the largest free block (exit 1 if it runs
+    /// out of memory).
+    SimulateAllocator(SimulateAllocatorArgs),
 }
 
 /// What to train and how it may be trained.
@@ -285,4 +289,29 @@ pub struct PlotArgs {
     /// <model>-<precision>-<optimizer>-mb<N>-{tradeoff,candidates}.{svg,png}.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct SimulateAllocatorArgs {
+    /// An allocation trace (`ckptune.alloc-trace/1` JSON: events in order, marks naming the
+    /// moments of the step).
+    pub trace: PathBuf,
+    /// The PYTORCH_CUDA_ALLOC_CONF to simulate instead of the trace's own ("" for PyTorch's
+    /// defaults), e.g. `expandable_segments:True` or `max_split_size_mb:128`.
+    #[arg(long)]
+    pub alloc_conf: Option<String>,
+    /// What cudaMalloc can hand out (80GiB, 12G, 12000MB, bytes) instead of the trace's
+    /// capacity; without either the device never runs out.
+    #[arg(long)]
+    pub capacity: Option<String>,
+    /// Also give the statistics after every event (allocated, reserved, active, requested,
+    /// segments, largest free block).
+    #[arg(long)]
+    pub every_event: bool,
+    /// Write the replay JSON (`ckptune.alloc-replay/1`) here.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// Print the replay JSON on stdout instead of a summary.
+    #[arg(long)]
+    pub json: bool,
 }

@@ -28,5 +28,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Train(a) => commands::train::train_cmd(a),
         Command::Plot(a) => commands::plot::plot_cmd(a),
         Command::Emit(a) => commands::emit::emit_cmd(a),
+        Command::SimulateAllocator(a) => commands::simulate_allocator::simulate_allocator_cmd(a),
     }
 }

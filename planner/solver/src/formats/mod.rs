@@ -12,6 +12,7 @@ use std::path::Path;
 
 use serde::{de::DeserializeOwned, Serialize};
 
+mod alloc_trace;
 mod bench;
 mod cache;
 mod plan;
@@ -21,6 +22,10 @@ mod pytorch;
 mod run;
 mod sweep;
 
+pub use alloc_trace::{
+    replay_text, write_replay, AllocReplayJson, AllocSnapshotJson, AllocSpanJson, AllocStatsJson, AllocStopJson,
+    AllocTraceJson, EveryEventJson, StatJson, EVERY_EVENT_COLUMNS,
+};
 pub use bench::SolverBenchRow;
 pub use cache::CachedConfig;
 pub use plan::{
@@ -54,6 +59,10 @@ pub const VERIFY_PYTORCH_FORMAT: &str = "ckptune.verify-pytorch/1";
 pub const TRAIN_FORMAT: &str = "ckptune.train/1";
 /// One cached config profile (the profile cache's files).
 pub const CACHE_FORMAT: &str = "ckptune.profile-cache/1";
+/// An allocation trace for `ckptune simulate-allocator`.
+pub const ALLOC_TRACE_FORMAT: &str = "ckptune.alloc-trace/1";
+/// `ckptune simulate-allocator`: a trace replayed through the caching-allocator simulation.
+pub const ALLOC_REPLAY_FORMAT: &str = "ckptune.alloc-replay/1";
 
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {

@@ -6,6 +6,7 @@ pub mod models;
 pub mod plan;
 pub mod plot;
 pub mod profile;
+pub mod simulate_allocator;
 pub mod sweep;
 pub mod train;
 pub mod verify;
