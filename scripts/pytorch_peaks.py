@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-from ckptune.eager import write_atomic  # noqa: E402
+from ckptune_harness.output import write_atomic  # noqa: E402
 
 PY = os.path.join(ROOT, ".venv", "bin", "python")
 BIN = os.path.join(ROOT, "target", "release", "ckptune")

@@ -1,7 +1,7 @@
 //! `plan --shard N`'s per-rank model against real FSDP2 runs: each case profiles the model in
 //! one process (`ckptune profile`), predicts every rank's peak from that profile and FSDP2's
 //! sharding rules (`ckptune_solver::shard`), and runs the same step on N processes with
-//! `python -m ckptune.fsdp` (gloo on 127.0.0.1, each rank's CPU tensor bytes counted by
+//! `python -m ckptune_harness.fsdp` (gloo on 127.0.0.1, each rank's CPU tensor bytes counted by
 //! ckptune's allocator). tiny-resnet is predicted to the byte on every rank. tiny-bert is
 //! predicted to the byte but for what the single-process model is known to differ by from eager
 //! PyTorch (docs/memory-model.md): BERT's attention mask kept through the backward, and the
@@ -43,7 +43,7 @@ fn profile(dir: &Path, model: &[&str]) -> ProfileJson {
 fn measured(dir: &Path, model: &[&str], ranks: i64, regex: &str, optimizer: &str, raf: bool) -> Vec<i64> {
     let out = dir.join("run.json");
     let mut cmd = Command::new(root().join(".venv/bin/python"));
-    cmd.args(["-m", "ckptune.fsdp"])
+    cmd.args(["-m", "ckptune_harness.fsdp"])
         .args(model)
         .args([
             "--nproc",
@@ -62,7 +62,7 @@ fn measured(dir: &Path, model: &[&str], ranks: i64, regex: &str, optimizer: &str
     let o = cmd.output().expect("runs the venv's python");
     assert!(
         o.status.success(),
-        "python -m ckptune.fsdp {model:?} --nproc {ranks} --regex {regex:?}: {}",
+        "python -m ckptune_harness.fsdp {model:?} --nproc {ranks} --regex {regex:?}: {}",
         String::from_utf8_lossy(&o.stderr)
     );
     let run: Value = common::read(&out);

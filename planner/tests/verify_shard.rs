@@ -1,5 +1,5 @@
 //! `ckptune verify --pytorch` of a sharded plan against the real binary and the real FSDP2
-//! harness (`python -m ckptune.fsdp`, the venv `scripts/setup` links at `.venv`): each rank's
+//! harness (`python -m ckptune_harness.fsdp`, the venv `scripts/setup` links at `.venv`): each rank's
 //! measured peak is the harness's, the exit code follows the budget, `--shard` must be the
 //! plan's, a failed process group is exit 1, and no harness or rank process outlives the
 //! command, even when the command is killed.
@@ -120,7 +120,7 @@ fn harnesses_on(port: u16) -> Vec<u32> {
     processes()
         .into_iter()
         .filter(|(_, _, a)| {
-            a.iter().any(|x| x == "ckptune.fsdp") && a.windows(2).any(|w| w[0] == "--port" && w[1] == port)
+            a.iter().any(|x| x == "ckptune_harness.fsdp") && a.windows(2).any(|w| w[0] == "--port" && w[1] == port)
         })
         .map(|(pid, _, _)| pid)
         .collect()
@@ -202,7 +202,7 @@ fn a_sharded_plan_runs_on_its_ranks_and_fails_over_budget() {
     let out = Command::new(root().join(".venv/bin/python"))
         .args([
             "-m",
-            "ckptune.fsdp",
+            "ckptune_harness.fsdp",
             "--model",
             "tiny-resnet",
             "--image",

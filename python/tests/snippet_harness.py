@@ -356,9 +356,9 @@ def fsdp2_rank(path, name, steps, out):
     """One rank under torchrun: the snippet's `main` with a `build` that gives the reference model
     (the same seed on every rank) and this rank's batches; writes the rank's report to `out`."""
     # SIGKILL this rank when torchrun, which started it, dies, however it dies.
-    from ckptune.fsdp import _die_with_parent  # noqa: PLC0415
+    from ckptune_harness.lifetime import die_with_parent  # noqa: PLC0415
 
-    _die_with_parent(os.getppid())
+    die_with_parent(os.getppid())
     rank = int(os.environ["RANK"])
     (Path(out) / f"rank{rank}.pid").write_text(str(os.getpid()))
     try:

@@ -1,4 +1,4 @@
-"""`ckptune.eager`, the PyTorch side of `ckptune verify --pytorch`: it follows the plan's config
+"""`ckptune_harness.eager`, the PyTorch side of `ckptune verify --pytorch`: it follows the plan's config
 (optimizer implementation, precision, accumulation, set_to_none) and refuses, before running
 anything, what it cannot follow. Needs a checkout (the meter compiles kernels/csrc/shim.cpp).
 
@@ -14,11 +14,13 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from ckptune import eager  # noqa: E402
+from ckptune_harness import eager  # noqa: E402
+from ckptune_harness.plans import regex_plan  # noqa: E402
+from ckptune_harness.reference import matching  # noqa: E402
 
 
 def plan(modules, **config):
-    doc = eager.regex_plan("^(?:" + "|".join(m.replace(".", r"\.") for m in modules) + ")$" if modules else "",
+    doc = regex_plan("^(?:" + "|".join(m.replace(".", r"\.") for m in modules) + ")$" if modules else "",
                            modules, micro_batch=2)
     doc["config"].update(config)
     return doc
@@ -50,6 +52,11 @@ class RunTest(unittest.TestCase):
                 self.assertEqual((r["modules"], r["seq"]), ([layer], 16))
                 self.assertGreater(r["peak_bytes"], r["steps"][-1]["start_bytes"])
 
+    def test_without_a_sequence_length_a_decoder_runs_at_its_positions(self):
+        # tiny-gpt2 has 32 positions: min(128, 32), read from the model around `transformer`.
+        r = eager.run("tiny-gpt2", plan(["h.0"]), steps=2, warmup=1, threads=1)
+        self.assertEqual(r["seq"], 32)
+
     def test_refuses_names_that_differ_and_configs_torch_cannot_run(self):
         for name, doc, fragment in [
             ("tiny-gpt2", plan(["encoder.layer.0"]), "matches no module of this model"),
@@ -62,14 +69,9 @@ class RunTest(unittest.TestCase):
             self.assertIn(fragment, str(cm.exception))
 
     def test_matching_is_a_full_match_over_the_backbones_names(self):
-        self.assertEqual(eager.matching("tiny-bert", r"encoder\.layer\.\d"), ["encoder.layer.0", "encoder.layer.1"])
-        self.assertEqual(eager.matching("tiny-resnet", "layer1"), ["layer1"])
-        self.assertEqual(eager.matching("tiny-resnet", ""), [])
-
-
-if __name__ == "__main__":
-    torch.set_num_threads(1)
-    unittest.main()
+        self.assertEqual(matching("tiny-bert", r"encoder\.layer\.\d"), ["encoder.layer.0", "encoder.layer.1"])
+        self.assertEqual(matching("tiny-resnet", "layer1"), ["layer1"])
+        self.assertEqual(matching("tiny-resnet", ""), [])
 
 
 class PytorchBehaviourTest(unittest.TestCase):
@@ -79,7 +81,7 @@ class PytorchBehaviourTest(unittest.TestCase):
     def test_checkpoint_keeps_saved_wrapped_numbers_until_backward(self):
         from torch.utils.checkpoint import checkpoint
 
-        from ckptune import meter as meter_mod
+        from ckptune_harness import meter as meter_mod
 
         meter = meter_mod.Meter(meter_mod.build())
         x = torch.randn(64, requires_grad=True)
@@ -96,3 +98,8 @@ class PytorchBehaviourTest(unittest.TestCase):
             self.assertEqual(held(lambda: f(x)), 0)
         # Saved-tensor hooks (which drop what a checkpointed forward saves) skip wrapped numbers.
         self.assertEqual(held(lambda: checkpoint(f, x, use_reentrant=False)), 16)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    unittest.main()

@@ -1,4 +1,4 @@
-"""`ckptune.fsdp`: a real FSDP2 training step on two gloo ranks on the CPU, each rank's memory
+"""`ckptune_harness.fsdp`: a real FSDP2 training step on two gloo ranks on the CPU, each rank's memory
 measured by the counting allocator. The assertions are byte-exact properties of FSDP2 that a
 sharded memory model builds on (docs/fsdp.md), and the harness's own guarantees: no rank process
 outlives a run, whichever way it ends. Needs a checkout (the meter compiles kernels/csrc/).
@@ -9,6 +9,7 @@ outlives a run, whichever way it ends. Needs a checkout (the meter compiles kern
 import math
 import os
 import sys
+import tempfile
 import time
 import unittest
 from pathlib import Path
@@ -18,7 +19,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from ckptune import fsdp  # noqa: E402
+from ckptune_harness import fsdp  # noqa: E402
+from ckptune_harness.fsdp import spec as spec_mod  # noqa: E402
 
 # A tiny BERT whose word embeddings (101 rows) and classifier (3 rows) do not split evenly in
 # two, so rank 1's chunks of them are a row short of rank 0's: the padding is visible.
@@ -53,6 +55,54 @@ def fails_on_rank_1(micro_batch, generator):
 
 def never_returns(micro_batch, generator):
     time.sleep(3600)
+
+
+class SpecTest(unittest.TestCase):
+    """The typed spec the parent writes for its ranks, and the checks it makes before any
+    process starts."""
+
+    ARGS = dict(config={"vocab_size": 101}, regex="", world_size=2, precision="bf16", optimizer="adamw",
+                micro_batch="4", image=None, seq=32, reshard_after_forward=0, shard_regex=None, steps=3, warmup=1,
+                lr=1e-3, trace=False, settle=True, autocast_cache=True, seed=0, timeout=60, port=0, root="/ckptune",
+                parent=1, sys_path=["/a", "/b"])
+
+    def test_the_json_file_reads_back_as_the_same_spec(self):
+        spec = spec_mod.make_spec(**self.ARGS)
+        self.assertEqual((spec.micro_batch, spec.reshard_after_forward, spec.timeout), (4, False, 60.0))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "spec.json")
+            spec.write(path)
+            self.assertEqual(spec_mod.RunSpec.read(path), spec)
+
+    def test_arguments_no_rank_could_run_with_are_refused(self):
+        for change, fragment in [
+            (dict(world_size=0), "world_size must be a positive integer"),
+            (dict(precision="fp16"), "precision 'fp16': expected one of fp32, bf16"),
+            (dict(optimizer="lion"), "optimizer 'lion': expected one of adamw, sgd-momentum"),
+            (dict(steps=1), "need warmup >= 1"),
+            (dict(warmup=0), "need warmup >= 1"),
+            (dict(shard_regex="("), "shard_regex '(' is not a valid regex"),
+        ]:
+            with self.subTest(change=change), self.assertRaises(ValueError) as cm:
+                spec_mod.make_spec(**{**self.ARGS, **change})
+            self.assertIn(fragment, str(cm.exception))
+
+
+class ShardArithmeticTest(unittest.TestCase):
+    def test_every_rank_stores_the_first_chunks_rows_and_owns_its_own(self):
+        self.assertEqual([fsdp.padded_shard_numel([101, 8], 2), fsdp.padded_shard_numel([], 2)], [51 * 8, 1])
+        self.assertEqual([fsdp.local_shard_numel([101, 8], 2, r) for r in range(2)], [51 * 8, 50 * 8])
+        # Three rows on four ranks: chunks of one row, the last rank's empty.
+        self.assertEqual([fsdp.local_shard_numel([3], 4, r) for r in range(4)], [1, 1, 1, 0])
+        self.assertEqual([fsdp.local_shard_numel([], 2, r) for r in range(2)], [1, 0])
+
+    def test_unit_bytes_add_up_each_units_parameters(self):
+        params = [{"shape": [101, 8], "dtype": "float32", "unit": "<root>"},
+                  {"shape": [3], "dtype": "bfloat16", "unit": "layer1"}]
+        units = fsdp.unit_bytes(params, 2)
+        self.assertEqual(units["<root>"], {"unsharded": 101 * 8 * 4, "padded_unsharded": 2 * 51 * 8 * 4,
+                                           "shard": 51 * 8 * 4, "local": [51 * 8 * 4, 50 * 8 * 4], "params": 1})
+        self.assertEqual(units["layer1"]["local"], [2 * 2, 1 * 2])
 
 
 @unittest.skipUnless(fsdp.gloo_available(), "torch.distributed with the gloo backend is not available in this "

@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 PY = sys.executable
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-from ckptune.eager import write_atomic  # noqa: E402  (the one atomic JSON writer of the Python side)
+from ckptune_harness.output import write_atomic  # noqa: E402  (the one atomic JSON writer of the Python side)
 
 # Sizes. Full: about 15–20 min on a quiet 2-core machine. BERT-base needs batch 8 × 128 tokens
 # for activations to outgrow AdamW's optimizer-step peak (at batch ≤ 4 × 128 the peak is the

@@ -3,7 +3,7 @@
 torch 2.13 eager, wrapping every module whose qualified name fully matches REGEX in
 `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)` (`ckptune.apply`), and measures each
 step's time and exact CPU peak with ckptune's own counting allocator. The run itself is
-`ckptune.eager.run` (python/ckptune/eager.py), which `ckptune verify --pytorch` uses too; this
+`ckptune_harness.eager.run` (python/ckptune_harness/eager.py), which `ckptune verify --pytorch` uses too; this
 is its command line for bare regexes, writing the benchmark's format.
 
     python scripts/bench/eager.py resnet50 --checkpoint '^(?:layer1)$' --batch 4 --image 96 \
@@ -21,7 +21,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-from ckptune import eager  # noqa: E402
+from ckptune_harness import eager  # noqa: E402
+from ckptune_harness.output import write_atomic  # noqa: E402
+from ckptune_harness.plans import regex_plan  # noqa: E402
+from ckptune_harness.reference import matching  # noqa: E402
 
 
 def main():
@@ -44,8 +47,8 @@ def main():
     ap.add_argument("-o", "--output")
     a = ap.parse_args()
 
-    names = eager.matching(a.model, a.checkpoint, ROOT)
-    plan = eager.regex_plan(a.checkpoint, names, precision=a.precision, micro_batch=a.batch,
+    names = matching(a.model, a.checkpoint, ROOT)
+    plan = regex_plan(a.checkpoint, names, precision=a.precision, micro_batch=a.batch,
                             optimizer=a.optimizer, optimizer_impl=a.optimizer_impl)
     try:
         r = eager.run(a.model, plan, image=a.image, seq=a.seq, steps=a.steps, warmup=a.warmup,
@@ -68,7 +71,7 @@ def main():
     if "peak_varies" in r:
         out["peak_varies"] = r["peak_varies"]
     if a.output:
-        eager.write_atomic(a.output, out)
+        write_atomic(a.output, out)
     else:
         json.dump(out, sys.stdout, indent=2)
         print()

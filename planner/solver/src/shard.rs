@@ -116,7 +116,7 @@ impl ShardOptimizer {
     /// of the parameter it updates while the previous parameter's `denom` is still bound, plus
     /// 12 bytes (docs/fsdp.md, section 1); SGD with momentum updates its buffer and the
     /// parameter in place, and allocates the same 12 bytes (measured: `optimizer_peak` −
-    /// `after_backward` of `python -m ckptune.fsdp --optimizer sgd-momentum`).
+    /// `after_backward` of `python -m ckptune_harness.fsdp --optimizer sgd-momentum`).
     fn transient(self, chunks: &[i64]) -> i64 {
         match self {
             ShardOptimizer::AdamW => {

@@ -239,7 +239,7 @@ pub struct VerifyArgs {
     /// Also run the plan in PyTorch eager on the built-in model's plain-torch reference
     /// (models/fixtures/reference.py) with the same counting allocator, and compare: exit 1 if
     /// PyTorch's peak exceeds the budget. A sharded plan (`plan --shard N`) runs instead with
-    /// PyTorch FSDP2 on its N ranks, one CPU process each (`python -m ckptune.fsdp`): exit 1 if
+    /// PyTorch FSDP2 on its N ranks, one CPU process each (`python -m ckptune_harness.fsdp`): exit 1 if
     /// any rank's peak exceeds the budget.
     #[arg(long)]
     pub pytorch: bool,

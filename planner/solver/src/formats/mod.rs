@@ -51,7 +51,7 @@ pub const PLAN_FORMAT: &str = "ckptune.plan/1";
 pub const PLAN_FAILURE_FORMAT: &str = "ckptune.plan-failure/1";
 /// `ckptune verify`: a plan run for real, every moment compared with the model.
 pub const VERIFY_FORMAT: &str = "ckptune.verify/1";
-/// `python -m ckptune.eager`: a plan run in PyTorch eager on the built-in model's reference.
+/// `python -m ckptune_harness.eager`: a plan run in PyTorch eager on the built-in model's reference.
 pub const PYTORCH_RUN_FORMAT: &str = "ckptune.pytorch-run/1";
 /// `ckptune verify --pytorch`: predicted, ckptune's and PyTorch's run side by side.
 pub const VERIFY_PYTORCH_FORMAT: &str = "ckptune.verify-pytorch/1";

@@ -1,7 +1,7 @@
 //! The PyTorch side of `verify --pytorch`: a plan run in PyTorch eager on the built-in model's
-//! plain-torch reference (`ckptune.pytorch-run/1`, written by `python -m ckptune.eager`), and
+//! plain-torch reference (`ckptune.pytorch-run/1`, written by `python -m ckptune_harness.eager`), and
 //! the side-by-side report (`ckptune.verify-pytorch/1`); for a sharded plan, the FSDP2 run on N
-//! processes (`ckptune.fsdp-run/1`, written by `python -m ckptune.fsdp`) and the per-rank report
+//! processes (`ckptune.fsdp-run/1`, written by `python -m ckptune_harness.fsdp`) and the per-rank report
 //! (`ckptune.verify-shard/1`).
 
 use serde::{Deserialize, Serialize};
@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::run::{PredictedRun, TrainStepJson, VerifyJson};
 use crate::profile::ConfigSpec;
 
-/// What `python -m ckptune.eager --plan` measured. Fields the report does not read (the
+/// What `python -m ckptune_harness.eager --plan` measured. Fields the report does not read (the
 /// optimizer's hyper-parameters, the meter library's name) stay in the file for readers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PytorchRunJson {
@@ -50,13 +50,13 @@ pub struct VerifyPytorchJson {
     pub pytorch_within_budget: bool,
 }
 
-/// `python -m ckptune.fsdp`: a real FSDP2 training step on N CPU processes (gloo), each rank's
+/// `python -m ckptune_harness.fsdp`: a real FSDP2 training step on N CPU processes (gloo), each rank's
 /// peak measured with ckptune's counting allocator.
 pub const FSDP_RUN_FORMAT: &str = "ckptune.fsdp-run/1";
 /// `ckptune verify --pytorch` of a sharded plan: each rank's predicted and measured peak.
 pub const VERIFY_SHARD_FORMAT: &str = "ckptune.verify-shard/1";
 
-/// What `python -m ckptune.fsdp` measured: the parts the sharded report reads and keeps. The
+/// What `python -m ckptune_harness.fsdp` measured: the parts the sharded report reads and keeps. The
 /// harness's levels, unit sizes, traces and per-step records stay in its own file
 /// (docs/fsdp.md reads them); this is the run's identity and each rank's peak.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

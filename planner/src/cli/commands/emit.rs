@@ -446,7 +446,7 @@ fn training_loop(device_type: &str, loss: &str) -> String {
 }
 
 /// `--emit fsdp2`: the `python` snippet's loop on N ranks, each a torchrun process, the model
-/// sharded as the plan was modelled (docs/fsdp.md, python/ckptune/fsdp.py): the plan's modules
+/// sharded as the plan was modelled (docs/fsdp.md, python/ckptune_harness/fsdp/): the plan's modules
 /// checkpointed by `ckptune.apply`, `fully_shard` on every unit with the plan's
 /// `reshard_after_forward`, then on a root whose forward is the loss.
 fn fsdp2(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {

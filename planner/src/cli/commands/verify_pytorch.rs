@@ -1,5 +1,5 @@
 //! `ckptune verify --pytorch`: the plan run twice — by ckptune's runtime (as `verify` does) and
-//! in PyTorch eager on the built-in model's plain-torch reference (`python -m ckptune.eager`,
+//! in PyTorch eager on the built-in model's plain-torch reference (`python -m ckptune_harness.eager`,
 //! the companion's run with ckptune's counting allocator loaded into the Python process) — and
 //! reported beside the prediction. Exit 1 when either run peaks over the budget. A plan with a
 //! `shard` section goes to [`super::verify_shard`] instead: FSDP2 on its N ranks.
@@ -29,7 +29,7 @@ pub(super) fn python(flag: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| checkout().join(".venv/bin/python"))
 }
 
-/// Runs `python -m ckptune.eager` on the plan file. Its exit code 2 (a plan the PyTorch run
+/// Runs `python -m ckptune_harness.eager` on the plan file. Its exit code 2 (a plan the PyTorch run
 /// cannot follow: names that differ from the reference's, a model without a reference) is bad
 /// input here too, with its message.
 fn pytorch_run(plan_path: &Path, steps: usize, python: &Path) -> Result<PytorchRunJson> {
@@ -37,7 +37,7 @@ fn pytorch_run(plan_path: &Path, steps: usize, python: &Path) -> Result<PytorchR
     let dir = tempfile_dir()?;
     let out = dir.join("pytorch-run.json");
     let result = companion(python)
-        .args(["-m", "ckptune.eager", "--plan"])
+        .args(["-m", "ckptune_harness.eager", "--plan"])
         .arg(plan_path)
         .args(["--steps", &(steps + 2).to_string(), "--warmup", "2", "-o"])
         .arg(&out)

@@ -1,5 +1,5 @@
 //! `ckptune verify --pytorch` of a sharded plan (`plan --shard N`): the plan run by PyTorch
-//! FSDP2 on its N ranks, one CPU process each (`python -m ckptune.fsdp`: gloo on loopback,
+//! FSDP2 on its N ranks, one CPU process each (`python -m ckptune_harness.fsdp`: gloo on loopback,
 //! ckptune's counting allocator in every rank, `fully_shard` on the plan's units and the root,
 //! the plan's modules checkpointed), each rank's measured peak beside the plan's prediction for
 //! that rank. Exit 1 when a rank peaks over the budget.
@@ -110,7 +110,7 @@ fn harness_args(plan: &PlanJson, s: &ShardJson, steps: usize, port: Option<u16>)
     let c = &plan.config;
     let mut args: Vec<String> = [
         "-m",
-        "ckptune.fsdp",
+        "ckptune_harness.fsdp",
         "--model",
         &plan.shape.model,
         "--nproc",
@@ -194,7 +194,7 @@ fn harness_message(stderr: &str) -> String {
     }
 }
 
-/// Runs `python -m ckptune.fsdp` for the plan and reads its result. Its exit code 2 (a plan it
+/// Runs `python -m ckptune_harness.fsdp` for the plan and reads its result. Its exit code 2 (a plan it
 /// cannot follow, no gloo) is bad input here too; 1 (a rank failed, the port was taken, the
 /// timeout) is the work failing; both with its message.
 fn fsdp_run(plan: &PlanJson, s: &ShardJson, steps: usize, port: Option<u16>, python: &Path) -> Result<FsdpRunJson> {
@@ -485,7 +485,8 @@ mod tests {
             harness_message(stderr),
             "rank 1 of 2 failed (exit 1):\nTraceback\n  File x\nRuntimeError: boom"
         );
-        let argparse = "usage: ...\npython -m ckptune.fsdp: error: argument --precision: invalid choice: 'fp16'\n";
+        let argparse =
+            "usage: ...\npython -m ckptune_harness.fsdp: error: argument --precision: invalid choice: 'fp16'\n";
         assert_eq!(
             harness_message(argparse),
             "argument --precision: invalid choice: 'fp16'"

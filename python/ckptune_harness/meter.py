@@ -6,10 +6,11 @@ of the source, the compile command and the torch version, and loads it with ctyp
 `install()`, every CPU tensor allocation of this process is counted exactly as in ckptune:
 `current()`, `peak()`, `reset_peak()` (peak := current).
 
-It compiles the shim from a ckptune checkout: the one this file sits in (python/ckptune/), or
-the one $CKPTUNE_ROOT names when the package is installed elsewhere.
+It compiles the shim from a ckptune checkout: the one this file sits in
+(python/ckptune_harness/), or the one $CKPTUNE_ROOT names when this file is used from elsewhere.
+It imports nothing of its package, so it also runs as a script:
 
-    python python/ckptune/meter.py build   # compile (or find cached) and print the library path
+    python python/ckptune_harness/meter.py build   # compile (or find cached) and print the library path
 """
 
 import ctypes

@@ -1,0 +1,187 @@
+"""A ckptune built-in model trained in PyTorch eager, its exact CPU peak measured with ckptune's
+own counting allocator (`ckptune_harness.meter`) loaded into this process: the PyTorch side of
+`ckptune verify --pytorch` and of the benchmark (scripts/bench/eager.py).
+
+The model is the built-in name's plain-torch reference (models/fixtures/reference.py of a
+ckptune checkout: torchvision ResNet, Hugging Face BERT, GPT-2 and Llama in eager mode, the same
+module names), its modules checkpointed with `ckptune.apply`. Per step, as ckptune's runtime
+does it: reset the peak; per micro-batch make the batch (the shapes and dtypes of ckptune's
+`Chain::make_batch`), forward and loss (under CPU autocast for bf16), `backward()`; then the
+optimizer step and `zero_grad(set_to_none=...)`: the loop of ckptune's docs/memory-model.md, in
+which each micro-batch and its loss are released after its backward except the last one's,
+which stay alive through the optimizer step, as a loop's variables do. The meter is installed before the model is built, so absolute levels count the
+same tensors as ckptune's.
+
+    python -m ckptune_harness.eager --plan plan.json -o run.json   # the plan's model, regex and config
+
+Exit codes: 0 done, 2 bad input (a plan this run cannot follow: another format, a model
+without a reference, names that differ), 1 anything else.
+"""
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Callable, List, NamedTuple
+
+import torch
+from torch import nn
+
+from ckptune import apply, load_plan, training_config
+
+from . import meter as meter_mod
+from . import reference
+from .output import optimizer_settings, write_output
+
+FORMAT = "ckptune.pytorch-run/1"
+
+
+class _Training(NamedTuple):
+    """The model being trained, with what a step needs."""
+
+    model: nn.Module
+    backbone: nn.Module
+    wrapped: List[str]
+    make_batch: Callable[[], Any]
+    loss_of: Callable[[Any], torch.Tensor]
+    opt: torch.optim.Optimizer
+
+
+def run(model_name, plan, *, image=None, seq=None, steps=6, warmup=2, threads=2, lr=1e-3, root=None,
+        log=None, autocast_cache=True):
+    """Trains the reference of `model_name` with `plan` (a path or dict: its checkpoint and
+    config) applied, and measures every step. Returns the run as a dict (format `FORMAT`).
+    `autocast_cache=False` runs autocast with `cache_enabled=False` (its bf16 weight casts are
+    then not kept until the autocast region ends).
+
+    Raises ValueError for a plan this cannot follow (its names differ from the reference's, a
+    precision or optimizer torch cannot run on CPU, a model without a reference).
+    """
+    if steps <= warmup:
+        raise ValueError(f"steps {steps} must exceed warmup {warmup}")
+    doc = load_plan(plan)
+    cfg = training_config(doc)
+    if cfg.grad_scaler:
+        raise ValueError(f"precision {cfg.precision!r} runs on CUDA only; this run measures the CPU")
+    ref = reference.load(root)
+    if model_name not in ref.NAMES:
+        raise ValueError(f"model {model_name!r} has no plain-torch reference (models/fixtures/reference.py "
+                         f"has {', '.join(ref.NAMES)}); the PyTorch run covers built-in models only")
+
+    torch.set_num_threads(threads)
+    meter = meter_mod.Meter(meter_mod.build())  # installed before anything is allocated
+    t = _build(ref, model_name, doc, cfg, image, seq, lr)
+    records = []
+    for i in range(steps):
+        records.append(_step(i + 1, t, cfg, meter, autocast_cache))
+        if log:
+            r = records[-1]
+            log(f"  step {i + 1:>3}  loss {r['loss']:.6f}  {r['seconds']:.3f} s  peak {meter.peak():,} B")
+    return _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_cache, meter)
+
+
+def _build(ref, model_name, doc, cfg, image, seq, lr):
+    """The reference with the plan applied, in the plan's dtype, its batches and its optimizer."""
+    torch.manual_seed(0)
+    model, prefix = ref.build(model_name)
+    backbone = model.get_submodule(prefix[:-1]) if prefix else model
+    wrapped = apply(backbone, doc)  # checks the plan's names against the reference first
+    model.to(cfg.param_dtype).train()
+
+    gen = torch.Generator().manual_seed(1234)  # the batch's own generator: dropout is untouched
+    make_batch, loss_of = reference.batches(ref, model, backbone, cfg.micro_batch, image, seq, gen)
+    opt = cfg.optimizer_class(model.parameters(), lr=lr, **cfg.optimizer_kwargs)
+    return _Training(model, backbone, wrapped, make_batch, loss_of, opt)
+
+
+def _step(number, t, cfg, meter, autocast_cache):
+    """One measured step: every micro-batch's forward and backward, then the optimizer step. The
+    last micro-batch and its loss stay alive through the optimizer step, as a loop's do."""
+    pure = cfg.param_dtype != torch.float32
+    meter.reset_peak()
+    start = meter.current()
+    t0 = time.perf_counter()
+    loss_sum = 0.0
+    for k in range(cfg.grad_accum):
+        batch = t.make_batch()
+        if pure and batch[0].is_floating_point():
+            batch = (batch[0].to(cfg.param_dtype),) + batch[1:]
+        with torch.autocast("cpu", dtype=cfg.autocast_dtype or torch.bfloat16,
+                            enabled=cfg.autocast_dtype is not None, cache_enabled=autocast_cache):
+            loss = t.loss_of(batch)
+        loss.backward()
+        loss_sum += loss.item()
+        if k + 1 < cfg.grad_accum:
+            del loss, batch
+    t.opt.step()
+    t.opt.zero_grad(set_to_none=cfg.set_to_none)
+    del loss, batch
+    seconds = time.perf_counter() - t0
+    return {"step": number, "loss": loss_sum / cfg.grad_accum, "seconds": seconds,
+            "peak_bytes": meter.peak(), "start_bytes": start, "end_bytes": meter.current()}
+
+
+def _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_cache, meter):
+    """The run as written (format `FORMAT`): the config it followed, every step, and the peak and
+    median time of the steps after the warm-up."""
+    timed = records[warmup:]
+    secs = sorted(s["seconds"] for s in timed)
+    mid = len(secs) // 2
+    median = secs[mid] if len(secs) % 2 else 0.5 * (secs[mid - 1] + secs[mid])
+    resnet = isinstance(t.model, ref.ResNet)
+    out = {
+        "format": FORMAT,
+        "model": model_name,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "precision": cfg.precision,
+        "autocast_cache": autocast_cache,
+        "optimizer": cfg.optimizer,
+        "optimizer_class": f"{cfg.optimizer_class.__module__}.{cfg.optimizer_class.__name__}",
+        "optimizer_kwargs": optimizer_settings(t.opt),
+        "micro_batch": cfg.micro_batch,
+        "grad_accum": cfg.grad_accum,
+        "set_to_none": cfg.set_to_none,
+        "image": image if resnet else None,
+        "seq": None if resnet else reference.default_seq(t.model, t.backbone, seq),
+        "regex": doc["checkpoint"]["regex"],
+        "modules": t.wrapped,
+        "warmup": warmup,
+        "steps": records,
+        "median_seconds": median,
+        "peak_bytes": max(s["peak_bytes"] for s in timed),
+        "start_bytes": timed[0]["start_bytes"],
+        "meter": os.path.basename(meter.path),
+    }
+    if any(s["peak_bytes"] != timed[0]["peak_bytes"] for s in timed):
+        out["peak_varies"] = [s["peak_bytes"] for s in timed]
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m ckptune_harness.eager", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plan", required=True, help="a plan written by `ckptune plan -o`")
+    ap.add_argument("--steps", type=int, default=5, help="steps in all, warm-up included")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--root", help="the ckptune checkout (default: $CKPTUNE_ROOT, else this package's)")
+    ap.add_argument("-o", "--output")
+    a = ap.parse_args(argv)
+    try:
+        doc = load_plan(a.plan)
+        shape, device = doc.get("shape") or {}, doc.get("device") or {}
+        if not str(device.get("device", "cpu")).startswith("cpu"):
+            raise ValueError(f"the plan is for {device.get('device')}; the PyTorch run measures the CPU")
+        if "model" not in shape:
+            raise ValueError(f"{a.plan} has no shape.model: re-plan with this ckptune")
+        out = run(shape["model"], doc, image=shape.get("image"), seq=shape.get("seq"), steps=a.steps,
+                  warmup=a.warmup, threads=int(device.get("threads") or 1), root=a.root,
+                  log=lambda m: print(m, file=sys.stderr))
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    write_output(a.output, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

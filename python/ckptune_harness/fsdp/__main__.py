@@ -1,0 +1,8 @@
+"""`python -m ckptune_harness.fsdp`: the command line (cli.py)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

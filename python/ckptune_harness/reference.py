@@ -1,0 +1,104 @@
+"""The plain-torch references of a ckptune checkout (models/fixtures/reference.py: torchvision
+ResNet, Hugging Face BERT, GPT-2 and Llama in eager mode, with the module names ckptune uses),
+and the batches ckptune's chain makes for them (`Chain::make_batch`: the same shapes and
+dtypes). The eager and the FSDP runs both build their models and data here.
+"""
+
+import importlib.util
+import os
+import re
+
+import torch
+from torch import nn
+
+from . import meter
+
+
+def load(root=None):
+    """models/fixtures/reference.py of the checkout `root` (default: the meter's)."""
+    path = os.path.join(root or meter.ROOT, "models", "fixtures", "reference.py")
+    if not os.path.exists(path):
+        raise ValueError(f"{path} not found: the PyTorch run builds the plain-torch references of a "
+                         f"ckptune checkout; set CKPTUNE_ROOT to one")
+    spec = importlib.util.spec_from_file_location("ckptune_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def config_of(model, backbone):
+    """A transformer's config: on the backbone (BERT's `bert`) or on the model (GPT-2's, whose
+    `transformer` has none; Llama's, whose backbone is the model); None for a ResNet."""
+    return getattr(backbone, "config", None) or getattr(model, "config", None)
+
+
+def default_seq(model, backbone, seq=None):
+    """A transformer's sequence length: `seq`, else min(128, its positions)."""
+    cfg = config_of(model, backbone)
+    return seq or min(128, getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None))
+
+
+def batches(ref, model, backbone, batch, image, seq, gen):
+    """(make_batch, loss_of) for the reference `model`, as ckptune's chain makes batches:
+    `make_batch()` draws a micro-batch of `batch` samples from `gen`, `loss_of(b)` is its loss."""
+    if isinstance(model, ref.ResNet):
+        return _image_batches(model, batch, image or 224, gen)
+    return _token_batches(ref, model, backbone, batch, default_seq(model, backbone, seq), gen)
+
+
+def _image_batches(model, batch, image, gen):
+    classes = model.fc.out_features
+
+    def make_batch():
+        x = torch.randn(batch, 3, image, image, generator=gen)
+        return x, torch.randint(classes, (batch,), generator=gen), None
+
+    def loss_of(b):
+        x, y, _ = b
+        return nn.functional.cross_entropy(model(x), y)
+
+    return make_batch, loss_of
+
+
+def _token_batches(ref, model, backbone, batch, seq, gen):
+    cfg = config_of(model, backbone)
+    classifier = isinstance(model, ref.BertForSequenceClassification)
+
+    def make_batch():
+        ids = torch.randint(cfg.vocab_size, (batch, seq), generator=gen)
+        if classifier:
+            y = torch.randint(cfg.num_labels, (batch,), generator=gen)
+        else:
+            y = torch.randint(cfg.vocab_size, (batch, seq), generator=gen)
+        mask = torch.ones(batch, seq, dtype=torch.long)
+        pad = seq // 4
+        if pad > 0:
+            mask[1::2, seq - pad:] = 0  # every other sequence: last quarter padded
+        return ids, y, mask
+
+    if classifier:
+        def loss_of(b):
+            ids, y, mask = b
+            _, pooled = model.bert(ids, mask)
+            logits = model.classifier(model.dropout(pooled))
+            return nn.functional.cross_entropy(logits.view(-1, cfg.num_labels), y.view(-1))
+    elif isinstance(model, ref.GPT2LMHeadModel):
+        def loss_of(b):
+            ids, y, _ = b
+            return model(ids, y)[1]
+    else:
+        def loss_of(b):
+            ids, y, mask = b
+            return model(ids, y, attention_mask=mask)[1]
+
+    return make_batch, loss_of
+
+
+def matching(model_name, regex, root=None):
+    """The reference backbone's module names that fully match `regex` ('' matches none)."""
+    if not regex:
+        return []
+    with torch.device("meta"):
+        model, prefix = load(root).build(model_name)
+    backbone = model.get_submodule(prefix[:-1]) if prefix else model
+    return [n for n, _ in backbone.named_modules() if n and re.fullmatch(regex, n)]
