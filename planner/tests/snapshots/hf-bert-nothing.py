@@ -1,0 +1,48 @@
+# Hugging Face Trainer with the ckptune plan for bert-base-uncased (ckptune 0.1.0).
+#   checkpoint: nothing (regex ^[^\s\S]$)
+#   config bf16/adamw/mb12x1: precision bf16, optimizer adamw, micro-batch 12, gradient accumulation 1, set_to_none true
+#   inputs: sequences of 128 tokens
+#   predicted peak 2.25 GiB (2,418,070,284 B) of the budget 2.51 GiB (2,697,742,735 B), measured on cpu, threads: 2
+# Needs transformers (with accelerate) and the ckptune companion (`pip install ./python`).
+# The plan checkpoints nothing: activation checkpointing stays off.
+import torch
+from transformers import Trainer, TrainingArguments
+
+import ckptune
+
+PLAN = {
+    "format": "ckptune.plan/1",
+    "checkpoint": {"regex": "^[^\\s\\S]$", "modules": []},
+    "config": {"grad_accum": 1, "micro_batch": 12, "optimizer": "adamw", "optimizer_impl": "single", "precision": "bf16", "set_to_none": True},
+}
+# The submodule whose names the plan uses. ckptune plans the backbone, so for
+# a Hugging Face BertForSequenceClassification, the plan's `encoder.layer.0` is `bert.encoder.layer.0`;
+# use "" if your model is the backbone itself.
+BACKBONE = "bert"
+
+
+def checkpoint_plan(model):
+    """ckptune.apply on the plan's modules; returns their names."""
+    return ckptune.apply(model.get_submodule(BACKBONE), PLAN)
+
+
+def make_trainer(model, train_dataset, lr=1e-3, output_dir="ckptune-trainer", trainer_kwargs=None, **training_args):
+    """A Trainer with the plan applied: its modules checkpointed, its micro-batch (12) and
+    accumulation (1), precision and optimizer. Extra TrainingArguments pass through. Trainer
+    clips gradients by default (max_grad_norm=1.0), which the plan did not measure: its norms add
+    a few bytes per parameter tensor before the optimizer step; max_grad_norm=0 is the plan's step."""
+    checkpoint_plan(model)
+    cfg = ckptune.training_config(PLAN)
+    model.to(cfg.param_dtype)
+    opt = cfg.optimizer_class(model.parameters(), lr=lr, **cfg.optimizer_kwargs)
+    args = TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=12,
+        gradient_accumulation_steps=1,
+        bf16=True,
+        fp16=False,
+        activation_checkpointing=False,
+        **training_args,
+    )
+    return Trainer(model=model, args=args, train_dataset=train_dataset, optimizers=(opt, None),
+                   **(trainer_kwargs or {}))

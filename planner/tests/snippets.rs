@@ -1,0 +1,68 @@
+//! The trainer snippets `--emit` writes, as snapshots: each trainer's snippet for committed plans
+//! of several kinds (layers only, modules inside layers, nothing checkpointed, sharded), compared
+//! with `planner/tests/snapshots/`, so that any change to the generated code shows in a diff.
+//! `UPDATE_EXPECT=1 cargo test -p ckptune --test snippets` writes the snapshots again. The
+//! snippets themselves are executed by `tests/emit.rs`.
+
+use std::path::{Path, PathBuf};
+
+use ckptune::cli::commands::emit::EmitKind;
+use ckptune::cli::commands::emit::snippet;
+use ckptune_solver::formats::{self, PlanJson};
+use expect_test::expect_file;
+
+fn results() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../results")
+}
+
+fn plan(path: &str) -> PlanJson {
+    formats::read_tagged(&results().join(path), formats::PLAN_FORMAT).unwrap()
+}
+
+/// `name` rendered for `kind`, against its snapshot.
+fn check(name: &str, plan_path: &str, kind: EmitKind) {
+    let text = snippet(&plan(plan_path), kind).unwrap_or_else(|e| panic!("{name}: {e}"));
+    expect_file![format!("snapshots/{name}.py")].assert_eq(&text);
+}
+
+const BERT_EMBEDDINGS: &str = "bert-base-uncased/plans/plan-2326261216.json";
+const BERT_LAYERS: &str = "bert-base-uncased/plans/plan-1954779696.json";
+const BERT_NOTHING: &str = "bert-base-uncased/plans/plan-2697742735.json";
+const BERT_NESTED: &str = "nested/plans/nested-2094085266.json";
+const TINYLLAMA: &str = "tinyllama/plans/plan-19367044016.json";
+const RESNET152: &str = "resnet152/plans/plan-1096590090.json";
+const BERT_SHARDED: &str = "fsdp/avx512-bf16/bert-base-n2.plan.json";
+const RESNET50_SHARDED: &str = "fsdp/avx512-bf16/resnet50-n4.plan.json";
+
+#[test]
+fn plain_pytorch() {
+    check("python-bert-embeddings", BERT_EMBEDDINGS, EmitKind::Python);
+    check("python-resnet152", RESNET152, EmitKind::Python);
+    check("python-bert-sharded", BERT_SHARDED, EmitKind::Python);
+}
+
+#[test]
+fn fsdp2() {
+    check("fsdp2-bert-sharded", BERT_SHARDED, EmitKind::Fsdp2);
+    check("fsdp2-resnet50-sharded", RESNET50_SHARDED, EmitKind::Fsdp2);
+}
+
+#[test]
+fn hugging_face() {
+    check("hf-bert-layers", BERT_LAYERS, EmitKind::Hf);
+    check("hf-bert-embeddings", BERT_EMBEDDINGS, EmitKind::Hf);
+    check("hf-bert-nested", BERT_NESTED, EmitKind::Hf);
+    check("hf-bert-nothing", BERT_NOTHING, EmitKind::Hf);
+    check("hf-tinyllama", TINYLLAMA, EmitKind::Hf);
+}
+
+#[test]
+fn lightning() {
+    check("lightning-bert-embeddings", BERT_EMBEDDINGS, EmitKind::Lightning);
+    check("lightning-resnet152", RESNET152, EmitKind::Lightning);
+}
+
+#[test]
+fn torchtitan() {
+    check("torchtitan-tinyllama", TINYLLAMA, EmitKind::Torchtitan);
+}
