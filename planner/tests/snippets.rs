@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ckptune::cli::commands::emit::EmitKind;
-use ckptune::cli::commands::emit::snippet;
+use ckptune::cli::args::EmitKind;
+use ckptune::cli::snippets::snippet;
 use ckptune_solver::formats::{self, PlanJson};
 use expect_test::expect_file;
 

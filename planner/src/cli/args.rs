@@ -3,9 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
-
-pub use super::commands::emit::EmitKind;
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Finds the fastest PyTorch training configuration that fits a memory budget: which modules
 /// to activation-checkpoint (a regex over PyTorch module names), the precision, optimizer,
@@ -314,4 +312,21 @@ pub struct SimulateAllocatorArgs {
     /// Print the replay JSON on stdout instead of a summary.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The trainers `--emit` writes snippets for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EmitKind {
+    /// Plain PyTorch: `ckptune.apply` and a `ckptune.training_config` loop.
+    Python,
+    /// Plain PyTorch FSDP2 on the plan's N ranks under torchrun (plans made with `plan --shard
+    /// N`): `ckptune.apply`, `fully_shard` on every unit and then the root, the same loop.
+    Fsdp2,
+    /// Hugging Face `Trainer`: its per-layer checkpointing flags when the plan names only
+    /// layers, else `ckptune.apply` before the `Trainer`.
+    Hf,
+    /// Lightning: a callback that applies the plan in `setup`, the plan's precision string.
+    Lightning,
+    /// torchtitan: its `activation_checkpoint` config (Llama-family plans only).
+    Torchtitan,
 }

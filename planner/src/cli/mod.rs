@@ -6,9 +6,13 @@
 
 pub mod args;
 pub mod commands;
+pub mod companion;
 pub mod error;
 pub mod output;
+pub mod plan_check;
+pub mod plan_run;
 pub mod setup;
+pub mod snippets;
 pub mod timing;
 
 use std::process::ExitCode;

@@ -88,23 +88,23 @@ impl Module {
 /// written-out paths, and those of its re-exports that its own code also uses by name.
 fn imported_paths(m: &Module) -> Vec<(String, usize)> {
     let mut out = Vec::new();
-    // The code without declarations: `use` and `mod` lines blanked, offsets kept.
+    // The code without declarations: `use` statements and `mod` lines blanked, offsets kept.
+    let mut blank: Vec<bool> = vec![false; m.code.len()];
+    for u in uses(&m.code) {
+        blank[u.at..u.end].iter_mut().for_each(|b| *b = true);
+    }
+    let mut offset = 0;
+    for l in m.code.split_inclusive('\n') {
+        let t = l.trim_start();
+        if t.starts_with("mod ") || t.contains(" mod ") {
+            blank[offset..offset + l.len()].iter_mut().for_each(|b| *b = true);
+        }
+        offset += l.len();
+    }
     let body: String = m
         .code
-        .split_inclusive('\n')
-        .map(|l| {
-            let t = l.trim_start();
-            let declaration = t.starts_with("use ")
-                || t.starts_with("pub use ")
-                || t.starts_with("pub(crate) use ")
-                || t.starts_with("mod ")
-                || t.contains(" mod ");
-            if declaration {
-                " ".repeat(l.len().saturating_sub(1)) + "\n"
-            } else {
-                l.to_string()
-            }
-        })
+        .char_indices()
+        .map(|(i, c)| if blank[i] && c != '\n' { ' ' } else { c })
         .collect();
     for u in uses(&m.code) {
         for path in u.paths {

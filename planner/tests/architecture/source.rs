@@ -177,11 +177,12 @@ fn matching_brace(text: &str, open: usize) -> Option<usize> {
 }
 
 /// One `use` declaration: the paths its tree names, whether it is a re-export, and where it
-/// stands (a byte offset).
+/// stands (from its `use` to its `;`, byte offsets).
 pub struct Use {
     pub paths: Vec<String>,
     pub public: bool,
     pub at: usize,
+    pub end: usize,
 }
 
 /// The `use` declarations of `code` (already [`code_only`]).
@@ -205,6 +206,7 @@ pub fn uses(code: &str) -> Vec<Use> {
             paths: expand_tree(tree),
             public: head.starts_with("pub"),
             at: start + at,
+            end: start + statement.len(),
         });
     }
     out

@@ -17,7 +17,7 @@ pub(super) enum PoolKind {
 impl PoolKind {
     /// `get_pool`: by the rounded size.
     pub(super) fn for_size(size: u64) -> PoolKind {
-        if size <= super::sizes::K_SMALL_SIZE {
+        if size <= super::constants::K_SMALL_SIZE {
             PoolKind::Small
         } else {
             PoolKind::Large

@@ -4,7 +4,7 @@
 //! (the pinned host allocator's, `release_lock_on_cudamalloc`, …) are checked as PyTorch checks
 //! them and otherwise ignored; `backend:cudaMallocAsync` is refused, it is another allocator.
 
-use super::sizes::{K_LARGE_BUFFER, K_MIN_LARGE_ALLOC};
+use super::constants::{K_LARGE_BUFFER, K_MIN_LARGE_ALLOC};
 
 const MIB: u64 = 1 << 20;
 /// `kRoundUpPowerOfTwoIntervals`: `roundup_power2_divisions` has one entry per power-of-two

@@ -5,45 +5,13 @@
 //! retry before an out-of-memory error) takes back the fully free ones.
 
 use super::block::{Block, BlockId, PoolKind};
+use super::constants::K_SMALL_BUFFER;
+use super::expandable_segment::ExpandableSegment;
 use super::simulator::{Request, Simulator};
-use super::sizes::K_SMALL_BUFFER;
 
 /// The device memory assumed for the address space of an expandable segment when the
 /// simulation is given no capacity (PyTorch reserves 9/8 of `totalGlobalMem`).
 const UNKNOWN_DEVICE_MEMORY: u64 = 1 << 40;
-
-/// `struct ExpandableSegment`: an address range of `size` bytes from `base`, in pages of
-/// `page` bytes. Which pages are mapped is recorded in the blocks covering it.
-#[derive(Debug)]
-pub(super) struct ExpandableSegment {
-    base: u64,
-    page: u64,
-    size: u64,
-}
-
-impl ExpandableSegment {
-    /// `ExpandableSegment::map`'s pages: from the one holding `addr` (a page start) through
-    /// the one holding the range's last byte.
-    fn pages_covering(&self, addr: u64, len: u64) -> (u64, u64) {
-        debug_assert_eq!((addr - self.base) % self.page, 0, "mapping starts on a page");
-        (
-            (addr - self.base) / self.page,
-            (addr + len - self.base).div_ceil(self.page),
-        )
-    }
-
-    /// `ExpandableSegment::unmap`'s pages: those wholly inside the range.
-    fn pages_inside(&self, addr: u64, len: u64) -> (u64, u64) {
-        (
-            (addr - self.base).div_ceil(self.page),
-            (addr + len - self.base) / self.page,
-        )
-    }
-
-    fn page_address(&self, page: u64) -> u64 {
-        self.base + page * self.page
-    }
-}
 
 impl Simulator {
     /// `try_allocate_expandable_block`: finds room (`find_expandable_block`), maps the

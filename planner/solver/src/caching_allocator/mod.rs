@@ -14,18 +14,21 @@
 //! (2.13's `AllocatorConfig.h`). Constants are checked against the torch 2.13.0 wheel's headers
 //! (git cf30153c). `docs/cuda-allocator.md` lists every rule and what is not simulated.
 //!
-//! Files, one job each: [`config`] parses `PYTORCH_CUDA_ALLOC_CONF`; `sizes` rounds requests
-//! and sizes segments; `block` and `pool` hold blocks and the best-fit sets; `place` splits
+//! Files, one job each: [`config`] parses `PYTORCH_CUDA_ALLOC_CONF`; `constants` and `sizes` round
+//! requests and size segments; `block` and `pool` hold blocks and the best-fit sets; `place` splits
 //! and merges blocks; `segments` gets and releases device memory (cudaMalloc, cudaFree, the
-//! garbage collector); `expandable` maps and unmaps expandable segments' pages; [`stats`] is
+//! garbage collector); `expandable_segment` and `expandable` map and
+//! unmap expandable segments' pages; [`stats`] is
 //! `memory_stats()`; `simulator` ties them into `malloc`/`free`; `snapshot` is `memory_snapshot()`; `replay`
 //! runs a trace.
 //! Pure and deterministic: no I/O, no libtorch.
 
 mod block;
 pub mod config;
+mod constants;
 mod error;
 mod expandable;
+mod expandable_segment;
 mod place;
 mod pool;
 mod replay;
@@ -36,12 +39,10 @@ mod snapshot;
 pub mod stats;
 
 pub use config::{AllocatorConfig, ConfigError};
+pub use constants::{K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_BUFFER, K_SMALL_SIZE};
 pub use error::{format_size, OomKind, OutOfMemory, SimError};
 pub use replay::{replay, Replay, Snapshot, SpanPeaks, Stop, TraceEvent};
 pub use simulator::Simulator;
-pub use sizes::{
-    allocation_size, round_size, K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_BUFFER,
-    K_SMALL_SIZE,
-};
+pub use sizes::{allocation_size, round_size};
 pub use snapshot::{BlockInfo, SegmentInfo};
 pub use stats::{Stat, Stats};

@@ -3,8 +3,8 @@
 //! (`free`, `free_block`, `try_merge_blocks`), with the statistics each step changes.
 
 use super::block::{BlockId, PoolKind};
+use super::constants::{K_MIN_BLOCK_SIZE, K_SMALL_SIZE};
 use super::simulator::{Request, Simulator};
-use super::sizes::{K_MIN_BLOCK_SIZE, K_SMALL_SIZE};
 
 impl Simulator {
     /// `should_split`: in the small pool and in expandable segments, when at least 512 bytes

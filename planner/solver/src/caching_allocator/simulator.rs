@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use super::block::{Arena, BlockId, PoolKind};
 use super::config::{AllocatorConfig, ConfigError};
 use super::error::{OomKind, OutOfMemory, SimError};
-use super::expandable::ExpandableSegment;
+use super::expandable_segment::ExpandableSegment;
 use super::pool::BlockPool;
 use super::sizes::{allocation_size, round_size};
 use super::stats::Stats;
@@ -233,7 +233,7 @@ impl Simulator {
     /// they were made (cudaMalloc's own placement is not known).
     pub(super) fn fresh_address(&mut self, size: u64) -> u64 {
         let addr = self.next_address;
-        self.next_address += size.next_multiple_of(super::sizes::K_SMALL_BUFFER);
+        self.next_address += size.next_multiple_of(super::constants::K_SMALL_BUFFER);
         addr
     }
 }

@@ -10,5 +10,3 @@ pub mod simulate_allocator;
 pub mod sweep;
 pub mod train;
 pub mod verify;
-pub mod verify_pytorch;
-pub mod verify_shard;

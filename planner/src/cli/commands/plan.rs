@@ -18,10 +18,10 @@ use ckptune_solver::shard::{is_default_unit, Collective, ShardError, ShardSpec, 
 use ckptune_solver::solver::{self, SolveError, SolveStatus};
 use ckptune_solver::{chain_model, regex_emit};
 
-use super::verify::{print_verify, verify_plan};
 use crate::cli::args::PlanArgs;
 use crate::cli::error::UsageError;
 use crate::cli::output::{outln, print_json};
+use crate::cli::plan_run::{print_verify, verify_plan};
 use crate::cli::setup::{cpu_identity, measure_profile, Setup};
 use crate::cli::timing::{profile_notes, range_text};
 
@@ -451,7 +451,10 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
     }
     // Rendered before anything is written: a plan the snippet cannot express is bad input that
     // leaves no file behind.
-    let snippet = a.emit.map(|kind| super::emit::snippet(&plan, kind)).transpose()?;
+    let snippet = a
+        .emit
+        .map(|kind| crate::cli::snippets::snippet(&plan, kind))
+        .transpose()?;
     if let Some(out) = &a.output {
         formats::write_atomic(out, &plan).with_context(|| "writing the plan")?;
     }

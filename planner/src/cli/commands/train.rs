@@ -7,10 +7,10 @@ use anyhow::{bail, Result};
 use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, PlanJson, TrainJson, TrainStepJson};
 
-use super::verify::setup_for_plan;
 use crate::cli::args::TrainArgs;
 use crate::cli::error::UsageError;
 use crate::cli::output::{outln, print_json};
+use crate::cli::plan_run::setup_for_plan;
 use crate::cli::setup::Setup;
 
 pub fn train_cmd(a: TrainArgs) -> Result<ExitCode> {

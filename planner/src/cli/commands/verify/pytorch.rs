@@ -2,39 +2,28 @@
 //! in PyTorch eager on the built-in model's plain-torch reference (`python -m ckptune_harness.eager`,
 //! the companion's run with ckptune's counting allocator loaded into the Python process) — and
 //! reported beside the prediction. Exit 1 when either run peaks over the budget. A plan with a
-//! `shard` section goes to [`super::verify_shard`] instead: FSDP2 on its N ranks.
+//! `shard` section goes to [`super::shard`] instead: FSDP2 on its N ranks.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::path::Path;
+use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, PlanJson, PytorchRunJson, VerifyJson, VerifyPytorchJson};
 
-use super::verify::verify_plan;
+use super::shard::{check_shard_flags, verify_shard_cmd};
 use crate::cli::args::VerifyArgs;
+use crate::cli::companion::{companion, harness_message, python, require_python, run_dir};
 use crate::cli::error::UsageError;
 use crate::cli::output::{group_digits, outln, print_json};
-
-/// The checkout this binary was built from: where the companion (`python/`), the references
-/// (`models/fixtures/reference.py`) and the meter's source (`kernels/csrc/shim.cpp`) are.
-fn checkout() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// `--python`, else `$CKPTUNE_PYTHON`, else the venv `scripts/setup` links at `.venv`.
-pub(super) fn python(flag: Option<&Path>) -> PathBuf {
-    flag.map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("CKPTUNE_PYTHON").map(PathBuf::from))
-        .unwrap_or_else(|| checkout().join(".venv/bin/python"))
-}
+use crate::cli::plan_run::verify_plan;
 
 /// Runs `python -m ckptune_harness.eager` on the plan file. Its exit code 2 (a plan the PyTorch run
 /// cannot follow: names that differ from the reference's, a model without a reference) is bad
 /// input here too, with its message.
 fn pytorch_run(plan_path: &Path, steps: usize, python: &Path) -> Result<PytorchRunJson> {
     require_python(python)?;
-    let dir = tempfile_dir()?;
+    let dir = run_dir()?;
     let out = dir.join("pytorch-run.json");
     let result = companion(python)
         .args(["-m", "ckptune_harness.eager", "--plan"])
@@ -44,27 +33,15 @@ fn pytorch_run(plan_path: &Path, steps: usize, python: &Path) -> Result<PytorchR
         .output()
         .with_context(|| format!("verify --pytorch: running {}", python.display()));
     let run = result.and_then(|o| {
-        let stderr = String::from_utf8_lossy(&o.stderr);
-        let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
-        let last = last.strip_prefix("error: ").unwrap_or(last).to_owned();
+        let message = harness_message(&String::from_utf8_lossy(&o.stderr));
         match o.status.code() {
             Some(0) => Ok(formats::read_tagged::<PytorchRunJson>(
                 &out,
                 formats::PYTORCH_RUN_FORMAT,
             )?),
-            Some(2) => Err(UsageError(format!("verify --pytorch: the PyTorch run refused the plan: {last}")).into()),
+            Some(2) => Err(UsageError(format!("verify --pytorch: the PyTorch run refused the plan: {message}")).into()),
             code => Err(anyhow::anyhow!(
-                "verify --pytorch: the PyTorch run failed (exit {code:?}): {}",
-                stderr
-                    .trim_end()
-                    .lines()
-                    .rev()
-                    .take(15)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect::<Vec<_>>()
-                    .join("\n")
+                "verify --pytorch: the PyTorch run failed (exit {code:?}): {message}"
             )),
         }
     });
@@ -72,44 +49,10 @@ fn pytorch_run(plan_path: &Path, steps: usize, python: &Path) -> Result<PytorchR
     run
 }
 
-/// `python` with this checkout's companion importable and told where the checkout is.
-pub(super) fn companion(python: &Path) -> Command {
-    let root = checkout();
-    let mut cmd = Command::new(python);
-    cmd.env("PYTHONPATH", root.join("python")).env("CKPTUNE_ROOT", &root);
-    cmd
-}
-
-/// Bad input when the Python that runs `--pytorch` is not there.
-pub(super) fn require_python(python: &Path) -> Result<()> {
-    if !python.exists() {
-        return Err(UsageError(format!(
-            "verify --pytorch: no Python at {}: run scripts/setup, or pass --python (or set CKPTUNE_PYTHON) \
-             to a Python with torch",
-            python.display()
-        ))
-        .into());
-    }
-    Ok(())
-}
-
-pub(super) fn tempfile_dir() -> Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!(
-        "ckptune-verify-pytorch-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    ));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(dir)
-}
-
 /// The PyTorch run first (a plan it refuses is bad input, before minutes of ckptune's run),
 /// then ckptune's.
 pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
-    super::verify_shard::check_shard_flags(a, plan)?;
+    check_shard_flags(a, plan)?;
     if !plan.device.device.starts_with("cpu") {
         return Err(UsageError(format!(
             "verify --pytorch measures the CPU peak with ckptune's counting allocator; the plan is for {}",
@@ -126,7 +69,7 @@ pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
         .into());
     }
     if let Some(shard) = &plan.shard {
-        return super::verify_shard::verify_shard_cmd(a, plan, shard);
+        return verify_shard_cmd(a, plan, shard);
     }
     let steps = a.steps.unwrap_or(plan.shape.repeats);
     let pytorch = pytorch_run(&a.plan, steps, &python(a.python.as_deref()))?;

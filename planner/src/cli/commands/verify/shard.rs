@@ -21,8 +21,8 @@ use anyhow::{anyhow, Context, Result};
 use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, FsdpRunJson, PlanJson, RankVerifyJson, ShardJson, VerifyShardJson};
 
-use super::verify_pytorch::{companion, python, require_python, tempfile_dir};
 use crate::cli::args::VerifyArgs;
+use crate::cli::companion::{companion, harness_message, python, require_python, run_dir};
 use crate::cli::error::UsageError;
 use crate::cli::output::{group_digits, outln, print_json};
 
@@ -56,7 +56,7 @@ pub fn check_shard_flags(a: &VerifyArgs, plan: &PlanJson) -> Result<()> {
 }
 
 /// Refuses, as bad input, a shard section the FSDP run cannot follow or that contradicts itself
-/// (`verify` has already run `emit::check_plan`: at least one rank, known units).
+/// (`verify` has already run `plan_check::check_plan`: at least one rank, known units).
 fn check_plan(path: &Path, plan: &PlanJson, s: &ShardJson) -> Result<()> {
     let bad =
         |why: String| -> Result<()> { Err(UsageError(format!("verify --pytorch: {}: {why}", path.display())).into()) };
@@ -168,38 +168,12 @@ fn harness_args(plan: &PlanJson, s: &ShardJson, steps: usize, port: Option<u16>)
     args
 }
 
-/// The harness's own message from its stderr: from its last `error: ` line (its one-line
-/// summary, then a failed rank's traceback) to the end, else the last lines.
-fn harness_message(stderr: &str) -> String {
-    let lines: Vec<&str> = stderr.trim_end().lines().collect();
-    let start = lines
-        .iter()
-        .rposition(|l| l.starts_with("error: ") || l.contains(": error: "));
-    let shown: Vec<&str> = match start {
-        Some(i) => {
-            let first = lines[i];
-            let first = first.split_once("error: ").map_or(first, |(_, rest)| rest);
-            // A traceback's end says what failed; its middle is frames.
-            let rest = &lines[i + 1..];
-            let tail = &rest[rest.len().saturating_sub(30)..];
-            std::iter::once(first).chain(tail.iter().copied()).collect()
-        }
-        None => lines[lines.len().saturating_sub(15)..].to_vec(),
-    };
-    let text = shown.join("\n");
-    if text.trim().is_empty() {
-        "(no output)".into()
-    } else {
-        text
-    }
-}
-
 /// Runs `python -m ckptune_harness.fsdp` for the plan and reads its result. Its exit code 2 (a plan it
 /// cannot follow, no gloo) is bad input here too; 1 (a rank failed, the port was taken, the
 /// timeout) is the work failing; both with its message.
 fn fsdp_run(plan: &PlanJson, s: &ShardJson, steps: usize, port: Option<u16>, python: &Path) -> Result<FsdpRunJson> {
     require_python(python)?;
-    let dir = tempfile_dir()?;
+    let dir = run_dir()?;
     let out = dir.join("fsdp-run.json");
     // `output` waits for the harness whatever it returns: no zombie, and its ranks are gone
     // when it has exited.

@@ -1,9 +1,8 @@
-//! `ckptune verify`: a plan run for real, every moment of an instrumented step compared with
-//! the memory model to the byte.
+//! A plan run by ckptune's runtime: its model and config rebuilt from the plan, one warm-up
+//! step, timed steps, and one instrumented step whose every moment is compared with the memory
+//! model to the byte. What `verify`, `plan --verify` and `train --plan` share.
 
-use std::process::ExitCode;
-
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use ckptune_runtime::profile::timing::{self, timed_steps};
 use ckptune_runtime::profile::{measured_moments, RetimePolicy};
 use ckptune_runtime::progress::progress_bar;
@@ -12,13 +11,13 @@ use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, MeasuredRun, MismatchJson, PlanJson, PredictedRun, VerifyJson};
 use ckptune_solver::model::moments_at;
 
-use crate::cli::args::{ModelArgs, VerifyArgs};
-use crate::cli::output::{group_digits, outln, print_json};
+use crate::cli::args::ModelArgs;
+use crate::cli::output::{group_digits, outln};
 use crate::cli::setup::Setup;
 use crate::cli::timing::{contention_note, range_text};
 
 /// A setup that rebuilds the plan's model and config.
-pub(crate) fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfig)> {
+pub fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfig)> {
     let args = ModelArgs {
         model: plan.shape.model.clone(),
         batch: vec![plan.config.micro_batch],
@@ -199,31 +198,4 @@ pub fn print_verify(r: &VerifyJson) {
             r.peak_moment
         );
     }
-}
-
-pub fn verify_cmd(a: VerifyArgs) -> Result<ExitCode> {
-    let plan: PlanJson = formats::read_tagged(&a.plan, formats::PLAN_FORMAT)?;
-    super::emit::check_plan(&plan).with_context(|| format!("verifying {}", a.plan.display()))?;
-    if a.pytorch {
-        return super::verify_pytorch::verify_pytorch_cmd(&a, &plan);
-    }
-    let steps = a.steps.unwrap_or(plan.shape.repeats);
-    let r = verify_plan(&plan, steps, a.quiet).with_context(|| format!("verifying {}", a.plan.display()))?;
-    if let Some(out) = &a.output {
-        formats::write_atomic(out, &r)?;
-    }
-    if a.json {
-        print_json(&r)?;
-    } else {
-        print_verify(&r);
-    }
-    if !r.within_budget {
-        eprintln!(
-            "error: verification failed: measured peak {} is over the budget {}",
-            format_size(r.measured.peak_bytes as u64),
-            format_size(r.budget_bytes as u64)
-        );
-        return Ok(ExitCode::from(1));
-    }
-    Ok(ExitCode::SUCCESS)
 }

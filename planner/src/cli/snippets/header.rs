@@ -1,0 +1,173 @@
+//! The comments every snippet opens with: what was planned, for what, with what prediction,
+//! and which submodule of the user's model the plan's names are relative to.
+
+use std::fmt::Write as _;
+
+use ckptune_solver::budget::format_size;
+use ckptune_solver::formats::{PlanJson, RankPredictionJson, ShardJson};
+
+use super::facts::Facts;
+use super::literals::{py_bool, unit_list};
+use crate::cli::output::group_digits;
+
+/// The comment every snippet opens with: what was planned, for what, with what prediction.
+pub(super) fn header(plan: &PlanJson, trainer: &str) -> String {
+    let c = &plan.config;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# {trainer} with the ckptune plan for {} (ckptune {}).",
+        plan.model.name, plan.ckptune_version
+    );
+    let modules = if plan.checkpoint.modules.is_empty() {
+        "nothing".to_string()
+    } else {
+        plan.checkpoint.modules.join(", ")
+    };
+    let _ = writeln!(s, "#   checkpoint: {modules} (regex {})", plan.checkpoint.regex);
+    let _ = writeln!(
+        s,
+        "#   config {}: precision {}, optimizer {}, micro-batch {}, gradient accumulation {}, set_to_none {}",
+        c.label(),
+        c.precision,
+        c.optimizer,
+        c.micro_batch,
+        c.grad_accum,
+        c.set_to_none
+    );
+    let mut shape = Vec::new();
+    if let Some(i) = plan.shape.image {
+        shape.push(format!("images {i}x{i}"));
+    }
+    if let Some(q) = plan.shape.seq {
+        shape.push(format!("sequences of {q} tokens"));
+    }
+    if !shape.is_empty() {
+        let _ = writeln!(s, "#   inputs: {}", shape.join(", "));
+    }
+    let _ = writeln!(
+        s,
+        "#   predicted peak {} ({} B) of the budget {} ({} B), measured on {}, threads: {}",
+        format_size(plan.predicted.peak_bytes.max(0) as u64),
+        group_digits(plan.predicted.peak_bytes),
+        format_size(plan.budget_bytes.max(0) as u64),
+        group_digits(plan.budget_bytes),
+        plan.device.device,
+        plan.device.threads
+    );
+    if let Some(shard) = &plan.shard {
+        s.push_str(&shard_header(shard, c.micro_batch));
+    }
+    s
+}
+
+/// The header's lines for a sharded plan: the ranks, the units, each rank's predicted peak.
+pub(super) fn shard_header(shard: &ShardJson, micro_batch: i64) -> String {
+    let mut s = String::new();
+    let units = if shard.units.is_empty() {
+        "on the root only (every parameter)".to_string()
+    } else {
+        format!(
+            "on {} (reshard_after_forward={}), then on the root (every other parameter)",
+            unit_list(&shard.units),
+            py_bool(shard.reshard_after_forward)
+        )
+    };
+    let _ = writeln!(
+        s,
+        "#   sharded over {n} ranks with FSDP2 ({}): fully_shard {units}; micro-batch {micro_batch} per rank, \
+         {} samples per micro-step over the {n} ranks",
+        shard.collective,
+        micro_batch * shard.ranks,
+        n = shard.ranks,
+    );
+    // Ranks with the same prediction in one entry: `ranks 0–2 …; rank 3 …`.
+    let mut groups: Vec<(i64, i64, &RankPredictionJson)> = Vec::new();
+    for r in &shard.per_rank {
+        match groups.last_mut() {
+            Some((_, last, g)) if g.peak_bytes == r.peak_bytes && g.peak_moment == r.peak_moment => *last = r.rank,
+            _ => groups.push((r.rank, r.rank, r)),
+        }
+    }
+    let entries: Vec<String> = groups
+        .iter()
+        .map(|(first, last, r)| {
+            let who = if first == last {
+                format!("rank {first}")
+            } else {
+                format!("ranks {first}–{last}")
+            };
+            format!(
+                "{who} {} ({} B) at {}",
+                format_size(r.peak_bytes.max(0) as u64),
+                group_digits(r.peak_bytes),
+                r.peak_moment
+            )
+        })
+        .collect();
+    if !entries.is_empty() {
+        let _ = writeln!(s, "#   predicted peak per rank: {}", entries.join("; "));
+    }
+    s
+}
+
+/// For the one-process snippets of a sharded plan: what they leave out.
+pub(super) fn one_process_note(plan: &PlanJson) -> &'static str {
+    if plan.shard.is_some() {
+        "# This snippet trains on one process, without the plan's sharding: `ckptune emit fsdp2` writes that.\n"
+    } else {
+        ""
+    }
+}
+
+pub(super) fn backbone_comment(f: &Facts) -> String {
+    if f.backbone.is_empty() {
+        format!(
+            "# The module whose names the plan uses: {}, whole (\"\" is the model itself).\n",
+            f.task_model
+        )
+    } else {
+        let layer = f.layers.first().map(String::as_str).unwrap_or("…");
+        format!(
+            "# The submodule whose names the plan uses. ckptune plans the backbone, so for\n\
+             # {}, the plan's `{layer}` is `{}.{layer}`;\n\
+             # use \"\" if your model is the backbone itself.\n",
+            f.task_model, f.backbone
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_header_groups_ranks_with_the_same_prediction() {
+        let rank = |rank, peak_bytes, moment: &str| RankPredictionJson {
+            rank,
+            peak_bytes,
+            peak_moment: moment.into(),
+        };
+        let units: Vec<String> = (0..12).map(|i| format!("model.layers.{i}")).collect();
+        let shard = ShardJson {
+            ranks: 4,
+            reshard_after_forward: false,
+            collective: "nccl".into(),
+            units,
+            per_rank: vec![
+                rank(0, 2048, "forward layer4"),
+                rank(1, 2048, "forward layer4"),
+                rank(2, 2048, "forward layer4"),
+                rank(3, 1024, "optimizer"),
+            ],
+        };
+        assert_eq!(
+            shard_header(&shard, 2),
+            "#   sharded over 4 ranks with FSDP2 (nccl): fully_shard on model.layers.0, model.layers.1, …, \
+             model.layers.11 (12 units) (reshard_after_forward=False), then on the root (every other \
+             parameter); micro-batch 2 per rank, 8 samples per micro-step over the 4 ranks\n\
+             #   predicted peak per rank: ranks 0–2 2.00 KiB (2,048 B) at forward layer4; rank 3 1.00 KiB \
+             (1,024 B) at optimizer\n"
+        );
+    }
+}

@@ -1,0 +1,49 @@
+//! Plan values as Python literals and comment text: strings, booleans, the `PLAN` dict the
+//! companion reads, lists of module names.
+
+use ckptune_solver::formats::{self, PlanJson};
+
+/// A document part as a Python literal (see `formats::python_literal`).
+pub(super) fn py<T: formats::Document>(value: &T) -> String {
+    // Plain strings, lists and the plan's own config always serialize.
+    formats::python_literal(value).unwrap_or_else(|_| "None".into())
+}
+
+pub(super) fn py_str(s: &str) -> String {
+    py(&s)
+}
+
+/// `PLAN = {...}`: the fields the companion reads (format, checkpoint, config), as the plan has
+/// them; the config as serialized, so fields added to it (`optimizer_impl`) travel unchanged.
+pub(super) fn plan_literal(plan: &PlanJson) -> String {
+    // Regex first, as the plan file has it (a JSON map here would sort the keys).
+    let checkpoint = format!(
+        "{{\"regex\": {}, \"modules\": {}}}",
+        py_str(&plan.checkpoint.regex),
+        py(&plan.checkpoint.modules)
+    );
+    format!(
+        "PLAN = {{\n    \"format\": {},\n    \"checkpoint\": {},\n    \"config\": {},\n}}\n",
+        py_str(formats::PLAN_FORMAT),
+        checkpoint,
+        py(&plan.config)
+    )
+}
+
+/// Module names for a comment: all of them, or the first two and the last of a long list.
+pub(super) fn unit_list(units: &[String]) -> String {
+    match units {
+        [first, second, .., last] if units.len() > 6 => {
+            format!("{first}, {second}, …, {last} ({} units)", units.len())
+        }
+        _ => units.join(", "),
+    }
+}
+
+pub(super) fn py_bool(b: bool) -> &'static str {
+    if b {
+        "True"
+    } else {
+        "False"
+    }
+}

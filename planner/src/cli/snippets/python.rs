@@ -1,0 +1,31 @@
+//! `--emit python`: `ckptune.apply` and a `ckptune.training_config` loop in plain PyTorch.
+
+use ckptune_solver::formats::PlanJson;
+
+use super::facts::Facts;
+use super::header::{backbone_comment, header, one_process_note};
+use super::literals::{plan_literal, py_str};
+use super::template::Template;
+
+pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
+    Template::new(include_str!("templates/python.py"))
+        .set(
+            "header",
+            header(plan, "Plain PyTorch training") + one_process_note(plan),
+        )
+        .set("plan", plan_literal(plan))
+        .set("backbone_comment", backbone_comment(f))
+        .set("backbone", py_str(f.backbone))
+        .set("micro_batch", plan.config.micro_batch.to_string())
+        .set("training_loop", training_loop("device", "loss_fn(model, batch)"))
+        .fill()
+}
+
+/// The loop of every plain-PyTorch snippet, one step per batch: `device_type` names the
+/// autocast device, `loss` computes one micro-batch's loss.
+pub(super) fn training_loop(device_type: &str, loss: &str) -> String {
+    Template::new(include_str!("templates/training_loop.py"))
+        .set("device_type", device_type)
+        .set("loss", loss)
+        .fill_part()
+}

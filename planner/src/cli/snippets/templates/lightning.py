@@ -1,0 +1,51 @@
+${header}# Needs lightning and the ckptune companion (`pip install ./python`).
+# A callback applies the plan in `setup`, which Lightning runs before `configure_model`,
+# `configure_optimizers` and any strategy's wrapping. FSDPStrategy(activation_checkpointing_policy=
+# {LayerClass}) checkpoints every instance of the classes given, so it expresses a plan only
+# when the plan names every layer of those classes; the callback is exact for any plan.
+import lightning.pytorch as L
+
+import ckptune
+
+${plan}# The plan's modules from your LightningModule. This assumes it keeps the network as
+# `self.model`: ${whose}.
+# If yours differs, ckptune.apply's refusal names the path to use.
+BACKBONE = ${backbone}
+
+
+class CkptunePlan(L.Callback):
+    """Checkpoints the plan's modules of the LightningModule's `backbone` submodule when fitting starts."""
+
+    def __init__(self, backbone=BACKBONE):
+        self.backbone = backbone
+        self.wrapped = None
+
+    def setup(self, trainer, pl_module, stage):
+        if stage == "fit" and self.wrapped is None:
+            self.wrapped = ckptune.apply(pl_module.get_submodule(self.backbone), PLAN)
+
+
+class CkptuneOptimization:
+    """Mix into your LightningModule (`class Net(CkptuneOptimization, L.LightningModule)`): the plan's
+    optimizer (class, foreach/fused) with learning rate `self.lr`, and gradients zeroed right after
+    the optimizer step, as the plan was measured. (Lightning's own loop zeroes them after the next
+    step's forward, so the last step's gradients would live through that forward.)"""
+
+    lr = 1e-3
+
+    def configure_optimizers(self):
+        cfg = ckptune.training_config(PLAN)
+        return cfg.optimizer_class(self.parameters(), lr=self.lr, **cfg.optimizer_kwargs)
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+        optimizer.step(closure=optimizer_closure)
+        optimizer.zero_grad(set_to_none=ckptune.training_config(PLAN).set_to_none)
+
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+        pass  # done in optimizer_step
+
+
+def make_trainer(**trainer_args):
+    """A Trainer with the plan's precision and accumulation; feed it batches of ${micro_batch} samples."""
+    return L.Trainer(precision=${precision}, accumulate_grad_batches=${grad_accum}, callbacks=[CkptunePlan()],
+                     **trainer_args)

@@ -1,0 +1,176 @@
+//! `--emit torchtitan`: torchtitan's `activation_checkpoint` config for a Llama-family plan
+//! (FullAC when the plan names every block, else a FullAC subclass on exactly the plan's
+//! modules), its batch, precision and optimizer fields, and with a shard section its FSDP2
+//! parallelism.
+
+use std::fmt::Write as _;
+
+use ckptune_solver::formats::{PlanJson, ShardJson};
+
+use super::facts::Facts;
+use super::header::header;
+use super::literals::{py, py_bool, py_str, unit_list};
+use super::template::Template;
+use crate::cli::error::UsageError;
+
+pub(super) fn render(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
+    if f.layers.is_empty() || !f.layers[0].starts_with("model.layers.") {
+        return Err(UsageError(format!(
+            "--emit torchtitan: torchtitan trains its own decoder implementations (Llama 3, Qwen3, \
+             DeepSeek-V3, …), and {} is not a Llama-family model; use --emit python, hf or lightning",
+            plan.model.name
+        )));
+    }
+    let mut names = Vec::new();
+    for m in &plan.checkpoint.modules {
+        names.push(torchtitan_name(m).ok_or_else(|| {
+            UsageError(format!(
+                "--emit torchtitan: torchtitan's Llama has no module that corresponds to {m} (it has \
+                 tok_embeddings, layers.N with attention and feed_forward, norm, output); use --emit python"
+            ))
+        })?);
+    }
+    let (choice_comment, activation_checkpoint) = choice(f, &names);
+    let c = &plan.config;
+    // `optimizer_impl` (single, foreach, fused) as the plan's config names it, when it does.
+    let optimizer_kwargs = match c.torch_optim_kwarg() {
+        Some((key, on)) => format!("{{\"{key}\": {}}}", py_bool(on)),
+        None => "{}".to_owned(),
+    };
+    let apply_plan = match &plan.shard {
+        None => Template::new(include_str!("templates/torchtitan_apply.py")).fill_part(),
+        Some(shard) => sharded_apply(plan, shard),
+    };
+    Ok(Template::new(include_str!("templates/torchtitan.py"))
+        .set("header", header(plan, "torchtitan"))
+        .set("choice_comment", choice_comment)
+        .set("activation_checkpoint", activation_checkpoint)
+        .set("training_fields", training_fields(plan))
+        .set("optimizer", c.optimizer.clone())
+        .set("optimizer_kwargs", optimizer_kwargs)
+        .set("apply_plan", apply_plan)
+        .fill())
+}
+
+/// What the plan asks of torchtitan's activation checkpointing, as a comment and a config:
+/// nothing, every block (FullAC), or exactly the plan's modules.
+fn choice(f: &Facts, names: &[String]) -> (&'static str, String) {
+    let all_layers: Vec<String> = f.layers.iter().filter_map(|l| torchtitan_name(l)).collect();
+    let mut sorted = names.to_vec();
+    sorted.sort();
+    let mut all_sorted = all_layers;
+    all_sorted.sort();
+    if names.is_empty() {
+        ("# The plan checkpoints nothing.\n", "None".to_string())
+    } else if sorted == all_sorted {
+        (
+            "# The plan checkpoints every block: FullAC is exactly that.\n",
+            "FullAC.Config()".to_string(),
+        )
+    } else {
+        ("", format!("CkptunePlanAC.Config(modules={})", py(&names.to_vec())))
+    }
+}
+
+/// The `TrainingConfig` fields for the plan's batch, sequence and precision, one per line.
+fn training_fields(plan: &PlanJson) -> String {
+    let c = &plan.config;
+    let (dtype, mp) = match c.precision.as_str() {
+        "bf16-pure" => ("bfloat16", "float32"),
+        "bf16" => ("float32", "bfloat16"),
+        _ => ("float32", "float32"),
+    };
+    let (ranks, over) = match &plan.shard {
+        None => (1, "on one data-parallel rank: x the DP degree".to_owned()),
+        Some(shard) => (shard.ranks, format!("over the {} data-parallel ranks", shard.ranks)),
+    };
+    let mut training = format!(
+        "    \"local_batch_size\": {mb},\n    \"global_batch_size\": {gb},  # {over}\n",
+        mb = c.micro_batch,
+        gb = c.micro_batch * c.grad_accum * ranks
+    );
+    if let Some(q) = plan.shape.seq {
+        let _ = writeln!(training, "    \"seq_len\": {q},");
+    }
+    let _ = writeln!(training, "    \"dtype\": {},", py_str(dtype));
+    let _ = writeln!(training, "    \"mixed_precision_param\": {},", py_str(mp));
+    training
+}
+
+/// The parallelism fields and `apply_plan` of a sharded plan.
+fn sharded_apply(plan: &PlanJson, shard: &ShardJson) -> String {
+    let plan_units = if shard.units.is_empty() {
+        "none (the root holds every parameter)".to_string()
+    } else {
+        let mapped: Vec<String> = shard
+            .units
+            .iter()
+            .map(|u| torchtitan_name(u).unwrap_or_else(|| u.clone()))
+            .collect();
+        unit_list(&mapped)
+    };
+    let mixed_precision_comment = if plan.config.precision == "bf16" {
+        "# Under FSDP torchtitan casts through MixedPrecisionPolicy (mixed_precision_param: bf16\n\
+         # all-gathers), where the plan counted fp32 parameters under autocast.\n"
+    } else {
+        ""
+    };
+    Template::new(include_str!("templates/torchtitan_apply_sharded.py"))
+        .set("ranks", shard.ranks.to_string())
+        .set("reshard_after_forward", py_bool(shard.reshard_after_forward))
+        .set("plan_units", plan_units)
+        .set("mixed_precision_comment", mixed_precision_comment)
+        .set(
+            "policy",
+            py_str(if shard.reshard_after_forward { "always" } else { "never" }),
+        )
+        .fill_part()
+}
+
+/// torchtitan's Llama 3 module names for ckptune's (Hugging Face's) Llama names.
+fn torchtitan_name(name: &str) -> Option<String> {
+    let map_child = |rest: &str| match rest {
+        "self_attn" => Some("attention"),
+        "mlp" => Some("feed_forward"),
+        _ => None,
+    };
+    match name {
+        "model.embed_tokens" => return Some("tok_embeddings".into()),
+        "model.norm" => return Some("norm".into()),
+        _ => {}
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let (index, child) = match rest.split_once('.') {
+        Some((i, c)) => (i, Some(c)),
+        None => (rest, None),
+    };
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    match child {
+        None => Some(format!("layers.{index}")),
+        Some(c) => map_child(c).map(|t| format!("layers.{index}.{t}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torchtitan_names() {
+        assert_eq!(torchtitan_name("model.layers.3").as_deref(), Some("layers.3"));
+        assert_eq!(
+            torchtitan_name("model.layers.12.mlp").as_deref(),
+            Some("layers.12.feed_forward")
+        );
+        assert_eq!(
+            torchtitan_name("model.layers.0.self_attn").as_deref(),
+            Some("layers.0.attention")
+        );
+        assert_eq!(torchtitan_name("model.embed_tokens").as_deref(), Some("tok_embeddings"));
+        assert_eq!(torchtitan_name("model.layers.0.input_layernorm"), None);
+        assert_eq!(torchtitan_name("model.layers.x"), None);
+        assert_eq!(torchtitan_name("layer1"), None);
+    }
+}
