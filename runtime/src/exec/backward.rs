@@ -1,0 +1,189 @@
+//! The backward pass of a micro-step, last block first: a checkpointed segment is recomputed
+//! from its input (block by block, with the RNG state of its forward and its buffers restored
+//! afterwards), then every block's VJP runs from its output and gradient to its input leaf,
+//! whose gradient — complete once every reader ran — is the previous block's output gradient.
+
+use std::time::Instant;
+
+use ckptune_kernels::autocast::AutocastGuard;
+use ckptune_kernels::{autograd, rng};
+use ckptune_models::{Batch, Ctx};
+use tch::Tensor;
+
+use super::boundary::{block_input, leaf};
+use super::forward::Activations;
+use super::schedule::Schedule;
+use super::session::{nbytes, Session};
+use super::trace::MicroTrace;
+use crate::error::{Result, RuntimeError};
+
+impl Session {
+    /// Runs every block's backward from `grad`, the gradient of the last block's output, and
+    /// returns the gradient left at the batch (undefined: the batch needs none).
+    pub(super) fn backward(
+        &mut self,
+        acts: &mut Activations,
+        mut grad: Tensor,
+        batch: &Batch,
+        ctx: &Ctx<'_>,
+        schedule: &Schedule,
+        mut tr: Option<&mut MicroTrace>,
+    ) -> Result<Tensor> {
+        // The RNG state of the checkpointed segment being differentiated: kept until the
+        // segment's backward is done, as `torch.utils.checkpoint` keeps it.
+        let mut segment_rng: Option<(usize, Tensor)> = None;
+        let mut next = self.chain.blocks.len();
+        while next > 0 {
+            let i = next - 1;
+            // A fused group is one VJP, from its last block's output to its input leaf.
+            let start = schedule.fused[i].map_or(i, |(first, _)| first);
+            next = start;
+            if let Some((first, last)) = schedule.segments[i].filter(|&(_, last)| last == i) {
+                segment_rng = Some(self.recompute_segment(first, last, acts, batch, ctx, tr.as_deref_mut())?);
+            }
+            grad = self.block_backward(i, start, grad, acts, &mut segment_rng, tr.as_deref_mut())?;
+        }
+        Ok(grad)
+    }
+
+    /// Recomputes the checkpointed segment `first..=last` with grad from its input, in the RNG
+    /// state of its forward, each block in its own autocast region; returns that RNG state,
+    /// which stays alive until the segment's backward is done.
+    fn recompute_segment(
+        &mut self,
+        first: usize,
+        last: usize,
+        acts: &mut Activations,
+        batch: &Batch,
+        ctx: &Ctx<'_>,
+        mut tr: Option<&mut MicroTrace>,
+    ) -> Result<(usize, Tensor)> {
+        // The stored no-grad output is dead: the recompute produces it again.
+        let before = tr.as_ref().map(|_| self.probe.current());
+        acts.outputs[last] = None;
+        if let (Some(t), Some(before)) = (tr.as_deref_mut(), before) {
+            t.blocks[last].ckpt_out_released = before - self.probe.current();
+        }
+        // The first recompute's window opens here: swapping the RNG state holds two states at
+        // once and the buffer snapshot is allocated, and every allocation of the step must fall
+        // inside some moment's window, or the step's peak could sit in a gap no moment reports
+        // (on AVX2 CPUs it does, for a checkpointed pooler).
+        let prelude = Instant::now();
+        if let Some(t) = tr.as_deref_mut() {
+            t.blocks[first].rec_before = self.probe.current();
+            self.probe.reset_window();
+        }
+        let saved_rng = acts.rng_states[first]
+            .take()
+            .expect("rng state of a checkpointed segment");
+        let current_rng = rng::cpu_state()?;
+        rng::set_cpu_state(&saved_rng)?;
+        // The forward's RNG state stays alive until the segment's backward is done, as
+        // `torch.utils.checkpoint` keeps it (its recompute closure holds it while the
+        // checkpointed graph lives): two states are alive during the recompute.
+        let snapshot: Vec<Vec<Tensor>> = self.buffers[first..=last]
+            .iter()
+            .map(|bs| bs.iter().map(|b| b.copy()).collect())
+            .collect();
+        for k in first..=last {
+            let t0 = if k == first { prelude } else { Instant::now() };
+            if let Some(t) = tr.as_deref_mut().filter(|_| k > first) {
+                t.blocks[k].rec_before = self.probe.current();
+                self.probe.reset_window();
+            }
+            let block = &self.chain.blocks[k];
+            let x = block_input(&self.chain, k, &batch.input, &acts.outputs, &mut acts.leaves);
+            let skips: Vec<Tensor> = block.skips.iter().map(|&s| leaf(&acts.leaves, s)).collect();
+            let out = {
+                let _ac = self
+                    .cfg
+                    .precision
+                    .autocast()
+                    .map(|a| AutocastGuard::new(self.device, a, true))
+                    .transpose()?;
+                block.block.forward(&x, &ctx.with_skips(&skips))
+            };
+            drop((x, skips));
+            acts.outputs[k] = Some(out);
+            if let Some(t) = tr.as_deref_mut() {
+                let b = &mut t.blocks[k];
+                b.rec_peak = self.probe.window_peak();
+                b.rec_after = self.probe.current();
+                b.rec_seconds = t0.elapsed().as_secs_f64();
+            }
+        }
+        // Swap the snapshot in as the buffers' storage instead of copying it back: the
+        // recompute's graph saved these buffers (batch_norm's backward takes the running
+        // statistics), and an in-place copy would bump their version counter and fail that
+        // backward. Training-mode backward never reads them, so the swap is safe.
+        for (bs, ss) in self.buffers[first..=last].iter().zip(snapshot) {
+            for (b, s) in bs.iter().zip(ss) {
+                b.shallow_clone().set_data(&s);
+            }
+        }
+        rng::set_cpu_state(&current_rng)?;
+        Ok((first, saved_rng))
+    }
+
+    /// The VJP of block `i` (of the fused run `start..=i` when `start < i`) from its output and
+    /// `grad`; returns the gradient of its input, taken from the input leaf once every reader
+    /// of that leaf has run its backward. The segment's RNG state goes when its first block's
+    /// backward is done, inside this block's window.
+    fn block_backward(
+        &mut self,
+        i: usize,
+        start: usize,
+        mut grad: Tensor,
+        acts: &mut Activations,
+        segment_rng: &mut Option<(usize, Tensor)>,
+        mut tr: Option<&mut MicroTrace>,
+    ) -> Result<Tensor> {
+        let block = &self.chain.blocks[i];
+        let out = acts.outputs[i].take().expect("output kept until the block's backward");
+        let t0 = Instant::now();
+        if let Some(t) = tr.as_deref_mut() {
+            t.blocks[i].bwd_before = self.probe.current();
+            self.probe.reset_window();
+        }
+        if out.requires_grad() {
+            let g = std::mem::replace(&mut grad, Tensor::new());
+            if !g.defined() {
+                return Err(RuntimeError::Invalid(format!(
+                    "block {} of {}: no gradient reached its output",
+                    block.name, self.chain.name
+                )));
+            }
+            match (start > 0).then(|| acts.leaves[start - 1].as_ref()).flatten() {
+                Some(x) => autograd::backward_seeded(out, g, x)?,
+                None => autograd::backward(out, g)?,
+            }
+            if let (Some(t), Some(begun)) = (tr.as_deref_mut(), self.probe.backward_start()) {
+                t.blocks[i].out_released = t.blocks[i].bwd_before - begun;
+            }
+        } else {
+            drop(out);
+        }
+        // Every reader of the input has now run its backward: its leaf's gradient is complete
+        // and is the previous block's output gradient.
+        let grad_in = match (start > 0).then(|| acts.leaves[start - 1].take()).flatten() {
+            Some(x) => {
+                let g = x.grad();
+                drop(x);
+                g
+            }
+            None => Tensor::new(),
+        };
+        drop(grad);
+        if segment_rng.as_ref().is_some_and(|(first, _)| start <= *first) {
+            drop(segment_rng.take());
+        }
+        if let Some(t) = tr {
+            let b = &mut t.blocks[i];
+            b.bwd_peak = self.probe.window_peak();
+            b.bwd_after = self.probe.current();
+            b.bwd_seconds = t0.elapsed().as_secs_f64();
+            b.grad_in_bytes = nbytes(&grad_in);
+        }
+        Ok(grad_in)
+    }
+}

@@ -1,0 +1,40 @@
+//! The tensors between blocks: each output's detached leaf, created when its first reader
+//! runs, which every reader takes as input so that their gradients accumulate in one `.grad`.
+
+use ckptune_models::Chain;
+use tch::Tensor;
+
+/// Block `i`'s input: the batch for the first block, else the leaf of the previous output
+/// (created on first use).
+pub(super) fn block_input(
+    chain: &Chain,
+    i: usize,
+    input: &Tensor,
+    outputs: &[Option<Tensor>],
+    leaves: &mut [Option<Tensor>],
+) -> Tensor {
+    if i == 0 {
+        return input.shallow_clone();
+    }
+    if leaves[i - 1].is_none() {
+        let out = outputs[i - 1].as_ref().expect("a block's input is alive when it runs");
+        // Inside a layer run as its children the boundary is a view: autocast caches the
+        // bf16 cast of a leaf that requires grad (meant for weights) but not of a view, so a
+        // child that casts its input more than once (Llama's q/k/v projections, gate and
+        // up) makes the casts the fused layer makes, and their gradients are summed as
+        // there, in f32. Between layers the boundary is the plain leaf both runs share.
+        let detached = out.detach();
+        let inside = chain.groups.iter().any(|g| g.first < i && i <= g.last);
+        let boundary = if inside { detached.view_as(&detached) } else { detached };
+        leaves[i - 1] = Some(boundary.set_requires_grad(true));
+    }
+    leaf(leaves, i - 1)
+}
+
+/// A handle on leaf `k`, which must exist.
+pub(super) fn leaf(leaves: &[Option<Tensor>], k: usize) -> Tensor {
+    leaves[k]
+        .as_ref()
+        .expect("a leaf is alive while a reader runs")
+        .shallow_clone()
+}

@@ -1,0 +1,132 @@
+//! The forward pass of a micro-step, block by block: a checkpointed segment runs under no-grad
+//! keeping only its last output (and the RNG state at its start), a fused group runs as one
+//! graph, every other block reads the leaves of the outputs it reads.
+
+use std::time::Instant;
+
+use ckptune_kernels::autocast::AutocastGuard;
+use ckptune_kernels::rng;
+use ckptune_models::{Batch, Ctx};
+use tch::Tensor;
+
+use super::boundary::{block_input, leaf};
+use super::schedule::Schedule;
+use super::session::Session;
+use super::trace::MicroTrace;
+use crate::error::Result;
+
+/// What the forward pass leaves for the loss and the backward pass, per block: its output (the
+/// last block's is the loss's input; a checkpointed block keeps its no-grad output until its
+/// recompute), the detached leaf of that output that every reader took as input (created
+/// when the next block started), and, for a segment's first block, the RNG state at its start.
+pub(super) struct Activations {
+    pub outputs: Vec<Option<Tensor>>,
+    pub leaves: Vec<Option<Tensor>>,
+    pub rng_states: Vec<Option<Tensor>>,
+}
+
+impl Session {
+    pub(super) fn forward(
+        &self,
+        batch: &Batch,
+        ctx: &Ctx<'_>,
+        schedule: &Schedule,
+        mut tr: Option<&mut MicroTrace>,
+    ) -> Result<Activations> {
+        let n = self.chain.blocks.len();
+        let mut acts = Activations {
+            outputs: (0..n).map(|_| None).collect(),
+            leaves: (0..n).map(|_| None).collect(),
+            rng_states: (0..n).map(|_| None).collect(),
+        };
+        for i in 0..n {
+            self.forward_block(i, batch, ctx, schedule, &mut acts, tr.as_deref_mut())?;
+        }
+        Ok(acts)
+    }
+
+    /// Block `i`'s forward, its output stored in `acts`; inside a checkpointed or fused run, the
+    /// outputs whose last reader there it was are dropped after it (the graph keeps whatever it
+    /// saved), as a module's locals die.
+    fn forward_block(
+        &self,
+        i: usize,
+        batch: &Batch,
+        ctx: &Ctx<'_>,
+        schedule: &Schedule,
+        acts: &mut Activations,
+        tr: Option<&mut MicroTrace>,
+    ) -> Result<()> {
+        let block = &self.chain.blocks[i];
+        let seg = schedule.segments[i];
+        let fused = schedule.fused[i];
+        // Inside a fused group, blocks read the raw outputs of the group's earlier blocks (one
+        // graph); everything else reads leaves.
+        let inner = |s: usize| fused.is_some_and(|(first, _)| s >= first);
+        let raw = |outputs: &[Option<Tensor>], s: usize| {
+            outputs[s]
+                .as_ref()
+                .expect("a fused block's inputs are alive")
+                .shallow_clone()
+        };
+        let x = if i > 0 && inner(i - 1) {
+            raw(&acts.outputs, i - 1)
+        } else {
+            block_input(&self.chain, i, &batch.input, &acts.outputs, &mut acts.leaves)
+        };
+        let skips: Vec<Tensor> = block
+            .skips
+            .iter()
+            .map(|&s| {
+                if inner(s) {
+                    raw(&acts.outputs, s)
+                } else {
+                    leaf(&acts.leaves, s)
+                }
+            })
+            .collect();
+        let t0 = Instant::now();
+        let mut tr = tr;
+        if let Some(t) = tr.as_deref_mut() {
+            let b = &mut t.blocks[i];
+            b.checkpointed = seg.is_some();
+            b.fused = fused.is_some();
+            b.fwd_before = self.probe.current();
+            self.probe.reset_window();
+        }
+        if seg.is_some_and(|(first, _)| first == i) {
+            acts.rng_states[i] = Some(rng::cpu_state()?);
+        }
+        let out = {
+            let _ac = self
+                .cfg
+                .precision
+                .autocast()
+                .map(|k| AutocastGuard::new(self.device, k, true))
+                .transpose()?;
+            let bctx = ctx.with_skips(&skips);
+            if seg.is_some() {
+                tch::no_grad(|| block.block.forward(&x, &bctx))
+            } else {
+                block.block.forward(&x, &bctx)
+            }
+        };
+        drop((x, skips));
+        acts.outputs[i] = Some(out);
+        if let Some((first, last)) = seg.or(fused) {
+            for k in first..last {
+                if schedule.last_reader[k] == i {
+                    acts.outputs[k] = None;
+                    acts.leaves[k] = None;
+                }
+            }
+        }
+        if let Some(t) = tr {
+            let b = &mut t.blocks[i];
+            b.fwd_peak = self.probe.window_peak();
+            b.fwd_after = self.probe.current();
+            b.fwd_seconds = t0.elapsed().as_secs_f64();
+        }
+        Ok(())
+    }
+}

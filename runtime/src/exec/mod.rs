@@ -1,0 +1,41 @@
+//! Checkpointed execution of a chain: one training step with any set of blocks checkpointed.
+//!
+//! The scheme (docs/memory-model.md, "The execution scheme the model assumes"):
+//! - every block boundary is `h.detach().set_requires_grad(true)`, a leaf sharing storage with
+//!   the producer's output, so each block's backward is a separate graph run from its output;
+//! - a checkpointed block runs forward under no-grad, keeping only its output (its input is
+//!   the previous block's output, already kept); in backward it is recomputed with grad from
+//!   its input leaf, with the RNG state of its forward (dropout replays bitwise) and inside
+//!   its own autocast region;
+//! - backward runs block by block, last to first, through the shim's VJP, which consumes the
+//!   output and its gradient so neither outlives its use; the input leaf's `.grad` becomes the
+//!   previous block's output gradient and the leaf is dropped at once;
+//! - each block's forward runs in its own autocast region: the region's cache of bf16 weight
+//!   casts then lives for one block, not for the whole forward (same results bitwise, since a
+//!   cast is deterministic, and less memory than one region around the model);
+//! - BatchNorm running statistics are snapshotted before a recompute and restored after it, so
+//!   a checkpointed step leaves the model in exactly the state a plain step does
+//!   (`torch.utils.checkpoint` instead updates them twice).
+//!
+//! An instrumented step records the memory meter at each moment into a [`StepTrace`]; reading
+//! the meter allocates nothing, so an instrumented step allocates exactly what a plain one does.
+
+//!
+//! Files: [`session`] holds a chain prepared for training; `step` runs a step (micro-steps,
+//! then the optimizer) as `forward`, `loss` and `backward`, following the `schedule` a
+//! checkpoint mask gives; `boundary` makes the leaves between blocks; [`trace`] is what an
+//! instrumented step records; `select` turns a checkpoint regex into a mask.
+
+mod backward;
+mod boundary;
+mod forward;
+mod loss;
+mod schedule;
+mod select;
+pub mod session;
+mod step;
+pub mod trace;
+
+pub use select::select;
+pub use session::{nbytes, Session};
+pub use trace::{BlockTrace, MicroTrace, StepReport, StepTrace};

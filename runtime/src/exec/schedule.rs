@@ -1,0 +1,68 @@
+//! How a checkpoint mask runs a chain: which blocks form a checkpointed segment (a block, or a
+//! checkpointed group's run), which run fused as one graph (a group with nothing checkpointed),
+//! and after which block each output is dead inside a segment.
+
+use ckptune_models::Chain;
+
+/// The plan of one micro-step's execution for a checkpoint mask.
+pub(super) struct Schedule {
+    /// Per block: the checkpointed segment `(first, last)` it belongs to, if any.
+    pub segments: Vec<Option<(usize, usize)>>,
+    /// Per block: the group `(first, last)` it runs fused in, if any.
+    pub fused: Vec<Option<(usize, usize)>>,
+    /// Per block: the block after which its output is dead during a segment's no-grad forward
+    /// (its last reader within the segment).
+    pub last_reader: Vec<usize>,
+}
+
+impl Schedule {
+    /// The schedule of `checkpoint` (over [`Chain::units`]); `fuse_groups` off runs every group
+    /// as its blocks.
+    pub fn new(chain: &Chain, checkpoint: &[bool], fuse_groups: bool) -> Self {
+        let n = chain.blocks.len();
+        let mut last_reader: Vec<usize> = (0..n).map(|k| k + 1).collect();
+        for (i, b) in chain.blocks.iter().enumerate() {
+            for &s in &b.skips {
+                last_reader[s] = last_reader[s].max(i);
+            }
+        }
+        Schedule {
+            segments: segments(chain, checkpoint),
+            fused: if fuse_groups {
+                fused_groups(chain, checkpoint)
+            } else {
+                vec![None; n]
+            },
+            last_reader,
+        }
+    }
+}
+
+/// Per block: the group `(first, last)` it runs fused in, if any: a group that is not
+/// checkpointed and none of whose blocks is.
+fn fused_groups(chain: &Chain, checkpoint: &[bool]) -> Vec<Option<(usize, usize)>> {
+    let n = chain.blocks.len();
+    let mut out = vec![None; n];
+    for (g, grp) in chain.groups.iter().enumerate() {
+        if !checkpoint[n + g] && !checkpoint[grp.first..=grp.last].contains(&true) {
+            for s in &mut out[grp.first..=grp.last] {
+                *s = Some((grp.first, grp.last));
+            }
+        }
+    }
+    out
+}
+
+/// Per block: the checkpointed segment `(first, last)` it belongs to, if any.
+fn segments(chain: &Chain, checkpoint: &[bool]) -> Vec<Option<(usize, usize)>> {
+    let n = chain.blocks.len();
+    let mut seg: Vec<Option<(usize, usize)>> = (0..n).map(|i| checkpoint[i].then_some((i, i))).collect();
+    for (g, grp) in chain.groups.iter().enumerate() {
+        if checkpoint[n + g] {
+            for s in &mut seg[grp.first..=grp.last] {
+                *s = Some((grp.first, grp.last));
+            }
+        }
+    }
+    seg
+}

@@ -1,0 +1,188 @@
+//! A chain prepared for training under one config: its optimizer, the buffers a recompute
+//! restores, the memory probe, and what the rest of the step asks of them.
+
+use ckptune_models::{Batch, Chain};
+use tch::{Device, Kind, Tensor};
+
+use super::select::select;
+use crate::config::{Precision, TrainConfig};
+use crate::error::{Result, RuntimeError};
+use crate::memory::Probe;
+use crate::optim::{self, Optimizer};
+
+/// A chain prepared for training under one config.
+pub struct Session {
+    pub chain: Chain,
+    pub cfg: TrainConfig,
+    pub device: Device,
+    pub(super) opt: Box<dyn Optimizer>,
+    /// Per block: its buffers (BatchNorm statistics), restored after a recompute.
+    pub(super) buffers: Vec<Vec<Tensor>>,
+    /// fp16 dynamic loss scale.
+    pub(super) scale: f64,
+    /// Seed of the next batch, so runs are reproducible.
+    next_seed: i64,
+    pub(super) probe: Probe,
+    /// Run a group none of whose units is checkpointed as one graph, without boundaries inside
+    /// (what PyTorch does with the module: an output no later op saved dies with the module's
+    /// locals, where a boundary would keep it until backward). On by default; the profiler
+    /// turns it off once to measure the blocks' own terms.
+    pub fuse_groups: bool,
+}
+
+/// Bytes of a tensor's elements.
+pub fn nbytes(t: &Tensor) -> i64 {
+    if !t.defined() {
+        return 0;
+    }
+    t.numel() as i64 * t.kind().elt_size_in_bytes() as i64
+}
+
+impl Session {
+    pub fn new(mut chain: Chain, cfg: TrainConfig, device: Device) -> Result<Self> {
+        cfg.validate(device)?;
+        chain
+            .validate()
+            .map_err(|e| RuntimeError::Invalid(format!("model {}: {e}", chain.name)))?;
+        if cfg.precision == Precision::Bf16Pure {
+            chain.vs.bfloat16();
+        }
+        let vars = chain.vs.variables();
+        let buffers = chain
+            .blocks
+            .iter()
+            .map(|b| {
+                let prefixes: Vec<String> = b.name.split('+').map(|n| format!("{n}.")).collect();
+                let mut names: Vec<&String> = vars
+                    .iter()
+                    .filter(|(n, t)| !t.requires_grad() && prefixes.iter().any(|p| n.starts_with(p)))
+                    .map(|(n, _)| n)
+                    .collect();
+                names.sort();
+                names.into_iter().map(|n| vars[n].shallow_clone()).collect()
+            })
+            .collect();
+        let opt = optim::build(
+            cfg.optimizer,
+            cfg.optimizer_impl,
+            chain.vs.trainable_variables(),
+            cfg.lr,
+        );
+        let probe = Probe::new(device)?;
+        Ok(Self {
+            chain,
+            cfg,
+            device,
+            opt,
+            buffers,
+            scale: 65536.0,
+            next_seed: 0,
+            probe,
+            fuse_groups: true,
+        })
+    }
+
+    /// Bytes of optimizer state now allocated.
+    pub fn optimizer_state_bytes(&self) -> i64 {
+        self.opt.state_bytes()
+    }
+
+    /// Bytes of parameters and of buffers.
+    pub fn param_and_buffer_bytes(&self) -> (i64, i64) {
+        let mut p = 0;
+        let mut b = 0;
+        for t in self.chain.vs.variables().values() {
+            if t.requires_grad() {
+                p += nbytes(t);
+            } else {
+                b += nbytes(t);
+            }
+        }
+        (p, b)
+    }
+
+    /// Bytes of parameter gradients now allocated.
+    pub fn grad_bytes(&self) -> i64 {
+        self.opt.params().iter().map(|p| nbytes(&p.grad())).sum()
+    }
+
+    /// Which blocks a regex selects: it must match (the whole name, as Python's `re.fullmatch`
+    /// of the emitted anchored regexes) only candidate blocks.
+    pub fn select(&self, pattern: &str) -> Result<Vec<bool>> {
+        select(&self.chain, pattern)
+    }
+
+    /// A fresh batch of the config's micro-batch size.
+    pub fn make_batch(&mut self) -> Batch {
+        let seed = self.next_seed;
+        self.next_seed += 1;
+        let mut batch = self.chain.make_batch(self.cfg.micro_batch, self.device, seed);
+        if self.cfg.precision == Precision::Bf16Pure && batch.input.is_floating_point() {
+            batch.input = batch.input.to_kind(Kind::BFloat16);
+        }
+        batch
+    }
+
+    pub(super) fn loss_scale(&self) -> f64 {
+        if self.cfg.precision == Precision::Fp16 {
+            self.scale
+        } else {
+            1.0
+        }
+    }
+
+    pub(super) fn check_mask(&self, checkpoint: &[bool]) -> Result<()> {
+        let chain = &self.chain;
+        if checkpoint.len() != chain.units() {
+            return Err(RuntimeError::Invalid(format!(
+                "checkpoint mask has {} entries but {} has {} blocks and {} groups",
+                checkpoint.len(),
+                chain.name,
+                chain.blocks.len(),
+                chain.groups.len()
+            )));
+        }
+        for (i, &c) in checkpoint.iter().enumerate() {
+            if c && !chain.unit_candidate(i) {
+                return Err(RuntimeError::Invalid(format!(
+                    "block {} of {} is not a checkpoint candidate",
+                    chain.unit_name(i),
+                    chain.name
+                )));
+            }
+        }
+        if let Some((g, k)) = chain.nested_conflict(checkpoint) {
+            return Err(RuntimeError::Invalid(format!(
+                "{} and its child {} of {} are both checkpointed; checkpoint one or the other",
+                chain.groups[g].name, chain.blocks[k].name, chain.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Waits for queued device work (CUDA), so wall-clock times are honest.
+    pub fn sync(&self) {
+        if let Device::Cuda(i) = self.device {
+            tch::Cuda::synchronize(i as i64);
+        }
+    }
+
+    /// All parameters with their names, for comparing runs.
+    pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v: Vec<(String, Tensor)> = self.chain.vs.variables().into_iter().collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Parameter gradients by name (undefined tensors for parameters without one).
+    pub fn named_grads(&self) -> Vec<(String, Tensor)> {
+        self.named_parameters()
+            .into_iter()
+            .filter(|(_, t)| t.requires_grad())
+            .map(|(n, t)| {
+                let g = t.grad();
+                (n, if g.defined() { g.copy() } else { g })
+            })
+            .collect()
+    }
+}
