@@ -1,0 +1,164 @@
+//! A block of an exported program at run time: the program every block shares, and one
+//! block's nodes run through the interpreter, with what it reads from earlier blocks as its
+//! input and skips, the side values it computes itself, and the buffers it writes back.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
+use tch::Tensor;
+
+use super::errors::describe;
+use super::graph::Graph;
+use super::interpret::Env;
+use crate::chain::{Block, Ctx};
+
+/// The parsed program every block of a chain shares.
+pub(super) struct Program {
+    pub graph: Graph,
+    /// Per value: the parameter, buffer or constant it is (a var-store tensor), else `None`.
+    pub statics: Vec<Option<Tensor>>,
+    /// Values whose result the graph signature writes back to a buffer (`buffer_mutation`).
+    pub mutations: HashMap<usize, Tensor>,
+    pub syms: Mutex<Vec<Option<i64>>>,
+    /// The program's attention-mask input, fed from the batch's mask, if it takes one.
+    pub mask_input: Option<usize>,
+    /// Nodes computed without the batch's data or the parameters (see `chain_from_export`): in
+    /// no block; each block computes the ones it reads when it first reads them.
+    pub side_nodes: Vec<bool>,
+    pub side_values: Vec<bool>,
+    /// Per value, the node that defines it.
+    pub def: Vec<Option<usize>>,
+}
+
+// SAFETY: tensors are handles to refcounted libtorch tensors; the runtime runs blocks from one
+// thread at a time (Block: Send, never Sync use), as it does for every chain.
+unsafe impl Send for Program {}
+unsafe impl Sync for Program {}
+
+pub(super) struct ExportBlock {
+    pub prog: Arc<Program>,
+    pub name: String,
+    /// The value the block's input (`xs`) carries, if the block reads it.
+    pub input: Option<usize>,
+    /// The values the block's skips carry, in the order of its `ChainBlock::skips`.
+    pub skips: Vec<usize>,
+    pub output: usize,
+    /// The nodes the block runs, in order: its own, and the side nodes inside its range that
+    /// make what its own read (where the program computes them; side nodes of its range that
+    /// only other blocks need are left to them).
+    pub runs: Vec<usize>,
+    /// Side values the nodes it runs read, with the last of those nodes that reads each: it is
+    /// freed after that node, as a module's local would be. Those made outside the block are
+    /// computed when first read (see [`ExportBlock::compute_side`]).
+    pub side_reads: HashMap<usize, usize>,
+    /// `(cast, source)`: no-op casts made in an earlier block that this block's nodes read; they
+    /// read the source (see `alias_src` in `chain_from_export`).
+    pub aliases: Vec<(usize, usize)>,
+}
+
+impl Block for ExportBlock {
+    fn forward(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Tensor {
+        let p = &self.prog;
+        let mut env = Env {
+            local: (0..p.graph.names.len()).map(|_| None).collect(),
+            statics: &p.statics,
+            syms: &p.syms,
+        };
+        if let Some(v) = self.input {
+            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(xs.shallow_clone()));
+        }
+        for (k, &v) in self.skips.iter().enumerate() {
+            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(ctx.skip(k).shallow_clone()));
+        }
+        for &(cast, src) in &self.aliases {
+            if let Some(ckptune_kernels::ops::Value::Tensor(t)) = &env.local[src] {
+                env.local[cast] = Some(ckptune_kernels::ops::Value::Tensor(t.shallow_clone()));
+            }
+        }
+        let out = self.output;
+        let keep = |v: usize| v == out || p.mutations.contains_key(&v);
+        for &k in &self.runs {
+            let reads = p.graph.nodes[k].reads();
+            for &v in &reads {
+                if p.side_values[v] && env.local[v].is_none() {
+                    self.compute_side(v, k, &mut env, ctx);
+                }
+            }
+            self.run(k, &mut env, &keep);
+            for v in reads {
+                if self.side_reads.get(&v) == Some(&k) {
+                    env.local[v] = None;
+                }
+            }
+        }
+        // Buffer mutations (core ATen's functional batch norm returns the new running
+        // statistics): the buffer takes the new value's storage with `set_data`, not `copy_`,
+        // because the node's graph saved the old buffer for backward and an in-place copy would
+        // bump its version and fail that backward (the runtime swaps snapshots the same way).
+        for (v, buffer) in &p.mutations {
+            let t = if *v == out {
+                env.local[*v].as_ref().and_then(|t| match t {
+                    ckptune_kernels::ops::Value::Tensor(t) => Some(t.shallow_clone()),
+                    _ => None,
+                })
+            } else {
+                match env.local[*v].take() {
+                    Some(ckptune_kernels::ops::Value::Tensor(t)) => Some(t),
+                    _ => None,
+                }
+            };
+            if let Some(t) = t {
+                buffer.shallow_clone().set_data(&t.detach());
+            }
+        }
+        match env.local[out].take() {
+            Some(ckptune_kernels::ops::Value::Tensor(t)) => t,
+            other => panic!("block {} did not produce its output ({other:?})", self.name),
+        }
+    }
+}
+
+impl ExportBlock {
+    /// Runs node `k`. Load-time checks covered every operator and argument kind; what fails here
+    /// is a shape or dtype the exported example did not cover, reported with the node.
+    fn run(&self, k: usize, env: &mut Env<'_>, keep: &dyn Fn(usize) -> bool) {
+        if let Err(e) = self.prog.graph.run(k..k + 1, env, keep) {
+            panic!("block {}: {}", self.name, describe(&e));
+        }
+    }
+
+    /// Computes side value `v` and what it needs that this block does not hold yet, in program
+    /// order, before node `at` reads it; the intermediates die at once unless the block's own
+    /// nodes read them later.
+    fn compute_side(&self, v: usize, at: usize, env: &mut Env<'_>, ctx: &Ctx<'_>) {
+        let p = &self.prog;
+        let mut needed: BTreeSet<usize> = BTreeSet::new();
+        let mut stack = vec![v];
+        while let Some(w) = stack.pop() {
+            let Some(d) = p.def[w].filter(|&d| p.side_nodes[d]) else {
+                continue;
+            };
+            if env.local[w].is_none() && needed.insert(d) {
+                stack.extend(p.graph.nodes[d].reads().into_iter().filter(|&r| p.side_values[r]));
+            }
+        }
+        if let Some(m) = p.mask_input {
+            let Some(mask) = ctx.batch_mask else {
+                panic!("block {} reads the attention mask, but the batch has none", self.name);
+            };
+            env.local[m] = Some(ckptune_kernels::ops::Value::Tensor(mask.shallow_clone()));
+        }
+        for &d in &needed {
+            self.run(d, env, &|_| true);
+        }
+        for w in needed
+            .iter()
+            .flat_map(|&d| p.graph.nodes[d].defines())
+            .chain(p.mask_input)
+        {
+            if w != v && self.side_reads.get(&w).is_none_or(|&last| last < at) {
+                env.local[w] = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Which modules of a program are candidates and how its nodes are cut into blocks: each
+//! module's contiguous run of nodes (from `nn_module_stack`), the layer rule ([`layers`]) or a
+//! `--candidates` regex, candidate runs as blocks and the glue between them as blocks of their
+//! own, and at block or nested granularity each layer cut into its children.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::graph::Graph;
+use crate::error::{ModelError, Result};
+use crate::options::{Granularity, ModelOptions};
+
+/// The blocks a program is cut into, the groups over them (nested granularity: a layer over its
+/// children's blocks, `(name, first unit, last unit)`), and every module name in order.
+pub(super) struct Cut {
+    pub units: Vec<Unit>,
+    pub groups: Vec<(String, usize, usize)>,
+    pub modules: Vec<String>,
+}
+
+/// Cuts `graph` into units by `--candidates` or the granularity; units made only of side nodes
+/// are left out (each block computes the side values it reads).
+pub(super) fn cut_into_units(path: &Path, graph: &Graph, opts: &ModelOptions, side_nodes: &[bool]) -> Result<Cut> {
+    let (modules, runs) = module_runs(graph);
+    let run_of = |m: &String| runs.get(m).map(|&(a, b)| (m.clone(), a, b));
+    let n = graph.nodes.len();
+    let mut units: Vec<Unit>;
+    let mut group_units: Vec<(String, usize, usize)> = Vec::new(); // (name, first unit, last unit)
+    if let Some(re) = &opts.candidates {
+        let re = regex::Regex::new(&format!("^(?:{re})$")).map_err(|e| ModelError::InvalidOption {
+            model: path.display().to_string(),
+            option: "candidates",
+            value: re.clone(),
+            why: e.to_string(),
+        })?;
+        let chosen: Vec<_> = modules.iter().filter(|m| re.is_match(m)).filter_map(run_of).collect();
+        if chosen.is_empty() {
+            return Err(ModelError::InvalidOption {
+                model: path.display().to_string(),
+                option: "candidates",
+                value: re.to_string(),
+                why: "no module whose nodes form one contiguous run matches it".into(),
+            });
+        }
+        units = cut(graph, 0, n - 1, &disjoint(chosen), 0);
+    } else {
+        let layer_runs: Vec<_> = layers(&modules, &runs).iter().filter_map(run_of).collect();
+        let layer_runs = disjoint(layer_runs);
+        match opts.granularity {
+            Granularity::Layer => units = cut(graph, 0, n - 1, &layer_runs, 0),
+            Granularity::Block | Granularity::Nested => {
+                units = Vec::new();
+                let outer = cut(graph, 0, n - 1, &layer_runs, 0);
+                for u in outer {
+                    if !u.candidate {
+                        units.push(u);
+                        continue;
+                    }
+                    let kids: Vec<_> = children(&u.name, &modules).into_iter().filter_map(run_of).collect();
+                    let depth = u.name.split('.').count();
+                    let inner = cut(graph, u.first, u.last, &disjoint(kids), depth);
+                    // A layer of one child is not a group (a group spans two blocks or more):
+                    // its child is the candidate, as in the built-in models.
+                    let nested = opts.granularity == Granularity::Nested && inner.len() >= 2;
+                    if inner.iter().any(|i| i.candidate) {
+                        if nested {
+                            group_units.push((u.name.clone(), units.len(), units.len() + inner.len() - 1));
+                        }
+                        units.extend(inner);
+                    } else {
+                        units.push(u);
+                    }
+                }
+            }
+        }
+    }
+
+    units.retain(|u| (u.first..=u.last).any(|k| !side_nodes[k]));
+    Ok(Cut {
+        units,
+        groups: group_units,
+        modules,
+    })
+}
+
+/// Every module with the node range it covers, if its nodes form one contiguous run.
+pub(super) fn module_runs(g: &Graph) -> (Vec<String>, HashMap<String, (usize, usize)>) {
+    let mut order = Vec::new();
+    let mut seen: HashMap<String, (usize, usize, usize)> = HashMap::new();
+    for (k, n) in g.nodes.iter().enumerate() {
+        for m in &n.modules {
+            if !seen.contains_key(m) {
+                // Containers whose forward never runs (a ModuleList such as BERT's
+                // `encoder.layer`) appear only as prefixes; they are modules all the same.
+                let mut missing: Vec<String> = Vec::new();
+                let mut a = parent(m);
+                while !a.is_empty() && !seen.contains_key(a) && !order.iter().any(|o| o == a) {
+                    missing.push(a.to_owned());
+                    a = parent(a);
+                }
+                order.extend(missing.into_iter().rev());
+            }
+            let e = seen.entry(m.clone()).or_insert_with(|| {
+                order.push(m.clone());
+                (k, k, 0)
+            });
+            e.1 = k;
+            e.2 += 1;
+        }
+    }
+    let runs = seen
+        .into_iter()
+        .filter(|(_, (a, b, count))| b - a + 1 == *count)
+        .map(|(m, (a, b, _))| (m, (a, b)))
+        .collect();
+    (order, runs)
+}
+
+fn parent(m: &str) -> &str {
+    m.rfind('.').map_or("", |i| &m[..i])
+}
+
+pub(super) fn children<'a>(m: &str, modules: &'a [String]) -> Vec<&'a String> {
+    modules
+        .iter()
+        .filter(|c| parent(c) == m && !c.is_empty() && c.as_str() != m)
+        .collect()
+}
+
+/// The repeated layers of a model, by this rule: a *layer container* is a module with children
+/// whose names end in a number (`layer1.0`, `encoder.layer.3`, `model.layers.7`,
+/// `encoder.layers.encoder_layer_5`), taking the outermost ones. If two or more containers whose
+/// own names end in a number are siblings (torchvision ResNet's `layer1` … `layer4`) they are the
+/// layers, as ckptune's built-in ResNets have it; otherwise the numbered children of the container
+/// with the most of them are (BERT's `encoder.layer.N`, Llama's `model.layers.N`, ViT's
+/// `encoder.layers.encoder_layer_N` rather than its `heads.0`, MobileNet's and EfficientNet's
+/// `features.N` rather than `features` and `classifier`). Without any container the top-level
+/// modules are. Only modules whose nodes form one contiguous run qualify.
+pub fn layers(modules: &[String], runs: &HashMap<String, (usize, usize)>) -> Vec<String> {
+    let numbered = |c: &str| {
+        c.rsplit('.')
+            .next()
+            .is_some_and(|s| s.ends_with(|ch: char| ch.is_ascii_digit()))
+    };
+    let mut containers: Vec<&String> = modules
+        .iter()
+        .filter(|m| children(m, modules).iter().any(|c| numbered(c)))
+        .collect();
+    containers.retain(|c| {
+        !modules
+            .iter()
+            .any(|o| o != *c && c.starts_with(&format!("{o}.")) && children(o, modules).iter().any(|x| numbered(x)))
+    });
+    // Sibling layers: numbered containers (`layer1`, `layer2`) sharing a parent.
+    let mut by_parent: HashMap<&str, usize> = HashMap::new();
+    for c in containers.iter().filter(|c| numbered(c)) {
+        *by_parent.entry(parent(c)).or_default() += 1;
+    }
+    let siblings = |c: &str| numbered(c) && by_parent.get(parent(c)).is_some_and(|&n| n >= 2);
+    let numbered_children = |c: &str| children(c, modules).into_iter().filter(|x| numbered(x)).count();
+    // Among lone containers, the one(s) with the most numbered children hold the layers (a ViT's
+    // `encoder.layers`, not its one-entry `heads` Sequential).
+    let most = containers
+        .iter()
+        .filter(|c| !siblings(c))
+        .map(|c| numbered_children(c))
+        .max()
+        .unwrap_or(0);
+    let mut out: Vec<String> = Vec::new();
+    for c in &containers {
+        if siblings(c) {
+            out.push((*c).clone());
+        } else if numbered_children(c) == most {
+            out.extend(children(c, modules).into_iter().filter(|x| numbered(x)).cloned());
+        }
+    }
+    if out.is_empty() {
+        out = children("", modules).into_iter().cloned().collect();
+    }
+    out.retain(|m| runs.contains_key(m));
+    out
+}
+
+/// A chain unit before it becomes a block: node range, name, whether it is a candidate.
+pub(super) struct Unit {
+    pub name: String,
+    pub first: usize,
+    pub last: usize,
+    pub candidate: bool,
+}
+
+/// Cuts nodes `lo..=hi` into units: the given (disjoint, sorted) candidate runs inside it and the
+/// glue between them, named after the modules its nodes belong to (`conv1+bn1+relu+maxpool`).
+pub(super) fn cut(g: &Graph, lo: usize, hi: usize, cands: &[(String, usize, usize)], depth: usize) -> Vec<Unit> {
+    let mut units = Vec::new();
+    let mut k = lo;
+    let glue = |a: usize, b: usize| -> Unit {
+        let mut names: Vec<String> = Vec::new();
+        for n in &g.nodes[a..=b] {
+            if let Some(m) = n.modules.get(depth) {
+                if !names.contains(m) {
+                    names.push(m.clone());
+                }
+            }
+        }
+        let name = if names.is_empty() {
+            // Nodes of the enclosing module itself (a layer's residual sums): named after it.
+            match g.nodes[a].modules.last() {
+                Some(m) => format!("{m} ({})", g.nodes[a].name),
+                None => format!("<{}>", g.nodes[a].name),
+            }
+        } else {
+            names.join("+")
+        };
+        Unit {
+            name,
+            first: a,
+            last: b,
+            candidate: false,
+        }
+    };
+    for (m, a, b) in cands.iter().filter(|(_, a, b)| *a >= lo && *b <= hi) {
+        if *a > k {
+            units.push(glue(k, a - 1));
+        }
+        units.push(Unit {
+            name: m.clone(),
+            first: *a,
+            last: *b,
+            candidate: true,
+        });
+        k = b + 1;
+    }
+    if k <= hi {
+        units.push(glue(k, hi));
+    }
+    units
+}
+
+pub(super) fn disjoint(mut cands: Vec<(String, usize, usize)>) -> Vec<(String, usize, usize)> {
+    // Outermost first where runs nest: longer runs win, then order by position.
+    cands.sort_by_key(|(_, a, b)| (*a, std::cmp::Reverse(*b)));
+    let mut out: Vec<(String, usize, usize)> = Vec::new();
+    for c in cands {
+        if out.last().is_none_or(|l| c.1 > l.2) {
+            out.push(c);
+        }
+    }
+    out
+}

@@ -1,0 +1,273 @@
+//! What crosses the cuts between blocks: each block's output (the one tensor later nodes read)
+//! and what each block reads from earlier blocks, as its input (the previous block's output)
+//! and its skips (older blocks' outputs); no-op casts read through across cuts.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use super::archive::Archive;
+use super::block::{ExportBlock, Program};
+use super::candidates::Unit;
+use super::graph::{Graph, Input, Target};
+use super::io::sizes_of;
+use super::side::Side;
+use super::signature::Signature;
+use crate::chain::ChainBlock;
+use crate::error::{ModelError, Result};
+
+/// The dataflow of a program cut into `units`.
+pub(super) struct Flow {
+    /// Per value, the node that defines it.
+    pub def: Vec<Option<usize>>,
+    /// Per node, the unit it belongs to.
+    block_of_node: Vec<usize>,
+    /// Casts that were no-ops when the program was exported, with their source (see
+    /// [`no_op_casts`]).
+    alias_src: HashMap<usize, usize>,
+    /// Per unit, the value it hands on.
+    outputs_of: Vec<usize>,
+}
+
+fn bad(path: &Path, reason: String) -> ModelError {
+    ModelError::BadExport {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+impl Flow {
+    pub fn new(path: &Path, ar: &Archive, graph: &Graph, sig: &Signature, side: &Side, units: &[Unit]) -> Result<Flow> {
+        let mut block_of_node = vec![0usize; graph.nodes.len()];
+        for (i, u) in units.iter().enumerate() {
+            block_of_node[u.first..=u.last].fill(i);
+        }
+        let mut flow = Flow {
+            def: graph.definitions(),
+            block_of_node,
+            alias_src: no_op_casts(ar, graph, sig, side),
+            outputs_of: Vec::new(),
+        };
+        flow.outputs_of = flow.outputs(path, graph, sig, side, units)?;
+        Ok(flow)
+    }
+
+    /// The value node `k` reads for `v`: through no-op casts made in another block.
+    fn read_as(&self, v: usize, k: usize) -> usize {
+        let mut v = v;
+        while let Some(&src) = self.alias_src.get(&v) {
+            if self.def[v].map(|d| self.block_of_node[d]) == Some(self.block_of_node[k]) {
+                break;
+            }
+            v = src;
+        }
+        v
+    }
+
+    /// Per unit, the one tensor it hands to later nodes.
+    fn outputs(&self, path: &Path, graph: &Graph, sig: &Signature, side: &Side, units: &[Unit]) -> Result<Vec<usize>> {
+        // The last node reading each value: outputs other than the first (a model returning
+        // `(logits, hidden)`) are computed but not handed on, as the loss reads only the first.
+        let mut last_read: Vec<Option<usize>> = vec![None; graph.names.len()];
+        for (k, node) in graph.nodes.iter().enumerate() {
+            for v in node.reads() {
+                last_read[self.read_as(v, k)] = Some(k);
+            }
+        }
+        let mut outputs_of: Vec<usize> = Vec::with_capacity(units.len());
+        for u in units {
+            let outs: BTreeSet<usize> = (u.first..=u.last)
+                .filter(|&k| !side.nodes[k])
+                .flat_map(|k| graph.nodes[k].defines())
+                // A buffer's new value (core ATen's functional batch norm) is written back by the
+                // block that makes it, not handed on.
+                .filter(|&v| {
+                    graph.is_tensor[v]
+                        && !sig.mutations.contains_key(&v)
+                        && (v == sig.output || last_read[v].is_some_and(|l| l > u.last))
+                })
+                .collect();
+            let outs: Vec<usize> = outs.into_iter().collect();
+            match outs.as_slice() {
+                [v] => outputs_of.push(*v),
+                _ => {
+                    return Err(bad(
+                        path,
+                        format!(
+                            "block {} (nodes {}..{}) hands {} tensors to later nodes ({}); ckptune passes one \
+                             tensor between blocks: choose other candidates with --candidates REGEX",
+                            u.name,
+                            graph.nodes[u.first].name,
+                            graph.nodes[u.last].name,
+                            outs.len(),
+                            outs.iter()
+                                .map(|&v| graph.names[v].as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ))
+                }
+            }
+        }
+        if outputs_of.last() != Some(&sig.output) {
+            return Err(bad(
+                path,
+                format!(
+                    "the model's output {} is not made by its last block",
+                    graph.names[sig.output]
+                ),
+            ));
+        }
+        Ok(outputs_of)
+    }
+}
+
+/// Casts that were no-ops when the program was exported (`x.to(torch.float32)` of a float32
+/// `x` returns `x` itself): tracing then has later readers of `x` read the cast, such as the
+/// residual sum after a Llama RMSNorm, which casts its input first. A reader in another block
+/// than the cast's reads the source instead, as the model's code does (`residual =
+/// hidden_states` before the norm), so the cast is not handed on besides the norm's output.
+fn no_op_casts(ar: &Archive, graph: &Graph, sig: &Signature, side: &Side) -> HashMap<usize, usize> {
+    graph
+        .nodes
+        .iter()
+        .filter_map(|node| {
+            let Target::Op { name, .. } = &node.target else {
+                return None;
+            };
+            if !matches!(name.as_str(), "aten::to" | "aten::alias" | "aten::type_as") {
+                return None;
+            }
+            if node
+                .args
+                .iter()
+                .any(|(a, i)| a == "copy" && matches!(i, Input::Bool(true)))
+            {
+                return None;
+            }
+            let src = match node.args.first() {
+                Some((_, Input::Tensor(v))) if sig.statics[*v].is_none() && !side.values[*v] => *v,
+                _ => return None,
+            };
+            let [out] = node.defines()[..] else {
+                return None;
+            };
+            let same = sizes_of(&ar.model, &graph.names[src])
+                .is_some_and(|a| sizes_of(&ar.model, &graph.names[out]).is_some_and(|b| a == b));
+            same.then_some((out, src))
+        })
+        .collect()
+}
+
+/// The chain blocks of the program's units.
+pub(super) fn blocks(
+    path: &Path,
+    prog: &Arc<Program>,
+    flow: &Flow,
+    units: &[Unit],
+    input: usize,
+) -> Result<Vec<ChainBlock>> {
+    units
+        .iter()
+        .enumerate()
+        .map(|(i, u)| block(path, prog, flow, i, u, input))
+        .collect()
+}
+
+/// Unit `i` as a chain block: the nodes it runs, what it reads from earlier blocks (its input
+/// and skips), the side values it reads.
+fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, input: usize) -> Result<ChainBlock> {
+    let g = &prog.graph;
+    let runs = runs(prog, flow, u);
+    let mut reads: BTreeSet<usize> = BTreeSet::new();
+    let mut side_reads: HashMap<usize, usize> = HashMap::new();
+    let mut aliases: BTreeSet<(usize, usize)> = BTreeSet::new();
+    for &k in &runs {
+        for v in g.nodes[k].reads() {
+            let v = match flow.read_as(v, k) {
+                src if src != v => {
+                    aliases.insert((v, src));
+                    src
+                }
+                _ => v,
+            };
+            if prog.side_values[v] {
+                side_reads.insert(v, k);
+            } else if !prog.side_nodes[k]
+                && g.is_tensor[v]
+                && prog.statics[v].is_none()
+                && flow.def[v].is_none_or(|d| d < u.first)
+            {
+                reads.insert(v);
+            }
+        }
+    }
+    let mut block_input = None;
+    let mut skips = Vec::new();
+    let mut skip_vals = Vec::new();
+    for v in reads {
+        if v == input {
+            if i != 0 {
+                return Err(bad(
+                    path,
+                    format!(
+                        "block {} reads the model's input {} although it is not the first block; \
+                         ckptune feeds the input to the first block only",
+                        u.name, g.names[v]
+                    ),
+                ));
+            }
+            block_input = Some(v);
+            continue;
+        }
+        let j = flow.def[v].map(|d| flow.block_of_node[d]).ok_or_else(|| {
+            bad(
+                path,
+                format!("block {} reads {}, which no node makes", u.name, g.names[v]),
+            )
+        })?;
+        if i > 0 && j == i - 1 {
+            block_input = Some(v);
+        } else {
+            skips.push(j);
+            skip_vals.push(v);
+        }
+    }
+    let mut cb = ChainBlock::new(
+        u.name.clone(),
+        u.candidate,
+        Box::new(ExportBlock {
+            prog: prog.clone(),
+            name: u.name.clone(),
+            input: block_input,
+            skips: skip_vals,
+            output: flow.outputs_of[i],
+            runs,
+            side_reads,
+            aliases: aliases.into_iter().collect(),
+        }),
+    );
+    cb.skips = skips;
+    Ok(cb)
+}
+
+/// The nodes unit `u` runs, in order: its own, and the side nodes inside its range that its own
+/// nodes need, transitively.
+fn runs(prog: &Program, flow: &Flow, u: &Unit) -> Vec<usize> {
+    let g = &prog.graph;
+    let mut local_side: BTreeSet<usize> = BTreeSet::new();
+    let mut stack: Vec<usize> = (u.first..=u.last)
+        .filter(|&k| !prog.side_nodes[k])
+        .flat_map(|k| g.nodes[k].reads())
+        .collect();
+    while let Some(v) = stack.pop() {
+        if let Some(d) = flow.def[v].filter(|&d| prog.side_nodes[d] && (u.first..=u.last).contains(&d)) {
+            if local_side.insert(d) {
+                stack.extend(g.nodes[d].reads());
+            }
+        }
+    }
+    (u.first..=u.last)
+        .filter(|&k| !prog.side_nodes[k] || local_side.contains(&k))
+        .collect()
+}

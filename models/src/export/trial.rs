@@ -1,0 +1,57 @@
+//! A load-time trial run: a node that fails on a sample batch is bad input naming the node, not
+//! a panic in the middle of profiling.
+
+use tch::Tensor;
+
+use crate::chain::{Chain, Ctx};
+
+/// Runs the chain once on a sample batch, so that a node that fails (a dtype or shape the
+/// operator rejects) is bad input at load time, named with its node, rather than a panic in
+/// the middle of profiling. Buffers and the RNG are put back: the trial leaves no trace.
+pub(super) fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
+    let rng = ckptune_kernels::rng::cpu_state().map_err(|e| e.to_string())?;
+    let buffers: Vec<(Tensor, Tensor)> = chain
+        .vs
+        .variables()
+        .into_values()
+        .filter(|t| !t.requires_grad())
+        .map(|t| {
+            let saved = t.copy();
+            (t, saved)
+        })
+        .collect();
+    let sample = chain.make_batch(batch, chain.vs.device(), 0);
+    // A failing node is reported as an error below; the default hook would also print it as a
+    // panic to stderr.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tch::no_grad(|| {
+            // Chain::forward_all, with the batch's raw mask in the context.
+            let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref());
+            let mut outs: Vec<Tensor> = Vec::with_capacity(chain.blocks.len());
+            for (i, b) in chain.blocks.iter().enumerate() {
+                let x = if i == 0 { &sample.input } else { &outs[i - 1] };
+                let skips: Vec<Tensor> = b.skips.iter().map(|&s| outs[s].shallow_clone()).collect();
+                let out = b.block.forward(x, &ctx.with_skips(&skips));
+                outs.push(out);
+            }
+        })
+    }))
+    .map_err(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        format!("running it on a sample batch of {batch} failed: {msg}")
+    });
+    std::panic::set_hook(hook);
+    tch::no_grad(|| {
+        for (t, saved) in &buffers {
+            t.shallow_clone().copy_(saved);
+        }
+    });
+    ckptune_kernels::rng::set_cpu_state(&rng).map_err(|e| e.to_string())?;
+    result
+}
