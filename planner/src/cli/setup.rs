@@ -66,144 +66,10 @@ impl Setup {
 
     /// `default_precisions` applies when `--precision` is not given.
     pub fn resolve(a: &ModelArgs, default_precisions: &[Precision]) -> Result<Setup> {
-        let device = match a.device.as_str() {
-            "cpu" => Device::Cpu,
-            "cuda" => {
-                if !tch::Cuda::is_available() {
-                    return Err(usage(
-                        "--device cuda: no CUDA device is available to libtorch on this machine; use --device cpu"
-                            .into(),
-                    ));
-                }
-                Device::Cuda(0)
-            }
-            other => return Err(usage(format!("--device {other:?}: expected cpu or cuda"))),
-        };
-        let granularity = match a.granularity.as_str() {
-            "layer" => Granularity::Layer,
-            "block" => Granularity::Block,
-            "nested" => Granularity::Nested,
-            other => {
-                return Err(usage(format!(
-                    "--granularity {other:?}: expected layer, block or nested"
-                )))
-            }
-        };
-        let precisions: Vec<Precision> = if a.precision.is_empty() {
-            default_precisions.to_vec()
-        } else {
-            a.precision
-                .iter()
-                .map(|p| p.parse::<Precision>().context("--precision"))
-                .collect::<Result<_>>()?
-        };
-        let precisions: Vec<Precision> = if a.precision.is_empty() {
-            // Defaults only include what the device can run.
-            precisions
-                .into_iter()
-                .filter(|p| p.check_device(device).is_ok())
-                .collect()
-        } else {
-            for p in &precisions {
-                p.check_device(device).context("--precision")?;
-            }
-            precisions
-        };
-        let mut optimizers: Vec<OptimizerKind> = a
-            .optimizer
-            .iter()
-            .map(|o| o.parse::<OptimizerKind>().context("--optimizer"))
-            .collect::<Result<_>>()?;
-        if a.allow_8bit {
-            for o in optimizers.clone() {
-                let eight = match o {
-                    OptimizerKind::Adam => Some(OptimizerKind::Adam8bit),
-                    OptimizerKind::AdamW => Some(OptimizerKind::AdamW8bit),
-                    _ => None,
-                };
-                if let Some(e) = eight.filter(|e| !optimizers.contains(e)) {
-                    optimizers.push(e);
-                }
-            }
-        }
-        let impls: Vec<OptimizerImpl> = if a.optimizer_impl.is_empty() {
-            vec![OptimizerImpl::default_for(device)]
-        } else {
-            let mut v: Vec<OptimizerImpl> = a
-                .optimizer_impl
-                .iter()
-                .map(|i| i.parse::<OptimizerImpl>().context("--optimizer-impl"))
-                .collect::<Result<_>>()?;
-            v.dedup();
-            if !optimizers.iter().any(|o| o.in_torch_optim()) {
-                return Err(usage(format!(
-                    "--optimizer-impl {}: none of the optimizers ({}) is torch.optim's; the \
-                     implementations apply to sgd, sgd-momentum, adam and adamw",
-                    a.optimizer_impl.join(","),
-                    a.optimizer.join(",")
-                )));
-            }
-            v
-        };
-        let default_batch = if a.model.contains("bert") || a.model.contains("gpt") {
-            4
-        } else {
-            8
-        };
-        let mut batches = if a.batch.is_empty() {
-            vec![default_batch]
-        } else {
-            a.batch.clone()
-        };
-        batches.sort_unstable();
-        batches.dedup();
-        if let Some(b) = batches.iter().find(|b| **b < 1) {
-            return Err(usage(format!(
-                "--batch {b}: a micro-batch must hold at least one sample"
-            )));
-        }
-        let global_batch = a.global_batch.unwrap_or(*batches.last().unwrap_or(&default_batch));
-        if global_batch < 1 {
-            return Err(usage(format!("--global-batch {global_batch}: must be at least 1")));
-        }
-        let mut configs = Vec::new();
-        // Lion and the 8-bit optimizers have one implementation each.
-        let variants: Vec<(OptimizerKind, OptimizerImpl)> = optimizers
-            .iter()
-            .flat_map(|&o| {
-                let own = if o.in_torch_optim() {
-                    impls.clone()
-                } else {
-                    vec![OptimizerImpl::Single]
-                };
-                own.into_iter().map(move |i| (o, i))
-            })
-            .collect();
-        for &p in &precisions {
-            for &(o, imp) in &variants {
-                for &mb in &batches {
-                    if global_batch % mb != 0 {
-                        if batches.len() == 1 {
-                            return Err(usage(format!(
-                                "--global-batch {global_batch} is not a multiple of --batch {mb}: gradient \
-                                 accumulation needs a whole number of micro-batches"
-                            )));
-                        }
-                        continue;
-                    }
-                    let mut c = TrainConfig::new(p, o, mb);
-                    c.optimizer_impl = imp;
-                    c.grad_accum = global_batch / mb;
-                    c.set_to_none = !a.zero_grad_in_place;
-                    configs.push(c);
-                }
-            }
-        }
-        if configs.is_empty() {
-            return Err(usage(format!(
-                "no config to measure: no --batch among {batches:?} divides --global-batch {global_batch}"
-            )));
-        }
+        let device = device(&a.device)?;
+        let granularity = granularity(&a.granularity)?;
+        let space = ConfigSpace::resolve(a, default_precisions, device)?;
+        let configs = space.configs()?;
         if a.repeats == 0 {
             return Err(usage("--repeats 0: at least one timed repeat is needed".into()));
         }
@@ -237,7 +103,7 @@ impl Setup {
             threads,
             repeats: a.repeats,
             configs,
-            global_batch,
+            global_batch: space.global_batch,
             cache_dir,
             quiet: a.quiet,
             threads_auto: a.threads.is_none(),
@@ -348,6 +214,193 @@ impl Setup {
             self.repeats
         )
     }
+}
+
+/// `--device`: cpu, or cuda where libtorch sees a CUDA device.
+fn device(name: &str) -> Result<Device> {
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => {
+            if !tch::Cuda::is_available() {
+                return Err(usage(
+                    "--device cuda: no CUDA device is available to libtorch on this machine; use --device cpu".into(),
+                ));
+            }
+            Ok(Device::Cuda(0))
+        }
+        other => Err(usage(format!("--device {other:?}: expected cpu or cuda"))),
+    }
+}
+
+/// `--granularity`.
+fn granularity(name: &str) -> Result<Granularity> {
+    match name {
+        "layer" => Ok(Granularity::Layer),
+        "block" => Ok(Granularity::Block),
+        "nested" => Ok(Granularity::Nested),
+        other => Err(usage(format!(
+            "--granularity {other:?}: expected layer, block or nested"
+        ))),
+    }
+}
+
+/// The config flags, each resolved: precisions, optimizers with their implementations,
+/// micro-batches, the global batch, and the gradient reset.
+struct ConfigSpace {
+    precisions: Vec<Precision>,
+    variants: Vec<(OptimizerKind, OptimizerImpl)>,
+    batches: Vec<i64>,
+    global_batch: i64,
+    set_to_none: bool,
+}
+
+impl ConfigSpace {
+    fn resolve(a: &ModelArgs, default_precisions: &[Precision], device: Device) -> Result<Self> {
+        let precisions = precisions(a, default_precisions, device)?;
+        let variants = optimizer_variants(a, device)?;
+        let batches = micro_batches(a)?;
+        let global_batch = a
+            .global_batch
+            .unwrap_or(*batches.last().expect("at least one micro-batch"));
+        if global_batch < 1 {
+            return Err(usage(format!("--global-batch {global_batch}: must be at least 1")));
+        }
+        Ok(ConfigSpace {
+            precisions,
+            variants,
+            batches,
+            global_batch,
+            set_to_none: !a.zero_grad_in_place,
+        })
+    }
+
+    /// Every precision × optimizer × micro-batch whose micro-batch divides the global batch.
+    fn configs(&self) -> Result<Vec<TrainConfig>> {
+        let mut configs = Vec::new();
+        for &p in &self.precisions {
+            for &(o, imp) in &self.variants {
+                for &mb in &self.batches {
+                    if self.global_batch % mb != 0 {
+                        if self.batches.len() == 1 {
+                            return Err(usage(format!(
+                                "--global-batch {} is not a multiple of --batch {mb}: gradient \
+                                 accumulation needs a whole number of micro-batches",
+                                self.global_batch
+                            )));
+                        }
+                        continue;
+                    }
+                    let mut c = TrainConfig::new(p, o, mb);
+                    c.optimizer_impl = imp;
+                    c.grad_accum = self.global_batch / mb;
+                    c.set_to_none = self.set_to_none;
+                    configs.push(c);
+                }
+            }
+        }
+        if configs.is_empty() {
+            return Err(usage(format!(
+                "no config to measure: no --batch among {:?} divides --global-batch {}",
+                self.batches, self.global_batch
+            )));
+        }
+        Ok(configs)
+    }
+}
+
+/// `--precision`, or the defaults the device can run.
+fn precisions(a: &ModelArgs, default_precisions: &[Precision], device: Device) -> Result<Vec<Precision>> {
+    if a.precision.is_empty() {
+        // Defaults only include what the device can run.
+        return Ok(default_precisions
+            .iter()
+            .copied()
+            .filter(|p| p.check_device(device).is_ok())
+            .collect());
+    }
+    let precisions: Vec<Precision> = a
+        .precision
+        .iter()
+        .map(|p| p.parse::<Precision>().context("--precision"))
+        .collect::<Result<_>>()?;
+    for p in &precisions {
+        p.check_device(device).context("--precision")?;
+    }
+    Ok(precisions)
+}
+
+/// `--optimizer` (with `--allow-8bit`'s 8-bit variants) × `--optimizer-impl`: Lion and the 8-bit
+/// optimizers have one implementation each.
+fn optimizer_variants(a: &ModelArgs, device: Device) -> Result<Vec<(OptimizerKind, OptimizerImpl)>> {
+    let mut optimizers: Vec<OptimizerKind> = a
+        .optimizer
+        .iter()
+        .map(|o| o.parse::<OptimizerKind>().context("--optimizer"))
+        .collect::<Result<_>>()?;
+    if a.allow_8bit {
+        for o in optimizers.clone() {
+            let eight = match o {
+                OptimizerKind::Adam => Some(OptimizerKind::Adam8bit),
+                OptimizerKind::AdamW => Some(OptimizerKind::AdamW8bit),
+                _ => None,
+            };
+            if let Some(e) = eight.filter(|e| !optimizers.contains(e)) {
+                optimizers.push(e);
+            }
+        }
+    }
+    let impls: Vec<OptimizerImpl> = if a.optimizer_impl.is_empty() {
+        vec![OptimizerImpl::default_for(device)]
+    } else {
+        let mut v: Vec<OptimizerImpl> = a
+            .optimizer_impl
+            .iter()
+            .map(|i| i.parse::<OptimizerImpl>().context("--optimizer-impl"))
+            .collect::<Result<_>>()?;
+        v.dedup();
+        if !optimizers.iter().any(|o| o.in_torch_optim()) {
+            return Err(usage(format!(
+                "--optimizer-impl {}: none of the optimizers ({}) is torch.optim's; the \
+                 implementations apply to sgd, sgd-momentum, adam and adamw",
+                a.optimizer_impl.join(","),
+                a.optimizer.join(",")
+            )));
+        }
+        v
+    };
+    Ok(optimizers
+        .iter()
+        .flat_map(|&o| {
+            let own = if o.in_torch_optim() {
+                impls.clone()
+            } else {
+                vec![OptimizerImpl::Single]
+            };
+            own.into_iter().map(move |i| (o, i))
+        })
+        .collect())
+}
+
+/// `--batch`, sorted and each at least 1; by default 4 for language models, 8 for the rest.
+fn micro_batches(a: &ModelArgs) -> Result<Vec<i64>> {
+    let default_batch = if a.model.contains("bert") || a.model.contains("gpt") {
+        4
+    } else {
+        8
+    };
+    let mut batches = if a.batch.is_empty() {
+        vec![default_batch]
+    } else {
+        a.batch.clone()
+    };
+    batches.sort_unstable();
+    batches.dedup();
+    if let Some(b) = batches.iter().find(|b| **b < 1) {
+        return Err(usage(format!(
+            "--batch {b}: a micro-batch must hold at least one sample"
+        )));
+    }
+    Ok(batches)
 }
 
 fn default_cache_dir() -> PathBuf {

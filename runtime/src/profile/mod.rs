@@ -57,121 +57,198 @@ impl Default for ProfileSettings {
 pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<ConfigProfile> {
     meter::install()?;
     let t0 = Instant::now();
+    let plan = StepKinds::of(&session.chain);
     let repeats = settings.repeats.max(1);
-    let n = session.chain.blocks.len();
-    let chain = &session.chain;
-    let none = vec![false; chain.units()];
-    let all: Vec<bool> = (0..chain.units()).map(|i| i < n && chain.unit_candidate(i)).collect();
-    // Chains with groups: step C checkpoints every group whole, and step A (nothing
-    // checkpointed) runs them fused as in production, so one more step, instrumented once
-    // and with fusing off, measures the blocks' own plain terms (A′).
-    let grouped: Option<Vec<bool>> = (!chain.groups.is_empty()).then(|| (0..chain.units()).map(|i| i >= n).collect());
-    let kinds = 2 + usize::from(grouped.is_some());
-    let split_steps = usize::from(grouped.is_some());
-    let pb = progress_bar(
-        (kinds + kinds * repeats + split_steps) as u64,
-        &format!("profiling {}", session.cfg.label()),
-        settings.quiet,
-    );
-
-    session.step(&none, None)?;
-    pb.inc(1);
-    session.step(&all, None)?;
-    pb.inc(1);
-    if let Some(c) = &grouped {
-        session.step(c, None)?;
-        pb.inc(1);
-    }
-
-    let mut trace_c = StepTrace::default();
-    let mut trace_a = StepTrace::default();
-    let mut trace_b = StepTrace::default();
-    // Timed samples per kind of step: A (nothing checkpointed), B (every candidate block
-    // checkpointed; with each block's no-grad forward time), C (every group checkpointed; with
-    // each group's). The first of each is instrumented.
-    let mut samples_a: Vec<Sample<()>> = Vec::new();
-    let mut samples_b: Vec<UnitSample> = Vec::new();
-    let mut samples_c: Vec<UnitSample> = Vec::new();
-    let mut peak_none = 0;
-    let mut peak_all = 0;
-    for r in 0..repeats {
-        let ra = session.step(&none, if r == 0 { Some(&mut trace_a) } else { None })?;
-        pb.inc(1);
-        samples_a.push(Sample::of(&ra, ()));
-        if r == 0 {
-            peak_none = ra.peak_bytes;
-        }
-        let (sb, tb, peak) = step_b(session, &all)?;
-        pb.inc(1);
-        if r == 0 {
-            peak_all = peak;
-            trace_b = tb;
-        }
-        samples_b.push(sb);
-        if let Some(c) = &grouped {
-            let (sc, tc) = step_c(session, c)?;
-            pb.inc(1);
-            if r == 0 {
-                trace_c = tc;
-            }
-            samples_c.push(sc);
-        }
-    }
-    // A′: the blocks' plain terms, with boundaries inside groups.
-    let trace_split = match &grouped {
-        None => None,
-        Some(_) => {
-            let mut t = StepTrace::default();
-            session.fuse_groups = false;
-            let r = session.step(&none, Some(&mut t));
-            session.fuse_groups = true;
-            r?;
-            pb.inc(1);
-            Some(t)
-        }
-    };
-    // Contended samples are re-timed after the instrumented steps, so the steps memory comes
-    // from run exactly as they would on a quiet machine.
-    let mut retimer = Retimer::new(settings.retime);
-    retimer.retime(&mut samples_a, || Ok(Sample::of(&session.step(&none, None)?, ())))?;
-    retimer.retime(&mut samples_b, || Ok(step_b(session, &all)?.0))?;
-    if let Some(c) = &grouped {
-        retimer.retime(&mut samples_c, || Ok(step_c(session, c)?.0))?;
-    }
-    let retimed = retimer.retimed;
-    pb.inc_length(retimed as u64);
-    pb.inc(retimed as u64);
-    pb.finish_and_clear();
-
+    let steps = measured_steps(session, &plan, repeats, settings)?;
     // With groups, A is the fused step and A′ gives the blocks' plain terms.
-    let plain = trace_split.as_ref().unwrap_or(&trace_a);
-    let fused = trace_split.as_ref().map(|_| &trace_a);
+    let plain = steps.trace_split.as_ref().unwrap_or(&steps.trace_a);
+    let fused = steps.trace_split.as_ref().map(|_| &steps.trace_a);
     let mut regimes = Vec::new();
     for (k, label) in ["first micro-step", "accumulating micro-step"]
         .into_iter()
         .enumerate()
-        .take(trace_a.micro.len().min(2))
+        .take(steps.trace_a.micro.len().min(2))
     {
         regimes.push(terms::regime(
             label,
             &plain.micro[k],
-            &trace_b.micro[k],
-            trace_c.micro.get(k).zip(fused.map(|f| &f.micro[k])),
+            &steps.trace_b.micro[k],
+            steps.trace_c.micro.get(k).zip(fused.map(|f| &f.micro[k])),
             &session.chain,
         )?);
     }
-    // The no-grad forward is what checkpointing adds (the recompute replaces the grad-mode
-    // forward of a plain step), from the samples the estimates use.
-    // Units doing the same work share one estimate over all their samples.
     let recompute_class = work_classes(session, &regimes);
-    let (used_b, used_c) = (timing::used(&samples_b), timing::used(&samples_c));
+    let recompute_spread = recompute_estimates(session, &steps, &recompute_class);
+    let mut tally = ContentionTally::default();
+    tally.add(&steps.samples_a);
+    tally.add(&steps.samples_b);
+    tally.add(&steps.samples_c);
+    let fixed = fixed_bytes(session, steps.trace_a.micro[0].start);
+    Ok(ConfigProfile {
+        config: session.cfg.spec(),
+        fixed,
+        regimes,
+        optimizer_peak: steps.trace_a.opt_peak,
+        peak_none: steps.peak_none,
+        peak_all: steps.peak_all,
+        seconds_none: timing::seconds(&steps.samples_a),
+        seconds_all: timing::seconds(&steps.samples_b),
+        recompute_seconds: recompute_spread.iter().map(|s| s.median).collect(),
+        steps_run: plan.kinds + plan.kinds * repeats + plan.split_steps + steps.retimed,
+        wall_seconds: t0.elapsed().as_secs_f64(),
+        recompute_spread,
+        recompute_class,
+        contention: tally.finish(steps.retimed),
+    })
+}
+
+/// The checkpoint masks of the profiler's kinds of step: A (nothing checkpointed), B (every
+/// candidate block), and for chains with groups C (every group whole).
+struct StepKinds {
+    none: Vec<bool>,
+    all: Vec<bool>,
+    grouped: Option<Vec<bool>>,
+    kinds: usize,
+    /// One more step with groups: A′, instrumented once with fusing off.
+    split_steps: usize,
+}
+
+impl StepKinds {
+    fn of(chain: &ckptune_models::Chain) -> Self {
+        let n = chain.blocks.len();
+        let none = vec![false; chain.units()];
+        let all: Vec<bool> = (0..chain.units()).map(|i| i < n && chain.unit_candidate(i)).collect();
+        // Chains with groups: step C checkpoints every group whole, and step A (nothing
+        // checkpointed) runs them fused as in production, so one more step, instrumented once
+        // and with fusing off, measures the blocks' own plain terms (A′).
+        let grouped: Option<Vec<bool>> =
+            (!chain.groups.is_empty()).then(|| (0..chain.units()).map(|i| i >= n).collect());
+        let kinds = 2 + usize::from(grouped.is_some());
+        let split_steps = usize::from(grouped.is_some());
+        StepKinds {
+            none,
+            all,
+            grouped,
+            kinds,
+            split_steps,
+        }
+    }
+}
+
+/// What the profiler's steps measured: the instrumented traces of A, B, C and A′, the timed
+/// samples of each kind, the peaks of A and B, and how many samples were re-timed.
+struct MeasuredSteps {
+    trace_a: StepTrace,
+    trace_b: StepTrace,
+    trace_c: StepTrace,
+    trace_split: Option<StepTrace>,
+    samples_a: Vec<Sample<()>>,
+    samples_b: Vec<UnitSample>,
+    samples_c: Vec<UnitSample>,
+    peak_none: i64,
+    peak_all: i64,
+    retimed: usize,
+}
+
+/// Warm-up steps, then `repeats` steps of each kind, the first of each instrumented, then A′,
+/// then contended samples re-timed after all the instrumented steps, so the steps memory comes
+/// from run exactly as they would on a quiet machine.
+fn measured_steps(
+    session: &mut Session,
+    plan: &StepKinds,
+    repeats: usize,
+    settings: &ProfileSettings,
+) -> Result<MeasuredSteps> {
+    let pb = progress_bar(
+        (plan.kinds + plan.kinds * repeats + plan.split_steps) as u64,
+        &format!("profiling {}", session.cfg.label()),
+        settings.quiet,
+    );
+    session.step(&plan.none, None)?;
+    pb.inc(1);
+    session.step(&plan.all, None)?;
+    pb.inc(1);
+    if let Some(c) = &plan.grouped {
+        session.step(c, None)?;
+        pb.inc(1);
+    }
+    let mut m = MeasuredSteps {
+        trace_a: StepTrace::default(),
+        trace_b: StepTrace::default(),
+        trace_c: StepTrace::default(),
+        trace_split: None,
+        samples_a: Vec::new(),
+        samples_b: Vec::new(),
+        samples_c: Vec::new(),
+        peak_none: 0,
+        peak_all: 0,
+        retimed: 0,
+    };
+    // Timed samples per kind of step: A (nothing checkpointed), B (every candidate block
+    // checkpointed; with each block's no-grad forward time), C (every group checkpointed; with
+    // each group's). The first of each is instrumented.
+    for r in 0..repeats {
+        let ra = session.step(&plan.none, if r == 0 { Some(&mut m.trace_a) } else { None })?;
+        pb.inc(1);
+        m.samples_a.push(Sample::of(&ra, ()));
+        if r == 0 {
+            m.peak_none = ra.peak_bytes;
+        }
+        let (sb, tb, peak) = step_b(session, &plan.all)?;
+        pb.inc(1);
+        if r == 0 {
+            m.peak_all = peak;
+            m.trace_b = tb;
+        }
+        m.samples_b.push(sb);
+        if let Some(c) = &plan.grouped {
+            let (sc, tc) = step_c(session, c)?;
+            pb.inc(1);
+            if r == 0 {
+                m.trace_c = tc;
+            }
+            m.samples_c.push(sc);
+        }
+    }
+    // A′: the blocks' plain terms, with boundaries inside groups.
+    if plan.grouped.is_some() {
+        let mut t = StepTrace::default();
+        session.fuse_groups = false;
+        let r = session.step(&plan.none, Some(&mut t));
+        session.fuse_groups = true;
+        r?;
+        pb.inc(1);
+        m.trace_split = Some(t);
+    }
+    let mut retimer = Retimer::new(settings.retime);
+    retimer.retime(&mut m.samples_a, || {
+        Ok(Sample::of(&session.step(&plan.none, None)?, ()))
+    })?;
+    retimer.retime(&mut m.samples_b, || Ok(step_b(session, &plan.all)?.0))?;
+    if let Some(c) = &plan.grouped {
+        retimer.retime(&mut m.samples_c, || Ok(step_c(session, c)?.0))?;
+    }
+    m.retimed = retimer.retimed;
+    pb.inc_length(m.retimed as u64);
+    pb.inc(m.retimed as u64);
+    pb.finish_and_clear();
+    Ok(m)
+}
+
+/// Per unit, the spread of its recompute time: the no-grad forward, which is what
+/// checkpointing adds (the recompute replaces the grad-mode forward of a plain step), from the
+/// samples the estimates use. Units doing the same work (`recompute_class`) share one estimate
+/// over all their samples.
+fn recompute_estimates(session: &Session, steps: &MeasuredSteps, recompute_class: &[usize]) -> Vec<Stats> {
+    let n = session.chain.blocks.len();
+    let (used_b, used_c) = (timing::used(&steps.samples_b), timing::used(&steps.samples_c));
     let unit_samples: Vec<Vec<f64>> = (0..recompute_class.len())
         .map(|u| {
             let (used, i) = if u < n { (&used_b, u) } else { (&used_c, u - n) };
             used.iter().map(|s| s.extra[i]).collect()
         })
         .collect();
-    let recompute_spread: Vec<Stats> = (0..recompute_class.len())
+    (0..recompute_class.len())
         .map(|u| {
             if u < n && !session.chain.blocks[u].candidate {
                 return Stats::default();
@@ -182,15 +259,12 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
                 .collect();
             Stats::of(&pooled)
         })
-        .collect();
-    let recompute_seconds = recompute_spread.iter().map(|s| s.median).collect();
-    let mut tally = ContentionTally::default();
-    tally.add(&samples_a);
-    tally.add(&samples_b);
-    tally.add(&samples_c);
+        .collect()
+}
 
+/// The bytes alive when a step starts (`start`, the meter's level), by what they are.
+fn fixed_bytes(session: &mut Session, start: i64) -> FixedBytes {
     let (parameters, buffers) = session.param_and_buffer_bytes();
-    let start = trace_a.micro[0].start;
     let batch = batch_bytes(session);
     let gradients = if session.cfg.set_to_none {
         0
@@ -198,7 +272,7 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
         session.grad_bytes()
     };
     let optimizer_state = session.optimizer_state_bytes();
-    let fixed = FixedBytes {
+    FixedBytes {
         parameters,
         buffers,
         gradients,
@@ -206,23 +280,7 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
         master_weights: 0,
         batch,
         other: start - parameters - buffers - gradients - optimizer_state - batch,
-    };
-    Ok(ConfigProfile {
-        config: session.cfg.spec(),
-        fixed,
-        regimes,
-        optimizer_peak: trace_a.opt_peak,
-        peak_none,
-        peak_all,
-        seconds_none: timing::seconds(&samples_a),
-        seconds_all: timing::seconds(&samples_b),
-        recompute_seconds,
-        steps_run: kinds + kinds * repeats + split_steps + retimed,
-        wall_seconds: t0.elapsed().as_secs_f64(),
-        recompute_spread,
-        recompute_class,
-        contention: tally.finish(retimed),
-    })
+    }
 }
 
 /// A unit's byte terms in every regime, and its parameters (name under the unit, shape,

@@ -1,0 +1,229 @@
+//! `ckptune plan`: the fastest config and checkpoint set whose peak fits the budget, solved
+//! exactly over a profile (measured here, or given with `--profile`), optionally verified by
+//! running it.
+
+mod flags;
+mod print;
+mod solve;
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use ckptune_runtime::Precision;
+use ckptune_solver::budget::{format_size, parse_budget, Budget};
+use ckptune_solver::formats::{
+    self, BudgetShareJson, CorrectionJson, PlanFailureJson, PlanJson, ProfileJson, ShapeJson, VerifyJson,
+};
+
+use flags::{budget_share, read_profile, reserve_bytes, shard_request};
+use print::{eight_bit_note, print_plan};
+use solve::{plan_from_profile, PlanFailure, ShardRequest};
+
+use crate::cli::args::PlanArgs;
+use crate::cli::error::UsageError;
+use crate::cli::output::{outln, print_json};
+use crate::cli::plan_run::{print_verify, verify_plan};
+use crate::cli::setup::{measure_profile, Setup};
+use crate::cli::timing::profile_notes;
+
+pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
+    let requested = parse_budget(&a.budget).context("--budget")?;
+    let mut setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
+    let mut notes = Vec::new();
+    if ckptune_models::hf::is_config_only(std::path::Path::new(&setup.model)) {
+        notes.push(format!(
+            "{} has a config but no weights: planned with seeded random weights (memory and time do \
+             not depend on the weights' values)",
+            setup.model
+        ));
+    }
+    let mut profile: ProfileJson = match &a.profile {
+        Some(p) => read_profile(p, &setup, &mut notes)?,
+        None => {
+            // Only a profile measured here runs the model: threads matter to it alone.
+            notes.extend(setup.fit_threads_to_load());
+            measure_profile(&setup)?
+        }
+    };
+    // Step times from a busy machine: said, not silently used (a cached profile was re-timed
+    // already; one given with --profile is used as it is). No path in the note: plans from the
+    // same profile read the same wherever it lies.
+    notes.extend(profile_notes(&profile, "the profile"));
+    let measured_on = profile.device.device.split(':').next().unwrap_or("cpu").to_owned();
+    let target = a.target.clone().unwrap_or_else(|| measured_on.clone());
+    if target != "cpu" && target != "cuda" {
+        return Err(UsageError(format!("--target {target:?}: expected cpu or cuda")).into());
+    }
+    let shard = match a.shard {
+        None => None,
+        Some(ranks) => Some(shard_request(&a, ranks, &target, &mut profile, &mut notes)?),
+    };
+    let shape = ShapeJson {
+        model: setup.model.clone(),
+        image: setup.opts.image,
+        seq: setup.opts.seq,
+        classes: setup.opts.classes,
+        granularity: a.model.granularity.clone(),
+        repeats: setup.repeats,
+        candidates: a.model.candidates.clone(),
+        state_dict_key: a.model.state_dict_key.clone(),
+        heads: a.model.heads,
+    };
+    let share = match requested {
+        Budget::Bytes(_) => None,
+        Budget::Percent(percent) => Some(budget_share(percent, &profile, shard.as_ref())?),
+    };
+    let budget = match &share {
+        Some(s) => requested.resolve(s.smallest_peak_bytes, s.unconstrained_peak_bytes),
+        None => requested.resolve(0, 0),
+    };
+    let reserve = reserve_bytes(&a, budget, &target, &measured_on, &mut notes)?;
+    let mut plan = match plan_from_profile(&profile, budget - reserve, shape.clone(), shard.as_ref()) {
+        Ok(p) => p,
+        Err(e) => {
+            // With --json, scripts get the failure as data too (stdout), not only as text.
+            if let (true, Some(f)) = (a.json, e.downcast_ref::<PlanFailure>()) {
+                print_json(&PlanFailureJson {
+                    budget_bytes: budget,
+                    checkpoint_regex: f.regex.clone(),
+                    config: f.key.clone(),
+                    format: formats::PLAN_FAILURE_FORMAT.into(),
+                    message: f.to_string(),
+                    min_peak_bytes: f.min_peak,
+                    peak_moment: f.binding.clone(),
+                    reserve_bytes: reserve,
+                })?;
+            }
+            return Err(e);
+        }
+    };
+    // What every plan of this command states besides the solve: the user's budget (the solve
+    // may have used less), the reserve, and the notes.
+    let facts = PlanFacts {
+        budget,
+        share,
+        reserve,
+        target,
+        notes,
+    };
+    plan = facts.finish(plan);
+    let report = if a.verify {
+        let (verified, report) = verified(plan, &facts, &profile, &shape, shard.as_ref(), &setup)?;
+        plan = verified;
+        Some(report)
+    } else {
+        None
+    };
+    write_and_print(&a, &plan, report.as_ref())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What every plan of this command states besides the solve: the user's budget (the solve may
+/// have used less) and its share, the reserve, the target, and the notes.
+struct PlanFacts {
+    budget: i64,
+    share: Option<BudgetShareJson>,
+    reserve: i64,
+    target: String,
+    notes: Vec<String>,
+}
+
+impl PlanFacts {
+    fn finish(&self, mut plan: PlanJson) -> PlanJson {
+        plan.budget_bytes = self.budget;
+        plan.budget_share = self.share.clone();
+        plan.margin_bytes = self.budget - self.reserve - plan.predicted.peak_bytes;
+        plan.target_device = self.target.clone();
+        plan.reserve_bytes = self.reserve;
+        plan.notes = self.notes.clone();
+        plan.notes.extend(eight_bit_note(&plan));
+        plan
+    }
+}
+
+/// `plan --verify`: runs the plan, and while the run peaks above the budget, plans again with
+/// the measured excess taken off the budget — a measured correction, not a fudge factor (on CPU
+/// the model is exact and this ends after one verification). Returns the verified plan, with
+/// its corrections, and its run.
+fn verified(
+    mut plan: PlanJson,
+    facts: &PlanFacts,
+    profile: &ProfileJson,
+    shape: &ShapeJson,
+    shard: Option<&ShardRequest>,
+    setup: &Setup,
+) -> Result<(PlanJson, VerifyJson)> {
+    let budget = facts.budget;
+    let mut corrections = Vec::new();
+    let mut planning_budget = budget;
+    for round in 0..4 {
+        let r = verify_plan(&plan, setup.repeats, setup.quiet)?;
+        if r.within_budget {
+            plan.corrections = corrections;
+            return Ok((plan, r));
+        }
+        // The model's error at this plan; planning `error` below the budget makes a plan
+        // with the same error fit. If a round repeats an error, step down again.
+        let error = (r.measured.peak_bytes - r.predicted.peak_bytes).max(1);
+        let next = (budget - error).min(planning_budget);
+        planning_budget = if next < planning_budget {
+            next
+        } else {
+            planning_budget - error
+        };
+        corrections.push(CorrectionJson {
+            regex: plan.checkpoint.regex.clone(),
+            predicted_peak_bytes: r.predicted.peak_bytes,
+            measured_peak_bytes: r.measured.peak_bytes,
+            moment: r.peak_moment.clone(),
+            planning_budget_bytes: planning_budget,
+        });
+        if round == 3 {
+            return Err(anyhow::anyhow!(
+                "plan --verify: the measured peak {} still exceeds the budget {} after {} corrections",
+                format_size(r.measured.peak_bytes as u64),
+                format_size(budget as u64),
+                corrections.len()
+            ));
+        }
+        plan = facts.finish(plan_from_profile(
+            profile,
+            planning_budget - facts.reserve,
+            shape.clone(),
+            shard,
+        )?);
+    }
+    unreachable!("the fourth round returns")
+}
+
+/// Writes the plan (`-o`) and prints it: the snippet (`--emit`), the JSON (`--json`) or the
+/// summary with the verification. The snippet is rendered before anything is written: a plan
+/// the snippet cannot express is bad input that leaves no file behind.
+fn write_and_print(a: &PlanArgs, plan: &PlanJson, report: Option<&VerifyJson>) -> Result<()> {
+    let snippet = a
+        .emit
+        .map(|kind| crate::cli::snippets::snippet(plan, kind))
+        .transpose()?;
+    if let Some(out) = &a.output {
+        formats::write_atomic(out, plan).with_context(|| "writing the plan")?;
+    }
+    if let Some(text) = snippet {
+        // stdout is the snippet alone, ready to redirect into a file.
+        outln!("{}", text.trim_end());
+        if let Some(out) = &a.output {
+            eprintln!("wrote {}", out.display());
+        }
+    } else if a.json {
+        print_json(plan)?;
+    } else {
+        print_plan(plan);
+        if let Some(r) = report {
+            outln!();
+            print_verify(r);
+        }
+        if let Some(out) = &a.output {
+            outln!("\nwrote {}", out.display());
+        }
+    }
+    Ok(())
+}

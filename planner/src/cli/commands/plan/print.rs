@@ -1,0 +1,152 @@
+//! What `plan` prints: the alternatives, the chosen plan and its notes, and why an 8-bit
+//! optimizer was chosen.
+
+use ckptune_solver::budget::format_size;
+use ckptune_solver::formats::PlanJson;
+use ckptune_solver::profile::ConfigSpec;
+
+use super::solve::shard_label;
+use crate::cli::output::outln;
+use crate::cli::timing::range_text;
+
+/// Why an 8-bit optimizer was chosen: the measured state saved and the measured step time
+/// against the same config with the 32-bit optimizer, when both were profiled.
+pub(super) fn eight_bit_note(p: &PlanJson) -> Option<String> {
+    let name = p.config.optimizer.strip_suffix("8bit")?;
+    let full = p.alternatives.iter().find(|a| {
+        a.config.optimizer == name
+            && a.config.precision == p.config.precision
+            && a.config.micro_batch == p.config.micro_batch
+            && a.config.set_to_none == p.config.set_to_none
+    })?;
+    let chosen = p.alternatives.iter().find(|a| a.config == p.config)?;
+    let saved = full.baseline_peak_bytes - chosen.baseline_peak_bytes;
+    let other = if full.feasible {
+        format!(
+            "{name}'s best plan that fits runs at {:.3} s",
+            full.predicted.step_seconds
+        )
+    } else {
+        format!(
+            "{name} does not fit at all (its smallest peak is {})",
+            format_size(full.predicted.peak_bytes as u64)
+        )
+    };
+    Some(format!(
+        "{} chosen over {name} (measured): with nothing checkpointed it peaks {} lower (8-bit moments); \
+         its plan runs at {:.3} s per step, and {other}",
+        p.config.optimizer,
+        format_size(saved.max(0) as u64),
+        chosen.predicted.step_seconds,
+    ))
+}
+
+pub(super) fn print_plan(p: &PlanJson) {
+    outln!(
+        "{} on {} ({} thread{}), budget {}",
+        p.model.name,
+        p.device.device,
+        p.device.threads,
+        if p.device.threads == 1 { "" } else { "s" },
+        format_size(p.budget_bytes as u64)
+    );
+    if let Some(s) = &p.budget_share {
+        outln!(
+            "  ({}% of the way from the smallest peak checkpointing reaches, {}, to the unconstrained peak, {}, of {})",
+            s.percent,
+            format_size(s.smallest_peak_bytes as u64),
+            format_size(s.unconstrained_peak_bytes as u64),
+            s.config
+        );
+    }
+    outln!();
+    outln!(
+        "  {:<32} {:>5} {:>12} {:>12} {:>9}  checkpoint",
+        "config",
+        "fits",
+        "peak",
+        "step",
+        "slowdown"
+    );
+    let chosen_raf = p.shard.as_ref().map(|s| s.reshard_after_forward);
+    for a in &p.alternatives {
+        let mark = if a.config == p.config && a.reshard_after_forward == chosen_raf {
+            "*"
+        } else {
+            " "
+        };
+        // A sharded plan's rows come in pairs per config: FSDP2 resharding each unit after
+        // its forward, and keeping it unsharded until its backward.
+        let label = match (a.reshard_after_forward, &p.shard) {
+            (Some(raf), Some(s)) => shard_label(&a.config, s.ranks, raf),
+            _ => a.config.label(),
+        };
+        outln!(
+            "{mark} {:<32} {:>5} {:>12} {:>10.3} s {:>8.1}%  {}",
+            label,
+            if a.feasible { "yes" } else { "no" },
+            format_size(a.predicted.peak_bytes as u64),
+            a.predicted.step_seconds,
+            100.0 * (a.predicted.step_seconds / a.baseline_step_seconds - 1.0),
+            if a.checkpoint.modules.is_empty() {
+                "(nothing)".into()
+            } else {
+                a.checkpoint.modules.join(",")
+            }
+        );
+    }
+    match &p.shard {
+        Some(s) => outln!(
+            "\nplan: {} on {} ranks, reshard_after_forward={}",
+            p.config.label(),
+            s.ranks,
+            if s.reshard_after_forward { "True" } else { "False" }
+        ),
+        None => outln!("\nplan: {}", p.config.label()),
+    }
+    for n in &p.notes {
+        outln!("  note: {n}");
+    }
+
+    // The never-matching pattern puzzles readers who have not seen it; say what it means.
+    let meaning = if p.checkpoint.modules.is_empty() {
+        " (matches no module: nothing needs checkpointing)"
+    } else {
+        ""
+    };
+    outln!("  checkpoint regex: {}{meaning}", p.checkpoint.regex);
+    outln!(
+        "  predicted peak:   {} of {} ({} to spare), at {}",
+        format_size(p.predicted.peak_bytes as u64),
+        format_size(p.budget_bytes as u64),
+        format_size(p.margin_bytes.max(0) as u64),
+        p.predicted.peak_moment
+    );
+    outln!(
+        "  predicted step:   {:.3} s ({}{:.1}% throughput lost to recompute)",
+        p.predicted.step_seconds,
+        p.predicted
+            .step_seconds_range
+            .map(|r| format!("{} over the profile's samples; ", range_text(r)))
+            .unwrap_or_default(),
+        100.0 * p.predicted.throughput_loss
+    );
+    outln!(
+        "  training config:  precision {}, optimizer {}, micro-batch {}, gradient accumulation {}, set_to_none {}",
+        p.config.precision,
+        optimizer_in_pytorch(&p.config),
+        p.config.micro_batch,
+        p.config.grad_accum,
+        p.config.set_to_none
+    );
+}
+
+/// The optimizer as the user builds it: `adamw (foreach=False)`, naming the torch.optim
+/// implementation the plan measured, which the user must select too (PyTorch's default differs
+/// by device).
+fn optimizer_in_pytorch(c: &ConfigSpec) -> String {
+    match c.torch_optim_kwarg() {
+        Some((key, on)) => format!("{} ({key}={})", c.optimizer, if on { "True" } else { "False" }),
+        None => c.optimizer.clone(),
+    }
+}
