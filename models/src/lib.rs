@@ -10,6 +10,7 @@ pub mod architecture;
 mod assemble;
 pub mod bert;
 pub mod chain;
+mod decoder;
 pub mod error;
 pub mod export;
 pub mod gpt2;

@@ -28,7 +28,8 @@
 use ckptune_kernels::autocast::{self, AutocastGuard};
 use tch::{nn, Kind, Tensor};
 
-use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
+use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
+use crate::decoder::{push_layer, PreNormLayer};
 use crate::error::{ModelError, Result};
 use crate::layers::{dropout, finfo_min, param, Embedding, Init, Linear, Spec};
 use crate::options::{Granularity, ModelOptions};
@@ -580,6 +581,23 @@ impl Block for Layer {
     }
 }
 
+impl PreNormLayer for Layer {
+    const CHILDREN: [&'static str; 4] = ["input_layernorm", "self_attn", "post_attention_layernorm", "mlp"];
+
+    fn split(self) -> [Box<dyn Block>; 4] {
+        [
+            Box::new(Norm(self.input_layernorm)),
+            Box::new(AttnBlock(self.self_attn)),
+            Box::new(Norm(self.post_attention_layernorm)),
+            Box::new(MlpBlock(self.mlp)),
+        ]
+    }
+
+    fn residual() -> Box<dyn Block> {
+        Box::new(ResidualAdd)
+    }
+}
+
 /// `model.embed_tokens`.
 struct Embed(Embedding);
 
@@ -732,53 +750,13 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Gran
                 down_proj: linear(&m / "down_proj", cfg.intermediate_size, d, cfg.mlp_bias)?,
             },
         };
-        let name = format!("model.layers.{n}");
-        if granularity == Granularity::Layer {
-            blocks.push(ChainBlock::new(name, true, Box::new(layer)));
-            continue;
-        }
-        // Finer: `LlamaDecoderLayer.forward` statement by statement, as GPT-2's: the norms and
-        // residual sums are blocks but not candidates; the sums read the residual as a skip.
-        let first = blocks.len();
-        blocks.push(ChainBlock::new(
-            format!("{name}.input_layernorm"),
-            false,
-            Box::new(Norm(layer.input_layernorm)),
-        ));
-        blocks.push(ChainBlock::new(
-            format!("{name}.self_attn"),
-            true,
-            Box::new(AttnBlock(layer.self_attn)),
-        ));
-        blocks.push(ChainBlock {
-            name: format!("{name} (attn residual)"),
-            candidate: false,
-            skips: vec![first - 1],
-            block: Box::new(ResidualAdd),
-        });
-        blocks.push(ChainBlock::new(
-            format!("{name}.post_attention_layernorm"),
-            false,
-            Box::new(Norm(layer.post_attention_layernorm)),
-        ));
-        blocks.push(ChainBlock::new(
-            format!("{name}.mlp"),
-            true,
-            Box::new(MlpBlock(layer.mlp)),
-        ));
-        blocks.push(ChainBlock {
-            name: format!("{name} (mlp residual)"),
-            candidate: false,
-            skips: vec![first + 2],
-            block: Box::new(ResidualAdd),
-        });
-        if granularity == Granularity::Nested {
-            groups.push(ChainGroup {
-                name,
-                first,
-                last: first + 5,
-            });
-        }
+        push_layer(
+            &mut blocks,
+            &mut groups,
+            format!("model.layers.{n}"),
+            layer,
+            granularity,
+        );
     }
     let norm = RmsNorm::new(&(&model / "norm"), d, cfg.rms_norm_eps, spec)?;
     blocks.push(ChainBlock::new("model.norm", true, Box::new(Norm(norm))));
