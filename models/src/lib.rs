@@ -22,6 +22,7 @@ pub mod llama;
 pub mod load;
 pub mod options;
 pub mod resnet;
+mod rotary;
 pub mod state_dict;
 pub mod toy;
 pub mod zoo;
