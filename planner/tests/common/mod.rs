@@ -1,8 +1,8 @@
-//! Set-up shared by the binary's integration tests: running `ckptune`, reading its JSON, the
-//! fixtures' paths. Each test file uses what it needs.
+//! Set-up shared by the binary's integration tests: running `ckptune`, its refusals, reading and
+//! editing its JSON, the fixtures' paths. Each test file uses what it needs.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -30,8 +30,30 @@ pub fn ok(args: &[&str]) -> Output {
     out
 }
 
+/// Runs the binary and checks it refused `args` as bad input: exit 2, no panic, and each of
+/// `fragments` in what it said. Returns its standard error.
+pub fn refused(args: &[&str], fragments: &[&str]) -> String {
+    let out = ckptune(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "ckptune {args:?} should exit 2: {err}");
+    for f in fragments {
+        assert!(err.contains(f), "ckptune {args:?}: {f:?} not in {err}");
+    }
+    assert!(!err.contains("panicked"), "ckptune {args:?} panicked: {err}");
+    err
+}
+
 pub fn read(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("file written")).expect("valid JSON")
+}
+
+/// `doc` changed by `edit`, written to `dir/name`.
+pub fn edited(dir: &Path, name: &str, doc: &Value, edit: impl FnOnce(&mut Value)) -> PathBuf {
+    let mut doc = doc.clone();
+    edit(&mut doc);
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+    path
 }
 
 pub fn fixture(name: &str) -> String {
