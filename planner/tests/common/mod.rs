@@ -1,5 +1,6 @@
 //! Set-up shared by the binary's integration tests: running `ckptune`, its refusals, reading and
-//! editing its JSON, the fixtures' paths. Each test file uses what it needs.
+//! editing its JSON, the fixtures' paths, and the fp32 tiny-BERT several files profile, plan and
+//! verify. Each test file uses what it needs.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -66,3 +67,39 @@ pub fn fixture(name: &str) -> String {
 
 /// Flags every test run passes: one thread, no progress bars, no cache.
 pub const COMMON: [&str; 4] = ["--threads", "1", "--quiet", "--no-cache"];
+
+/// The fp32 tiny-BERT at batch 4, sequence 16.
+pub const TINY_BERT: [&str; 7] = ["tiny-bert", "--batch", "4", "--seq", "16", "--precision", "fp32"];
+
+/// A profile of the fp32 tiny-BERT (batch 4, sequence 16) written to `path`, with `flags`.
+pub fn profile_tiny_bert(path: &Path, flags: &[&str]) -> Value {
+    let mut args = vec!["profile"];
+    args.extend(TINY_BERT);
+    args.extend(["-o", path.to_str().unwrap()]);
+    args.extend(flags);
+    ok(&args);
+    read(path)
+}
+
+/// `plan` for the fp32 tiny-BERT (batch 4, sequence 16) from a saved profile, plus `extra`.
+pub fn plan_tiny_bert(budget: &str, profile: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["plan", "--budget", budget];
+    args.extend(TINY_BERT);
+    args.extend(["--profile", profile.to_str().unwrap()]);
+    args.extend(extra);
+    args.extend(COMMON);
+    ok(&args)
+}
+
+/// `verify` of `plan`, its report written in `dir` and read back.
+pub fn verify(plan: &Path, dir: &Path) -> Value {
+    let report = dir.join("verify.json");
+    ok(&[
+        "verify",
+        plan.to_str().unwrap(),
+        "-o",
+        report.to_str().unwrap(),
+        "--quiet",
+    ]);
+    read(&report)
+}
