@@ -253,7 +253,8 @@ impl<'a> Layout<'a> {
         }
     }
 
-    /// Moves block copy `a` of group `g`'s sites down by `shift` (when z, when f).
+    /// Pushes block `j`'s copy `a` of a site under its group's other copies: down by the
+    /// group's `shift` when `z` is on, and when `f` is.
     fn shifted(&self, a: &mut Affine, j: usize, shift: &[(i64, i64)]) {
         if let Some(g) = self.group_of[j] {
             a.coef_add(self.zv(g), -shift[g].0).coef_add(self.fv(g), -shift[g].1);
