@@ -21,7 +21,7 @@ use tch::{nn, Kind, Tensor};
 
 use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 use crate::error::{ModelError, Result};
-use crate::layers::{div_by_python_float, dropout, Activation, Embedding, LayerNorm, Linear};
+use crate::layers::{div_by_python_float, dropout, Activation, Embedding, LayerNorm, Linear, Spec};
 use crate::options::{Granularity, ModelOptions};
 
 /// The fields of HF's `BertConfig` that shape `BertModel` (absolute position embeddings,
@@ -429,111 +429,30 @@ pub(crate) fn build_with_default_seq(name: &str, cfg: &Config, opts: &ModelOptio
             ),
         });
     }
+    build_chain(name, &cfg, seq, spec, opts.granularity)
+}
 
+fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Granularity) -> Result<Chain> {
     let vs = nn::VarStore::new(spec.device);
     let root = vs.root();
-    let std = cfg.initializer_range;
-    let (h, device) = (cfg.hidden_size, spec.device);
-    let e = &root / "embeddings";
-    let buffers = |op: &str| -> Result<(Tensor, Tensor)> {
-        let err = |e| ModelError::torch(format!("{op} for {name}"), e);
-        let pos = Tensor::f_arange(cfg.max_position_embeddings, (Kind::Int64, device))
-            .and_then(|t| t.f_expand([1, -1], false))
-            .map_err(err)?;
-        let types = Tensor::f_zeros([1, cfg.max_position_embeddings], (Kind::Int64, device)).map_err(err)?;
-        Ok((pos, types))
-    };
-    let (position_ids, token_type_ids) = buffers("creating position_ids/token_type_ids")?;
-    let embeddings = Embeddings {
-        word_embeddings: Embedding::hf(
-            &(&e / "word_embeddings"),
-            cfg.vocab_size,
-            h,
-            Some(cfg.pad_token_id),
-            std,
-            spec,
-        )?,
-        position_embeddings: Embedding::hf(
-            &(&e / "position_embeddings"),
-            cfg.max_position_embeddings,
-            h,
-            None,
-            std,
-            spec,
-        )?,
-        token_type_embeddings: Embedding::hf(&(&e / "token_type_embeddings"), cfg.type_vocab_size, h, None, std, spec)?,
-        layer_norm: LayerNorm::new(&(&e / "LayerNorm"), h, cfg.layer_norm_eps, spec)?,
-        position_ids,
-        token_type_ids,
-        p: cfg.hidden_dropout_prob,
-    };
     let mut groups = Vec::new();
     let mut blocks = vec![ChainBlock {
         name: "embeddings".into(),
         candidate: true,
         skips: Vec::new(),
-        block: Box::new(embeddings),
+        block: Box::new(embeddings(name, &root, cfg, spec)?),
     }];
     for n in 0..cfg.num_hidden_layers {
-        let l = &root / "encoder" / "layer" / n;
-        let output = |p: &nn::Path<'_>, in_dim: i64| -> Result<Output> {
-            Ok(Output {
-                dense: Linear::hf(&(p / "dense"), in_dim, h, std, spec)?,
-                layer_norm: LayerNorm::new(&(p / "LayerNorm"), h, cfg.layer_norm_eps, spec)?,
-                p: cfg.hidden_dropout_prob,
-            })
-        };
-        let s = &l / "attention" / "self";
-        let layer = Layer {
-            attention: Attention {
-                attention_self: SelfAttention {
-                    query: Linear::hf(&(&s / "query"), h, h, std, spec)?,
-                    key: Linear::hf(&(&s / "key"), h, h, std, spec)?,
-                    value: Linear::hf(&(&s / "value"), h, h, std, spec)?,
-                    heads: cfg.num_attention_heads,
-                    head_size: cfg.head_size(),
-                    p: cfg.attention_probs_dropout_prob,
-                },
-                output: output(&(&l / "attention" / "output"), h)?,
-            },
-            intermediate: Intermediate {
-                dense: Linear::hf(&(&l / "intermediate" / "dense"), h, cfg.intermediate_size, std, spec)?,
-                intermediate_act_fn: cfg.hidden_act,
-            },
-            output: output(&(&l / "output"), cfg.intermediate_size)?,
-        };
-        let name = format!("encoder.layer.{n}");
-        if opts.granularity == Granularity::Layer {
-            blocks.push(ChainBlock::new(name, true, Box::new(layer)));
-            continue;
-        }
-        // Finer: the layer's three children as blocks; `output` reads `attention`'s output
-        // for its residual. With nesting the layer itself is a group over them.
-        let first = blocks.len();
-        blocks.push(ChainBlock::new(
-            format!("{name}.attention"),
-            true,
-            Box::new(layer.attention),
-        ));
-        blocks.push(ChainBlock::new(
-            format!("{name}.intermediate"),
-            true,
-            Box::new(layer.intermediate),
-        ));
-        blocks.push(ChainBlock {
-            name: format!("{name}.output"),
-            candidate: true,
-            skips: vec![first],
-            block: Box::new(LayerOutput(layer.output)),
-        });
-        if opts.granularity == Granularity::Nested {
-            groups.push(ChainGroup {
-                name,
-                first,
-                last: first + 2,
-            });
-        }
+        let layer = layer(&(&root / "encoder" / "layer" / n), cfg, spec)?;
+        push_layer(
+            &mut blocks,
+            &mut groups,
+            format!("encoder.layer.{n}"),
+            layer,
+            granularity,
+        );
     }
+    let (h, std) = (cfg.hidden_size, cfg.initializer_range);
     let pooler = Pooler {
         dense: Linear::hf(&(&root / "pooler" / "dense"), h, h, std, spec)?,
     };
@@ -563,6 +482,114 @@ pub(crate) fn build_with_default_seq(name: &str, cfg: &Config, opts: &ModelOptio
         },
         reference_params: cfg.param_count(),
     })
+}
+
+/// `bert.embeddings` under `root`, its non-persistent buffers made first.
+fn embeddings(name: &str, root: &nn::Path<'_>, cfg: &Config, spec: Spec) -> Result<Embeddings> {
+    let (h, std, device) = (cfg.hidden_size, cfg.initializer_range, spec.device);
+    let e = root / "embeddings";
+    let buffers = |op: &str| -> Result<(Tensor, Tensor)> {
+        let err = |e| ModelError::torch(format!("{op} for {name}"), e);
+        let pos = Tensor::f_arange(cfg.max_position_embeddings, (Kind::Int64, device))
+            .and_then(|t| t.f_expand([1, -1], false))
+            .map_err(err)?;
+        let types = Tensor::f_zeros([1, cfg.max_position_embeddings], (Kind::Int64, device)).map_err(err)?;
+        Ok((pos, types))
+    };
+    let (position_ids, token_type_ids) = buffers("creating position_ids/token_type_ids")?;
+    Ok(Embeddings {
+        word_embeddings: Embedding::hf(
+            &(&e / "word_embeddings"),
+            cfg.vocab_size,
+            h,
+            Some(cfg.pad_token_id),
+            std,
+            spec,
+        )?,
+        position_embeddings: Embedding::hf(
+            &(&e / "position_embeddings"),
+            cfg.max_position_embeddings,
+            h,
+            None,
+            std,
+            spec,
+        )?,
+        token_type_embeddings: Embedding::hf(&(&e / "token_type_embeddings"), cfg.type_vocab_size, h, None, std, spec)?,
+        layer_norm: LayerNorm::new(&(&e / "LayerNorm"), h, cfg.layer_norm_eps, spec)?,
+        position_ids,
+        token_type_ids,
+        p: cfg.hidden_dropout_prob,
+    })
+}
+
+/// `BertLayer` at `l` (`encoder.layer.N`).
+fn layer(l: &nn::Path<'_>, cfg: &Config, spec: Spec) -> Result<Layer> {
+    let (h, std) = (cfg.hidden_size, cfg.initializer_range);
+    let output = |p: &nn::Path<'_>, in_dim: i64| -> Result<Output> {
+        Ok(Output {
+            dense: Linear::hf(&(p / "dense"), in_dim, h, std, spec)?,
+            layer_norm: LayerNorm::new(&(p / "LayerNorm"), h, cfg.layer_norm_eps, spec)?,
+            p: cfg.hidden_dropout_prob,
+        })
+    };
+    let s = l / "attention" / "self";
+    Ok(Layer {
+        attention: Attention {
+            attention_self: SelfAttention {
+                query: Linear::hf(&(&s / "query"), h, h, std, spec)?,
+                key: Linear::hf(&(&s / "key"), h, h, std, spec)?,
+                value: Linear::hf(&(&s / "value"), h, h, std, spec)?,
+                heads: cfg.num_attention_heads,
+                head_size: cfg.head_size(),
+                p: cfg.attention_probs_dropout_prob,
+            },
+            output: output(&(l / "attention" / "output"), h)?,
+        },
+        intermediate: Intermediate {
+            dense: Linear::hf(&(l / "intermediate" / "dense"), h, cfg.intermediate_size, std, spec)?,
+            intermediate_act_fn: cfg.hidden_act,
+        },
+        output: output(&(l / "output"), cfg.intermediate_size)?,
+    })
+}
+
+/// Layer `name` as one block, or finer as its three children: `output` reads `attention`'s
+/// output for its residual. With nesting the layer itself is a group over them.
+fn push_layer(
+    blocks: &mut Vec<ChainBlock>,
+    groups: &mut Vec<ChainGroup>,
+    name: String,
+    layer: Layer,
+    granularity: Granularity,
+) {
+    if granularity == Granularity::Layer {
+        blocks.push(ChainBlock::new(name, true, Box::new(layer)));
+        return;
+    }
+    let first = blocks.len();
+    blocks.push(ChainBlock::new(
+        format!("{name}.attention"),
+        true,
+        Box::new(layer.attention),
+    ));
+    blocks.push(ChainBlock::new(
+        format!("{name}.intermediate"),
+        true,
+        Box::new(layer.intermediate),
+    ));
+    blocks.push(ChainBlock {
+        name: format!("{name}.output"),
+        candidate: true,
+        skips: vec![first],
+        block: Box::new(LayerOutput(layer.output)),
+    });
+    if granularity == Granularity::Nested {
+        groups.push(ChainGroup {
+            name,
+            first,
+            last: first + 2,
+        });
+    }
 }
 
 pub fn bert_base_uncased(opts: &ModelOptions) -> Result<Chain> {

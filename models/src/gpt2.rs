@@ -24,7 +24,8 @@
 
 use tch::{nn, Kind, Tensor};
 
-use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
+use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
+use crate::decoder::{push_layer, PreNormLayer};
 use crate::error::{ModelError, Result};
 use crate::layers::{dropout, finfo_min, Activation, Conv1D, Embedding, LayerNorm, Spec};
 use crate::options::{Granularity, ModelOptions};
@@ -342,6 +343,23 @@ impl Block for Layer {
     }
 }
 
+impl PreNormLayer for Layer {
+    const CHILDREN: [&'static str; 4] = ["ln_1", "attn", "ln_2", "mlp"];
+
+    fn split(self) -> [Box<dyn Block>; 4] {
+        [
+            Box::new(Norm(self.ln_1)),
+            Box::new(AttnBlock(self.attn)),
+            Box::new(Norm(self.ln_2)),
+            Box::new(MlpBlock(self.mlp)),
+        ]
+    }
+
+    fn residual() -> Box<dyn Block> {
+        Box::new(ResidualAdd)
+    }
+}
+
 /// A LayerNorm child (`h.N.ln_1`, `h.N.ln_2`) as a block of its own.
 struct Norm(LayerNorm);
 
@@ -489,54 +507,7 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Gran
                 p: cfg.resid_pdrop,
             },
         };
-        let name = format!("h.{n}");
-        if granularity == Granularity::Layer {
-            blocks.push(ChainBlock::new(name, true, Box::new(layer)));
-            continue;
-        }
-        // Finer: `GPT2Block.forward` statement by statement. The LayerNorms and the residual
-        // sums are blocks but not candidates (checkpointing them saves nothing); the sums read
-        // the residual as a skip: the layer's input, then the first sum.
-        let first = blocks.len();
-        blocks.push(ChainBlock::new(
-            format!("{name}.ln_1"),
-            false,
-            Box::new(Norm(layer.ln_1)),
-        ));
-        blocks.push(ChainBlock::new(
-            format!("{name}.attn"),
-            true,
-            Box::new(AttnBlock(layer.attn)),
-        ));
-        blocks.push(ChainBlock {
-            name: format!("{name} (attn residual)"),
-            candidate: false,
-            skips: vec![first - 1],
-            block: Box::new(ResidualAdd),
-        });
-        blocks.push(ChainBlock::new(
-            format!("{name}.ln_2"),
-            false,
-            Box::new(Norm(layer.ln_2)),
-        ));
-        blocks.push(ChainBlock::new(
-            format!("{name}.mlp"),
-            true,
-            Box::new(MlpBlock(layer.mlp)),
-        ));
-        blocks.push(ChainBlock {
-            name: format!("{name} (mlp residual)"),
-            candidate: false,
-            skips: vec![first + 2],
-            block: Box::new(ResidualAdd),
-        });
-        if granularity == Granularity::Nested {
-            groups.push(ChainGroup {
-                name,
-                first,
-                last: first + 5,
-            });
-        }
+        push_layer(&mut blocks, &mut groups, format!("h.{n}"), layer, granularity);
     }
     let ln_f = LayerNorm::new(&(&root / "ln_f"), d, cfg.layer_norm_epsilon, spec)?;
     blocks.push(ChainBlock {

@@ -25,13 +25,15 @@
 //! The chain's memory is exact for what the chain runs; these are the differences from
 //! PyTorch's own run of the module.
 
-use ckptune_kernels::autocast::{self, AutocastGuard};
 use tch::{nn, Kind, Tensor};
 
-use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
+use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
+use crate::decoder::{push_layer, PreNormLayer};
 use crate::error::{ModelError, Result};
 use crate::layers::{dropout, finfo_min, param, Embedding, Init, Linear, Spec};
 use crate::options::{Granularity, ModelOptions};
+use crate::rotary;
+pub use crate::rotary::Llama3RopeScaling;
 
 /// Which `model_type` a configuration reproduces: the module tree is the same, Qwen2 adds
 /// biases to the query, key and value projections.
@@ -51,15 +53,6 @@ impl ModelType {
             ModelType::Qwen2 => "qwen2",
         }
     }
-}
-
-/// `rope_scaling` of type `"llama3"` (Llama 3.1 and later): `_compute_llama3_parameters`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Llama3RopeScaling {
-    pub factor: f64,
-    pub low_freq_factor: f64,
-    pub high_freq_factor: f64,
-    pub original_max_position_embeddings: i64,
 }
 
 /// The fields of HF's `LlamaConfig` (also `MistralConfig`, `Qwen2Config`) that shape the model.
@@ -349,28 +342,7 @@ impl Config {
 
     /// `LlamaRotaryEmbedding.inv_freq` (a non-persistent buffer: not in the state dict).
     fn inv_freq(&self, device: tch::Device) -> Tensor {
-        let dim = self.head_dim();
-        let exponent = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device)).to_kind(Kind::Float) / dim as f64;
-        // `1.0 / (base ** exponent)`: Python's `float ** tensor` and `1.0 / tensor`.
-        let inv_freq = Tensor::pow_scalar(self.rope_theta, &exponent).reciprocal();
-        let Some(s) = &self.rope_scaling else {
-            return inv_freq;
-        };
-        // `_compute_llama3_parameters`, statement by statement.
-        let old_context_len = s.original_max_position_embeddings as f64;
-        let low_freq_wavelen = old_context_len / s.low_freq_factor;
-        let high_freq_wavelen = old_context_len / s.high_freq_factor;
-        let wavelen = inv_freq.reciprocal() * (2.0 * std::f64::consts::PI);
-        let inv_freq_llama = (&inv_freq / s.factor).where_self(&wavelen.gt(low_freq_wavelen), &inv_freq);
-        let smooth_factor =
-            (wavelen.reciprocal() * old_context_len - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-        let smoothed_inv_freq = (smooth_factor.ones_like() - &smooth_factor) * &inv_freq_llama / s.factor
-            + &smooth_factor * &inv_freq_llama;
-        let is_medium_freq = wavelen
-            .lt(high_freq_wavelen)
-            .logical_not()
-            .logical_and(&wavelen.gt(low_freq_wavelen).logical_not());
-        smoothed_inv_freq.where_self(&is_medium_freq, &inv_freq_llama)
+        rotary::inv_freq(self.head_dim(), self.rope_theta, self.rope_scaling.as_ref(), device)
     }
 }
 
@@ -396,38 +368,6 @@ impl RmsNorm {
         hidden_states = &hidden_states * (&variance + self.eps).rsqrt();
         &self.weight * hidden_states.to_kind(input_dtype)
     }
-}
-
-/// `LlamaRotaryEmbedding.forward` for positions `0..seq`: `(cos, sin)`, `[1, seq, head_dim]`.
-fn rotary(inv_freq: &Tensor, x: &Tensor, seq: i64) -> (Tensor, Tensor) {
-    let device = x.device();
-    let position_ids = Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0);
-    let inv_freq_expanded = inv_freq
-        .unsqueeze(0)
-        .unsqueeze(-1)
-        .to_kind(Kind::Float)
-        .expand([position_ids.size()[0], -1, 1], false);
-    let position_ids_expanded = position_ids.unsqueeze(1).to_kind(Kind::Float);
-    // `with torch.autocast(device_type, enabled=False)`: the angles stay f32.
-    let (cos, sin) = {
-        let dtype = autocast::dtype(device).unwrap_or(Kind::BFloat16);
-        let _off = AutocastGuard::new(device, dtype, false).expect("autocast regions exist on CPU and CUDA");
-        let freqs = inv_freq_expanded
-            .to_kind(Kind::Float)
-            .matmul(&position_ids_expanded.to_kind(Kind::Float))
-            .transpose(1, 2);
-        let emb = Tensor::cat(&[&freqs, &freqs], -1);
-        // `* self.attention_scaling`, which is 1.0 for the default and llama3 rope types.
-        (emb.cos() * 1.0, emb.sin() * 1.0)
-    };
-    (cos.to_kind(x.kind()), sin.to_kind(x.kind()))
-}
-
-fn rotate_half(x: &Tensor) -> Tensor {
-    let half = x.size().last().copied().expect("a head dimension") / 2;
-    let x1 = x.slice(-1, 0, half, 1);
-    let x2 = x.slice(-1, half, None, 1);
-    Tensor::cat(&[&x2.neg(), &x1], -1)
 }
 
 /// `repeat_kv`: `[b, kv, s, d]` → `[b, kv * n_rep, s, d]` (the same tensor when `n_rep` is 1).
@@ -485,12 +425,12 @@ impl Attention {
         let mut query_states = heads(self.q_proj.forward(hidden_states));
         let mut key_states = heads(self.k_proj.forward(hidden_states));
         let value_states = heads(self.v_proj.forward(hidden_states));
-        let (cos, sin) = rotary(&self.inv_freq, hidden_states, seq);
+        let (cos, sin) = rotary::cos_sin(&self.inv_freq, hidden_states, seq);
         // apply_rotary_pos_emb(unsqueeze_dim=1); the by-value operators drop their operands
         // as soon as consumed, as Python frees its temporaries.
         let (cos_u, sin_u) = (cos.unsqueeze(1), sin.unsqueeze(1));
-        let q_embed = &query_states * &cos_u + rotate_half(&query_states) * &sin_u;
-        let k_embed = &key_states * &cos_u + rotate_half(&key_states) * &sin_u;
+        let q_embed = &query_states * &cos_u + rotary::rotate_half(&query_states) * &sin_u;
+        let k_embed = &key_states * &cos_u + rotary::rotate_half(&key_states) * &sin_u;
         query_states = q_embed;
         key_states = k_embed;
         let (attn_output, attn_weights) = self.eager(
@@ -577,6 +517,23 @@ impl Block for Layer {
         hidden_states = self.post_attention_layernorm.forward(&hidden_states);
         hidden_states = self.mlp.forward(&hidden_states);
         residual + hidden_states
+    }
+}
+
+impl PreNormLayer for Layer {
+    const CHILDREN: [&'static str; 4] = ["input_layernorm", "self_attn", "post_attention_layernorm", "mlp"];
+
+    fn split(self) -> [Box<dyn Block>; 4] {
+        [
+            Box::new(Norm(self.input_layernorm)),
+            Box::new(AttnBlock(self.self_attn)),
+            Box::new(Norm(self.post_attention_layernorm)),
+            Box::new(MlpBlock(self.mlp)),
+        ]
+    }
+
+    fn residual() -> Box<dyn Block> {
+        Box::new(ResidualAdd)
     }
 }
 
@@ -732,53 +689,13 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Gran
                 down_proj: linear(&m / "down_proj", cfg.intermediate_size, d, cfg.mlp_bias)?,
             },
         };
-        let name = format!("model.layers.{n}");
-        if granularity == Granularity::Layer {
-            blocks.push(ChainBlock::new(name, true, Box::new(layer)));
-            continue;
-        }
-        // Finer: `LlamaDecoderLayer.forward` statement by statement, as GPT-2's: the norms and
-        // residual sums are blocks but not candidates; the sums read the residual as a skip.
-        let first = blocks.len();
-        blocks.push(ChainBlock::new(
-            format!("{name}.input_layernorm"),
-            false,
-            Box::new(Norm(layer.input_layernorm)),
-        ));
-        blocks.push(ChainBlock::new(
-            format!("{name}.self_attn"),
-            true,
-            Box::new(AttnBlock(layer.self_attn)),
-        ));
-        blocks.push(ChainBlock {
-            name: format!("{name} (attn residual)"),
-            candidate: false,
-            skips: vec![first - 1],
-            block: Box::new(ResidualAdd),
-        });
-        blocks.push(ChainBlock::new(
-            format!("{name}.post_attention_layernorm"),
-            false,
-            Box::new(Norm(layer.post_attention_layernorm)),
-        ));
-        blocks.push(ChainBlock::new(
-            format!("{name}.mlp"),
-            true,
-            Box::new(MlpBlock(layer.mlp)),
-        ));
-        blocks.push(ChainBlock {
-            name: format!("{name} (mlp residual)"),
-            candidate: false,
-            skips: vec![first + 2],
-            block: Box::new(ResidualAdd),
-        });
-        if granularity == Granularity::Nested {
-            groups.push(ChainGroup {
-                name,
-                first,
-                last: first + 5,
-            });
-        }
+        push_layer(
+            &mut blocks,
+            &mut groups,
+            format!("model.layers.{n}"),
+            layer,
+            granularity,
+        );
     }
     let norm = RmsNorm::new(&(&model / "norm"), d, cfg.rms_norm_eps, spec)?;
     blocks.push(ChainBlock::new("model.norm", true, Box::new(Norm(norm))));

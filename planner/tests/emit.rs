@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use common::{ckptune, ok, read, COMMON};
+use common::{ckptune, edited, ok, read, refused, COMMON};
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -611,24 +611,6 @@ fn torchtitan_snippet_sets_the_data_parallel_shard_degree_of_a_sharded_plan() {
             4 * config["micro_batch"].as_i64().unwrap() * config["grad_accum"].as_i64().unwrap(),
             "the global batch is over the 4 ranks"
         );
-    }
-}
-
-/// A copy of `doc` with `edit` applied, written to `dir/name`.
-fn edited(dir: &Path, name: &str, doc: &Value, edit: impl FnOnce(&mut Value)) -> PathBuf {
-    let mut doc = doc.clone();
-    edit(&mut doc);
-    let path = dir.join(name);
-    std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
-    path
-}
-
-fn refused(args: &[&str], fragments: &[&str]) {
-    let out = ckptune(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "ckptune {args:?}: {err}");
-    for f in fragments {
-        assert!(err.contains(f), "ckptune {args:?}: {f:?} not in {err}");
     }
 }
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{ckptune, fixture, ok, COMMON};
+use common::{fixture, ok, refused, COMMON};
 use serde_json::Value;
 
 #[test]
@@ -111,12 +111,7 @@ fn bad_programs_exit_2_naming_the_node_and_the_fix() {
             vec!["does not exist"],
         ),
     ] {
-        let out = ckptune(&args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        for n in needles {
-            assert!(err.contains(n), "{args:?}: {n:?} not in {err}");
-        }
+        let err = refused(&args, &needles);
         assert!(
             !err.contains("Exception raised from"),
             "{args:?}: a C++ traceback: {err}"

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::{ckptune, ok, read, COMMON};
+use common::{ckptune, edited, ok, read, refused, COMMON};
 use serde_json::{json, Value};
 
 fn root() -> PathBuf {
@@ -66,19 +66,7 @@ fn sharded(dir: &Path, name: &str, ranks: i64, edit: impl FnOnce(&mut Value)) ->
             .map(|r| json!({"rank": r, "peak_bytes": peak, "peak_moment": "placeholder"}))
             .collect::<Vec<_>>(),
     });
-    edit(&mut doc);
-    let path = dir.join(name);
-    std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
-    path
-}
-
-fn refused(args: &[&str], fragments: &[&str]) {
-    let out = ckptune(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "ckptune {args:?}: {err}");
-    for f in fragments {
-        assert!(err.contains(f), "ckptune {args:?}: {f:?} not in {err}");
-    }
+    edited(dir, name, &doc, edit)
 }
 
 /// Live processes (zombies excluded) as (pid, parent pid, command line arguments).

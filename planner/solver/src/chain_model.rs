@@ -177,108 +177,182 @@ impl Affine {
 /// stays a handful of sums when the group's variables come just before its blocks
 /// ([`solver_order`]).
 pub fn moments(step: &StepTerms) -> Vec<Moment> {
-    let n = step.blocks.len();
-    let m = step.groups.len();
-    let nv = n + 2 * m;
-    let (zv, fv) = (|g: usize| n + g, |g: usize| n + m + g);
-    let b = &step.blocks;
-    let mut out = Vec::with_capacity(3 * n + 3);
-    let mut group_of: Vec<Option<usize>> = vec![None; n];
-    for (g, grp) in step.groups.iter().enumerate() {
-        for slot in &mut group_of[grp.first..=grp.last] {
-            *slot = Some(g);
+    let l = Layout::new(step);
+    let mut out = Vec::with_capacity(3 * l.n + 3);
+    forward_moments(&l, &mut out);
+    loss_moments(&l, &mut out);
+    let grads = backward_moments(&l, &mut out);
+    let opt = Affine::new(l.nv, step.fixed.saturating_add(grads).saturating_add(step.otmp));
+    out.push(opt.moment("optimizer".to_string(), Occurs::Always));
+    covering_moments(&l, &mut out);
+    out
+}
+
+/// Where the blocks sit among the groups, and which variables are the groups': what every
+/// phase of [`moments`] looks up.
+struct Layout<'a> {
+    step: &'a StepTerms,
+    /// Blocks, groups, and variables (blocks, then `z`, then `f`).
+    n: usize,
+    m: usize,
+    nv: usize,
+    group_of: Vec<Option<usize>>,
+}
+
+impl<'a> Layout<'a> {
+    fn new(step: &'a StepTerms) -> Self {
+        let n = step.blocks.len();
+        let m = step.groups.len();
+        let mut group_of: Vec<Option<usize>> = vec![None; n];
+        for (g, grp) in step.groups.iter().enumerate() {
+            for slot in &mut group_of[grp.first..=grp.last] {
+                *slot = Some(g);
+            }
+        }
+        Layout {
+            step,
+            n,
+            m,
+            nv: n + 2 * m,
+            group_of,
         }
     }
-    let starts = |j: usize| step.groups.iter().position(|grp| grp.first == j);
-    let ends = |j: usize| step.groups.iter().position(|grp| grp.last == j);
-    let minmax = |v: &[i64]| {
-        (
-            v.iter().copied().min().unwrap_or(0),
-            v.iter().copied().max().unwrap_or(0),
-        )
-    };
 
-    // A block's own sites happen when its group (if any) is neither checkpointed nor fused.
-    let in_blocks = |j: usize, extra: &[(usize, bool)]| {
+    fn blocks(&self) -> &'a [BlockTerms] {
+        &self.step.blocks
+    }
+
+    /// The variable of group `g` checkpointed whole, and of `g` fused.
+    fn zv(&self, g: usize) -> usize {
+        self.n + g
+    }
+
+    fn fv(&self, g: usize) -> usize {
+        self.n + self.m + g
+    }
+
+    /// The group whose first (last) block is `j`.
+    fn starts(&self, j: usize) -> Option<usize> {
+        self.step.groups.iter().position(|grp| grp.first == j)
+    }
+
+    fn ends(&self, j: usize) -> Option<usize> {
+        self.step.groups.iter().position(|grp| grp.last == j)
+    }
+
+    /// A block's own sites happen when its group (if any) is neither checkpointed nor fused.
+    fn in_blocks(&self, j: usize, extra: &[(usize, bool)]) -> Occurs {
         let mut conds = extra.to_vec();
-        if let Some(g) = group_of[j] {
-            conds.extend([(zv(g), false), (fv(g), false)]);
+        if let Some(g) = self.group_of[j] {
+            conds.extend([(self.zv(g), false), (self.fv(g), false)]);
         }
         if conds.is_empty() {
             Occurs::Always
         } else {
             Occurs::When(conds)
         }
-    };
+    }
 
-    // Forward: the prefix of kept bytes grows block by block.
-    let mut kept_fwd = Affine::new(nv, step.fixed);
+    /// Pushes block `j`'s copy `a` of a site under its group's other copies: down by the
+    /// group's `shift` when `z` is on, and when `f` is.
+    fn shifted(&self, a: &mut Affine, j: usize, shift: &[(i64, i64)]) {
+        if let Some(g) = self.group_of[j] {
+            a.coef_add(self.zv(g), -shift[g].0).coef_add(self.fv(g), -shift[g].1);
+        }
+    }
+
+    /// After the forward's autocast region closes, a checkpointed or fused group keeps its
+    /// kept bytes in place of its blocks' `kb`.
+    fn group_kb(&self, a: &mut Affine, g: usize) {
+        let grp = &self.step.groups[g];
+        let inner: i64 = self.blocks()[grp.first..=grp.last].iter().map(|k| k.krec).sum();
+        a.coef_add(self.zv(g), grp.kept - inner);
+        if let Some(f) = &grp.fused {
+            a.coef_add(self.fv(g), f.kept - inner);
+        }
+    }
+}
+
+fn minmax(v: &[i64]) -> (i64, i64) {
+    (
+        v.iter().copied().min().unwrap_or(0),
+        v.iter().copied().max().unwrap_or(0),
+    )
+}
+
+// ---- forward: the prefix of kept bytes grows block by block ---------------------------------
+
+fn forward_moments(l: &Layout<'_>, out: &mut Vec<Moment>) {
+    let (step, b) = (l.step, l.blocks());
+    let mut kept_fwd = Affine::new(l.nv, step.fixed);
     // Per group: block copies' shifts when z = 1 and when f = 1.
-    let mut shift_fwd = vec![(0i64, 0i64); m];
+    let mut shift_fwd = vec![(0i64, 0i64); l.m];
     for (j, blk) in b.iter().enumerate() {
-        if let Some(g) = starts(j) {
-            let grp = &step.groups[g];
-            let (mut acc, mut acc_lo) = (0i64, 0i64);
-            let (mut flat_max, mut lo_min) = (i64::MIN, i64::MAX);
-            for k in &b[grp.first..=grp.last] {
-                flat_max = flat_max.max(acc + k.fg);
-                lo_min = lo_min.min(acc_lo + k.fg.min(k.fng));
-                acc += k.kg;
-                acc_lo += k.kg.min(k.kng);
-            }
-            let (low_c, top_c) = minmax(&grp.fwd);
-            let fused = grp.fused.as_ref().map(|f| minmax(&f.fwd));
-            shift_fwd[g] = (
-                (flat_max - top_c + 1).max(0),
-                fused.map_or(0, |(_, top_f)| (flat_max - top_f + 1).max(0)),
-            );
-            let off_c = lo_min.min(fused.map_or(i64::MAX, |(low_f, _)| low_f)) - 1;
-            for (k, &v) in (grp.first..=grp.last).zip(&grp.fwd) {
-                let mut mo = kept_fwd.clone();
-                mo.add(off_c).coef_add(zv(g), v - off_c);
-                out.push(mo.moment(format!("forward {}", b[k].name), Occurs::When(vec![(zv(g), true)])));
-            }
-            if let Some(f) = &grp.fused {
-                let off_f = lo_min.min(low_c) - 1;
-                for (k, &v) in (grp.first..=grp.last).zip(&f.fwd) {
-                    let mut mo = kept_fwd.clone();
-                    mo.add(off_f).coef_add(fv(g), v - off_f);
-                    out.push(mo.moment(format!("forward {}", b[k].name), Occurs::When(vec![(fv(g), true)])));
-                }
-            }
+        if let Some(g) = l.starts(j) {
+            shift_fwd[g] = forward_group_copies(l, g, &kept_fwd, out);
         }
         let mut mo = kept_fwd.clone();
         mo.term(j, blk.fg, blk.fng);
-        if let Some(g) = group_of[j] {
-            mo.coef_add(zv(g), -shift_fwd[g].0).coef_add(fv(g), -shift_fwd[g].1);
-        }
-        out.push(mo.moment(format!("forward {}", blk.name), in_blocks(j, &[])));
+        l.shifted(&mut mo, j, &shift_fwd);
+        out.push(mo.moment(format!("forward {}", blk.name), l.in_blocks(j, &[])));
         kept_fwd.term(j, blk.kg, blk.kng);
-        if let Some(g) = ends(j) {
+        if let Some(g) = l.ends(j) {
             let grp = &step.groups[g];
             let inner: i64 = b[grp.first..=grp.last].iter().map(|k| k.kg).sum();
-            kept_fwd.coef_add(zv(g), grp.kept - inner);
+            kept_fwd.coef_add(l.zv(g), grp.kept - inner);
             if let Some(f) = &grp.fused {
-                kept_fwd.coef_add(fv(g), f.kept - inner);
+                kept_fwd.coef_add(l.fv(g), f.kept - inner);
             }
         }
     }
+}
 
-    // After the forward's autocast region closes, block i keeps kb_i (a group its kept).
-    let group_kb = |a: &mut Affine, g: usize| {
-        let grp = &step.groups[g];
-        let inner: i64 = b[grp.first..=grp.last].iter().map(|k| k.krec).sum();
-        a.coef_add(zv(g), grp.kept - inner);
-        if let Some(f) = &grp.fused {
-            a.coef_add(fv(g), f.kept - inner);
+/// Group `g`'s checkpointed and fused forward sites above `kept_fwd` (the level before the
+/// group); returns the shifts (z, f) that push its block copies under them.
+fn forward_group_copies(l: &Layout<'_>, g: usize, kept_fwd: &Affine, out: &mut Vec<Moment>) -> (i64, i64) {
+    let b = l.blocks();
+    let grp = &l.step.groups[g];
+    let (mut acc, mut acc_lo) = (0i64, 0i64);
+    let (mut flat_max, mut lo_min) = (i64::MIN, i64::MAX);
+    for k in &b[grp.first..=grp.last] {
+        flat_max = flat_max.max(acc + k.fg);
+        lo_min = lo_min.min(acc_lo + k.fg.min(k.fng));
+        acc += k.kg;
+        acc_lo += k.kg.min(k.kng);
+    }
+    let (low_c, top_c) = minmax(&grp.fwd);
+    let fused = grp.fused.as_ref().map(|f| minmax(&f.fwd));
+    let shift = (
+        (flat_max - top_c + 1).max(0),
+        fused.map_or(0, |(_, top_f)| (flat_max - top_f + 1).max(0)),
+    );
+    let off_c = lo_min.min(fused.map_or(i64::MAX, |(low_f, _)| low_f)) - 1;
+    for (k, &v) in (grp.first..=grp.last).zip(&grp.fwd) {
+        let mut mo = kept_fwd.clone();
+        mo.add(off_c).coef_add(l.zv(g), v - off_c);
+        out.push(mo.moment(format!("forward {}", b[k].name), Occurs::When(vec![(l.zv(g), true)])));
+    }
+    if let Some(f) = &grp.fused {
+        let off_f = lo_min.min(low_c) - 1;
+        for (k, &v) in (grp.first..=grp.last).zip(&f.fwd) {
+            let mut mo = kept_fwd.clone();
+            mo.add(off_f).coef_add(l.fv(g), v - off_f);
+            out.push(mo.moment(format!("forward {}", b[k].name), Occurs::When(vec![(l.fv(g), true)])));
         }
-    };
-    let mut kept_all = Affine::new(nv, step.fixed);
-    for (i, blk) in b.iter().enumerate() {
+    }
+    shift
+}
+
+// ---- loss: after the forward's autocast region closes, block i keeps kb_i -------------------
+
+fn loss_moments(l: &Layout<'_>, out: &mut Vec<Moment>) {
+    let step = l.step;
+    let mut kept_all = Affine::new(l.nv, step.fixed);
+    for (i, blk) in l.blocks().iter().enumerate() {
         kept_all.term(i, blk.krec, blk.out);
     }
-    for g in 0..m {
-        group_kb(&mut kept_all, g);
+    for g in 0..l.m {
+        l.group_kb(&mut kept_all, g);
     }
     out.push(kept_all.clone().add(step.lf).moment("loss".to_string(), Occurs::Always));
     out.push(
@@ -287,112 +361,142 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
             .add(step.lb)
             .moment("loss backward".to_string(), Occurs::Always),
     );
+}
 
-    // Backward, last block first. base_j needs Σ_{i<j} kb_i (prefix) and Σ_{i>j} g_i
-    // (suffix); build the prefixes once and walk them backwards.
-    let mut prefix_kb = Vec::with_capacity(n);
-    let mut acc = Affine::new(nv, 0);
+// ---- backward, last block first -------------------------------------------------------------
+
+/// "recompute j" exists only when x_j = 1. Affine encoding: value base_j + frec_j when
+/// x_j = 1 and base_j + c with c = min(0, krec_j + bta_j) − 1 when x_j = 0. With x_j = 0
+/// the vjp moment is base_j + krec_j + bta_j ≥ base_j + c + 1, so the phantom is strictly
+/// below a real moment and can neither raise the peak nor tie it (so it is never reported
+/// as the binding moment) — whatever the signs of the measured terms.
+pub(crate) fn phantom(blk: &BlockTerms) -> i64 {
+    blk.krec.saturating_add(blk.bta).min(0).saturating_sub(1)
+}
+
+/// Pushes every backward moment; returns `Σ_i g_i`, the gradients alive when it ends.
+fn backward_moments(l: &Layout<'_>, out: &mut Vec<Moment>) -> i64 {
+    let (step, b) = (l.step, l.blocks());
+    // base_j needs Σ_{i<j} kb_i (prefix) and Σ_{i>j} g_i (suffix); build the prefixes once
+    // and walk them backwards.
+    let mut prefix_kb = Vec::with_capacity(l.n);
+    let mut acc = Affine::new(l.nv, 0);
     for (i, blk) in b.iter().enumerate() {
         prefix_kb.push(acc.clone());
         acc.term(i, blk.krec, blk.out);
-        if let Some(g) = ends(i) {
-            group_kb(&mut acc, g);
+        if let Some(g) = l.ends(i) {
+            l.group_kb(&mut acc, g);
         }
     }
-    // "recompute j" exists only when x_j = 1. Affine encoding: value base_j + frec_j when
-    // x_j = 1 and base_j + c with c = min(0, krec_j + bta_j) − 1 when x_j = 0. With x_j = 0
-    // the vjp moment is base_j + krec_j + bta_j ≥ base_j + c + 1, so the phantom is strictly
-    // below a real moment and can neither raise the peak nor tie it (so it is never reported
-    // as the binding moment) — whatever the signs of the measured terms.
-    let phantom = |blk: &BlockTerms| blk.krec.saturating_add(blk.bta).min(0).saturating_sub(1);
-    let mut shift_bwd = vec![(0i64, 0i64); m];
+    let mut shift_bwd = vec![(0i64, 0i64); l.m];
     // Per group: the lowest block-copy value and Σ_{i>last} g_i.
-    let mut group_base = vec![(0i64, 0i64); m];
+    let mut group_base = vec![(0i64, 0i64); l.m];
     let mut grads_after: i64 = 0;
-    for j in (0..n).rev() {
+    for j in (0..l.n).rev() {
         let blk = &b[j];
-        if let Some(g) = ends(j) {
-            // Block copies' values with the group's blocks off, above the group's prefix,
-            // and the lowest values any choice of them gives.
-            let grp = &step.groups[g];
-            let (mut flat_max, mut lo_min) = (i64::MIN, i64::MAX);
-            let mut later_g = 0i64;
-            for k in (grp.first..=grp.last).rev() {
-                let before: i64 = b[grp.first..k].iter().map(|i| i.krec).sum();
-                let before_lo: i64 = b[grp.first..k].iter().map(|i| i.krec.min(i.out)).sum();
-                let bk = &b[k];
-                let base = later_g + before + bk.gout;
-                let base_lo = later_g + before_lo + bk.gout;
-                flat_max = flat_max.max(base + phantom(bk)).max(base + bk.krec + bk.bta);
-                lo_min = lo_min
-                    .min(base_lo + phantom(bk).min(bk.frec))
-                    .min(base_lo + bk.krec + bk.bta.min(bk.btb));
-                later_g += bk.g;
-            }
-            let top_c = grp.rec.iter().chain(&grp.bwd).copied().max().unwrap_or(0) + grp.carry;
-            let fused = grp.fused.as_ref().map(|f| f.carry + f.kept + f.bwd);
-            shift_bwd[g] = (
-                (flat_max - top_c + 1).max(0),
-                fused.map_or(0, |v| (flat_max - v + 1).max(0)),
-            );
+        if let Some(g) = l.ends(j) {
+            let (shift, lo_min) = backward_shifts(l, g);
+            shift_bwd[g] = shift;
             group_base[g] = (lo_min, grads_after);
         }
         let mut base = prefix_kb[j].clone();
         base.add(step.fixed).add(grads_after).add(blk.gout);
-        if let Some(g) = group_of[j] {
-            base.coef_add(zv(g), -shift_bwd[g].0).coef_add(fv(g), -shift_bwd[g].1);
-        }
+        l.shifted(&mut base, j, &shift_bwd);
 
         let mut rec = base.clone();
         rec.term(j, phantom(blk), blk.frec);
-        out.push(rec.moment(format!("recompute {}", blk.name), in_blocks(j, &[(j, true)])));
+        out.push(rec.moment(format!("recompute {}", blk.name), l.in_blocks(j, &[(j, true)])));
 
         base.add(blk.krec).term(j, blk.bta, blk.btb);
-        out.push(base.moment(format!("backward {}", blk.name), in_blocks(j, &[])));
+        out.push(base.moment(format!("backward {}", blk.name), l.in_blocks(j, &[])));
 
         grads_after = grads_after.saturating_add(blk.g);
 
-        if let Some(g) = starts(j) {
+        if let Some(g) = l.starts(j) {
             let grp = &step.groups[g];
             let (lo_min, later) = group_base[g];
             let mut p = prefix_kb[grp.first].clone();
             p.add(step.fixed).add(later);
-            let ckpt: Vec<i64> = grp.rec.iter().chain(&grp.bwd).map(|v| grp.carry + v).collect();
-            let low_c = ckpt.iter().copied().min().unwrap_or(0);
-            let fused = grp.fused.as_ref().map(|f| f.carry + f.kept + f.bwd);
-            let off_c = lo_min.min(fused.unwrap_or(i64::MAX)) - 1;
-            for k in (grp.first..=grp.last).rev() {
-                let q = k - grp.first;
-                let name = &b[k].name;
-                for (label, v) in [
-                    ("recompute", grp.carry + grp.rec[q]),
-                    ("backward", grp.carry + grp.bwd[q]),
-                ] {
-                    let mut mo = p.clone();
-                    mo.add(off_c).coef_add(zv(g), v - off_c);
-                    out.push(mo.moment(format!("{label} {name}"), Occurs::When(vec![(zv(g), true)])));
-                }
-            }
-            if let Some(v) = fused {
-                let off_f = lo_min.min(low_c) - 1;
-                let mut mo = p.clone();
-                mo.add(off_f).coef_add(fv(g), v - off_f);
-                out.push(mo.moment(format!("backward {}", grp.name), Occurs::When(vec![(fv(g), true)])));
-            }
+            backward_group_copies(l, g, &p, lo_min, out);
         }
     }
+    grads_after
+}
 
-    let opt = Affine::new(nv, step.fixed.saturating_add(grads_after).saturating_add(step.otmp));
-    out.push(opt.moment("optimizer".to_string(), Occurs::Always));
+/// Group `g`'s block copies in backward, with the group's blocks off, above the group's
+/// prefix: the shifts (z, f) that push them under the checkpointed and fused sites, and the
+/// lowest value any choice of the blocks gives.
+fn backward_shifts(l: &Layout<'_>, g: usize) -> ((i64, i64), i64) {
+    let b = l.blocks();
+    let grp = &l.step.groups[g];
+    let (mut flat_max, mut lo_min) = (i64::MIN, i64::MAX);
+    let mut later_g = 0i64;
+    for k in (grp.first..=grp.last).rev() {
+        let before: i64 = b[grp.first..k].iter().map(|i| i.krec).sum();
+        let before_lo: i64 = b[grp.first..k].iter().map(|i| i.krec.min(i.out)).sum();
+        let bk = &b[k];
+        let base = later_g + before + bk.gout;
+        let base_lo = later_g + before_lo + bk.gout;
+        flat_max = flat_max.max(base + phantom(bk)).max(base + bk.krec + bk.bta);
+        lo_min = lo_min
+            .min(base_lo + phantom(bk).min(bk.frec))
+            .min(base_lo + bk.krec + bk.bta.min(bk.btb));
+        later_g += bk.g;
+    }
+    let top_c = grp.rec.iter().chain(&grp.bwd).copied().max().unwrap_or(0) + grp.carry;
+    let fused = fused_backward(grp);
+    let shift = (
+        (flat_max - top_c + 1).max(0),
+        fused.map_or(0, |v| (flat_max - v + 1).max(0)),
+    );
+    (shift, lo_min)
+}
 
-    // A group with nothing on (neither checkpointed, fused, nor any block checkpointed) is not
-    // a state the runtime runs: the covering moment puts it above any budget.
-    for (g, grp) in step.groups.iter().enumerate() {
+/// A fused group's one backward site above its backward base.
+fn fused_backward(grp: &GroupTerms) -> Option<i64> {
+    grp.fused.as_ref().map(|f| f.carry + f.kept + f.bwd)
+}
+
+/// Group `g`'s checkpointed recompute and backward sites and its fused backward, above `p`
+/// (the group's backward base), 1 byte under the lowest other copy when off.
+fn backward_group_copies(l: &Layout<'_>, g: usize, p: &Affine, lo_min: i64, out: &mut Vec<Moment>) {
+    let grp = &l.step.groups[g];
+    let ckpt: Vec<i64> = grp.rec.iter().chain(&grp.bwd).map(|v| grp.carry + v).collect();
+    let low_c = ckpt.iter().copied().min().unwrap_or(0);
+    let fused = fused_backward(grp);
+    let off_c = lo_min.min(fused.unwrap_or(i64::MAX)) - 1;
+    for k in (grp.first..=grp.last).rev() {
+        let q = k - grp.first;
+        let name = &l.blocks()[k].name;
+        for (label, v) in [
+            ("recompute", grp.carry + grp.rec[q]),
+            ("backward", grp.carry + grp.bwd[q]),
+        ] {
+            let mut mo = p.clone();
+            mo.add(off_c).coef_add(l.zv(g), v - off_c);
+            out.push(mo.moment(format!("{label} {name}"), Occurs::When(vec![(l.zv(g), true)])));
+        }
+    }
+    if let Some(v) = fused {
+        let off_f = lo_min.min(low_c) - 1;
+        let mut mo = p.clone();
+        mo.add(off_f).coef_add(l.fv(g), v - off_f);
+        out.push(mo.moment(format!("backward {}", grp.name), Occurs::When(vec![(l.fv(g), true)])));
+    }
+}
+
+// ---- covering: every group in one of its states ---------------------------------------------
+
+/// A group with nothing on (neither checkpointed, fused, nor any block checkpointed) is not a
+/// state the runtime runs: the covering moment puts it above any budget.
+fn covering_moments(l: &Layout<'_>, out: &mut Vec<Moment>) {
+    let b = l.blocks();
+    for (g, grp) in l.step.groups.iter().enumerate() {
         if grp.fused.is_none() {
             continue;
         }
-        let mut mo = Affine::new(nv, UNDECIDED);
-        mo.coef_add(zv(g), -UNDECIDED).coef_add(fv(g), -UNDECIDED);
+        let mut mo = Affine::new(l.nv, UNDECIDED);
+        mo.coef_add(l.zv(g), -UNDECIDED).coef_add(l.fv(g), -UNDECIDED);
         for k in (grp.first..=grp.last).filter(|&k| b[k].candidate) {
             mo.coef_add(k, -UNDECIDED);
         }
@@ -401,7 +505,6 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
             Occurs::Never,
         ));
     }
-    out
 }
 
 /// The full choice (blocks, `z`, then `f`) for a runtime checkpoint mask over blocks and

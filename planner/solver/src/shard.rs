@@ -9,7 +9,7 @@
 //! input `RS_u`; `S_u = P_u / N` its shard, also the size of its sharded gradients; `L_u(r)`
 //! rank r's unpadded chunk, what the optimizer state covers; `G_u` its unsharded gradients.
 
-use crate::chain_model::Affine;
+use crate::chain_model::{phantom, Affine, BlockTerms, StepTerms};
 use crate::problem::{ConfigProblem, Moment, Occurs};
 
 /// The FSDP units `plan --shard` wraps unless told otherwise: the candidate blocks whose names
@@ -164,7 +164,7 @@ const LOSS_BYTES: i64 = 4;
 /// what each holds, and the measured levels FSDP's root hooks see.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShardStep {
-    pub chain: crate::chain_model::StepTerms,
+    pub chain: StepTerms,
     /// Block index of each unit, ascending.
     pub units: Vec<usize>,
     /// Every trainable parameter in `model.parameters()` order, with its owner: `Some(u)` for
@@ -189,7 +189,7 @@ impl ShardStep {
     /// The FSDP units: blocks whose names `is_unit` accepts; each parameter belongs to the unit
     /// whose name prefixes it (`layer1.` for `layer1.0.conv1.weight`), else to the root.
     pub fn new(
-        chain: crate::chain_model::StepTerms,
+        chain: StepTerms,
         parameters: &[Parameter],
         is_unit: impl Fn(&str) -> bool,
         model: &str,
@@ -275,239 +275,345 @@ impl ShardStep {
     /// Every moment of rank `rank`'s step, affine in the checkpoint choice over the chain's
     /// blocks, in execution order (docs/fsdp.md, "For the Rust model", derives each one).
     pub fn moments(&self, spec: ShardSpec, rank: i64) -> Vec<Moment> {
-        let step = &self.chain;
-        let b = &step.blocks;
-        let n = b.len();
-        let nn = spec.ranks;
-        let (sz, chunks) = self.sizes(nn, rank);
-        let k = self.units.len();
-        let root = sz[k];
-        let sum_s: i64 = sz.iter().map(|z| z.s).sum();
-        // A flat all-gather buffer exists with more than one rank; gloo's temporaries too.
-        let flat = |p: i64| if nn > 1 { p } else { 0 };
-        let temp = |p: i64| {
-            if nn > 1 && spec.collective == Collective::Gloo {
-                p
-            } else {
-                0
-            }
-        };
-        let unit_at = |j: usize| self.units.iter().position(|&u| u == j);
-        // The unit before block j in forward order: its prefetched buffer is alive while j's
-        // backward runs (reshard after forward only).
-        let unit_before = |j: usize| self.units.iter().rposition(|&u| u < j);
-        let raf = spec.reshard_after_forward;
-        // The step's start: the chain's, with the unsharded parameters and optimizer state
-        // replaced by this rank's shards and their state, and the device mesh's rank tensor.
-        let fixed = step.fixed - self.measured.parameters_bytes - self.measured.optimizer_state_bytes
-            + sum_s
-            + self.measured.optimizer.state(&chunks)
-            + 4 * nn;
-        let shift = fixed - step.fixed;
+        let r = RankStep::new(self, spec, rank);
         let mut out = Vec::new();
-        let push = |out: &mut Vec<Moment>, a: &Affine, label: String, occurs: Occurs| {
-            out.push(a.moment(label, occurs));
-        };
+        let fwd = r.forward(&mut out);
+        r.loss(&fwd, &mut out);
+        let scattered = r.backward(&mut out);
+        r.end(&scattered, &mut out);
+        out
+    }
+}
 
-        // ---- forward: the root's parameters stay unsharded throughout ----------------------
-        let r = root.p;
-        push(
-            &mut out,
-            &Affine::new(n, fixed + flat(r) + temp(r)),
-            "all-gather <root>".into(),
-            Occurs::Always,
+/// One rank's step: the sizes every phase of [`ShardStep::moments`] reads, and the rules of
+/// FSDP's buffers.
+struct RankStep<'a> {
+    step: &'a ShardStep,
+    spec: ShardSpec,
+    /// Each unit's sizes, then the root's (last); the rank's local chunk of every parameter.
+    sz: Vec<Sizes>,
+    chunks: Vec<i64>,
+    root: Sizes,
+    /// Σ S over the units and the root.
+    sum_s: i64,
+    /// The step's start: the chain's, with the unsharded parameters and optimizer state
+    /// replaced by this rank's shards and their state, and the device mesh's rank tensor.
+    fixed: i64,
+    /// `fixed` less the chain's.
+    shift: i64,
+}
+
+/// Where the forward leaves FSDP's buffers.
+struct AfterForward {
+    /// Units left unsharded so far (`reshard_after_forward = false`).
+    kept_units: i64,
+    /// The all-gather buffer alive.
+    cur_f: i64,
+}
+
+/// FSDP's parameter buffers alive while a block runs backward.
+struct Held {
+    /// Unsharded parameters: the block's unit's (reshard after forward), else every unit's
+    /// up to the block.
+    unsharded: i64,
+    /// The all-gather buffer of the unit before, prefetched (reshard after forward).
+    f_pending: i64,
+}
+
+/// FSDP's gradient bytes beside the chain's as backward goes.
+#[derive(Default)]
+struct Scattered {
+    /// Σ (S_v − G_v) over the units reduce-scattered.
+    sharded_grads: i64,
+    /// The last reduce-scatter input.
+    rs_prev: i64,
+}
+
+impl<'a> RankStep<'a> {
+    fn new(step: &'a ShardStep, spec: ShardSpec, rank: i64) -> Self {
+        let chain = &step.chain;
+        let nn = spec.ranks;
+        let (sz, chunks) = step.sizes(nn, rank);
+        let root = sz[step.units.len()];
+        let sum_s: i64 = sz.iter().map(|z| z.s).sum();
+        let fixed = chain.fixed - step.measured.parameters_bytes - step.measured.optimizer_state_bytes
+            + sum_s
+            + step.measured.optimizer.state(&chunks)
+            + 4 * nn;
+        RankStep {
+            step,
+            spec,
+            sz,
+            chunks,
+            root,
+            sum_s,
+            fixed,
+            shift: fixed - chain.fixed,
+        }
+    }
+
+    fn blocks(&self) -> &'a [BlockTerms] {
+        &self.step.chain.blocks
+    }
+
+    fn n(&self) -> usize {
+        self.step.chain.blocks.len()
+    }
+
+    /// A flat all-gather buffer exists with more than one rank; gloo's temporaries too.
+    fn flat(&self, p: i64) -> i64 {
+        if self.spec.ranks > 1 {
+            p
+        } else {
+            0
+        }
+    }
+
+    fn temp(&self, p: i64) -> i64 {
+        if self.spec.ranks > 1 && self.spec.collective == Collective::Gloo {
+            p
+        } else {
+            0
+        }
+    }
+
+    fn unit_at(&self, j: usize) -> Option<usize> {
+        self.step.units.iter().position(|&u| u == j)
+    }
+
+    /// The unit before block j in forward order: its prefetched buffer is alive while j's
+    /// backward runs (reshard after forward only).
+    fn unit_before(&self, j: usize) -> Option<usize> {
+        self.step.units.iter().rposition(|&u| u < j)
+    }
+
+    // ---- forward: the root's parameters stay unsharded throughout --------------------------
+
+    fn forward(&self, out: &mut Vec<Moment>) -> AfterForward {
+        let (fixed, n, r) = (self.fixed, self.n(), self.root.p);
+        out.push(
+            Affine::new(n, fixed + self.flat(r) + self.temp(r)).moment("all-gather <root>".into(), Occurs::Always),
         );
-        push(
-            &mut out,
-            &Affine::new(n, fixed + flat(r) + r),
-            "copy-out <root>".into(),
-            Occurs::Always,
-        );
+        out.push(Affine::new(n, fixed + self.flat(r) + r).moment("copy-out <root>".into(), Occurs::Always));
         let mut kept = Affine::new(n, fixed);
-        let mut cur_f = flat(r);
-        let mut kept_units = 0i64; // reshard_after_forward = false: units unsharded so far
-        for (j, blk) in b.iter().enumerate() {
+        let mut cur_f = self.flat(r);
+        let mut kept_units = 0i64;
+        for (j, blk) in self.blocks().iter().enumerate() {
             let mut here = kept.clone();
             here.add(r + kept_units);
-            if let Some(u) = unit_at(j) {
-                let p = sz[u].p;
+            if let Some(u) = self.unit_at(j) {
+                let p = self.sz[u].p;
                 let name = &blk.name;
-                push(
-                    &mut out,
-                    here.clone().add(cur_f + flat(p) + temp(p)),
-                    format!("all-gather {name}"),
-                    Occurs::Always,
-                );
-                push(
-                    &mut out,
-                    here.clone().add(flat(p) + p),
-                    format!("copy-out {name}"),
-                    Occurs::Always,
-                );
+                let mut gather = here.clone();
+                gather.add(cur_f + self.flat(p) + self.temp(p));
+                out.push(gather.moment(format!("all-gather {name}"), Occurs::Always));
+                let mut copy_out = here.clone();
+                copy_out.add(self.flat(p) + p);
+                out.push(copy_out.moment(format!("copy-out {name}"), Occurs::Always));
                 let mut m = here.clone();
-                m.add(flat(p) + p).term(j, blk.fg, blk.fng);
-                push(&mut out, &m, format!("forward {name}"), Occurs::Always);
-                cur_f = flat(p);
-                if !raf {
+                m.add(self.flat(p) + p).term(j, blk.fg, blk.fng);
+                out.push(m.moment(format!("forward {name}"), Occurs::Always));
+                cur_f = self.flat(p);
+                if !self.spec.reshard_after_forward {
                     kept_units += p;
                 }
             } else {
                 let mut m = here.clone();
                 m.add(cur_f).term(j, blk.fg, blk.fng);
-                push(&mut out, &m, format!("forward {}", blk.name), Occurs::Always);
+                out.push(m.moment(format!("forward {}", blk.name), Occurs::Always));
             }
             kept.term(j, blk.kg, blk.kng);
         }
+        AfterForward { kept_units, cur_f }
+    }
 
-        // ---- loss: the root's forward ends with it; its post-forward frees the last buffer,
-        // and its pre-backward prefetches the last unit (reshard after forward) ----------------
-        let mut kept_all = Affine::new(n, fixed);
-        for (i, blk) in b.iter().enumerate() {
+    // ---- loss: the root's forward ends with it; its post-forward frees the last buffer, and
+    // its pre-backward prefetches the last unit (reshard after forward) ------------------------
+
+    fn loss(&self, fwd: &AfterForward, out: &mut Vec<Moment>) {
+        let (chain, measured) = (&self.step.chain, &self.step.measured);
+        let (r, raf) = (self.root.p, self.spec.reshard_after_forward);
+        let k = self.step.units.len();
+        let mut kept_all = Affine::new(self.n(), self.fixed);
+        for (i, blk) in self.blocks().iter().enumerate() {
             kept_all.term(i, blk.krec, blk.out);
         }
-        let last = sz[k - 1].p;
-        let prefetched = if raf { flat(last) } else { 0 };
-        push(
-            &mut out,
-            kept_all
-                .clone()
-                .add(self.measured.loss_forward + r + kept_units + cur_f),
-            "loss forward".into(),
-            Occurs::Always,
-        );
+        let last = self.sz[k - 1].p;
+        let prefetched = if raf { self.flat(last) } else { 0 };
+        let mut forward = kept_all.clone();
+        forward.add(measured.loss_forward + r + fwd.kept_units + fwd.cur_f);
+        out.push(forward.moment("loss forward".into(), Occurs::Always));
         if raf {
-            push(
-                &mut out,
-                kept_all
-                    .clone()
-                    .add(self.measured.loss_kept + r + flat(last) + temp(last)),
-                format!("prefetch {} (root pre-backward)", b[self.units[k - 1]].name),
-                Occurs::Always,
-            );
+            let mut prefetch = kept_all.clone();
+            prefetch.add(measured.loss_kept + r + self.flat(last) + self.temp(last));
+            let name = &self.blocks()[self.step.units[k - 1]].name;
+            out.push(prefetch.moment(format!("prefetch {name} (root pre-backward)"), Occurs::Always));
         }
-        push(
-            &mut out,
-            kept_all
-                .clone()
-                .add(step.lf.max(step.lk + step.lb) + r + kept_units + prefetched),
-            "loss".into(),
-            Occurs::Always,
-        );
+        let mut loss = kept_all;
+        loss.add(chain.lf.max(chain.lk + chain.lb) + r + fwd.kept_units + prefetched);
+        out.push(loss.moment("loss".into(), Occurs::Always));
+    }
 
-        // ---- backward, last block first --------------------------------------------------
-        let mut prefix_kb = Vec::with_capacity(n + 1);
-        let mut acc = Affine::new(n, 0);
-        for (i, blk) in b.iter().enumerate() {
-            prefix_kb.push(acc.clone());
-            acc.term(i, blk.krec, blk.out);
-        }
-        // The level before block j's VJP: the chain's backward base plus the block's own kept
-        // bytes (its saved tensors, or its output when checkpointed).
-        let grads_after = |j: usize| b[j + 1..].iter().map(|x| x.g).sum::<i64>();
-        let pre_vjp = |j: usize| {
-            let mut a = prefix_kb[j].clone();
-            a.add(step.fixed + grads_after(j) + b[j].gout)
-                .term(j, b[j].krec, b[j].out);
-            a
-        };
-        // What eager PyTorch holds when block j's backward is about to start (its pre-backward
-        // hook), and so also right after block j + 1's backward: the single process's level
-        // before j's VJP without the output nothing saved.
-        let at_backward_start = |j: usize| {
-            let mut a = pre_vjp(j);
-            let (plain, ckpt) = self.measured.released[j];
-            a.term(j, -plain, -ckpt);
-            a
-        };
-        let phantom = |blk: &crate::chain_model::BlockTerms| blk.krec.saturating_add(blk.bta).min(0).saturating_sub(1);
-        // FSDP bytes beside the chain's: reduce-scattered units' shards for their unsharded
-        // gradients, the last reduce-scatter input, and unsharded parameters.
-        let mut sharded_grads = 0i64; // Σ (S_v − G_v) over units done
-        let mut rs_prev = 0i64;
-        for j in (0..n).rev() {
+    // ---- backward, last block first --------------------------------------------------------
+
+    fn backward(&self, out: &mut Vec<Moment>) -> Scattered {
+        let b = self.blocks();
+        let levels = ChainLevels::new(self.step);
+        let mut s = Scattered::default();
+        for j in (0..self.n()).rev() {
             let blk = &b[j];
-            let unit = unit_at(j);
-            let f_pending = if raf {
-                unit_before(j).map_or(0, |v| flat(sz[v].p))
-            } else {
-                0
-            };
-            let unsharded = if raf {
-                unit.map_or(0, |u| sz[u].p)
-            } else {
-                self.units
+            let unit = self.unit_at(j);
+            let held = self.held(j, unit);
+            // FSDP bytes beside the chain's: reduce-scattered units' shards for their
+            // unsharded gradients, the last reduce-scatter input, and unsharded parameters.
+            let fsdp = self.shift + self.root.p + s.sharded_grads + s.rs_prev;
+            if let (Some(u), true) = (unit, self.spec.reshard_after_forward) {
+                self.pre_backward(&levels, j, u, fsdp, out);
+            }
+            let mut base = levels.prefix_kb[j].clone();
+            base.add(self.step.chain.fixed + levels.grads_after(j) + blk.gout + fsdp + held.unsharded + held.f_pending);
+            let mut rec = base.clone();
+            rec.term(j, phantom(blk), blk.frec);
+            out.push(rec.moment(format!("recompute {}", blk.name), Occurs::When(vec![(j, true)])));
+            base.add(blk.krec).term(j, blk.bta, blk.btb);
+            out.push(base.moment(format!("backward {}", blk.name), Occurs::Always));
+            if let Some(u) = unit {
+                let after = self.post_backward(&levels, j, u, &s, &held);
+                out.push(after.moment(format!("reduce-scatter {}", blk.name), Occurs::Always));
+                let z = self.sz[u];
+                s.sharded_grads += z.s - z.g;
+                s.rs_prev = z.p;
+            }
+        }
+        s
+    }
+
+    /// FSDP's parameter buffers alive while block `j` (unit `unit`, if one) runs backward.
+    fn held(&self, j: usize, unit: Option<usize>) -> Held {
+        if self.spec.reshard_after_forward {
+            Held {
+                unsharded: unit.map_or(0, |u| self.sz[u].p),
+                f_pending: self.unit_before(j).map_or(0, |v| self.flat(self.sz[v].p)),
+            }
+        } else {
+            Held {
+                unsharded: self
+                    .step
+                    .units
                     .iter()
                     .enumerate()
                     .filter(|&(_, &uj)| uj <= j)
-                    .map(|(v, _)| sz[v].p)
-                    .sum()
-            };
-            let fsdp = shift + r + sharded_grads + rs_prev;
-            if let (Some(u), true) = (unit, raf) {
-                let p = sz[u].p;
-                let name = &blk.name;
-                push(
-                    &mut out,
-                    at_backward_start(j).add(fsdp + p + flat(p)),
-                    format!("copy-out {name} (pre-backward)"),
-                    Occurs::Always,
-                );
-                if let Some(v) = unit_before(j) {
-                    let q = sz[v].p;
-                    push(
-                        &mut out,
-                        at_backward_start(j).add(fsdp + p + flat(q) + temp(q)),
-                        format!("prefetch {} ({name} pre-backward)", b[self.units[v]].name),
-                        Occurs::Always,
-                    );
-                }
-            }
-            let mut base = prefix_kb[j].clone();
-            base.add(step.fixed + grads_after(j) + blk.gout + fsdp + unsharded + f_pending);
-            let mut rec = base.clone();
-            rec.term(j, phantom(blk), blk.frec);
-            push(
-                &mut out,
-                &rec,
-                format!("recompute {}", blk.name),
-                Occurs::When(vec![(j, true)]),
-            );
-            base.add(blk.krec).term(j, blk.bta, blk.btb);
-            push(&mut out, &base, format!("backward {}", blk.name), Occurs::Always);
-            if let Some(u) = unit {
-                // Post-backward: the unit's parameters resharded, the previous reduce-scatter
-                // input freed; its gradients copied into one flat input (all but the last one
-                // freed) and reduce-scattered into its sharded gradients.
-                let z = sz[u];
-                let mut after = if j > 0 {
-                    at_backward_start(j - 1)
-                } else {
-                    Affine::new(n, step.fixed + self.measured.after_backward)
-                };
-                after.add(
-                    shift + r + sharded_grads + unsharded - z.p + f_pending - z.g + z.last + z.p + z.s + temp(z.p + 12),
-                );
-                push(&mut out, &after, format!("reduce-scatter {}", blk.name), Occurs::Always);
-                sharded_grads += z.s - z.g;
-                rs_prev = z.p;
+                    .map(|(v, _)| self.sz[v].p)
+                    .sum(),
+                f_pending: 0,
             }
         }
+    }
 
-        // ---- end of backward: the root's post-backward, in FSDP's final callback ------------
-        let end = fixed + self.measured.after_backward + sharded_grads + r + rs_prev;
-        push(&mut out, &Affine::new(n, end), "end of backward".into(), Occurs::Always);
-        let rs_root = end - r - rs_prev + r - root.g + root.last + root.s + temp(r + 12);
-        push(
-            &mut out,
-            &Affine::new(n, rs_root),
-            "reduce-scatter <root>".into(),
-            Occurs::Always,
+    /// Unit `u`'s (block `j`'s) pre-backward with reshard after forward: its parameters
+    /// copied out of their all-gather, and the unit before it prefetched.
+    fn pre_backward(&self, levels: &ChainLevels<'_>, j: usize, u: usize, fsdp: i64, out: &mut Vec<Moment>) {
+        let p = self.sz[u].p;
+        let name = &self.blocks()[j].name;
+        let copy_out = levels
+            .at_backward_start(j)
+            .add(fsdp + p + self.flat(p))
+            .moment(format!("copy-out {name} (pre-backward)"), Occurs::Always);
+        out.push(copy_out);
+        if let Some(v) = self.unit_before(j) {
+            let q = self.sz[v].p;
+            let before = &self.blocks()[self.step.units[v]].name;
+            let prefetch = levels
+                .at_backward_start(j)
+                .add(fsdp + p + self.flat(q) + self.temp(q))
+                .moment(format!("prefetch {before} ({name} pre-backward)"), Occurs::Always);
+            out.push(prefetch);
+        }
+    }
+
+    /// Post-backward of unit `u` (block `j`): the unit's parameters resharded, the previous
+    /// reduce-scatter input freed; its gradients copied into one flat input (all but the last
+    /// one freed) and reduce-scattered into its sharded gradients.
+    fn post_backward(&self, levels: &ChainLevels<'_>, j: usize, u: usize, s: &Scattered, held: &Held) -> Affine {
+        let z = self.sz[u];
+        let mut after = if j > 0 {
+            levels.at_backward_start(j - 1)
+        } else {
+            Affine::new(self.n(), self.step.chain.fixed + self.step.measured.after_backward)
+        };
+        after.add(
+            self.shift + self.root.p + s.sharded_grads + held.unsharded - z.p + held.f_pending - z.g
+                + z.last
+                + z.p
+                + z.s
+                + self.temp(z.p + 12),
         );
+        after
+    }
 
-        // ---- optimizer: on the local chunks, with the sharded gradients ----------------------
-        let opt = fixed + LOSS_BYTES + sum_s + self.measured.optimizer.transient(&chunks);
-        push(&mut out, &Affine::new(n, opt), "optimizer".into(), Occurs::Always);
-        out
+    // ---- end of backward: the root's post-backward, in FSDP's final callback; then the
+    // optimizer, on the local chunks with the sharded gradients --------------------------------
+
+    fn end(&self, s: &Scattered, out: &mut Vec<Moment>) {
+        let (n, r, root) = (self.n(), self.root.p, self.root);
+        let measured = &self.step.measured;
+        let end = self.fixed + measured.after_backward + s.sharded_grads + r + s.rs_prev;
+        out.push(Affine::new(n, end).moment("end of backward".into(), Occurs::Always));
+        let rs_root = end - r - s.rs_prev + r - root.g + root.last + root.s + self.temp(r + 12);
+        out.push(Affine::new(n, rs_root).moment("reduce-scatter <root>".into(), Occurs::Always));
+        let opt = self.fixed + LOSS_BYTES + self.sum_s + measured.optimizer.transient(&self.chunks);
+        out.push(Affine::new(n, opt).moment("optimizer".into(), Occurs::Always));
+    }
+}
+
+/// The single process's levels in backward that FSDP's moments add their buffers to.
+struct ChainLevels<'a> {
+    chain: &'a StepTerms,
+    /// Per block: its output bytes its backward frees as it starts ([`Measured::released`]).
+    released: &'a [(i64, i64)],
+    /// Σ_{i<j} kb_i, per block j.
+    prefix_kb: Vec<Affine>,
+}
+
+impl<'a> ChainLevels<'a> {
+    fn new(step: &'a ShardStep) -> Self {
+        let chain = &step.chain;
+        let n = chain.blocks.len();
+        let mut prefix_kb = Vec::with_capacity(n + 1);
+        let mut acc = Affine::new(n, 0);
+        for (i, blk) in chain.blocks.iter().enumerate() {
+            prefix_kb.push(acc.clone());
+            acc.term(i, blk.krec, blk.out);
+        }
+        ChainLevels {
+            chain,
+            released: &step.measured.released,
+            prefix_kb,
+        }
+    }
+
+    fn grads_after(&self, j: usize) -> i64 {
+        self.chain.blocks[j + 1..].iter().map(|x| x.g).sum::<i64>()
+    }
+
+    /// The level before block j's VJP: the chain's backward base plus the block's own kept
+    /// bytes (its saved tensors, or its output when checkpointed).
+    fn pre_vjp(&self, j: usize) -> Affine {
+        let b = &self.chain.blocks;
+        let mut a = self.prefix_kb[j].clone();
+        a.add(self.chain.fixed + self.grads_after(j) + b[j].gout)
+            .term(j, b[j].krec, b[j].out);
+        a
+    }
+
+    /// What eager PyTorch holds when block j's backward is about to start (its pre-backward
+    /// hook), and so also right after block j + 1's backward: the single process's level
+    /// before j's VJP without the output nothing saved.
+    fn at_backward_start(&self, j: usize) -> Affine {
+        let mut a = self.pre_vjp(j);
+        let (plain, ckpt) = self.released[j];
+        a.term(j, -plain, -ckpt);
+        a
     }
 }
 

@@ -1,6 +1,8 @@
 //! The trade-off scatter: memory saved against throughput lost per checkpoint subset, with the
 //! Pareto front, whiskers and the side legend.
 
+use std::ops::Range;
+
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -69,15 +71,61 @@ impl Figure for Scatter<'_> {
             &format!("{} — {}", m.config_line(), m.source),
         )?;
         let (plot_area, legend_area) = body.split_horizontally(WIDTH as i32 - 300);
+        let series = Series::of(self.points);
+        let (xr, yr) = series.ranges();
+        let x_end = xr.end;
+        let mut chart = chart(&plot_area, xr, yr)?;
 
-        let measured: Vec<(usize, Tradeoff)> = self
-            .points
+        let many = self.points.iter().filter(|p| !p.baseline).count() > MAX_LEGEND_ROWS;
+        // The front and its labels follow the fuller set: a sweep's measurements, or a
+        // profile's predictions (which cover each candidate, where it measured only the ends).
+        let front_predicted = series.predicted.len() > series.measured.len();
+        let main: &[(usize, Tradeoff)] = if front_predicted {
+            &series.predicted
+        } else {
+            &series.measured
+        };
+        // The front first, so markers sit on top of it.
+        let front = pareto(main);
+        draw_front(&mut chart, &front, x_end)?;
+        self.draw_points(&mut chart, &series, many)?;
+        self.name_corners(&chart, &plot_area, &front)?;
+
+        let front_label = match (front.len() > 1, front_predicted) {
+            (false, _) => None,
+            (true, false) => Some("best measured saving for a loss"),
+            (true, true) => Some("best predicted saving for a loss"),
+        };
+        self.draw_legend(
+            &legend_area,
+            many,
+            !series.predicted.is_empty(),
+            !series.whiskers.is_empty(),
+            front_label,
+        )
+    }
+}
+
+/// The scatter's plot area with its percent axes.
+type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<Axis, Axis>>;
+
+/// What the scatter draws: each point's measured and predicted position (by point index),
+/// and the whiskers through them.
+struct Series {
+    measured: Vec<(usize, Tradeoff)>,
+    predicted: Vec<(usize, Tradeoff)>,
+    /// (point, throughput lost range, memory saved).
+    whiskers: Vec<(usize, (f64, f64), f64)>,
+}
+
+impl Series {
+    fn of(points: &[TradeoffPoint]) -> Self {
+        let measured: Vec<(usize, Tradeoff)> = points
             .iter()
             .enumerate()
             .filter_map(|(i, p)| p.measured.map(|t| (i, t)))
             .collect();
-        let predicted: Vec<(usize, Tradeoff)> = self
-            .points
+        let predicted: Vec<(usize, Tradeoff)> = points
             .iter()
             .enumerate()
             .filter_map(|(i, p)| p.predicted.map(|t| (i, t)))
@@ -87,17 +135,27 @@ impl Figure for Scatter<'_> {
         let whiskers: Vec<(usize, (f64, f64), f64)> = measured
             .iter()
             .filter_map(|(i, t)| {
-                self.points[*i]
+                points[*i]
                     .throughput_lost_range_pct
                     .map(|r| (*i, r, t.memory_saved_pct))
             })
             .chain(
                 predicted
                     .iter()
-                    .filter_map(|(i, t)| self.points[*i].predicted_range_pct.map(|r| (*i, r, t.memory_saved_pct))),
+                    .filter_map(|(i, t)| points[*i].predicted_range_pct.map(|r| (*i, r, t.memory_saved_pct))),
             )
             .collect();
-        let all = measured.iter().chain(&predicted).map(|(_, t)| *t);
+        Series {
+            measured,
+            predicted,
+            whiskers,
+        }
+    }
+
+    /// The axes' ranges: every point and whisker, padded; right and top get extra room for
+    /// the Pareto labels.
+    fn ranges(&self) -> (Range<f64>, Range<f64>) {
+        let all = self.measured.iter().chain(&self.predicted).map(|(_, t)| *t);
         let (mut x0, mut x1, mut y0, mut y1) = (0f64, 0f64, 0f64, 0f64);
         for t in all {
             x0 = x0.min(t.throughput_lost_pct);
@@ -105,87 +163,113 @@ impl Figure for Scatter<'_> {
             y0 = y0.min(t.memory_saved_pct);
             y1 = y1.max(t.memory_saved_pct);
         }
-        for (_, (lo, hi), _) in &whiskers {
+        for (_, (lo, hi), _) in &self.whiskers {
             x0 = x0.min(*lo);
             x1 = x1.max(*hi);
         }
-        // Right and top get extra room for the Pareto labels.
         let xr = axis_range(x0, x1, 0.04, 1.0);
         let yr = axis_range(y0, y1, 0.06, 1.0);
-        let (xr, yr) = (
+        (
             xr.start..xr.end + 0.08 * (xr.end - xr.start),
             yr.start..yr.end + 0.04 * (yr.end - yr.start),
-        );
-        let (x_axis, x_dec) = Axis::nice(xr.clone(), 8);
-        let (y_axis, y_dec) = Axis::nice(yr.clone(), 8);
-        let (xfmt, yfmt) = (pct_label(x_dec), pct_label(y_dec));
+        )
+    }
+}
 
-        let mut chart = ChartBuilder::on(&plot_area)
-            .margin_left(12)
-            .margin_right(24)
-            .margin_top(10)
-            .margin_bottom(8)
-            .x_label_area_size(64)
-            .y_label_area_size(84)
-            .build_cartesian_2d(x_axis, y_axis)?;
-        chart
-            .configure_mesh()
-            .x_desc("throughput lost (% of the step rate with nothing checkpointed)")
-            .y_desc("memory saved (% of the peak with nothing checkpointed)")
-            .x_label_formatter(&xfmt)
-            .y_label_formatter(&yfmt)
-            .label_style(font(16.0))
-            .axis_desc_style(font(18.0))
-            .bold_line_style(GRID.stroke_width(1))
-            .light_line_style(WHITE.mix(0.0))
-            .axis_style(GREY.stroke_width(1))
-            .draw()?;
+/// The plot area's chart over `xr` × `yr`, its grid, ticks and axis titles drawn.
+fn chart<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    xr: Range<f64>,
+    yr: Range<f64>,
+) -> Result<Chart<'a, DB>, DrawingAreaErrorKind<DB::ErrorType>> {
+    let (x_axis, x_dec) = Axis::nice(xr, 8);
+    let (y_axis, y_dec) = Axis::nice(yr, 8);
+    let (xfmt, yfmt) = (pct_label(x_dec), pct_label(y_dec));
+    let mut chart = ChartBuilder::on(area)
+        .margin_left(12)
+        .margin_right(24)
+        .margin_top(10)
+        .margin_bottom(8)
+        .x_label_area_size(64)
+        .y_label_area_size(84)
+        .build_cartesian_2d(x_axis, y_axis)?;
+    chart
+        .configure_mesh()
+        .x_desc("throughput lost (% of the step rate with nothing checkpointed)")
+        .y_desc("memory saved (% of the peak with nothing checkpointed)")
+        .x_label_formatter(&xfmt)
+        .y_label_formatter(&yfmt)
+        .label_style(font(16.0))
+        .axis_desc_style(font(18.0))
+        .bold_line_style(GRID.stroke_width(1))
+        .light_line_style(WHITE.mix(0.0))
+        .axis_style(GREY.stroke_width(1))
+        .draw()?;
+    Ok(chart)
+}
 
-        let many = self.points.iter().filter(|p| !p.baseline).count() > MAX_LEGEND_ROWS;
-        let r = 7.0;
-        // The front and its labels follow the fuller set: a sweep's measurements, or a
-        // profile's predictions (which cover each candidate, where it measured only the ends).
-        let front_predicted = predicted.len() > measured.len();
-        let main: &[(usize, Tradeoff)] = if front_predicted { &predicted } else { &measured };
-
-        // The front first, so markers sit on top of it.
-        let front = pareto(main);
-        if front.len() > 1 {
-            // A staircase: each corner's saving holds until the next corner's loss.
-            let mut path: Vec<(f64, f64)> = Vec::new();
-            for (_, t) in &front {
-                if let Some(&(_, y)) = path.last() {
-                    path.push((t.throughput_lost_pct, y));
-                }
-                path.push((t.throughput_lost_pct, t.memory_saved_pct));
-            }
-            if let Some(&(_, y)) = path.last() {
-                path.push((xr.end, y));
-            }
-            chart.draw_series(DashedLineSeries::new(path, 6, 5, GREY.mix(0.7).stroke_width(2)))?;
+/// The Pareto front as a dashed staircase: each corner's saving holds until the next corner's
+/// loss, the last to the right edge `x_end`.
+fn draw_front<DB: DrawingBackend>(
+    chart: &mut Chart<'_, DB>,
+    front: &[(usize, Tradeoff)],
+    x_end: f64,
+) -> DrawResult<DB> {
+    if front.len() <= 1 {
+        return Ok(());
+    }
+    let mut path: Vec<(f64, f64)> = Vec::new();
+    for (_, t) in front {
+        if let Some(&(_, y)) = path.last() {
+            path.push((t.throughput_lost_pct, y));
         }
+        path.push((t.throughput_lost_pct, t.memory_saved_pct));
+    }
+    if let Some(&(_, y)) = path.last() {
+        path.push((x_end, y));
+    }
+    chart.draw_series(DashedLineSeries::new(path, 6, 5, GREY.mix(0.7).stroke_width(2)))?;
+    Ok(())
+}
 
-        for (i, (lo, hi), y) in &whiskers {
+impl Scatter<'_> {
+    /// Whiskers, then hollow predicted markers, then filled measured ones on top.
+    fn draw_points<DB: DrawingBackend>(
+        &self,
+        chart: &mut Chart<'_, DB>,
+        series: &Series,
+        many: bool,
+    ) -> DrawResult<DB> {
+        let r = 7.0;
+        for (i, (lo, hi), y) in &series.whiskers {
             let (c, _) = self.style_of(*i, many);
             draw_whisker(chart.plotting_area(), (*lo, *y), (*hi, *y), c.mix(WHISKER_OPACITY))?;
         }
-        for (i, t) in &predicted {
+        for (i, t) in &series.predicted {
             let (c, s) = self.style_of(*i, many);
             let at = (t.throughput_lost_pct, t.memory_saved_pct);
             chart
                 .plotting_area()
                 .draw(&marker(at, s, r + 4.0, c.mix(MARKER_OPACITY).stroke_width(2), true))?;
         }
-        for (i, t) in &measured {
+        for (i, t) in &series.measured {
             let (c, s) = self.style_of(*i, many);
             let at = (t.throughput_lost_pct, t.memory_saved_pct);
             chart
                 .plotting_area()
                 .draw(&marker(at, s, r, c.mix(MARKER_OPACITY).into(), false))?;
         }
+        Ok(())
+    }
 
-        // Name the corners of the front (not the reference point): they are the subsets worth
-        // reading off the plot. Labels go right of the marker, or left near the right edge.
+    /// Names the corners of the front (not the reference point): they are the subsets worth
+    /// reading off the plot. Labels go right of the marker, or left near the right edge.
+    fn name_corners<DB: DrawingBackend>(
+        &self,
+        chart: &Chart<'_, DB>,
+        plot_area: &DrawingArea<DB, Shift>,
+        front: &[(usize, Tradeoff)],
+    ) -> DrawResult<DB> {
         let label_style = font(15.0);
         let plot_w = chart.plotting_area().dim_in_pixel().0 as i32;
         for (i, t) in front.iter().filter(|(i, _)| !self.points[*i].baseline) {
@@ -207,19 +291,7 @@ impl Figure for Scatter<'_> {
                     )),
             )?;
         }
-
-        let front_label = match (front.len() > 1, front_predicted) {
-            (false, _) => None,
-            (true, false) => Some("best measured saving for a loss"),
-            (true, true) => Some("best predicted saving for a loss"),
-        };
-        self.draw_legend(
-            &legend_area,
-            many,
-            !predicted.is_empty(),
-            !whiskers.is_empty(),
-            front_label,
-        )
+        Ok(())
     }
 }
 

@@ -1,8 +1,9 @@
-//! Set-up shared by the binary's integration tests: running `ckptune`, reading its JSON, the
-//! fixtures' paths. Each test file uses what it needs.
+//! Set-up shared by the binary's integration tests: running `ckptune`, its refusals, reading and
+//! editing its JSON, the fixtures' paths, and the fp32 tiny-BERT several files profile, plan and
+//! verify. Each test file uses what it needs.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -30,8 +31,30 @@ pub fn ok(args: &[&str]) -> Output {
     out
 }
 
+/// Runs the binary and checks it refused `args` as bad input: exit 2, no panic, and each of
+/// `fragments` in what it said. Returns its standard error.
+pub fn refused(args: &[&str], fragments: &[&str]) -> String {
+    let out = ckptune(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "ckptune {args:?} should exit 2: {err}");
+    for f in fragments {
+        assert!(err.contains(f), "ckptune {args:?}: {f:?} not in {err}");
+    }
+    assert!(!err.contains("panicked"), "ckptune {args:?} panicked: {err}");
+    err
+}
+
 pub fn read(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("file written")).expect("valid JSON")
+}
+
+/// `doc` changed by `edit`, written to `dir/name`.
+pub fn edited(dir: &Path, name: &str, doc: &Value, edit: impl FnOnce(&mut Value)) -> PathBuf {
+    let mut doc = doc.clone();
+    edit(&mut doc);
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+    path
 }
 
 pub fn fixture(name: &str) -> String {
@@ -44,3 +67,39 @@ pub fn fixture(name: &str) -> String {
 
 /// Flags every test run passes: one thread, no progress bars, no cache.
 pub const COMMON: [&str; 4] = ["--threads", "1", "--quiet", "--no-cache"];
+
+/// The fp32 tiny-BERT at batch 4, sequence 16.
+pub const TINY_BERT: [&str; 7] = ["tiny-bert", "--batch", "4", "--seq", "16", "--precision", "fp32"];
+
+/// A profile of the fp32 tiny-BERT (batch 4, sequence 16) written to `path`, with `flags`.
+pub fn profile_tiny_bert(path: &Path, flags: &[&str]) -> Value {
+    let mut args = vec!["profile"];
+    args.extend(TINY_BERT);
+    args.extend(["-o", path.to_str().unwrap()]);
+    args.extend(flags);
+    ok(&args);
+    read(path)
+}
+
+/// `plan` for the fp32 tiny-BERT (batch 4, sequence 16) from a saved profile, plus `extra`.
+pub fn plan_tiny_bert(budget: &str, profile: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["plan", "--budget", budget];
+    args.extend(TINY_BERT);
+    args.extend(["--profile", profile.to_str().unwrap()]);
+    args.extend(extra);
+    args.extend(COMMON);
+    ok(&args)
+}
+
+/// `verify` of `plan`, its report written in `dir` and read back.
+pub fn verify(plan: &Path, dir: &Path) -> Value {
+    let report = dir.join("verify.json");
+    ok(&[
+        "verify",
+        plan.to_str().unwrap(),
+        "-o",
+        report.to_str().unwrap(),
+        "--quiet",
+    ]);
+    read(&report)
+}

@@ -1,12 +1,17 @@
-//! The checkpoint regex means the same thing to Python's `re` as to us: for many random
-//! selections, `re.match` and `re.fullmatch` select exactly the chosen module names.
+//! The checkpoint regex over the zoo's own module names (each model's list has one source, its
+//! `Config::module_names`, which the plans are made against): exact, and meaning the same thing
+//! to Python's `re` as to us: for many random selections, `re.match` and `re.fullmatch` select
+//! exactly the chosen module names.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use ckptune_solver::regex_emit::{bert_module_names, checkpoint_regex, resnet_module_names};
+use ckptune_models::{bert, resnet};
+use ckptune_solver::regex_emit::checkpoint_regex;
+use expect_test::expect;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use regex::Regex;
 use serde_json::json;
 
 /// Reads `[[pattern, [names…]], …]` from stdin; prints, per case, the names `re.match`
@@ -49,13 +54,38 @@ fn run_python(cases: &serde_json::Value) -> Vec<(Vec<String>, Vec<String>)> {
     serde_json::from_slice(&out.stdout).expect("Python's answer is JSON")
 }
 
+fn names(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn resnet_stages_and_blocks() {
+    let all = resnet::Config::resnet101().module_names();
+    let re = checkpoint_regex(&names(&["layer1", "layer3.0", "layer3.1", "layer3.22"]), &all).unwrap();
+    expect![[r#"^(?:layer1|layer3\.(?:0|1|22))$"#]].assert_eq(&re);
+    let r = Regex::new(&re).unwrap();
+    assert!(r.is_match("layer3.22") && !r.is_match("layer3.2") && !r.is_match("layer1.0"));
+    let re = checkpoint_regex(&names(&["layer4.0.downsample.0", "fc"]), &all).unwrap();
+    expect![[r#"^(?:layer4\.0\.downsample\.0|fc)$"#]].assert_eq(&re);
+}
+
+#[test]
+fn bert_layers() {
+    let all = bert::Config::bert_base_uncased().module_names();
+    let chosen: Vec<String> = (0..12).step_by(2).map(|l| format!("encoder.layer.{l}")).collect();
+    let re = checkpoint_regex(&chosen, &all).unwrap();
+    expect![[r#"^(?:encoder\.layer\.(?:0|2|4|6|8|10))$"#]].assert_eq(&re);
+    let re = checkpoint_regex(&names(&["encoder.layer.11.output.LayerNorm", "pooler"]), &all).unwrap();
+    expect![[r#"^(?:encoder\.layer\.11\.output\.LayerNorm|pooler)$"#]].assert_eq(&re);
+}
+
 #[test]
 fn python_re_selects_exactly_the_chosen_modules() {
     let families = [
-        resnet_module_names([3, 4, 6, 3]),
-        resnet_module_names([3, 8, 36, 3]),
-        bert_module_names(12),
-        bert_module_names(24),
+        resnet::Config::resnet50().module_names(),
+        resnet::Config::resnet152().module_names(),
+        bert::Config::bert_base_uncased().module_names(),
+        bert::Config::bert_large_uncased().module_names(),
         // Prefix traps: `layer1` must not select `layer10`, `layer1.0` or `layer1x`.
         [
             "",
