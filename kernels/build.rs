@@ -9,7 +9,21 @@ const FIX: &str = "run `scripts/setup` (it installs torch==2.13.0 from PyPI and 
                    .libtorch, which .cargo/config.toml points LIBTORCH at)";
 
 fn main() {
-    println!("cargo:rerun-if-changed=csrc/shim.cpp");
+    for f in [
+        "shim.cpp",
+        "meter.cpp",
+        "fake.cpp",
+        "meta_kernels.cpp",
+        "optrace.cpp",
+        "cpu_extras.cpp",
+        "meta_conv.cpp",
+        "common.h",
+        "meta_kernels.h",
+        "cpu_extras.h",
+        "meter.h",
+    ] {
+        println!("cargo:rerun-if-changed=csrc/{f}");
+    }
     println!("cargo:rerun-if-changed=csrc/cuda_shim.cpp");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
@@ -35,17 +49,30 @@ fn main() {
     // torch-sys compiles with LIBTORCH_CXX11_ABI (default 1); a mismatch links but crashes.
     let abi = env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
 
+    structured_ops(&root);
+
     let mut build = cc::Build::new();
     build
         .cpp(true)
         .pic(true)
         .std("c++17")
         .includes(&includes)
+        .include(env::var("OUT_DIR").unwrap_or_default())
         .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
         .define("GLOG_USE_GLOG_EXPORT", None)
+        // As libtorch itself is built: its headers' debug-only assertions stay out.
+        .define("NDEBUG", None)
         // libtorch's headers are not warning-clean under -Wall; our own code is small.
         .warnings(false)
-        .file("csrc/shim.cpp");
+        .files([
+            "csrc/shim.cpp",
+            "csrc/meter.cpp",
+            "csrc/fake.cpp",
+            "csrc/meta_kernels.cpp",
+            "csrc/optrace.cpp",
+            "csrc/cpu_extras.cpp",
+            "csrc/meta_conv.cpp",
+        ]);
 
     if env::var_os("CARGO_FEATURE_CUDA").is_some() {
         // The CUDA runtime headers come with the PyPI wheel's nvidia-cuda-runtime package next
@@ -81,6 +108,40 @@ fn main() {
     // other crates' build scripts to emit the same rpath.
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     println!("cargo:libtorch_lib={}", lib.display());
+}
+
+/// Writes `structured_ops.inc`: the names (`add.Tensor`, `mm`) of the operators whose meta
+/// kernel is a structured kernel's shape function, as libtorch's own `native_functions.yaml`
+/// lists them. Fake mode (`csrc/fake.cpp`) hands those its fake tensors, which report the CPU, so
+/// that their shape functions make the temporaries the CPU kernels make (TensorIterator's dtype
+/// promotions); other meta kernels get meta aliases.
+fn structured_ops(root: &Path) {
+    let yaml = root.join("../torchgen/packaged/ATen/native/native_functions.yaml");
+    println!("cargo:rerun-if-changed={}", yaml.display());
+    let text = std::fs::read_to_string(&yaml)
+        .unwrap_or_else(|e| fail(&format!("reading {} (torchgen ships with torch): {e}", yaml.display())));
+    let mut names = Vec::new();
+    let mut current: Option<&str> = None;
+    for line in text.lines() {
+        if let Some(func) = line.strip_prefix("- func: ") {
+            current = func.split('(').next();
+        } else if line.starts_with("  structured: True") || line.starts_with("  structured_delegate:") {
+            if let Some(name) = current.take() {
+                names.push(format!("\"{name}\",\n"));
+            }
+        }
+    }
+    if names.len() < 100 {
+        fail(&format!(
+            "{} lists only {} structured operators",
+            yaml.display(),
+            names.len()
+        ));
+    }
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap_or_default()).join("structured_ops.inc");
+    if let Err(e) = std::fs::write(&out, names.concat()) {
+        fail(&format!("writing {}: {e}", out.display()));
+    }
 }
 
 fn fail(what: &str) -> ! {

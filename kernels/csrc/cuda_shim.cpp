@@ -5,29 +5,9 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 
-#include <cstdlib>
-#include <cstring>
-#include <string>
+#include "common.h"
 
-namespace {
-char* dup_str(const std::string& s) {
-  char* out = static_cast<char*>(std::malloc(s.size() + 1));
-  if (out != nullptr) std::memcpy(out, s.c_str(), s.size() + 1);
-  return out;
-}
-template <typename F>
-int guarded(char** err, F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    if (err != nullptr) *err = dup_str(e.what());
-  } catch (...) {
-    if (err != nullptr) *err = dup_str("unknown C++ exception");
-  }
-  return 1;
-}
-}  // namespace
+using ckpt::guarded;
 
 extern "C" {
 

@@ -26,6 +26,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/script.h>
 
+#include "common.h"
+#include "meter.h"
+
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -36,80 +39,6 @@
 #include <vector>
 
 namespace {
-
-char* dup_str(const std::string& s) {
-  char* out = static_cast<char*>(std::malloc(s.size() + 1));
-  if (out != nullptr) std::memcpy(out, s.c_str(), s.size() + 1);
-  return out;
-}
-
-template <typename F>
-int guarded(char** err, F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    if (err != nullptr) *err = dup_str(e.what());
-  } catch (...) {
-    if (err != nullptr) *err = dup_str("unknown C++ exception");
-  }
-  return 1;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Counting allocator.
-//
-// Each allocation gets a 64-byte header in front of the data holding its size, so that the
-// deleter knows how many bytes go away without a global map (no lock, no extra allocation).
-// The context pointer equals the data pointer, which `Allocator::raw_allocate` requires: oneDNN
-// allocates through raw_allocate/raw_deleter, and those bytes are counted like any tensor's.
-// 64 bytes keep the data at the 64-byte alignment libtorch's default CPU allocator gives.
-constexpr size_t kHeader = 64;
-
-std::atomic<int64_t> g_current{0};
-std::atomic<int64_t> g_peak{0};
-std::atomic<int64_t> g_window_peak{0};
-std::atomic<int64_t> g_allocs{0};
-// The level when the latest ckpt_backward* call had let go of its output tensor, before the
-// engine ran: what a hook at the start of that backward sees (FSDP's pre-backward).
-std::atomic<int64_t> g_backward_start{0};
-c10::Allocator* g_inner = nullptr;
-c10::DeleterFnPtr g_inner_raw_deleter = nullptr;
-
-void raise_max(std::atomic<int64_t>& target, int64_t value) {
-  int64_t seen = target.load(std::memory_order_relaxed);
-  while (value > seen && !target.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
-  }
-}
-
-void counting_delete(void* data) {
-  if (data == nullptr) return;
-  char* base = static_cast<char*>(data) - kHeader;
-  int64_t n = *reinterpret_cast<int64_t*>(base);
-  g_current.fetch_sub(n, std::memory_order_relaxed);
-  g_inner_raw_deleter(base);
-}
-
-struct CountingAllocator final : c10::Allocator {
-  c10::DataPtr allocate(size_t n) override {
-    void* base = g_inner->raw_allocate(n + kHeader);
-    *reinterpret_cast<int64_t*>(base) = static_cast<int64_t>(n);
-    void* data = static_cast<char*>(base) + kHeader;
-    int64_t now = g_current.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) +
-                  static_cast<int64_t>(n);
-    g_allocs.fetch_add(1, std::memory_order_relaxed);
-    raise_max(g_peak, now);
-    raise_max(g_window_peak, now);
-    return {data, data, &counting_delete, c10::Device(c10::DeviceType::CPU)};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &counting_delete; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-};
-
-CountingAllocator g_counting;
-std::once_flag g_install_once;
 
 // ---------------------------------------------------------------------------------------------
 // Backward helper: once the root node has run, its incoming gradient is dead; drop the handle
@@ -159,33 +88,12 @@ torch::autograd::Edge output_edge(const at::Tensor& out, const at::Tensor& grad)
 
 }  // namespace
 
+using ckpt::dup_str;
+using ckpt::guarded;
+
 extern "C" {
 
 void ckpt_free_str(char* s) { std::free(s); }
-
-// ---- meter ----------------------------------------------------------------------------------
-int ckpt_meter_install(char** err) {
-  return guarded(err, [] {
-    std::call_once(g_install_once, [] {
-      g_inner = c10::GetDefaultCPUAllocator();
-      g_inner_raw_deleter = g_inner->raw_deleter();
-      TORCH_CHECK(g_inner_raw_deleter != nullptr,
-                  "libtorch's default CPU allocator has no raw deleter; cannot wrap it");
-      // Priority above the default registration (0) so a later default registration cannot
-      // silently replace the meter.
-      c10::SetCPUAllocator(&g_counting, /*priority=*/10);
-    });
-    TORCH_CHECK(c10::GetCPUAllocator() == &g_counting,
-                "another CPU allocator with a higher priority replaced the ckptune meter");
-  });
-}
-int64_t ckpt_meter_current() { return g_current.load(std::memory_order_relaxed); }
-int64_t ckpt_meter_peak() { return g_peak.load(std::memory_order_relaxed); }
-int64_t ckpt_meter_allocs() { return g_allocs.load(std::memory_order_relaxed); }
-int64_t ckpt_meter_backward_start() { return g_backward_start.load(std::memory_order_relaxed); }
-void ckpt_meter_reset_peak() { g_peak.store(g_current.load(std::memory_order_relaxed)); }
-int64_t ckpt_meter_window_peak() { return g_window_peak.load(std::memory_order_relaxed); }
-void ckpt_meter_reset_window() { g_window_peak.store(g_current.load(std::memory_order_relaxed)); }
 
 // ---- autocast -------------------------------------------------------------------------------
 // device: 0 = CPU, 1 = CUDA. dtype: a c10::ScalarType value.
@@ -239,7 +147,7 @@ int ckpt_backward(at::Tensor* out, at::Tensor* grad, char** err) {
     delete grad;
     torch::autograd::edge_list roots{output_edge(o, g)};
     o.reset();
-    g_backward_start.store(g_current.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    ckpt::meter_mark_backward_start();
     torch::autograd::variable_list inputs{std::move(g)};
     if (auto* fn = roots[0].function.get(); fn != nullptr) {
       fn->add_post_hook(std::make_unique<ReleaseAfterRoot>(&inputs));
@@ -267,7 +175,7 @@ int ckpt_backward_seeded(at::Tensor* out, at::Tensor* grad, const at::Tensor* le
                 " differs from the leaf's ", leaf->sizes());
     torch::autograd::edge_list edges{output_edge(o, g), torch::autograd::impl::gradient_edge(*leaf)};
     o.reset();
-    g_backward_start.store(g_current.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    ckpt::meter_mark_backward_start();
     auto root = c10::make_intrusive<SeededRoot>(std::move(edges),
                                              torch::autograd::variable_list{std::move(g), std::move(lg)});
     // The engine feeds its one root a gradient: an empty one, which allocates nothing.

@@ -1,4 +1,4 @@
-//! Raw declarations of the shim's C entry points (csrc/shim.cpp) and the error plumbing.
+//! Raw declarations of the shim's C entry points (csrc/*.cpp) and the error plumbing.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -24,6 +24,8 @@ pub(crate) struct AutocastState {
 
 pub(crate) type NamedModuleCb = extern "C" fn(*mut c_void, *const c_char, *mut CModule);
 pub(crate) type NamedTensorCb = extern "C" fn(*mut c_void, *const c_char, CTensor);
+/// (ctx, name, depth, enter, exit, peak, nanos, shapes, number of shapes); see optrace.cpp.
+pub(crate) type OpEventCb = extern "C" fn(*mut c_void, *const c_char, i32, i64, i64, i64, i64, *const i64, i64);
 /// (ctx, return index, list item or -1, tag, tensor, int, float); see shim.cpp's ckpt_value_cb.
 pub(crate) type ValueCb = extern "C" fn(*mut c_void, i32, i32, i32, CTensor, i64, f64);
 
@@ -38,6 +40,18 @@ extern "C" {
     pub(crate) fn ckpt_meter_reset_peak();
     pub(crate) fn ckpt_meter_window_peak() -> i64;
     pub(crate) fn ckpt_meter_reset_window();
+    pub(crate) fn ckpt_meter_install_meta(err: *mut *mut c_char) -> c_int;
+
+    pub(crate) fn ckpt_fake_enter(err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_fake_exit();
+    pub(crate) fn ckpt_fake_active() -> c_int;
+    pub(crate) fn ckpt_fake_suspend(err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_fake_resume();
+    pub(crate) fn ckpt_is_fake(t: CTensor) -> c_int;
+
+    pub(crate) fn ckpt_optrace_start(err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_optrace_stop(ctx: *mut c_void, cb: OpEventCb, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_op_has_meta_kernel(name: *const c_char) -> c_int;
 
     pub(crate) fn ckpt_autocast_enter(
         device: c_int,

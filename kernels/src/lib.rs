@@ -7,10 +7,12 @@ pub mod adam8bit;
 pub mod autocast;
 pub mod autograd;
 mod error;
+pub mod fake;
 mod ffi;
 pub mod jit;
 pub mod meter;
 pub mod ops;
+pub mod optrace;
 pub mod rng;
 
 #[cfg(feature = "cuda")]

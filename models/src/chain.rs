@@ -208,6 +208,13 @@ impl Chain {
         self.blocks.len() + self.groups.len()
     }
 
+    /// The checkpoint mask of every candidate block (groups not checkpointed as a whole).
+    pub fn every_candidate(&self) -> Vec<bool> {
+        (0..self.units())
+            .map(|u| self.blocks.get(u).is_some_and(|b| b.candidate))
+            .collect()
+    }
+
     /// Name of mask entry `i` (a block, or a group after the blocks).
     pub fn unit_name(&self, i: usize) -> &str {
         match self.blocks.get(i) {

@@ -1,12 +1,12 @@
 """ckptune's counting CPU allocator, for a PyTorch process.
 
-Compiles `kernels/csrc/shim.cpp` (the very source ckptune links) into a shared library against
+Compiles `kernels/csrc/meter.cpp` (the very meter ckptune links) into a shared library against
 the libtorch that the venv's torch package ships, caches it under a name that carries the hash
 of the source, the compile command and the torch version, and loads it with ctypes. After
 `install()`, every CPU tensor allocation of this process is counted exactly as in ckptune:
 `current()`, `peak()`, `reset_peak()` (peak := current).
 
-It compiles the shim from a ckptune checkout: the one this file sits in
+It compiles the meter from a ckptune checkout: the one this file sits in
 (python/ckptune_harness/), or the one $CKPTUNE_ROOT names when this file is used from elsewhere.
 It imports nothing of its package, so it also runs as a script:
 
@@ -21,7 +21,8 @@ import sys
 import tempfile
 
 ROOT = os.environ.get("CKPTUNE_ROOT") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SOURCE = os.path.join(ROOT, "kernels", "csrc", "shim.cpp")
+SOURCE = os.path.join(ROOT, "kernels", "csrc", "meter.cpp")
+HEADERS = [os.path.join(ROOT, "kernels", "csrc", h) for h in ("common.h", "meter.h")]
 DEFAULT_BUILD = os.path.join(ROOT, "results", "bench", ".build")
 
 
@@ -50,8 +51,10 @@ def build(build_dir=None):
         raise SystemExit(f"meter: {SOURCE} not found: the meter compiles ckptune's shim from a checkout; "
                          f"set CKPTUNE_ROOT to a ckptune checkout")
     t = libtorch_dir()
-    with open(SOURCE, "rb") as f:
-        src = f.read()
+    src = b""
+    for path in (SOURCE, *HEADERS):  # the source and the headers it includes
+        with open(path, "rb") as f:
+            src += f.read()
     version_file = os.path.join(t, "version.py")
     if os.path.exists(version_file):
         with open(version_file) as f:

@@ -389,8 +389,11 @@ impl Adam {
                 Device::Cpu
             };
             let zeros = |what| p.f_zeros_like().map_err(torch(what));
+            // A host step count is a real tensor in fake mode too: the step reads its value.
+            let _real = (device == Device::Cpu).then(ckptune_kernels::fake::real).transpose()?;
             self.step[i] =
                 Some(Tensor::f_zeros(Vec::<i64>::new(), (Kind::Float, device)).map_err(torch("adam step count"))?);
+            drop(_real);
             self.exp_avg[i] = Some(zeros("adam first moment")?);
             self.exp_avg_sq[i] = Some(zeros("adam second moment")?);
         }

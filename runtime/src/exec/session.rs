@@ -1,6 +1,7 @@
 //! A chain prepared for training under one config: its optimizer, the buffers a recompute
 //! restores, the memory probe, and what the rest of the step asks of them.
 
+use ckptune_kernels::fake::FakeMode;
 use ckptune_models::{Batch, Chain};
 use tch::{Device, Kind, Tensor};
 
@@ -28,6 +29,10 @@ pub struct Session {
     /// locals, where a boundary would keep it until backward). On by default; the profiler
     /// turns it off once to measure the blocks' own terms.
     pub fuse_groups: bool,
+    /// Fake mode, for a session measured on the meta device ([`Session::new_fake`]): its
+    /// tensors are fake, and so is everything its steps create. Declared last, so it ends after
+    /// every tensor of the session is gone.
+    fake: Option<FakeMode>,
 }
 
 /// Bytes of a tensor's elements.
@@ -79,7 +84,25 @@ impl Session {
             next_seed: 0,
             probe,
             fuse_groups: true,
+            fake: None,
         })
+    }
+
+    /// A session measured on the meta device: fake mode on this thread for the session's life,
+    /// the chain `build` makes fake (every parameter a meta storage the meter counts), and every
+    /// step fake too. Memory is what a real step on the CPU allocates (docs/memory-model.md, "Fake
+    /// mode"); times are not measured. The session must stay on this thread.
+    pub fn new_fake(build: impl FnOnce() -> Result<Chain>, cfg: TrainConfig, device: Device) -> Result<Self> {
+        let mode = FakeMode::enter()?;
+        let chain = build()?;
+        let mut s = Session::new(chain, cfg, device)?;
+        s.fake = Some(mode);
+        Ok(s)
+    }
+
+    /// Whether the session runs on fake tensors (measured on the meta device).
+    pub fn is_fake(&self) -> bool {
+        self.fake.is_some()
     }
 
     /// Bytes of optimizer state now allocated.

@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use ckptune_kernels::optrace::{self, OpEvent};
 use ckptune_models::{Batch, Ctx};
 use tch::Tensor;
 
@@ -14,6 +15,16 @@ use crate::error::Result;
 use crate::load::CpuCounters;
 
 impl Session {
+    /// The operators of one step with the blocks flagged in `checkpoint` checkpointed (after an
+    /// untraced step, so that lazily made state, the optimizer's among it, already exists).
+    pub fn op_trace(&mut self, checkpoint: &[bool]) -> Result<Vec<OpEvent>> {
+        self.step(checkpoint, None)?;
+        optrace::start()?;
+        let stepped = self.step(checkpoint, None);
+        let events = optrace::stop()?;
+        stepped.map(|_| events)
+    }
+
     /// Runs one training step (all micro-steps, then the optimizer and `zero_grad`) with the
     /// blocks flagged in `checkpoint` checkpointed. With `trace`, records the meter.
     pub fn step(&mut self, checkpoint: &[bool], mut trace: Option<&mut StepTrace>) -> Result<StepReport> {
@@ -123,12 +134,16 @@ impl Session {
         if self.cfg.precision == Precision::Fp16 {
             let inv = 1.0 / self.scale;
             let mut finite = true;
+            // Fake gradients have no values: a fake step allocates what the check allocates and
+            // takes the step as applied.
+            let fake = self.is_fake();
             tch::no_grad(|| {
                 for p in self.opt.params() {
                     let g = p.grad();
                     if g.defined() {
                         let _ = g.shallow_clone().f_mul_scalar_(inv);
-                        finite &= g.isfinite().all().int64_value(&[]) == 1;
+                        let all = g.isfinite().all();
+                        finite &= fake || all.int64_value(&[]) == 1;
                     }
                 }
             });

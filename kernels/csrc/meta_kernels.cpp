@@ -1,0 +1,210 @@
+// Meta kernels for the operators a training step calls that libtorch has no C++ meta kernel
+// for (PyTorch's own are Python registrations, absent from libtorch). Each allocates what the
+// CPU kernel allocates — its outputs, and the temporaries a CPU run's meter sees, in the same
+// order — so that a step in fake mode (`fake.cpp`) counts the bytes of the same step on the CPU.
+// What each CPU kernel allocates was read off a real run operator by operator
+// (`runtime/examples/op_bytes.rs`) and follows the kernels in aten/src/ATen/native/.
+
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/Parallel.h>
+#include <ATen/WrapDimUtils.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <torch/library.h>
+
+#include "meta_kernels.h"
+
+#include <array>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+bool reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+// `index_select`: the output, as the CPU kernel resizes it.
+Tensor index_select_meta(const Tensor& self, int64_t dim, const Tensor& index) {
+  auto sizes = self.sizes().vec();
+  if (self.dim() > 0) sizes[c10::maybe_wrap_dim(dim, self.dim())] = index.numel();
+  return at::empty(sizes, self.options());
+}
+
+// `where.self` (`where_self_out`): an empty output, the operands promoted to the result type
+// where they differ (a Python number is a CPU scalar of its own type), a byte condition made
+// bool, then the output resized to the broadcast shape.
+Tensor where_self_meta(const Tensor& condition, const Tensor& self, const Tensor& other) {
+  const auto result_type = at::result_type(self, other);
+  Tensor out = at::empty({0}, self.options().dtype(result_type));
+  Tensor self_ = self.scalar_type() != result_type ? self.to(result_type) : self;
+  Tensor other_ = other.scalar_type() != result_type ? other.to(result_type) : other;
+  Tensor condition_ = condition.scalar_type() == at::kByte ? condition.to(at::kBool) : condition;
+  out.resize_(at::infer_size(condition_.sizes(), at::infer_size(self_.sizes(), other_.sizes())));
+  return out;
+}
+
+// `layer_norm_cpu`: the input made contiguous if it is not, the output, then the mean and rstd
+// per row in the parameters' dtype when a reduced-precision input meets float parameters.
+std::tuple<Tensor, Tensor, Tensor> native_layer_norm_meta(const Tensor& input, c10::SymIntArrayRef normalized_shape,
+                                                          const OptTensor& weight, const OptTensor& bias,
+                                                          double /*eps*/) {
+  const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
+  int64_t M = 1;
+  for (int64_t i = 0; i < axis; ++i) M *= input.size(i);
+  const bool mixed = reduced(input.scalar_type()) && ((weight.has_value() && weight->scalar_type() == at::kFloat) ||
+                                                      (bias.has_value() && bias->scalar_type() == at::kFloat));
+  Tensor X = input.contiguous();
+  Tensor Y = at::empty_like(X, at::MemoryFormat::Contiguous);
+  const auto stats = X.options().dtype(mixed ? at::kFloat : input.scalar_type());
+  Tensor mean = at::empty({M}, stats);
+  Tensor rstd = at::empty({M}, stats);
+  std::vector<int64_t> stat_shape(input.sizes().begin(), input.sizes().begin() + axis);
+  stat_shape.resize(input.dim(), 1);
+  return {Y, mean.view(stat_shape), rstd.view(stat_shape)};
+}
+
+// `embedding_dense_backward_cpu`: the gradient table (zeros), then contiguous copies of the
+// indices and the gradient where they are strided (an expanded `token_type_ids`).
+Tensor embedding_dense_backward_meta(const Tensor& grad, const Tensor& indices, c10::SymInt num_weights,
+                                     c10::SymInt /*padding_idx*/, bool /*scale_grad_by_freq*/) {
+  Tensor grad_weight = at::zeros({num_weights.expect_int(), grad.size(-1)}, grad.options());
+  Tensor indices_contig = indices.contiguous();
+  Tensor grad_contig = grad.contiguous();
+  return grad_weight;
+}
+
+// `layer_norm_backward_cpu`: dX, dgamma, dbeta, and the kernel's per-thread buffer of
+// `[threads, 2N]` in the input's dtype while it reduces dgamma and dbeta.
+std::tuple<Tensor, Tensor, Tensor> native_layer_norm_backward_meta(const Tensor& dY, const Tensor& input,
+                                                                  c10::SymIntArrayRef normalized_shape,
+                                                                  const Tensor& /*mean*/, const Tensor& /*rstd*/,
+                                                                  const OptTensor& weight, const OptTensor& bias,
+                                                                  std::array<bool, 3> mask) {
+  int64_t N = 1;
+  for (const auto& s : normalized_shape) N *= s.expect_int();
+  const int64_t M = N == 0 ? 0 : input.numel() / N;
+  Tensor X = input.contiguous();
+  Tensor dX, dgamma, dbeta;
+  if (mask[0]) dX = at::empty_like(X, at::MemoryFormat::Contiguous);
+  if (mask[1] && weight.has_value()) dgamma = at::empty_like(weight->contiguous(), at::MemoryFormat::Contiguous);
+  if (mask[2] && bias.has_value()) dbeta = at::empty_like(bias->contiguous(), at::MemoryFormat::Contiguous);
+  if (M > 0 && N > 0 && (dgamma.defined() || dbeta.defined())) {
+    Tensor dY_contig = dY.contiguous();
+    Tensor buffer = at::zeros({at::get_num_threads(), 2 * N}, X.options());
+  }
+  return {dX, dgamma, dbeta};
+}
+
+// The dtype batch norm keeps its statistics in: the parameters' (float when a reduced-precision
+// input meets float parameters, autocast's case), else the input's.
+at::ScalarType stat_dtype(const Tensor& input, const OptTensor& weight) {
+  bool mixed = reduced(input.scalar_type()) && weight.has_value() && weight->scalar_type() == at::kFloat;
+  return mixed ? at::kFloat : input.scalar_type();
+}
+
+// Whether the CPU kernels take their channels-last path: channels-last input, or one whose
+// image is a single pixel (NC11 is channels-last too).
+bool channels_last_path(const Tensor& input) {
+  int64_t image = input.dim() > 2 ? input.numel() / input.size(0) / input.size(1) : 1;
+  return input.suggest_memory_format() == at::MemoryFormat::ChannelsLast || image == 1;
+}
+
+// `batch_norm_cpu` in training: the output, save_mean and save_invstd; while the statistics are
+// collected, the mean and variance sums (and in the channels-last path a per-thread buffer);
+// then while the output is written, the per-channel linear and constant terms.
+std::tuple<Tensor, Tensor, Tensor> native_batch_norm_meta(const Tensor& input, const OptTensor& weight,
+                                                          const OptTensor& /*bias*/, const OptTensor& running_mean,
+                                                          const OptTensor& /*running_var*/, bool training,
+                                                          double /*momentum*/, double /*eps*/) {
+  const int64_t C = input.size(1);
+  const auto stats = input.options().dtype(stat_dtype(input, weight));
+  Tensor output = at::empty_like(input, input.suggest_memory_format());
+  if (!training) {
+    Tensor alpha = at::empty({C}, input.options().dtype(at::kFloat));
+    Tensor beta = at::empty({C}, input.options().dtype(at::kFloat));
+    return {output, at::empty({0}, stats), at::empty({0}, stats)};
+  }
+  Tensor save_mean = at::empty({C}, stats);
+  Tensor save_invstd = at::empty({C}, stats);
+  {
+    Tensor mean = at::empty({C}, stats);
+    Tensor var_sum = at::empty({C}, stats);
+    const int64_t threads = at::get_num_threads();
+    if (channels_last_path(input) && input.numel() / C > threads) {
+      Tensor buffer = at::zeros({threads, C}, input.options().dtype(at::kFloat));
+    } else if (reduced(input.scalar_type()) && !reduced(stats.dtype().toScalarType())) {
+      // nothing more: the mixed-type contiguous path reduces into the float sums
+    }
+  }
+  {
+    Tensor alpha = at::empty({C}, input.options().dtype(at::kFloat));
+    Tensor beta = at::empty({C}, input.options().dtype(at::kFloat));
+  }
+  (void)running_mean;
+  return {output, save_mean, save_invstd};
+}
+
+// `batch_norm_backward_cpu` in training: grad_input, grad_weight, grad_bias, and an
+// input-sized temporary while the gradient is reduced (plus, for a reduced-precision input on
+// the channels-last path, float buffers of 4 per channel).
+std::tuple<Tensor, Tensor, Tensor> native_batch_norm_backward_meta(
+    const Tensor& grad_out, const Tensor& input, const OptTensor& weight, const OptTensor& /*running_mean*/,
+    const OptTensor& /*running_var*/, const OptTensor& /*save_mean*/, const OptTensor& /*save_invstd*/,
+    bool /*train*/, double /*eps*/, std::array<bool, 3> mask) {
+  const int64_t C = input.size(1);
+  const auto params = input.options().dtype(stat_dtype(input, weight));
+  Tensor grad_input, grad_weight, grad_bias;
+  if (mask[0]) grad_input = at::empty_like(input, input.suggest_memory_format());
+  if (mask[1]) grad_weight = at::empty({C}, params);
+  if (mask[2]) grad_bias = at::empty({C}, params);
+  {
+    Tensor scratch = at::empty_like(grad_out, input.suggest_memory_format());
+    if (reduced(input.scalar_type()) && channels_last_path(input)) {
+      Tensor buffer = at::empty({4 * C}, input.options().dtype(at::kFloat));
+    }
+  }
+  return {grad_input, grad_weight, grad_bias};
+}
+
+// Fused optimizers update their tensors in place and allocate nothing.
+void in_place_only(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  torch::jit::drop(*stack, op.schema().arguments().size());
+}
+
+TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  auto own = [&](const char* name, auto&& fn) { ckpt::register_own(m, name, std::forward<decltype(fn)>(fn)); };
+  own("index_select", TORCH_FN(index_select_meta));
+  own("where.self", TORCH_FN(where_self_meta));
+  own("embedding_dense_backward", TORCH_FN(embedding_dense_backward_meta));
+  own("native_layer_norm", TORCH_FN(native_layer_norm_meta));
+  own("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward_meta));
+  own("native_batch_norm", TORCH_FN(native_batch_norm_meta));
+  own("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward_meta));
+  for (const char* op : {"_fused_adamw_", "_fused_adamw_.tensor_lr", "_fused_adam_", "_fused_adam_.tensor_lr",
+                         "_fused_sgd_", "_fused_sgd_.tensor_lr"})
+    own(op, torch::CppFunction::makeFromBoxedFunction<&in_place_only>());
+}
+
+}  // namespace
+
+namespace ckpt {
+
+namespace {
+std::unordered_set<std::string>& own_kernels() {
+  static std::unordered_set<std::string> names;
+  return names;
+}
+}  // namespace
+
+bool own_meta_kernel(const std::string& name) { return own_kernels().count(name) != 0; }
+void note_own_meta_kernel(const std::string& name) { own_kernels().insert(name); }
+int meta_kernels_linked() { return meta_conv_linked(); }
+
+}  // namespace ckpt

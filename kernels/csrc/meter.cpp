@@ -1,0 +1,161 @@
+// The meter: exact tensor memory from a counting allocator in libtorch's CPU allocator slot
+// (and, for fake mode, in the meta slot: `fake.cpp`). Reading the counters allocates nothing.
+// The Python harness compiles this file alone (python/ckptune_harness/meter.py), so it depends
+// on nothing else of the shim but the headers.
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/StorageImpl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+#include "common.h"
+#include "meter.h"
+
+namespace {
+
+// Counting allocator.
+//
+// Each allocation gets a 64-byte header in front of the data holding its size, so that the
+// deleter knows how many bytes go away without a global map (no lock, no extra allocation).
+// The context pointer equals the data pointer, which `Allocator::raw_allocate` requires: oneDNN
+// allocates through raw_allocate/raw_deleter, and those bytes are counted like any tensor's.
+// 64 bytes keep the data at the 64-byte alignment libtorch's default CPU allocator gives.
+constexpr size_t kHeader = 64;
+
+std::atomic<int64_t> g_current{0};
+std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_window_peak{0};
+// A third peak, of the operator running now, for `optrace.cpp`.
+std::atomic<int64_t> g_op_peak{0};
+std::atomic<int64_t> g_allocs{0};
+// The level when the latest ckpt_backward* call had let go of its output tensor, before the
+// engine ran: what a hook at the start of that backward sees (FSDP's pre-backward).
+std::atomic<int64_t> g_backward_start{0};
+c10::Allocator* g_inner = nullptr;
+c10::DeleterFnPtr g_inner_raw_deleter = nullptr;
+
+void raise_max(std::atomic<int64_t>& target, int64_t value) {
+  int64_t seen = target.load(std::memory_order_relaxed);
+  while (value > seen && !target.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+void count_alloc(int64_t n) {
+  int64_t now = g_current.fetch_add(n, std::memory_order_relaxed) + n;
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  raise_max(g_peak, now);
+  raise_max(g_window_peak, now);
+  raise_max(g_op_peak, now);
+}
+
+void count_free(int64_t n) { g_current.fetch_sub(n, std::memory_order_relaxed); }
+
+void counting_delete(void* data) {
+  if (data == nullptr) return;
+  char* base = static_cast<char*>(data) - kHeader;
+  count_free(*reinterpret_cast<int64_t*>(base));
+  g_inner_raw_deleter(base);
+}
+
+struct CountingAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    void* base = g_inner->raw_allocate(n + kHeader);
+    *reinterpret_cast<int64_t*>(base) = static_cast<int64_t>(n);
+    void* data = static_cast<char*>(base) + kHeader;
+    count_alloc(static_cast<int64_t>(n));
+    return {data, data, &counting_delete, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &counting_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+CountingAllocator g_counting;
+std::once_flag g_install_once;
+
+
+// The meta allocator of fake mode: a storage's bytes are counted, nothing is allocated. The
+// context holds the size for the deleter; the data pointer stays null, as meta tensors have.
+void meta_delete(void* ctx) {
+  auto* n = static_cast<int64_t*>(ctx);
+  count_free(*n);
+  delete n;
+}
+
+struct CountingMetaAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    count_alloc(static_cast<int64_t>(n));
+    return {nullptr, new int64_t(static_cast<int64_t>(n)), &meta_delete, c10::Device(c10::DeviceType::Meta)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* /*dest*/, const void* /*src*/, std::size_t /*count*/) const override {}
+};
+
+CountingMetaAllocator g_counting_meta;
+std::once_flag g_install_meta_once;
+
+}  // namespace
+
+namespace ckpt {
+
+int64_t meter_current() { return g_current.load(std::memory_order_relaxed); }
+void meter_mark_backward_start() { g_backward_start.store(meter_current(), std::memory_order_relaxed); }
+void meter_alloc(int64_t n) { count_alloc(n); }
+void meter_free(int64_t n) { count_free(n); }
+void meter_meta_resized(c10::StorageImpl* storage) {
+  const c10::DataPtr& data = storage->data_ptr();
+  if (data.get_deleter() != &meta_delete) return;
+  auto* counted = static_cast<int64_t*>(data.get_context());
+  const auto now = static_cast<int64_t>(storage->nbytes());
+  if (now <= *counted) return;
+  count_alloc(now);
+  count_free(*counted);
+  *counted = now;
+}
+int64_t meter_op_peak() { return g_op_peak.load(std::memory_order_relaxed); }
+void meter_set_op_peak(int64_t v) { g_op_peak.store(v, std::memory_order_relaxed); }
+
+}  // namespace ckpt
+
+using ckpt::guarded;
+
+extern "C" {
+
+int ckpt_meter_install(char** err) {
+  return guarded(err, [] {
+    std::call_once(g_install_once, [] {
+      g_inner = c10::GetDefaultCPUAllocator();
+      g_inner_raw_deleter = g_inner->raw_deleter();
+      TORCH_CHECK(g_inner_raw_deleter != nullptr,
+                  "libtorch's default CPU allocator has no raw deleter; cannot wrap it");
+      // Priority above the default registration (0) so a later default registration cannot
+      // silently replace the meter.
+      c10::SetCPUAllocator(&g_counting, /*priority=*/10);
+    });
+    TORCH_CHECK(c10::GetCPUAllocator() == &g_counting,
+                "another CPU allocator with a higher priority replaced the ckptune meter");
+  });
+}
+int64_t ckpt_meter_current() { return g_current.load(std::memory_order_relaxed); }
+int64_t ckpt_meter_peak() { return g_peak.load(std::memory_order_relaxed); }
+int64_t ckpt_meter_allocs() { return g_allocs.load(std::memory_order_relaxed); }
+int64_t ckpt_meter_backward_start() { return g_backward_start.load(std::memory_order_relaxed); }
+void ckpt_meter_reset_peak() { g_peak.store(g_current.load(std::memory_order_relaxed)); }
+int64_t ckpt_meter_window_peak() { return g_window_peak.load(std::memory_order_relaxed); }
+void ckpt_meter_reset_window() { g_window_peak.store(g_current.load(std::memory_order_relaxed)); }
+
+
+// Installs the counting meta allocator: every storage a meta (or fake) tensor gets is counted.
+int ckpt_meter_install_meta(char** err) {
+  return guarded(err, [] {
+    std::call_once(g_install_meta_once, [] { c10::SetAllocator(c10::DeviceType::Meta, &g_counting_meta, /*priority=*/10); });
+    TORCH_CHECK(c10::GetAllocator(c10::DeviceType::Meta) == &g_counting_meta,
+                "another meta allocator with a higher priority replaced the ckptune meter");
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,70 @@
+//! Fake mode (`csrc/fake.cpp`): a step run with every tensor a fake CPU tensor — a meta tensor
+//! that reports the CPU as its device — so that the models, autograd, autocast and the runtime
+//! run as on the CPU while nothing computes and no memory is touched. Storages come from the
+//! meta allocator slot, where the meter counts them ([`crate::meter`]): the meter reads a fake
+//! step's bytes as it reads a real one's.
+//!
+//! Everything created on the CPU while a [`FakeMode`] is alive on the thread is fake: parameters,
+//! batches, activations, gradients, optimizer state. Values are not: an operator whose result
+//! depends on a fake tensor's values (`.item()`, `nonzero`) fails, saying so. Real tensors stay
+//! real and compute ([`real`] makes them).
+
+use std::marker::PhantomData;
+
+use tch::Tensor;
+
+use crate::{ffi, meter, KernelError};
+
+/// Fake mode on this thread while alive (not `Send`: the mode is per thread).
+#[derive(Debug)]
+pub struct FakeMode {
+    _thread: PhantomData<*const ()>,
+}
+
+impl FakeMode {
+    /// Turns fake mode on, with the meter installed in the CPU and meta allocator slots.
+    pub fn enter() -> Result<FakeMode, KernelError> {
+        meter::install()?;
+        ffi::check("installing the meta memory meter", |e| unsafe {
+            ffi::ckpt_meter_install_meta(e)
+        })?;
+        ffi::check("entering fake mode", |e| unsafe { ffi::ckpt_fake_enter(e) })?;
+        Ok(FakeMode { _thread: PhantomData })
+    }
+}
+
+impl Drop for FakeMode {
+    fn drop(&mut self) {
+        unsafe { ffi::ckpt_fake_exit() }
+    }
+}
+
+/// Real tensors while alive, in fake mode or not: what is created meanwhile is real (an
+/// optimizer's step count, which lives on the host and whose value the step reads).
+#[derive(Debug)]
+pub struct Real {
+    _thread: PhantomData<*const ()>,
+}
+
+/// Suspends fake mode on this thread until the guard is dropped.
+pub fn real() -> Result<Real, KernelError> {
+    ffi::check("suspending fake mode", |e| unsafe { ffi::ckpt_fake_suspend(e) })?;
+    Ok(Real { _thread: PhantomData })
+}
+
+impl Drop for Real {
+    fn drop(&mut self) {
+        unsafe { ffi::ckpt_fake_resume() }
+    }
+}
+
+/// Whether fake mode is on for this thread.
+pub fn active() -> bool {
+    unsafe { ffi::ckpt_fake_active() != 0 }
+}
+
+/// Whether `t` is a fake tensor (it has no values).
+pub fn is_fake(t: &Tensor) -> bool {
+    // SAFETY: the handle is valid for the call; the shim only reads the tensor's keys.
+    unsafe { ffi::ckpt_is_fake(t.as_ptr() as ffi::CTensor) != 0 }
+}

@@ -1,0 +1,108 @@
+//! Fake mode against the real CPU: the same code, the same bytes counted, nothing computed.
+
+use ckptune_kernels::autocast::AutocastGuard;
+use ckptune_kernels::fake::{self, FakeMode};
+use ckptune_kernels::meter;
+use ckptune_kernels::optrace::{self, OpEvent};
+use tch::{Device, Kind, Tensor};
+
+/// A small training step under `precision` (`None`: fp32, else CPU autocast to that type),
+/// traced op by op: (level after the forward, peak of the step, the trace).
+fn step(precision: Option<Kind>) -> (i64, i64, Vec<OpEvent>) {
+    let w = Tensor::randn([64, 32], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let x = Tensor::randn([16, 32], (Kind::Float, Device::Cpu));
+    let start = meter::current();
+    meter::reset_peak();
+    optrace::start().unwrap();
+    let y = {
+        let _ac = precision.map(|k| AutocastGuard::new(Device::Cpu, k, true).unwrap());
+        x.linear::<Tensor>(&w, None).gelu("none")
+    };
+    assert_eq!(
+        y.kind(),
+        precision.unwrap_or(Kind::Float),
+        "autocast runs in fake mode too"
+    );
+    let after_forward = meter::current() - start;
+    // Squared, so that gelu's gradient arrives dense: from a bare sum it is one broadcast
+    // value, for which the CPU's gelu_backward makes a dense copy that no meta kernel makes.
+    y.to_kind(Kind::Float).square().sum(Kind::Float).backward();
+    assert_eq!(w.grad().size(), [64, 32]);
+    let trace = optrace::stop().unwrap();
+    (after_forward, meter::peak() - start, trace)
+}
+
+fn real_and_fake(precision: Option<Kind>) -> [(i64, i64, Vec<OpEvent>); 2] {
+    tch::set_num_threads(1);
+    meter::install().unwrap();
+    let real = step(precision);
+    let fake = {
+        let _mode = FakeMode::enter().unwrap();
+        assert!(fake::active());
+        let t = Tensor::zeros([10], (Kind::Float, Device::Cpu));
+        assert!(
+            fake::is_fake(&t) && t.device() == Device::Cpu,
+            "CPU tensors made in fake mode are fake"
+        );
+        step(precision)
+    };
+    assert!(!fake::active());
+    assert!(!fake::is_fake(&Tensor::zeros([10], (Kind::Float, Device::Cpu))));
+    [real, fake]
+}
+
+#[test]
+fn a_fake_step_counts_the_bytes_of_the_real_one() {
+    let _lock = meter::exclusive();
+    let [real, fake] = real_and_fake(None);
+    assert_eq!(optrace::line_up(&real.2, &fake.2), Ok(vec![]));
+    assert_eq!((fake.0, fake.1), (real.0, real.1));
+}
+
+/// Under bf16 a CPU with AMX or AVX-512-BF16 multiplies through oneDNN, whose scratch the meta
+/// kernels do not allocate: every call still leaves the same bytes, and only matrix products
+/// peak higher, by at most their operands' and result's bytes twice over.
+#[test]
+fn under_bf16_only_onednn_scratch_differs() {
+    let _lock = meter::exclusive();
+    let [real, fake] = real_and_fake(Some(Kind::BFloat16));
+    assert_eq!(fake.0, real.0);
+    let differences = optrace::line_up(&real.2, &fake.2).unwrap();
+    for d in &differences {
+        let bound = 2 * (16 * 32 + 32 * 64 + 16 * 64) * 2;
+        assert!(d.culprit == "aten::mm" && 0 < d.bytes && d.bytes <= bound, "{d:?}");
+    }
+    let most = differences.iter().map(|d| d.bytes).max().unwrap_or(0);
+    assert!(real.1 - fake.1 <= most, "real peak {} B, fake {} B", real.1, fake.1);
+}
+
+#[test]
+fn values_are_refused_with_a_reason() {
+    let _lock = meter::exclusive();
+    let _mode = FakeMode::enter().unwrap();
+    let t = Tensor::ones([3], (Kind::Float, Device::Cpu)).sum(Kind::Float);
+    let e = t.f_double_value(&[]).unwrap_err().to_string();
+    assert!(e.contains("depends on tensor values"), "{e}");
+}
+
+#[test]
+fn real_tensors_compute_in_fake_mode() {
+    let _lock = meter::exclusive();
+    let _mode = FakeMode::enter().unwrap();
+    let step = {
+        let _real = fake::real().unwrap();
+        Tensor::zeros(Vec::<i64>::new(), (Kind::Float, Device::Cpu))
+    };
+    assert!(!fake::is_fake(&step));
+    let _ = step.shallow_clone().f_add_scalar_(1).unwrap();
+    ckptune_kernels::ops::call(
+        "aten::add_",
+        "Tensor",
+        &[
+            ("self", ckptune_kernels::ops::Arg::Tensor(&step)),
+            ("other", ckptune_kernels::ops::Arg::Int(1)),
+        ],
+    )
+    .unwrap();
+    assert_eq!(step.f_double_value(&[]).unwrap(), 2.0);
+}

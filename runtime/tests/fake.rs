@@ -1,0 +1,238 @@
+//! A profile measured on the meta device (fake mode) against the same profile measured on the
+//! CPU: every memory term of docs/memory-model.md, the fixed bytes and the optimizer peak, term
+//! for term. Transformers in fp32 are equal to the byte. Where a CPU kernel allocates scratch of
+//! its own (oneDNN's matrix products under bf16, its convolutions), every operator whose peak
+//! differs is listed, each must be one of those kernels, the bytes kept are still equal, and
+//! each transient term may be short by no more than the largest scratch listed.
+
+mod common;
+
+use ckptune_kernels::meter;
+use ckptune_kernels::optrace::{self, PeakDifference};
+use ckptune_models::{builtin, Granularity, ModelOptions};
+use ckptune_runtime::profile::ConfigProfile;
+use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, TrainConfig};
+use common::quick_profile;
+use tch::Device;
+
+/// Kernels that allocate scratch of their own through the CPU allocator (oneDNN).
+const SCRATCH_KERNELS: [&str; 6] = [
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::mkldnn_convolution",
+    "aten::convolution_backward",
+    "aten::resize_",
+];
+
+/// A memory term: bytes held (exact in fake mode) or a transient peak (short by scratch).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Term {
+    Kept,
+    Transient,
+}
+
+/// Every memory term of a profile, named.
+fn memory_terms(p: &ConfigProfile) -> Vec<(String, Term, i64)> {
+    use Term::{Kept, Transient};
+    let mut out: Vec<(String, Term, i64)> = vec![
+        ("fixed.parameters".into(), Kept, p.fixed.parameters),
+        ("fixed.buffers".into(), Kept, p.fixed.buffers),
+        ("fixed.gradients".into(), Kept, p.fixed.gradients),
+        ("fixed.optimizer_state".into(), Kept, p.fixed.optimizer_state),
+        ("fixed.batch".into(), Kept, p.fixed.batch),
+        ("fixed.other".into(), Kept, p.fixed.other),
+        ("optimizer_peak".into(), Transient, p.optimizer_peak),
+        ("peak_none".into(), Transient, p.peak_none),
+        ("peak_all".into(), Transient, p.peak_all),
+    ];
+    for r in &p.regimes {
+        let l = &r.label;
+        out.push((format!("{l}: fixed"), Kept, r.fixed));
+        out.push((format!("{l}: loss_transient"), Transient, r.loss_transient));
+        out.extend(
+            r.loss_forward_transient
+                .map(|v| (format!("{l}: loss_forward_transient"), Transient, v)),
+        );
+        out.extend(r.loss_kept.map(|v| (format!("{l}: loss_kept"), Kept, v)));
+        out.extend(r.after_backward.map(|v| (format!("{l}: after_backward"), Kept, v)));
+        for b in &r.blocks {
+            for (term, kind, v) in [
+                ("kept_grad", Kept, b.kept_grad),
+                ("fwd_transient_grad", Transient, b.fwd_transient_grad),
+                ("kept_nograd", Kept, b.kept_nograd),
+                ("fwd_transient_nograd", Transient, b.fwd_transient_nograd),
+                ("carry", Kept, b.carry),
+                ("bwd_transient", Transient, b.bwd_transient),
+                ("rec_transient", Transient, b.rec_transient),
+                ("kept_recompute", Kept, b.kept_recompute),
+                ("bwd_transient_ckpt", Transient, b.bwd_transient_ckpt),
+                ("grad_in_bytes", Kept, b.grad_in_bytes),
+            ] {
+                out.push((format!("{l}: {}.{term}", b.name), kind, v));
+            }
+        }
+        for g in &r.groups {
+            let n = &g.name;
+            for (term, kind, v) in [
+                ("kept", Kept, g.kept),
+                ("carry", Kept, g.carry),
+                ("fused_kept", Kept, g.fused_kept),
+                ("fused_carry", Kept, g.fused_carry),
+                ("fused_bwd_transient", Transient, g.fused_bwd_transient),
+            ] {
+                out.push((format!("{l}: group {n}.{term}"), kind, v));
+            }
+            for (term, values) in [
+                ("fwd_transient", &g.fwd_transient),
+                ("rec_transient", &g.rec_transient),
+                ("bwd_transient", &g.bwd_transient),
+            ] {
+                for (k, v) in values.iter().enumerate() {
+                    out.push((format!("{l}: group {n}.{term}[{k}]"), Transient, *v));
+                }
+            }
+        }
+    }
+    out
+}
+
+struct Case {
+    model: &'static str,
+    opts: ModelOptions,
+    cfg: TrainConfig,
+}
+
+impl Case {
+    fn new(model: &'static str, granularity: Granularity, precision: Precision) -> Self {
+        let resnet = model.contains("resnet");
+        let opts = ModelOptions {
+            seq: (!resnet).then_some(16),
+            image: resnet.then_some(32),
+            granularity,
+            ..Default::default()
+        };
+        Case {
+            model,
+            opts,
+            cfg: TrainConfig::new(precision, OptimizerKind::AdamW, 2),
+        }
+    }
+
+    fn session(&self, fake: bool) -> Session {
+        let build = || builtin(self.model, &self.opts).map_err(|e| RuntimeError::Invalid(e.to_string()));
+        tch::manual_seed(0);
+        if fake {
+            Session::new_fake(build, self.cfg.clone(), Device::Cpu).unwrap()
+        } else {
+            Session::new(build().unwrap(), self.cfg.clone(), Device::Cpu).unwrap()
+        }
+    }
+
+    fn label(&self) -> String {
+        format!("{} {:?} {}", self.model, self.opts.granularity, self.cfg.label())
+    }
+
+    /// The operators whose peak differs between a real and a fake step, with none and with
+    /// every candidate checkpointed.
+    fn scratch(&self) -> Vec<PeakDifference> {
+        let mut out = Vec::new();
+        for all in [false, true] {
+            let trace = |mut s: Session| {
+                let ckpt = if all {
+                    s.chain.every_candidate()
+                } else {
+                    vec![false; s.chain.units()]
+                };
+                s.op_trace(&ckpt).unwrap()
+            };
+            let real = trace(self.session(false));
+            let fake = trace(self.session(true));
+            let differences = optrace::line_up(&real, &fake).unwrap_or_else(|e| panic!("{}: {e}", self.label()));
+            out.extend(differences);
+        }
+        out
+    }
+
+    /// The terms of the CPU's profile and the meta profile, side by side.
+    fn terms(&self) -> Vec<(String, Term, i64, i64)> {
+        let cpu = quick_profile(&mut self.session(false));
+        let meta = quick_profile(&mut self.session(true));
+        memory_terms(&cpu)
+            .into_iter()
+            .zip(memory_terms(&meta))
+            .map(|((name, kind, a), (_, _, b))| (name, kind, a, b))
+            .collect()
+    }
+}
+
+fn report(rows: &[(String, Term, i64, i64)]) -> String {
+    rows.iter()
+        .map(|(n, _, a, b)| format!("  {n}: cpu {a}, meta {b} ({:+})", b - a))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn setup() -> std::sync::MutexGuard<'static, ()> {
+    let lock = meter::exclusive();
+    meter::install().unwrap();
+    tch::set_num_threads(1);
+    lock
+}
+
+#[test]
+fn transformers_measured_on_meta_equal_the_cpu_to_the_byte() {
+    let _lock = setup();
+    for model in ["tiny-bert", "tiny-gpt2", "tiny-llama", "tiny-qwen2"] {
+        for granularity in [Granularity::Layer, Granularity::Nested] {
+            let case = Case::new(model, granularity, Precision::Fp32);
+            assert_eq!(case.scratch(), vec![], "{}", case.label());
+            let differ: Vec<_> = case.terms().into_iter().filter(|(_, _, a, b)| a != b).collect();
+            assert!(
+                differ.is_empty(),
+                "{}: the meta profile differs in:\n{}",
+                case.label(),
+                report(&differ)
+            );
+        }
+    }
+}
+
+/// Under bf16 (oneDNN's matrix products on CPUs with AVX-512-BF16 or AMX) and in convolutions,
+/// the bytes kept are equal and transients are short by at most the listed scratch.
+#[test]
+fn where_onednn_allocates_scratch_only_transients_differ_within_it() {
+    let _lock = setup();
+    let cases = [
+        Case::new("tiny-bert", Granularity::Layer, Precision::Bf16),
+        Case::new("tiny-llama", Granularity::Nested, Precision::Bf16Pure),
+        Case::new("tiny-resnet", Granularity::Layer, Precision::Fp32),
+        Case::new("tiny-resnet", Granularity::Layer, Precision::Bf16),
+    ];
+    for case in cases {
+        let scratch = case.scratch();
+        for d in &scratch {
+            assert!(
+                SCRATCH_KERNELS.contains(&d.culprit.as_str()) && d.bytes > 0,
+                "{}: {d:?} is not a oneDNN kernel's scratch",
+                case.label()
+            );
+        }
+        let most = scratch.iter().map(|d| d.bytes).max().unwrap_or(0);
+        let wrong: Vec<_> = case
+            .terms()
+            .into_iter()
+            .filter(|(_, kind, cpu, meta)| match kind {
+                Term::Kept => cpu != meta,
+                Term::Transient => !(0..=most).contains(&(cpu - meta)),
+            })
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "{}: beyond the scratch of {} operators (at most {most} B):\n{}",
+            case.label(),
+            scratch.len(),
+            report(&wrong)
+        );
+    }
+}
