@@ -17,6 +17,7 @@ fn main() {
         "optrace.cpp",
         "cpu_extras.cpp",
         "meta_conv.cpp",
+        "meta_elementwise.cpp",
         "common.h",
         "meta_kernels.h",
         "cpu_extras.h",
@@ -72,6 +73,7 @@ fn main() {
             "csrc/optrace.cpp",
             "csrc/cpu_extras.cpp",
             "csrc/meta_conv.cpp",
+            "csrc/meta_elementwise.cpp",
         ]);
 
     if env::var_os("CARGO_FEATURE_CUDA").is_some() {

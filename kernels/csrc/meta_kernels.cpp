@@ -205,6 +205,6 @@ std::unordered_set<std::string>& own_kernels() {
 
 bool own_meta_kernel(const std::string& name) { return own_kernels().count(name) != 0; }
 void note_own_meta_kernel(const std::string& name) { own_kernels().insert(name); }
-int meta_kernels_linked() { return meta_conv_linked(); }
+int meta_kernels_linked() { return meta_conv_linked() + meta_elementwise_linked(); }
 
 }  // namespace ckpt

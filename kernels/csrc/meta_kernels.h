@@ -28,5 +28,6 @@ void register_own(torch::Library& m, const char* name, Fn&& fn) {
 // that nothing references is left out, and its registrations with it).
 int meta_kernels_linked();
 int meta_conv_linked();
+int meta_elementwise_linked();
 
 }  // namespace ckpt

@@ -106,3 +106,43 @@ fn real_tensors_compute_in_fake_mode() {
     .unwrap();
     assert_eq!(step.f_double_value(&[]).unwrap(), 2.0);
 }
+
+/// Bytes `f` leaves and its peak, on real tensors and on fake ones.
+fn same_bytes(what: &str, f: impl Fn() -> Vec<Tensor>) {
+    let run = || {
+        let start = meter::current();
+        meter::reset_peak();
+        let kept = f();
+        let out = (meter::current() - start, meter::peak() - start);
+        drop(kept);
+        out
+    };
+    let real = run();
+    let fake = {
+        let _mode = FakeMode::enter().unwrap();
+        run()
+    };
+    assert_eq!(fake, real, "{what}: (kept, peak) fake vs real");
+}
+
+#[test]
+fn elementwise_meta_kernels_allocate_what_the_cpu_does() {
+    let _lock = meter::exclusive();
+    meter::install().unwrap();
+    let x = || Tensor::randn([8, 33], (Kind::Float, Device::Cpu));
+    same_bytes("logical_not", || vec![x().gt(0.0).logical_not()]);
+    same_bytes("logical_and with a float operand", || {
+        vec![x().gt(0.0).logical_and(&x())]
+    });
+    same_bytes("logical_or broadcast", || {
+        vec![x().logical_or(&Tensor::ones([33], (Kind::Bool, Device::Cpu)))]
+    });
+    same_bytes("where with a number", || vec![x().where_scalarother(&x().gt(0.0), 0.5)]);
+    same_bytes("mean of bf16", || {
+        vec![x().to_kind(Kind::BFloat16).mean_dim(-1, true, None)]
+    });
+    same_bytes("layer_norm of a transposed input", || {
+        let w = Tensor::ones([8], (Kind::Float, Device::Cpu));
+        vec![x().transpose(0, 1).layer_norm([8], Some(&w), Some(&w), 1e-5, false)]
+    });
+}

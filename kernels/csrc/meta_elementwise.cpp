@@ -1,0 +1,42 @@
+// Meta kernels for elementwise operators whose CPU kernels are not structured (so libtorch has
+// no meta kernel for them): each builds the TensorIterator its CPU kernel builds, on the fake
+// tensors (`fake.cpp`), which resizes the output and makes the dtype promotions' temporaries as
+// the CPU does, and stops before the loop. (aten/src/ATen/native/BinaryOps.cpp, UnaryOps.cpp)
+
+#include <ATen/ATen.h>
+#include <ATen/TensorIterator.h>
+#include <torch/library.h>
+
+#include <utility>
+
+#include "meta_kernels.h"
+
+namespace {
+
+using at::Tensor;
+
+// `logical_not_out`: a unary iterator that allows a bool output.
+Tensor& logical_not_out_meta(const Tensor& self, Tensor& result) {
+  at::TensorIteratorConfig().check_all_same_dtype(false).add_output(result).add_const_input(self).build();
+  return result;
+}
+
+// `logical_and_out`, `logical_or_out`, `logical_xor_out`: comparison iterators.
+Tensor& logical_binary_out_meta(const Tensor& self, const Tensor& other, Tensor& result) {
+  at::TensorIterator::comparison_op(result, self, other);
+  return result;
+}
+
+TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  auto own = [&](const char* name, auto&& fn) { ckpt::register_own(m, name, std::forward<decltype(fn)>(fn)); };
+  own("logical_not.out", TORCH_FN(logical_not_out_meta));
+  own("logical_and.out", TORCH_FN(logical_binary_out_meta));
+  own("logical_or.out", TORCH_FN(logical_binary_out_meta));
+  own("logical_xor.out", TORCH_FN(logical_binary_out_meta));
+}
+
+}  // namespace
+
+namespace ckpt {
+int meta_elementwise_linked() { return 1; }
+}  // namespace ckpt
