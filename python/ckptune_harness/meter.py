@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.environ.get("CKPTUNE_ROOT") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCE = os.path.join(ROOT, "kernels", "csrc", "meter.cpp")
@@ -76,13 +77,30 @@ def build(build_dir=None):
                 f"{' '.join(compile_command(t, tmp))}\n{r.stderr[-4000:]}"
             )
         os.replace(tmp, out)
-        for old in os.listdir(build_dir):  # builds of an older shim or torch
-            if old.startswith("libckptune_meter-") and old.endswith(".so") and old != os.path.basename(out):
-                os.remove(os.path.join(build_dir, old))
+        _remove_stale(build_dir, keep=out)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return out
+
+
+STALE_SECONDS = 7 * 24 * 3600
+
+
+def _remove_stale(build_dir, keep):
+    """Removes builds of an older shim or torch, once they are a week old: a build that another
+    interpreter (the trainers' venv, a concurrent test) has just made or handed to its ranks is
+    in use, though its key differs from this one."""
+    now = time.time()
+    for name in os.listdir(build_dir):
+        path = os.path.join(build_dir, name)
+        if not (name.startswith("libckptune_meter-") and name.endswith(".so")) or path == keep:
+            continue
+        try:
+            if now - os.path.getmtime(path) > STALE_SECONDS:
+                os.remove(path)
+        except FileNotFoundError:  # removed by a concurrent build
+            pass
 
 
 class Meter:
