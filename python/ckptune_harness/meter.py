@@ -21,7 +21,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.environ.get("CKPTUNE_ROOT") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Resolved, so that `planner/..` and the checkout's own path give one build key.
+ROOT = os.path.realpath(
+    os.environ.get("CKPTUNE_ROOT") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
 SOURCE = os.path.join(ROOT, "kernels", "csrc", "meter.cpp")
 HEADERS = [os.path.join(ROOT, "kernels", "csrc", h) for h in ("common.h", "meter.h")]
 DEFAULT_BUILD = os.path.join(ROOT, "results", "bench", ".build")

@@ -25,6 +25,10 @@ class StaleBuilds(unittest.TestCase):
             self.assertEqual(sorted(os.listdir(d)),
                              ["libckptune_meter-aaaa.so", "libckptune_meter-cccc.so", "notes.txt"])
 
+    def test_the_root_is_resolved_so_one_checkout_has_one_key(self):
+        self.assertEqual(meter.ROOT, os.path.realpath(meter.ROOT))
+        self.assertNotIn("..", meter.SOURCE.split(os.sep))
+
 
 if __name__ == "__main__":
     unittest.main()
