@@ -18,10 +18,12 @@ fn main() {
         "cpu_extras.cpp",
         "meta_conv.cpp",
         "meta_elementwise.cpp",
+        "learned_scratch.cpp",
         "common.h",
         "meta_kernels.h",
         "cpu_extras.h",
         "meter.h",
+        "shape_code.h",
     ] {
         println!("cargo:rerun-if-changed=csrc/{f}");
     }
@@ -74,6 +76,7 @@ fn main() {
             "csrc/cpu_extras.cpp",
             "csrc/meta_conv.cpp",
             "csrc/meta_elementwise.cpp",
+            "csrc/learned_scratch.cpp",
         ]);
 
     if env::var_os("CARGO_FEATURE_CUDA").is_some() {

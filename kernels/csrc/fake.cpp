@@ -279,4 +279,9 @@ void ckpt_fake_resume() {
 
 int ckpt_is_fake(const at::Tensor* t) { return is_fake(*t) ? 1 : 0; }
 
+// Whether two handles hold the same tensor (one TensorImpl).
+int ckpt_same_tensor(const at::Tensor* a, const at::Tensor* b) {
+  return a->unsafeGetTensorImpl() == b->unsafeGetTensorImpl() ? 1 : 0;
+}
+
 }  // extern "C"

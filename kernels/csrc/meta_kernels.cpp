@@ -151,24 +151,34 @@ std::tuple<Tensor, Tensor, Tensor> native_batch_norm_meta(const Tensor& input, c
   return {output, save_mean, save_invstd};
 }
 
-// `batch_norm_backward_cpu` in training: grad_input, grad_weight, grad_bias, and an
-// input-sized temporary while the gradient is reduced (plus, for a reduced-precision input on
-// the channels-last path, float buffers of 4 per channel).
+// `batch_norm_backward_cpu` in training: grad_input, grad_weight, grad_bias, then what its
+// kernel allocates. The channels-last kernel (channels-last input, or a single-pixel image: NC11
+// is channels-last too) reduces into a zeroed buffer of {2, threads, C} (float for a reduced-
+// precision input, which also gets float copies of weight, mean and invstd); the contiguous one
+// an input-sized temporary while the gradient is reduced.
 std::tuple<Tensor, Tensor, Tensor> native_batch_norm_backward_meta(
     const Tensor& grad_out, const Tensor& input, const OptTensor& weight, const OptTensor& /*running_mean*/,
     const OptTensor& /*running_var*/, const OptTensor& /*save_mean*/, const OptTensor& /*save_invstd*/,
-    bool /*train*/, double /*eps*/, std::array<bool, 3> mask) {
+    bool train, double /*eps*/, std::array<bool, 3> mask) {
   const int64_t C = input.size(1);
   const auto params = input.options().dtype(stat_dtype(input, weight));
   Tensor grad_input, grad_weight, grad_bias;
   if (mask[0]) grad_input = at::empty_like(input, input.suggest_memory_format());
   if (mask[1]) grad_weight = at::empty({C}, params);
   if (mask[2]) grad_bias = at::empty({C}, params);
-  {
-    Tensor scratch = at::empty_like(grad_out, input.suggest_memory_format());
-    if (reduced(input.scalar_type()) && channels_last_path(input)) {
-      Tensor buffer = at::empty({4 * C}, input.options().dtype(at::kFloat));
+  if (channels_last_path(input)) {
+    const bool reduce = reduced(input.scalar_type());
+    const auto acc = input.options().dtype(reduce ? at::kFloat : input.scalar_type());
+    std::vector<Tensor> per_channel;
+    if (reduce) {
+      for (int i = 0; i < 3; ++i) per_channel.push_back(at::empty({C}, acc));  // weight, mean, invstd
+    } else {
+      if (!(weight.has_value() && weight->defined())) per_channel.push_back(at::empty({C}, acc));
+      if (!train) per_channel.push_back(at::empty({C}, acc));
     }
+    Tensor buffer = at::empty({2, at::get_num_threads(), C}, acc);
+  } else {
+    Tensor scratch = at::empty_like(grad_out, input.suggest_memory_format());
   }
   return {grad_input, grad_weight, grad_bias};
 }

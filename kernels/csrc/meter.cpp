@@ -30,6 +30,8 @@ std::atomic<int64_t> g_peak{0};
 std::atomic<int64_t> g_window_peak{0};
 // A third peak, of the operator running now, for `optrace.cpp`.
 std::atomic<int64_t> g_op_peak{0};
+// A fourth, of the step's operator call running now, for `learned_scratch.cpp`.
+std::atomic<int64_t> g_call_peak{0};
 std::atomic<int64_t> g_allocs{0};
 // The level when the latest ckpt_backward* call had let go of its output tensor, before the
 // engine ran: what a hook at the start of that backward sees (FSDP's pre-backward).
@@ -49,6 +51,7 @@ void count_alloc(int64_t n) {
   raise_max(g_peak, now);
   raise_max(g_window_peak, now);
   raise_max(g_op_peak, now);
+  raise_max(g_call_peak, now);
 }
 
 void count_free(int64_t n) { g_current.fetch_sub(n, std::memory_order_relaxed); }
@@ -118,6 +121,10 @@ void meter_meta_resized(c10::StorageImpl* storage) {
 }
 int64_t meter_op_peak() { return g_op_peak.load(std::memory_order_relaxed); }
 void meter_set_op_peak(int64_t v) { g_op_peak.store(v, std::memory_order_relaxed); }
+
+int64_t meter_call_peak() { return g_call_peak.load(std::memory_order_relaxed); }
+
+void meter_set_call_peak(int64_t v) { g_call_peak.store(v, std::memory_order_relaxed); }
 
 }  // namespace ckpt
 

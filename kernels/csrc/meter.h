@@ -24,5 +24,8 @@ void meter_meta_resized(c10::StorageImpl* storage);
 // The highest level since the last `meter_set_op_peak` (which sets it).
 int64_t meter_op_peak();
 void meter_set_op_peak(int64_t v);
+// The same for one operator call at a time (the step's own calls, `learned_scratch.cpp`).
+int64_t meter_call_peak();
+void meter_set_call_peak(int64_t v);
 
 }  // namespace ckpt

@@ -14,6 +14,7 @@
 
 #include "common.h"
 #include "meter.h"
+#include "shape_code.h"
 
 namespace {
 
@@ -39,20 +40,6 @@ thread_local std::vector<Event> t_events;
 thread_local int32_t t_depth = 0;
 thread_local at::CallbackHandle t_handle = 0;
 
-// Each input as `[dtype, ndim, sizes...]`, or `[-1]` for anything but a tensor.
-void shapes_of(const at::RecordFunction& fn, std::vector<int64_t>& out) {
-  for (const c10::IValue& v : fn.inputs()) {
-    if (v.isTensor() && v.toTensor().defined()) {
-      const at::Tensor& t = v.toTensor();
-      out.push_back(static_cast<int64_t>(t.scalar_type()));
-      out.push_back(t.dim());
-      for (int64_t s : t.sizes()) out.push_back(s);
-    } else {
-      out.push_back(-1);
-    }
-  }
-}
-
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   Event e;
   e.name = fn.name();
@@ -62,7 +49,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   e.enter = ckpt::meter_current();
   e.exit = e.peak = e.enter;
   e.nanos = 0;
-  shapes_of(fn, e.shapes);
+  ckpt::shape_codes(fn.inputs(), e.shapes);
   auto open = std::make_unique<Open>(t_events.size(), ckpt::meter_op_peak());
   ckpt::meter_set_op_peak(e.enter);
   t_events.push_back(std::move(e));

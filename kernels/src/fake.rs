@@ -68,3 +68,26 @@ pub fn is_fake(t: &Tensor) -> bool {
     // SAFETY: the handle is valid for the call; the shim only reads the tensor's keys.
     unsafe { ffi::ckpt_is_fake(t.as_ptr() as ffi::CTensor) != 0 }
 }
+
+/// Whether `a` and `b` are one tensor (handles of the same TensorImpl, as a var store's
+/// shallow clones are). Data pointers cannot tell fake tensors apart: their storages have none.
+pub fn same_tensor(a: &Tensor, b: &Tensor) -> bool {
+    // SAFETY: both handles are valid for the call; the shim only compares their impls.
+    unsafe { ffi::ckpt_same_tensor(a.as_ptr() as ffi::CTensor, b.as_ptr() as ffi::CTensor) != 0 }
+}
+
+/// Teaches fake mode what the CPU's kernels allocate beyond the meta kernels (oneDNN's scratch),
+/// as [`crate::optrace::learned_scratch`] finds it in a real step: each call the step makes
+/// whose operator and inputs match a key holds that many bytes more, for a moment, as it ends.
+/// An empty list forgets it. Process-wide.
+pub fn set_scratch(table: &[(String, i64)]) -> Result<(), KernelError> {
+    let keys: Vec<std::ffi::CString> = table
+        .iter()
+        .map(|(k, _)| std::ffi::CString::new(k.as_str()).unwrap_or_default())
+        .collect();
+    let ptrs: Vec<*const std::ffi::c_char> = keys.iter().map(|k| k.as_ptr()).collect();
+    let bytes: Vec<i64> = table.iter().map(|(_, b)| *b).collect();
+    ffi::check("setting fake mode's learned scratch", |e| unsafe {
+        ffi::ckpt_fake_set_scratch(ptrs.as_ptr(), bytes.as_ptr(), table.len() as i64, e)
+    })
+}

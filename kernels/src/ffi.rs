@@ -47,7 +47,14 @@ extern "C" {
     pub(crate) fn ckpt_fake_active() -> c_int;
     pub(crate) fn ckpt_fake_suspend(err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_fake_resume();
+    pub(crate) fn ckpt_fake_set_scratch(
+        keys: *const *const c_char,
+        bytes: *const i64,
+        n: i64,
+        err: *mut *mut c_char,
+    ) -> c_int;
     pub(crate) fn ckpt_is_fake(t: CTensor) -> c_int;
+    pub(crate) fn ckpt_same_tensor(a: CTensor, b: CTensor) -> c_int;
 
     pub(crate) fn ckpt_optrace_start(err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_optrace_stop(ctx: *mut c_void, cb: OpEventCb, err: *mut *mut c_char) -> c_int;

@@ -24,6 +24,8 @@ pub struct OpEvent {
     pub seconds: f64,
     /// Per input: a tensor's dtype and sizes, or `None` for anything but a tensor.
     pub inputs: Vec<Option<(Kind, Vec<i64>)>>,
+    /// The same as the shim writes it (`csrc/shape_code.h`): with the name, [`op_key`].
+    pub codes: Vec<i64>,
 }
 
 impl OpEvent {
@@ -89,6 +91,7 @@ extern "C" fn push_event(
         peak,
         seconds: nanos as f64 * 1e-9,
         inputs: decode_shapes(flat),
+        codes: flat.to_vec(),
     });
 }
 
@@ -188,4 +191,73 @@ pub fn line_up(real: &[OpEvent], fake: &[OpEvent]) -> Result<Vec<PeakDifference>
         ));
     }
     Ok(out)
+}
+
+/// An operator call's key for fake mode's learned scratch: its name and its inputs' codes, as
+/// `csrc/shape_code.h` writes them.
+pub fn op_key(e: &OpEvent) -> String {
+    let codes: Vec<String> = e.codes.iter().map(i64::to_string).collect();
+    format!("{}|{}", e.name, codes.join(","))
+}
+
+/// Whether an event is a dispatcher operator (not an autograd node's evaluation or a scope).
+fn is_operator(e: &OpEvent) -> bool {
+    e.name.contains("::") && !e.name.starts_with("autograd::") && !e.name.starts_with("ckptune::")
+}
+
+/// The operator calls the step itself makes (those inside no other operator: autograd's
+/// evaluations and scopes are not operators), in order.
+pub fn outermost_ops(events: &[OpEvent]) -> Vec<&OpEvent> {
+    // Per open depth, whether an operator is open at or above it.
+    let mut inside: Vec<bool> = Vec::new();
+    let mut out = Vec::new();
+    for e in events {
+        let d = e.depth as usize;
+        inside.truncate(d);
+        let under_operator = inside.last().copied().unwrap_or(false);
+        if is_operator(e) && !under_operator {
+            out.push(e);
+        }
+        while inside.len() < d {
+            inside.push(under_operator);
+        }
+        inside.push(under_operator || is_operator(e));
+    }
+    out
+}
+
+/// What a real step's kernels allocate beyond a fake run of the same step: per operator and
+/// inputs (the step's own calls, [`outermost_ops`]), the bytes by which the real call's peak
+/// exceeds the fake call's; the largest such excess where one operator and inputs recur
+/// (`csrc/learned_scratch.cpp` lifts a fake call's peak by it). `Err` names the first call that keeps other
+/// bytes or allocates more when fake: no table makes those steps equal.
+pub fn learned_scratch(real: &[OpEvent], fake: &[OpEvent]) -> Result<Vec<(String, i64)>, String> {
+    let read = |e: &&OpEvent| e.name != "aten::item" && e.name != "aten::_local_scalar_dense";
+    let r: Vec<&OpEvent> = outermost_ops(real).into_iter().filter(read).collect();
+    let f: Vec<&OpEvent> = outermost_ops(fake).into_iter().filter(read).collect();
+    if r.len() != f.len() {
+        return Err(format!(
+            "the real step makes {} operator calls, the fake one {}",
+            r.len(),
+            f.len()
+        ));
+    }
+    let mut table: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
+    for (i, (a, b)) in r.iter().zip(&f).enumerate() {
+        let (kept_real, kept_fake) = (a.exit - a.enter, b.exit - b.enter);
+        let (peak_real, peak_fake) = (a.peak - a.enter, b.peak - b.enter);
+        if a.name != b.name || kept_real != kept_fake || peak_fake > peak_real {
+            return Err(format!(
+                "call {i}: real {} keeps {kept_real} B and peaks {peak_real} B above its start, \
+                 fake {} keeps {kept_fake} B and peaks {peak_fake} B",
+                a.name, b.name
+            ));
+        }
+        if peak_real > peak_fake {
+            let excess = peak_real - peak_fake;
+            let entry = table.entry(op_key(a)).or_insert(0);
+            *entry = (*entry).max(excess);
+        }
+    }
+    Ok(table.into_iter().collect())
 }

@@ -57,6 +57,7 @@ fn device() -> DeviceJson {
         threads: 1,
         memory: "exact CPU tensor bytes".into(),
         cpu: String::new(),
+        measured: String::new(),
     }
 }
 

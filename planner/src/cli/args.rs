@@ -115,6 +115,14 @@ pub struct ModelArgs {
     /// command starts (docs/timing.md).
     #[arg(long)]
     pub threads: Option<i32>,
+    /// How the step is measured: `run` trains it here for real (memory and times); `meta`
+    /// runs it on the meta device (memory exact, nothing allocated, times from the cost model:
+    /// for models this machine cannot hold); `auto` measures memory on the meta device and,
+    /// when the step fits in this machine's available memory, times real steps (every
+    /// candidate checkpointed: each block's recompute and both step times at once), else
+    /// estimates the times, and says which it did.
+    #[arg(long, value_enum, default_value_t = Measure::Auto)]
+    pub measure: Measure,
     /// Timed repeats per measured step.
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
@@ -312,6 +320,14 @@ pub struct SimulateAllocatorArgs {
     /// Print the replay JSON on stdout instead of a summary.
     #[arg(long)]
     pub json: bool,
+}
+
+/// How a profile is measured (`--measure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Measure {
+    Auto,
+    Meta,
+    Run,
 }
 
 /// The trainers `--emit` writes snippets for.

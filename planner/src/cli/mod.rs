@@ -8,6 +8,7 @@ pub mod args;
 pub mod commands;
 pub mod companion;
 pub mod error;
+pub mod measure;
 pub mod output;
 pub mod plan_check;
 pub mod plan_run;

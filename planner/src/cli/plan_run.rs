@@ -11,7 +11,8 @@ use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, MeasuredRun, MismatchJson, PlanJson, PredictedRun, VerifyJson};
 use ckptune_solver::model::moments_at;
 
-use crate::cli::args::ModelArgs;
+use crate::cli::args::{Measure, ModelArgs};
+use crate::cli::measure::check_fits_here;
 use crate::cli::output::{group_digits, outln};
 use crate::cli::setup::Setup;
 use crate::cli::timing::{contention_note, range_text};
@@ -36,6 +37,8 @@ pub fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfi
         allow_8bit: false,
         device: plan.device.device.split(':').next().unwrap_or("cpu").to_owned(),
         threads: Some(plan.device.threads),
+        // A plan is run for real; verify checks the memory it measures against the model.
+        measure: Measure::Run,
         repeats: plan.shape.repeats,
         cache_dir: None,
         no_cache: true,
@@ -50,6 +53,11 @@ pub fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfi
 /// every moment is compared with the model.
 pub fn verify_plan(plan: &PlanJson, steps: usize, quiet: bool) -> Result<VerifyJson> {
     let (setup, cfg) = setup_for_plan(plan, quiet)?;
+    check_fits_here(
+        plan.predicted.peak_bytes,
+        &format!("running the plan of {} for real", plan.shape.model),
+        "it can be verified on a machine with more memory, or on the GPU it is for",
+    )?;
     tch::set_num_threads(setup.threads);
     ckptune_kernels::meter::install()?;
     let mut s = setup.session(&cfg)?;

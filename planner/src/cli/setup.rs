@@ -5,13 +5,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use ckptune_models::{Chain, Granularity, ModelOptions};
-use ckptune_runtime::profile::{profile, ProfileSettings};
 use ckptune_runtime::{OptimizerImpl, OptimizerKind, Precision, Session, TrainConfig};
-use ckptune_solver::formats::{self, BlockJson, CachedConfig, DeviceJson, GroupJson, ModelJson, ProfileJson};
+use ckptune_solver::formats::{BlockJson, DeviceJson, GroupJson, ModelJson};
 use ckptune_solver::shard::Parameter;
 use tch::Device;
 
-use super::args::ModelArgs;
+use super::args::{Measure, ModelArgs};
 use super::error::UsageError;
 
 /// Resolved model and config space.
@@ -26,6 +25,8 @@ pub struct Setup {
     pub global_batch: i64,
     pub cache_dir: Option<PathBuf>,
     pub quiet: bool,
+    /// `--measure`: how profiles are measured (`measure.rs`).
+    pub measure: Measure,
     /// `--threads` was not given: [`Setup::fit_threads_to_load`] may lower `threads`.
     pub threads_auto: bool,
 }
@@ -106,6 +107,7 @@ impl Setup {
             global_batch: space.global_batch,
             cache_dir,
             quiet: a.quiet,
+            measure: a.measure,
             threads_auto: a.threads.is_none(),
         })
     }
@@ -154,6 +156,29 @@ impl Setup {
         Ok(Session::new(chain, cfg.clone(), self.device)?)
     }
 
+    /// A session of a fresh chain under `cfg` on the meta device: every tensor fake, nothing
+    /// allocated, every byte counted (`kernels/csrc/fake.cpp`).
+    pub fn fake_session(&self, cfg: &TrainConfig) -> Result<Session> {
+        let mut built = None;
+        let session = Session::new_fake(
+            || {
+                self.chain().map_err(|e| {
+                    let message = format!("{e:#}");
+                    built = Some(e);
+                    ckptune_runtime::RuntimeError::Invalid(message)
+                })
+            },
+            cfg.clone(),
+            self.device,
+        );
+        // The loader's own error (its exit code) rather than its message wrapped.
+        match (session, built) {
+            (Ok(s), _) => Ok(s),
+            (Err(_), Some(e)) => Err(e),
+            (Err(e), None) => Err(e.into()),
+        }
+    }
+
     pub fn device_json(&self) -> DeviceJson {
         DeviceJson {
             device: match self.device {
@@ -167,6 +192,7 @@ impl Setup {
                 _ => "CUDA caching allocator, allocated bytes".into(),
             },
             cpu: cpu_identity(),
+            measured: String::new(),
         }
     }
 
@@ -471,77 +497,7 @@ pub fn cpu_identity() -> String {
     format!("{model} [{}]", simd.join(" "))
 }
 
-/// Profiles every config of `setup`, reusing cached profiles; each finished config is cached
-/// at once, so an interrupted run resumes where it stopped. A cached config whose step times
-/// could not get quiet samples is not reused: it is profiled again, and the new profile
-/// replaces it (docs/timing.md).
-pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
-    tch::set_num_threads(setup.threads);
-    ckptune_kernels::meter::install()?;
-    let mut model = None;
-    let mut configs = Vec::new();
-    for cfg in &setup.configs {
-        let key = setup.cache_key(cfg);
-        let cache_file = setup
-            .cache_dir
-            .as_ref()
-            .map(|d| d.join(format!("{:016x}.json", fnv1a(&key))));
-        if let Some(f) = &cache_file {
-            if let Ok(cached) = formats::read_tagged::<CachedConfig>(f, formats::CACHE_FORMAT) {
-                if cached.key == key && !cached.profile.contention.contended() {
-                    model.get_or_insert(cached.model);
-                    configs.push(cached.profile);
-                    continue;
-                }
-                if cached.key == key && !setup.quiet {
-                    eprintln!(
-                        "note: the cached profile of {} under {} was timed on a busy machine ({} of {} \
-                         samples contended); profiling it again",
-                        setup.model,
-                        cfg.label(),
-                        cached.profile.contention.contended,
-                        cached.profile.contention.samples
-                    );
-                }
-            }
-        }
-        let mut session = setup.session(cfg)?;
-        let mj = model_json(&session.chain);
-        let p = profile(
-            &mut session,
-            &ProfileSettings {
-                repeats: setup.repeats,
-                quiet: setup.quiet,
-                ..Default::default()
-            },
-        )
-        .with_context(|| format!("profiling {} under {}", setup.model, cfg.label()))?;
-        let pj = p;
-        if let Some(f) = &cache_file {
-            formats::write_atomic(
-                f,
-                &CachedConfig {
-                    format: formats::CACHE_FORMAT.into(),
-                    key,
-                    model: mj.clone(),
-                    profile: pj.clone(),
-                },
-            )?;
-        }
-        model.get_or_insert(mj);
-        configs.push(pj);
-    }
-    Ok(ProfileJson {
-        format: formats::PROFILE_FORMAT.into(),
-        ckptune_version: env!("CARGO_PKG_VERSION").into(),
-        model: model.context("no config was profiled")?,
-        device: setup.device_json(),
-        repeats: setup.repeats,
-        configs,
-    })
-}
-
-fn fnv1a(s: &str) -> u64 {
+pub fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
     })

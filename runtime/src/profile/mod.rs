@@ -25,10 +25,12 @@ use crate::exec::{Session, StepTrace};
 use crate::progress::progress_bar;
 
 mod moments;
+mod one_step;
 mod terms;
 pub mod timing;
 
 pub use moments::measured_moments;
+pub use one_step::{times_from_steps, StepTimes};
 pub use timing::RetimePolicy;
 use timing::{ContentionTally, Retimer, Sample};
 

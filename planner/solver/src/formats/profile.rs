@@ -96,6 +96,10 @@ pub struct DeviceJson {
     /// The CPU (model name and vector extensions): on CPU, kernels and so memory depend on it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cpu: String,
+    /// How the profiles were measured (`--measure`): memory and times from real steps, or
+    /// memory on the meta device with times from one real step or from the cost model.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub measured: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,8 +8,9 @@ use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, ProfileJson};
 
 use crate::cli::args::ProfileArgs;
+use crate::cli::measure::measure_profile;
 use crate::cli::output::{group_digits, outln, print_json};
-use crate::cli::setup::{measure_profile, Setup};
+use crate::cli::setup::Setup;
 use crate::cli::timing::contention_note;
 
 pub fn profile_cmd(a: ProfileArgs) -> Result<ExitCode> {

@@ -9,6 +9,7 @@ use ckptune_solver::formats::{self, PlanJson, TrainJson, TrainStepJson};
 
 use crate::cli::args::TrainArgs;
 use crate::cli::error::UsageError;
+use crate::cli::measure::check_step_fits;
 use crate::cli::output::{outln, print_json};
 use crate::cli::plan_run::setup_for_plan;
 use crate::cli::setup::Setup;
@@ -36,6 +37,7 @@ pub fn train_cmd(a: TrainArgs) -> Result<ExitCode> {
     cfg.lr = a.lr;
     tch::set_num_threads(setup.threads);
     ckptune_kernels::meter::install()?;
+    check_step_fits(&setup, &cfg, &regex)?;
     let mut s = setup.session(&cfg)?;
     let mask = if regex.is_empty() {
         vec![false; s.chain.units()]

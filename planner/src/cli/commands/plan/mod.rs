@@ -21,9 +21,10 @@ use solve::{plan_from_profile, PlanFailure, ShardRequest};
 
 use crate::cli::args::PlanArgs;
 use crate::cli::error::UsageError;
+use crate::cli::measure::{check_fits_here, measure_profile};
 use crate::cli::output::{outln, print_json};
 use crate::cli::plan_run::{print_verify, verify_plan};
-use crate::cli::setup::{measure_profile, Setup};
+use crate::cli::setup::Setup;
 use crate::cli::timing::profile_notes;
 
 pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
@@ -45,6 +46,9 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
             measure_profile(&setup)?
         }
     };
+    if !profile.device.measured.is_empty() {
+        notes.push(format!("measured: {}", profile.device.measured));
+    }
     // Step times from a busy machine: said, not silently used (a cached profile was re-timed
     // already; one given with --profile is used as it is). No path in the note: plans from the
     // same profile read the same wherever it lies.
@@ -107,7 +111,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         notes,
     };
     plan = facts.finish(plan);
-    let report = if a.verify {
+    let report = if a.verify && verifiable_here(&mut plan) {
         let (verified, report) = verified(plan, &facts, &profile, &shape, shard.as_ref(), &setup)?;
         plan = verified;
         Some(report)
@@ -199,6 +203,22 @@ fn verified(
 /// Writes the plan (`-o`) and prints it: the snippet (`--emit`), the JSON (`--json`) or the
 /// summary with the verification. The snippet is rendered before anything is written: a plan
 /// the snippet cannot express is bad input that leaves no file behind.
+/// Whether the plan's step fits in this machine's memory to be run for verification; where it
+/// does not, the plan says so (the kernel's OOM killer would end the run without a word).
+fn verifiable_here(plan: &mut PlanJson) -> bool {
+    match check_fits_here(
+        plan.predicted.peak_bytes,
+        "running the plan for real",
+        "verify it where it will train (ckptune verify PLAN)",
+    ) {
+        Ok(()) => true,
+        Err(e) => {
+            plan.notes.push(format!("not verified here: {e}"));
+            false
+        }
+    }
+}
+
 fn write_and_print(a: &PlanArgs, plan: &PlanJson, report: Option<&VerifyJson>) -> Result<()> {
     let snippet = a
         .emit

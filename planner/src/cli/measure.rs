@@ -1,0 +1,322 @@
+//! How profiles are measured (`--measure`): for real (`run`), or memory on the meta device with
+//! times from real steps where the step fits in this machine's memory, else from the cost
+//! model (`auto`, `meta`). Cached per config: an interrupted run resumes where it stopped.
+
+use anyhow::{Context, Result};
+use ckptune_kernels::{fake, optrace};
+use ckptune_runtime::profile::{profile, times_from_steps, ConfigProfile, ProfileSettings, RetimePolicy};
+use ckptune_runtime::TrainConfig;
+use ckptune_solver::budget::format_size;
+use ckptune_solver::formats::{self, CachedConfig, ModelJson, ProfileJson};
+
+use super::args::Measure;
+use super::error::UsageError;
+use super::setup::{fnv1a, model_json, Setup};
+
+/// How a config's profile is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// Every step for real: memory and times.
+    Run,
+    /// Memory on the meta device, times from real steps with every candidate checkpointed.
+    MetaTimed,
+    /// Memory on the meta device, times from the cost model.
+    MetaEstimated,
+}
+
+impl How {
+    /// Appended to the cache key: a profile measured one way is not another's.
+    fn key(self) -> &'static str {
+        match self {
+            How::Run => "",
+            How::MetaTimed => "|measure=meta+steps-b",
+            How::MetaEstimated => "|measure=meta+estimated",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            How::Run => "memory and times from real steps",
+            How::MetaTimed => "memory on the meta device, times from real steps with every candidate checkpointed",
+            How::MetaEstimated => "memory on the meta device, times estimated by the cost model",
+        }
+    }
+}
+
+/// Profiles every config of `setup` as `--measure` says.
+pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
+    tch::set_num_threads(setup.threads);
+    ckptune_kernels::meter::install()?;
+    let mut model = None;
+    let mut configs = Vec::new();
+    let how = match setup.measure {
+        Measure::Run => How::Run,
+        Measure::Meta => How::MetaEstimated,
+        Measure::Auto => decide(setup)?,
+    };
+    for cfg in &setup.configs {
+        let (mj, p) = cached_or_measured(setup, cfg, how)?;
+        model.get_or_insert(mj);
+        configs.push(p);
+    }
+    let mut device = setup.device_json();
+    device.measured = how.describe().into();
+    Ok(ProfileJson {
+        format: formats::PROFILE_FORMAT.into(),
+        ckptune_version: env!("CARGO_PKG_VERSION").into(),
+        model: model.context("no config was profiled")?,
+        device,
+        repeats: setup.repeats,
+        configs,
+    })
+}
+
+/// `auto`: memory on the meta device always; times from real steps when every config's
+/// step fits in the memory this machine has available, else from the cost model. Said either
+/// way.
+fn decide(setup: &Setup) -> Result<How> {
+    let available = available_memory();
+    let mut largest = 0;
+    for cfg in &setup.configs {
+        let key = setup.cache_key(cfg) + How::MetaTimed.key();
+        if let Some(cached) = read_cache(setup, &key) {
+            largest = largest.max(cached.profile.peak_all);
+            continue;
+        }
+        let (_, p) = meta_profile(setup, cfg)?;
+        largest = largest.max(p.peak_all);
+    }
+    let needed = with_process_overhead(largest);
+    let how = match available {
+        Some(free) if needed <= free => How::MetaTimed,
+        _ => How::MetaEstimated,
+    };
+    if !setup.quiet {
+        let why = match available {
+            Some(free) if how == How::MetaTimed => format!(
+                "its step needs {} and {} is available here",
+                format_size(needed as u64),
+                format_size(free as u64)
+            ),
+            Some(free) => format!(
+                "its step needs {}, more than the {} available here",
+                format_size(needed as u64),
+                format_size(free as u64)
+            ),
+            None => "this machine's available memory cannot be read".into(),
+        };
+        eprintln!(
+            "note: measuring {}: {} ({why}; --measure run runs every step for real)",
+            setup.model,
+            how.describe()
+        );
+    }
+    Ok(how)
+}
+
+/// The cached profile of `cfg` measured `how`, else a new one (cached at once).
+fn cached_or_measured(setup: &Setup, cfg: &TrainConfig, how: How) -> Result<(ModelJson, ConfigProfile)> {
+    let key = setup.cache_key(cfg) + how.key();
+    if let Some(cached) = read_cache(setup, &key) {
+        if !cached.profile.contention.contended() {
+            return Ok((cached.model, cached.profile));
+        }
+        if !setup.quiet {
+            eprintln!(
+                "note: the cached profile of {} under {} was timed on a busy machine ({} of {} \
+                 samples contended); profiling it again",
+                setup.model,
+                cfg.label(),
+                cached.profile.contention.contended,
+                cached.profile.contention.samples
+            );
+        }
+    }
+    let (mj, p) = match how {
+        How::Run => {
+            // Judged on the meta device first where it can be (a step it cannot run is run
+            // as asked).
+            if let Ok((_, meta)) = meta_profile(setup, cfg) {
+                check_fits_here(
+                    meta.peak_none,
+                    &format!("running {} under {} for real", setup.model, cfg.label()),
+                    "measure it on the meta device with --measure meta (or auto)",
+                )?;
+            }
+            real_profile(setup, cfg)?
+        }
+        How::MetaTimed => meta_timed_profile(setup, cfg)?,
+        How::MetaEstimated => {
+            let (_, p) = meta_profile(setup, cfg)?;
+            return Err(UsageError(format!(
+                "{} under {} needs about {} to run a step, and its times come from a real step: \
+                 time it on a machine with that much memory available ({}); this build has no \
+                 cost model to estimate them",
+                setup.model,
+                cfg.label(),
+                format_size(with_process_overhead(p.peak_none) as u64),
+                available_memory().map_or("this machine's cannot be read".into(), |a| format!(
+                    "this one has {}",
+                    format_size(a as u64)
+                ))
+            ))
+            .into());
+        }
+    };
+    if let Some(f) = cache_file(setup, &key) {
+        formats::write_atomic(
+            &f,
+            &CachedConfig {
+                format: formats::CACHE_FORMAT.into(),
+                key,
+                model: mj.clone(),
+                profile: p.clone(),
+            },
+        )?;
+    }
+    Ok((mj, p))
+}
+
+/// Every step for real.
+fn real_profile(setup: &Setup, cfg: &TrainConfig) -> Result<(ModelJson, ConfigProfile)> {
+    let mut session = setup.session(cfg)?;
+    let mj = model_json(&session.chain);
+    let p = profile(
+        &mut session,
+        &ProfileSettings {
+            repeats: setup.repeats,
+            quiet: setup.quiet,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("profiling {} under {}", setup.model, cfg.label()))?;
+    Ok((mj, p))
+}
+
+/// Memory on the meta device, exact for this CPU, and times from real steps B (every candidate
+/// checkpointed). The first real step is traced; what its kernels allocate beyond the meta
+/// kernels (oneDNN's scratch, by operator and inputs) is learned from it against the first step
+/// of a fake session, and the meta profile is measured with that scratch. Where the two steps
+/// do not line up, every step runs for real.
+fn meta_timed_profile(setup: &Setup, cfg: &TrainConfig) -> Result<(ModelJson, ConfigProfile)> {
+    let (_, unlearned) = meta_profile(setup, cfg)?;
+    let mut real = setup.session(cfg)?;
+    let settings = ProfileSettings {
+        repeats: setup.repeats,
+        quiet: setup.quiet,
+        ..Default::default()
+    };
+    let (times, real_ops) = times_from_steps(&mut real, &unlearned.recompute_class, &settings)
+        .with_context(|| format!("timing {} under {}", setup.model, cfg.label()))?;
+    drop(real);
+    let fake_ops = {
+        let mut fake = setup.fake_session(cfg)?;
+        let all = fake.chain.every_candidate();
+        optrace::start()?;
+        let stepped = fake.step(&all, None);
+        let ops = optrace::stop()?;
+        stepped?;
+        ops
+    };
+    let scratch = match optrace::learned_scratch(&real_ops, &fake_ops) {
+        Ok(s) => s,
+        Err(why) => {
+            if !setup.quiet {
+                eprintln!(
+                    "note: {} under {}: the meta device's step does not line up with the real one ({why}); \
+                     measuring every step for real",
+                    setup.model,
+                    cfg.label()
+                );
+            }
+            return real_profile(setup, cfg);
+        }
+    };
+    fake::set_scratch(&scratch)?;
+    let measured = meta_profile(setup, cfg);
+    fake::set_scratch(&[])?;
+    let (mj, mut p) = measured?;
+    times.apply(&mut p);
+    Ok((mj, p))
+}
+
+/// The memory terms of `cfg`, from steps on the meta device (their times mean nothing).
+fn meta_profile(setup: &Setup, cfg: &TrainConfig) -> Result<(ModelJson, ConfigProfile)> {
+    let mut session = setup.fake_session(cfg)?;
+    let mj = model_json(&session.chain);
+    let p = profile(
+        &mut session,
+        &ProfileSettings {
+            repeats: 1,
+            quiet: true,
+            retime: RetimePolicy::never(),
+        },
+    )
+    .with_context(|| format!("measuring {} under {} on the meta device", setup.model, cfg.label()))?;
+    Ok((mj, p))
+}
+
+fn cache_file(setup: &Setup, key: &str) -> Option<std::path::PathBuf> {
+    setup
+        .cache_dir
+        .as_ref()
+        .map(|d| d.join(format!("{:016x}.json", fnv1a(key))))
+}
+
+fn read_cache(setup: &Setup, key: &str) -> Option<CachedConfig> {
+    let f = cache_file(setup, key)?;
+    let cached = formats::read_tagged::<CachedConfig>(&f, formats::CACHE_FORMAT).ok()?;
+    (cached.key == key).then_some(cached)
+}
+
+/// What a process running a step whose tensors peak at `tensor_bytes` needs: the process's own
+/// memory (libtorch, the model's code, the allocator's slack) on top.
+pub fn with_process_overhead(tensor_bytes: i64) -> i64 {
+    tensor_bytes + tensor_bytes / 10 + (512 << 20)
+}
+
+/// Refuses to run a step whose tensors peak at `tensor_bytes` where this machine has not the
+/// memory for it: the kernel's OOM killer would end the process without a word. `what` names
+/// the run; `instead` says what to do.
+pub fn check_fits_here(tensor_bytes: i64, what: &str, instead: &str) -> Result<()> {
+    let needed = with_process_overhead(tensor_bytes);
+    match available_memory() {
+        Some(free) if needed > free => Err(UsageError(format!(
+            "{what} needs about {} of memory and {} is available here; {instead}",
+            format_size(needed as u64),
+            format_size(free as u64)
+        ))
+        .into()),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses to train `cfg` for real with the modules `regex` names checkpointed where one step,
+/// measured on the meta device first, would not fit in this machine's memory. A model the meta
+/// device cannot run is run as asked.
+pub fn check_step_fits(setup: &Setup, cfg: &TrainConfig, regex: &str) -> Result<()> {
+    let Ok(mut fake) = setup.fake_session(cfg) else {
+        return Ok(());
+    };
+    let mask = if regex.is_empty() {
+        vec![false; fake.chain.units()]
+    } else {
+        fake.select(regex)?
+    };
+    let Ok(step) = fake.step(&mask, None) else {
+        return Ok(());
+    };
+    check_fits_here(
+        step.peak_bytes,
+        &format!("training {} under {}", setup.model, cfg.label()),
+        "checkpoint more (ckptune plan --budget finds what fits) or train where there is more memory",
+    )
+}
+
+/// `MemAvailable` of /proc/meminfo, in bytes.
+pub fn available_memory() -> Option<i64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
