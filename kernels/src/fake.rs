@@ -68,3 +68,15 @@ pub fn is_fake(t: &Tensor) -> bool {
     // SAFETY: the handle is valid for the call; the shim only reads the tensor's keys.
     unsafe { ffi::ckpt_is_fake(t.as_ptr() as ffi::CTensor) != 0 }
 }
+
+/// Whether an operator's error says fake mode cannot run it: its result depends on tensor values
+/// (the fallback's refusal of `.item()`, `nonzero`), or libtorch has no meta kernel for it (its
+/// `metaFallback`). A model with such an operator can be measured only by running it.
+pub fn is_meta_failure(message: &str) -> bool {
+    const SIGNS: [&str; 3] = [
+        "which a step measured on the meta device does not have",
+        "attempted to run this operator with Meta tensors",
+        "with arguments from the 'Meta' backend",
+    ];
+    SIGNS.iter().any(|s| message.contains(s))
+}

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value as Json;
 
-pub use archive::is_export_archive;
+pub use archive::{exported_on_meta, is_export_archive};
 pub use candidates::layers;
 
 use crate::chain::{Chain, ChainGroup};
@@ -47,6 +47,7 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         reason,
     };
     let ar = archive::read(path)?;
+    let ar_on_meta = ar.on_meta;
     let gm = ar
         .model
         .get("graph_module")
@@ -68,6 +69,7 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         side_nodes: side.nodes,
         side_values: side.values,
         def: flow.def.clone(),
+        failure: Mutex::new(None),
     });
     let blocks = dataflow::blocks(path, &prog, &flow, &cut.units, sig.input)?;
     let chain = Chain {
@@ -88,6 +90,7 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         reference_params: sig.reference_params,
     };
     chain.validate().map_err(bad)?;
-    trial::trial_run(&chain, io.in_sizes.first().copied().flatten().unwrap_or(2)).map_err(bad)?;
+    let batch = io.in_sizes.first().copied().flatten().unwrap_or(2);
+    trial::check(path, &chain, &prog, batch, ar_on_meta)?;
     Ok(chain)
 }

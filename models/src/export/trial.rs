@@ -1,14 +1,56 @@
 //! A load-time trial run: a node that fails on a sample batch is bad input naming the node, not
-//! a panic in the middle of profiling.
+//! a panic in the middle of profiling. In fake mode a node that needs values, or a meta kernel
+//! libtorch lacks, is named as what keeps the model from being measured on the meta device.
+
+use std::path::Path;
 
 use tch::Tensor;
 
+use super::block::Program;
 use crate::chain::{Chain, Ctx};
+use crate::error::{first_line, ModelError, Result};
+
+/// [`trial_run`] with its failure as the models crate reports it. `meta_only`: the program was
+/// exported on the meta device (it has no weights to run for real).
+pub(super) fn check(path: &Path, chain: &Chain, prog: &Program, batch: i64, meta_only: bool) -> Result<()> {
+    let Err(reason) = trial_run(chain, batch) else {
+        return Ok(());
+    };
+    let failed = prog.failure.lock().ok().and_then(|mut f| f.take());
+    Err(match failed {
+        Some((node, target, why))
+            if ckptune_kernels::fake::active() && ckptune_kernels::fake::is_meta_failure(&why) =>
+        {
+            ModelError::NotMeasurableOnMeta {
+                path: path.to_path_buf(),
+                node,
+                target,
+                why: meta_reason(&why),
+                meta_only,
+            }
+        }
+        _ => ModelError::BadExport {
+            path: path.to_path_buf(),
+            reason,
+        },
+    })
+}
+
+/// The first line of a fake-mode failure, without what libtorch adds for writers of custom
+/// operators (registering a fake impl for torch.compile) and the interpreter's own prefix.
+fn meta_reason(why: &str) -> String {
+    let line = first_line(why);
+    let line = line.strip_prefix("calling an operator: ").unwrap_or(&line);
+    match line.find(". You may have run into this message") {
+        Some(end) => line[..end].to_owned(),
+        None => line.to_owned(),
+    }
+}
 
 /// Runs the chain once on a sample batch, so that a node that fails (a dtype or shape the
 /// operator rejects) is bad input at load time, named with its node, rather than a panic in
 /// the middle of profiling. Buffers and the RNG are put back: the trial leaves no trace.
-pub(super) fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
+fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
     let rng = ckptune_kernels::rng::cpu_state().map_err(|e| e.to_string())?;
     let buffers: Vec<(Tensor, Tensor)> = chain
         .vs
