@@ -32,14 +32,14 @@ pub(crate) fn safetensors(path: &Path) -> Result<StateDict> {
     file.read_exact(&mut len).map_err(io)?;
     let n = u64::from_le_bytes(len);
     if n > MAX_HEADER || 8 + n > file_len {
-        return Err(bad(format!(
-            "its header claims {n} bytes, but the file has {file_len}"
-        )));
+        return Err(bad(format!("its header claims {n} bytes, but the file has {file_len}")));
     }
     let mut header = vec![0u8; n as usize];
     file.read_exact(&mut header).map_err(io)?;
     let json: Value = serde_json::from_slice(&header).map_err(|e| bad(format!("its header is not JSON ({e})")))?;
-    let entries = json.as_object().ok_or_else(|| bad("its header is not a JSON object".into()))?;
+    let entries = json
+        .as_object()
+        .ok_or_else(|| bad("its header is not a JSON object".into()))?;
     let data_start = 8 + n;
     let file = Arc::new(path.to_path_buf());
     let mut out: Vec<(u64, String, Weight)> = Vec::with_capacity(entries.len());
@@ -89,7 +89,11 @@ pub(crate) fn safetensors(path: &Path) -> Result<StateDict> {
         if *begin != at {
             return Err(bad(format!("tensor {name} starts at data byte {begin}, not {at}")));
         }
-        if let Weight::Shape { bytes: Bytes::Range { len, .. }, .. } = w {
+        if let Weight::Shape {
+            bytes: Bytes::Range { len, .. },
+            ..
+        } = w
+        {
             at += len;
         }
     }

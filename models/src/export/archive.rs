@@ -247,12 +247,18 @@ pub(crate) fn read(path: &Path) -> Result<Archive> {
     let on_meta = entries.iter().any(|e| e.on_meta);
     let fake = ckptune_kernels::fake::active();
     if on_meta && !fake {
-        return Err(ModelError::ExportedOnMeta { path: path.to_path_buf() });
+        return Err(ModelError::ExportedOnMeta {
+            path: path.to_path_buf(),
+        });
     }
     let mut tensors = HashMap::new();
     let mut storage = HashMap::new();
     for e in entries {
-        let t = if fake { fake_tensor(path, &mut z, &e)? } else { tensor(path, &mut z, &e)? };
+        let t = if fake {
+            fake_tensor(path, &mut z, &e)?
+        } else {
+            tensor(path, &mut z, &e)?
+        };
         // Meta tensors all share one empty data file: their places say nothing of ties.
         let place = if e.on_meta {
             format!("meta:{}", e.fqn)
@@ -273,7 +279,12 @@ pub(crate) fn read(path: &Path) -> Result<Archive> {
 /// Entry `e`'s tensor with its values.
 fn tensor(path: &Path, z: &mut Zip, e: &Entry) -> Result<Tensor> {
     let Entry {
-        fqn, kind, sizes, strides, offset, ..
+        fqn,
+        kind,
+        sizes,
+        strides,
+        offset,
+        ..
     } = e;
     let bytes = z.read(path, &format!("data/{}/{}", e.dir, e.file))?;
     let elem = kind.elt_size_in_bytes();
@@ -310,7 +321,12 @@ fn tensor(path: &Path, z: &mut Zip, e: &Entry) -> Result<Tensor> {
 /// fake storage; no data is read (a meta export has none).
 fn fake_tensor(path: &Path, z: &mut Zip, e: &Entry) -> Result<Tensor> {
     let Entry {
-        fqn, kind, sizes, strides, offset, ..
+        fqn,
+        kind,
+        sizes,
+        strides,
+        offset,
+        ..
     } = e;
     let elem = kind.elt_size_in_bytes() as i64;
     // The elements the view reaches, which a real file's data must hold.

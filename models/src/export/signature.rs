@@ -179,11 +179,7 @@ fn tied_on_meta(ar: &Archive, graph: &Graph, specs: &[Json]) -> HashMap<String, 
             Some((fqn, graph.last_use[v].is_some()))
         })
         .collect();
-    let layout = |fqn: &str| {
-        ar.tensors
-            .get(fqn)
-            .map(|t| (t.kind(), t.size(), t.stride()))
-    };
+    let layout = |fqn: &str| ar.tensors.get(fqn).map(|t| (t.kind(), t.size(), t.stride()));
     let mut ties = HashMap::new();
     for &(fqn, read) in &params {
         if read || layout(fqn).is_none() {
