@@ -206,3 +206,21 @@ fn operators_fake_mode_cannot_run_are_named_with_their_node() {
         );
     }
 }
+
+/// Sizes that depend on values (`nonzero` in a mixture of experts' routing, `masked_select`)
+/// are refused on the CPU and on the meta device alike, naming the node that makes one.
+#[test]
+fn sizes_that_depend_on_values_are_refused_naming_their_node() {
+    let _lock = meter::exclusive();
+    for (file, node) in [("moe_nonzero.pt2", "nonzero"), ("masked_select.pt2", "masked_select")] {
+        for fake in [false, true] {
+            let _fake = fake.then(|| FakeMode::enter().unwrap());
+            let e = chain_from_export(&fixture(file), &ModelOptions::default()).unwrap_err();
+            let ModelError::ExportNode { node: n, .. } = &e else {
+                panic!("{file}: {e:?}");
+            };
+            assert_eq!(n, node, "{file}");
+            assert!(e.to_string().contains("depends on tensor values"), "{file}: {e}");
+        }
+    }
+}

@@ -22,6 +22,7 @@ mod io;
 mod side;
 mod signature;
 mod trial;
+mod unbacked;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -52,7 +53,9 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         .model
         .get("graph_module")
         .ok_or_else(|| bad("model.json has no graph_module".into()))?;
-    let graph = Graph::parse(gm.get("graph").ok_or_else(|| bad("no graph".into()))?).map_err(graph_err(path))?;
+    let graph_json = gm.get("graph").ok_or_else(|| bad("no graph".into()))?;
+    unbacked::refuse(graph_json).map_err(graph_err(path))?;
+    let graph = Graph::parse(graph_json).map_err(graph_err(path))?;
     graph.check_ops().map_err(graph_err(path))?;
     let sig_json: &Json = gm.get("signature").ok_or_else(|| bad("no graph signature".into()))?;
     let sig = signature::read(path, &ar, &graph, sig_json, opts)?;
