@@ -204,6 +204,9 @@ fn operators_fake_mode_cannot_run_are_named_with_their_node() {
             !msg.contains("Exception raised from"),
             "{file}: a C++ traceback in {msg}"
         );
+        // The failed trial left grad mode as it found it.
+        let w = tch::Tensor::ones([2], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        assert!((&w * 2).requires_grad(), "{file}: grad mode is off after a failed load");
     }
 }
 

@@ -68,17 +68,19 @@ fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        tch::no_grad(|| {
-            // Chain::forward_all, with the batch's raw mask in the context.
-            let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref());
-            let mut outs: Vec<Tensor> = Vec::with_capacity(chain.blocks.len());
-            for (i, b) in chain.blocks.iter().enumerate() {
-                let x = if i == 0 { &sample.input } else { &outs[i - 1] };
-                let skips: Vec<Tensor> = b.skips.iter().map(|&s| outs[s].shallow_clone()).collect();
-                let out = b.block.forward(x, &ctx.with_skips(&skips));
-                outs.push(out);
-            }
-        })
+        // A guard, not `tch::no_grad`: it puts grad mode back when a failing node unwinds
+        // through it too (no_grad's closure form left a thread without grad mode after a
+        // failed trial, so every later step of that thread failed in its backward).
+        let _no_grad = tch::no_grad_guard();
+        // Chain::forward_all, with the batch's raw mask in the context.
+        let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref());
+        let mut outs: Vec<Tensor> = Vec::with_capacity(chain.blocks.len());
+        for (i, b) in chain.blocks.iter().enumerate() {
+            let x = if i == 0 { &sample.input } else { &outs[i - 1] };
+            let skips: Vec<Tensor> = b.skips.iter().map(|&s| outs[s].shallow_clone()).collect();
+            let out = b.block.forward(x, &ctx.with_skips(&skips));
+            outs.push(out);
+        }
     }))
     .map_err(|p| {
         let msg = p
