@@ -85,3 +85,30 @@ fn a_meta_export_measures_as_its_eager_export_and_the_cpu() {
         }
     }
 }
+
+/// An operator without a meta kernel that only backward runs (ReLU6's `hardtanh_backward`)
+/// passes the load's forward trial; the fake step is then refused naming it, typed, while the
+/// CPU runs the same program.
+#[test]
+fn a_backward_operator_without_a_meta_kernel_refuses_the_fake_step() {
+    let _lock = meter::exclusive();
+    meter::install().unwrap();
+    let file = "meta_no_backward_kernel.pt2";
+    let opts = ModelOptions::default();
+    let cfg = TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, 4);
+    let build = || chain_from_export(&fixture(file), &opts).map_err(|e| RuntimeError::Invalid(e.to_string()));
+    let mut real = Session::new(build().unwrap(), cfg.clone(), Device::Cpu).unwrap();
+    quick_profile(&mut real);
+    let mut fake = Session::new_fake(build, cfg, Device::Cpu).unwrap();
+    let none = vec![false; fake.chain.units()];
+    let e = fake.step(&none, None).unwrap_err();
+    let RuntimeError::NotMeasurableOnMeta { why } = &e else {
+        panic!("{e:?}");
+    };
+    assert!(why.starts_with("aten::hardtanh_backward"), "{why}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("--measure run") && !msg.contains("You may have run into"),
+        "{msg}"
+    );
+}

@@ -8,7 +8,7 @@ use tch::Tensor;
 
 use super::block::Program;
 use crate::chain::{Chain, Ctx};
-use crate::error::{first_line, ModelError, Result};
+use crate::error::{ModelError, Result};
 
 /// [`trial_run`] with its failure as the models crate reports it. `meta_only`: the program was
 /// exported on the meta device (it has no weights to run for real).
@@ -17,34 +17,23 @@ pub(super) fn check(path: &Path, chain: &Chain, prog: &Program, batch: i64, meta
         return Ok(());
     };
     let failed = prog.failure.lock().ok().and_then(|mut f| f.take());
-    Err(match failed {
-        Some((node, target, why))
-            if ckptune_kernels::fake::active() && ckptune_kernels::fake::is_meta_failure(&why) =>
-        {
-            ModelError::NotMeasurableOnMeta {
-                path: path.to_path_buf(),
-                node,
-                target,
-                why: meta_reason(&why),
-                meta_only,
-            }
-        }
+    let meta = failed
+        .as_ref()
+        .filter(|_| ckptune_kernels::fake::active())
+        .and_then(|(_, _, why)| ckptune_kernels::fake::meta_failure(why));
+    Err(match (failed, meta) {
+        (Some((node, target, _)), Some(why)) => ModelError::NotMeasurableOnMeta {
+            path: path.to_path_buf(),
+            node,
+            target,
+            why,
+            meta_only,
+        },
         _ => ModelError::BadExport {
             path: path.to_path_buf(),
             reason,
         },
     })
-}
-
-/// The first line of a fake-mode failure, without what libtorch adds for writers of custom
-/// operators (registering a fake impl for torch.compile) and the interpreter's own prefix.
-fn meta_reason(why: &str) -> String {
-    let line = first_line(why);
-    let line = line.strip_prefix("calling an operator: ").unwrap_or(&line);
-    match line.find(". You may have run into this message") {
-        Some(end) => line[..end].to_owned(),
-        None => line.to_owned(),
-    }
 }
 
 /// Runs the chain once on a sample batch, so that a node that fails (a dtype or shape the
