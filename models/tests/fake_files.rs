@@ -18,7 +18,9 @@ use common::fixture;
 use tch::Kind;
 
 /// Every variable's shape and dtype, by name.
-fn layout(c: &Chain) -> BTreeMap<String, (Vec<i64>, Kind)> {
+type Layout = BTreeMap<String, (Vec<i64>, Kind)>;
+
+fn layout(c: &Chain) -> Layout {
     c.vs.variables()
         .into_iter()
         .map(|(name, t)| (name, (t.size(), t.kind())))
@@ -31,7 +33,7 @@ fn all_fake(c: &Chain) -> bool {
 }
 
 /// What a loaded chain is made of: its layout, blocks, candidates and parameter count.
-fn anatomy(c: &Chain) -> (BTreeMap<String, (Vec<i64>, Kind)>, Vec<String>, Vec<String>, i64) {
+fn anatomy(c: &Chain) -> (Layout, Vec<String>, Vec<String>, i64) {
     let blocks = c.blocks.iter().map(|b| b.name.clone()).collect();
     let candidates = c.candidates().into_iter().map(String::from).collect();
     (layout(c), blocks, candidates, c.param_count())

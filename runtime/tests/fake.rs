@@ -10,7 +10,6 @@ mod common;
 use ckptune_kernels::meter;
 use ckptune_kernels::optrace::{self, PeakDifference};
 use ckptune_models::{builtin, Granularity, ModelOptions};
-use ckptune_runtime::profile::ConfigProfile;
 use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, TrainConfig};
 use common::quick_profile;
 use common::terms::{memory_terms, report, Term};
