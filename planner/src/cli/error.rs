@@ -118,7 +118,7 @@ mod tests {
         let path = std::path::PathBuf::from("m.pt2");
         let errors: [anyhow::Error; 3] = [
             RuntimeError::NotMeasurableOnMeta {
-                why: "aten::hardtanh_backward: no meta kernel".into(),
+                why: "aten::glu_backward: no meta kernel".into(),
             }
             .into(),
             ModelError::ExportedOnMeta { path: path.clone() }.into(),
