@@ -320,14 +320,7 @@ fn tensor(path: &Path, z: &mut Zip, e: &Entry) -> Result<Tensor> {
 /// Entry `e`'s tensor in fake mode: the layout [`tensor`] gives it, made by the same calls on a
 /// fake storage; no data is read (a meta export has none).
 fn fake_tensor(path: &Path, z: &mut Zip, e: &Entry) -> Result<Tensor> {
-    let Entry {
-        fqn,
-        kind,
-        sizes,
-        strides,
-        offset,
-        ..
-    } = e;
+    let (fqn, kind, sizes, strides, offset) = (&e.fqn, &e.kind, &e.sizes, &e.strides, &e.offset);
     let elem = kind.elt_size_in_bytes() as i64;
     // The elements the view reaches, which a real file's data must hold.
     let reach = if sizes.contains(&0) {
