@@ -1,7 +1,8 @@
 // Meta kernels for elementwise operators whose CPU kernels are not structured (so libtorch has
 // no meta kernel for them): each builds the TensorIterator its CPU kernel builds, on the fake
 // tensors (`fake.cpp`), which resizes the output and makes the dtype promotions' temporaries as
-// the CPU does, and stops before the loop. (aten/src/ATen/native/BinaryOps.cpp, UnaryOps.cpp)
+// the CPU does, and stops before the loop, or makes the calls the CPU kernel makes.
+// (aten/src/ATen/native/BinaryOps.cpp, UnaryOps.cpp, Activation.cpp)
 
 #include <ATen/ATen.h>
 #include <ATen/TensorIterator.h>
@@ -27,12 +28,29 @@ Tensor& logical_binary_out_meta(const Tensor& self, const Tensor& other, Tensor&
   return result;
 }
 
+// `relu`: the CPU's is `clamp_min(self, 0)` (structured, so it runs on the fake tensors).
+// Out-of-place ReLU (`F.relu`, OPT's and many CNNs' activations) had no meta kernel.
+Tensor relu_meta(const Tensor& self) {
+  TORCH_CHECK(self.scalar_type() != at::kBool, "Boolean inputs not supported for relu");
+  return at::clamp_min(self, 0);
+}
+
+// `hardtanh_backward` (ReLU6's backward, MobileNet's): a binary iterator over the gradient and
+// the input that allocates its output.
+Tensor hardtanh_backward_meta(const Tensor& grad_output, const Tensor& self, const at::Scalar&, const at::Scalar&) {
+  Tensor result;
+  auto iter = at::TensorIterator::borrowing_binary_op(result, grad_output, self);
+  return iter.output();
+}
+
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
   auto own = [&](const char* name, auto&& fn) { ckpt::register_own(m, name, std::forward<decltype(fn)>(fn)); };
   own("logical_not.out", TORCH_FN(logical_not_out_meta));
   own("logical_and.out", TORCH_FN(logical_binary_out_meta));
   own("logical_or.out", TORCH_FN(logical_binary_out_meta));
   own("logical_xor.out", TORCH_FN(logical_binary_out_meta));
+  own("relu", TORCH_FN(relu_meta));
+  own("hardtanh_backward", TORCH_FN(hardtanh_backward_meta));
 }
 
 }  // namespace

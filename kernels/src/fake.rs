@@ -91,3 +91,28 @@ pub fn set_scratch(table: &[(String, i64)]) -> Result<(), KernelError> {
         ffi::ckpt_fake_set_scratch(ptrs.as_ptr(), bytes.as_ptr(), table.len() as i64, e)
     })
 }
+
+/// Why fake mode cannot run an operator, from the operator's error: its result depends on
+/// tensor values (the fallback's refusal of `.item()`, `nonzero`), or libtorch has no meta
+/// kernel for it (its `metaFallback`, or no kernel for the Meta key at all). The line of the
+/// error that says so, naming the operator, without what libtorch adds for writers of custom
+/// operators (registering a fake impl for torch.compile); `None` for any other error. A model
+/// with such an operator can be measured only by running it.
+pub fn meta_failure(message: &str) -> Option<String> {
+    const SIGNS: [&str; 3] = [
+        "which a step measured on the meta device does not have",
+        "attempted to run this operator with Meta tensors",
+        "with arguments from the 'Meta' backend",
+    ];
+    let line = message.lines().find(|l| SIGNS.iter().any(|s| l.contains(s)))?;
+    // From the operator's name on (`aten::mode: attempted …`, `Could not run 'aten::x' …`), as
+    // callers prefix their own context.
+    let from = ["aten::", "Could not run"]
+        .iter()
+        .filter_map(|p| line.find(p))
+        .min()
+        .unwrap_or(0);
+    let line = &line[from..];
+    let end = line.find(". You may have run into this message").unwrap_or(line.len());
+    Some(line[..end].trim_end_matches('.').to_owned())
+}

@@ -141,6 +141,11 @@ fn elementwise_meta_kernels_allocate_what_the_cpu_does() {
     same_bytes("mean of bf16", || {
         vec![x().to_kind(Kind::BFloat16).mean_dim(-1, true, None)]
     });
+    same_bytes("relu", || vec![x().relu()]);
+    same_bytes("hardtanh_backward of a transposed gradient", || {
+        let g = x().transpose(0, 1).contiguous().transpose(0, 1);
+        vec![g.hardtanh_backward(&x(), 0.0, 6.0)]
+    });
     same_bytes("layer_norm of a transposed input", || {
         let w = Tensor::ones([8], (Kind::Float, Device::Cpu));
         vec![x().transpose(0, 1).layer_norm([8], Some(&w), Some(&w), 1e-5, false)]

@@ -1,17 +1,18 @@
 //! Building an inferred architecture and copying a state dict's tensors into it: every
 //! variable set (or one that may keep its initial value), every key used (or derived data), a
-//! tied embedding a file left out restored from `lm_head.weight`.
+//! tied embedding a file left out restored from `lm_head.weight`. In fake mode the file gives
+//! shapes only and nothing is copied: the chain's fake variables already have the shapes and
+//! dtypes a copy would leave them with.
 
 use std::collections::BTreeMap;
 use std::path::Path;
-
-use tch::Tensor;
 
 use crate::architecture::Architecture;
 use crate::chain::Chain;
 use crate::error::{ModelError, Result};
 use crate::infer::{outer, Inferred};
 use crate::options::ModelOptions;
+use crate::weights::{same_values, StateDict, Weight};
 
 /// A model read from a state-dict file, with what loading it found.
 #[derive(Debug)]
@@ -40,7 +41,7 @@ pub struct Loaded {
 /// (or be derived data), else [`ModelError::KeyMismatch`] lists them.
 pub(crate) fn assemble(
     path: &Path,
-    tensors: Vec<(String, Tensor)>,
+    tensors: StateDict,
     shapes: &BTreeMap<String, Vec<i64>>,
     mut inferred: Inferred,
     restored: Vec<String>,
@@ -84,7 +85,7 @@ pub(crate) fn assemble(
     // the backbone and lose only what wraps both (DataParallel's `module.`).
     let prefix = inferred.prefix.clone().unwrap_or_default();
     let outer = outer(&prefix);
-    let mut by_name: BTreeMap<String, (String, Tensor)> = BTreeMap::new();
+    let mut by_name: BTreeMap<String, (String, Weight)> = BTreeMap::new();
     for (key, t) in tensors {
         let name = key
             .strip_prefix(prefix.as_str())
@@ -100,11 +101,12 @@ pub(crate) fn assemble(
             Some((key, src)) if src.size() != var.size() => {
                 mismatched.push(format!("{key}: file {:?} vs model {:?}", src.size(), var.size()));
             }
-            Some((key, src)) => {
+            Some((key, Weight::Values(src))) => {
                 let mut var = var.shallow_clone();
                 tch::no_grad(|| var.f_copy_(src))
                     .map_err(|e| ModelError::torch(format!("copying {key} of {} into {name}", path.display()), e))?;
             }
+            Some((_, Weight::Shape { .. })) => {}
             None if may_default(arch, name) => defaulted.push(name.clone()),
             None => missing.push(format!("{prefix}{name}")),
         }
@@ -118,9 +120,16 @@ pub(crate) fn assemble(
             Derived::No => unexpected.push(key.clone()),
             Derived::Yes => ignored.push(key.clone()),
             Derived::TiedTo(target) => {
-                let tied = variables.get(target).is_some_and(|w| {
-                    w.size() == src.size() && w.f_to_kind(src.kind()).and_then(|w| w.f_equal(src)).unwrap_or(false)
-                });
+                let tied = match src {
+                    Weight::Values(src) => variables.get(target).is_some_and(|w| {
+                        w.size() == src.size() && w.f_to_kind(src.kind()).and_then(|w| w.f_equal(src)).unwrap_or(false)
+                    }),
+                    // Fake variables have no values: the file's own tensor for the target.
+                    Weight::Shape { .. } => match by_name.get(target) {
+                        Some((_, w)) => same_values(path, w, src)?,
+                        None => false,
+                    },
+                };
                 if tied {
                     ignored.push(key.clone());
                 } else {
@@ -159,12 +168,12 @@ pub(crate) fn assemble(
 /// Puts back an input embedding that a file of a tied model left out because it equals
 /// `lm_head.weight` (GPT-2's `wte.weight`, Llama's `model.embed_tokens.weight`; savers that
 /// drop one of two shared tensors may drop either). Returns the keys it added.
-pub(crate) fn restore_tied_embedding(tensors: &mut Vec<(String, Tensor)>) -> Vec<String> {
-    let has = |tensors: &[(String, Tensor)], k: &str| tensors.iter().any(|(key, _)| key == k);
+pub(crate) fn restore_tied_embedding(tensors: &mut StateDict) -> Vec<String> {
+    let has = |tensors: &[(String, Weight)], k: &str| tensors.iter().any(|(key, _)| key == k);
     let Some((head_key, head)) = tensors
         .iter()
         .find(|(k, _)| k == "lm_head.weight" || k.ends_with(".lm_head.weight"))
-        .map(|(k, t)| (k.clone(), t.shallow_clone()))
+        .map(|(k, t)| (k.clone(), t.share()))
     else {
         return Vec::new();
     };

@@ -83,6 +83,32 @@ pub enum ModelError {
         why: String,
     },
 
+    /// A program exported on the meta device, asked for its weights: it has none.
+    #[error(
+        "torch.export program {} was exported on the meta device: it holds no weights, only their \
+         shapes, so it cannot run on real tensors; ckptune measures it on the meta device \
+         (--measure meta), which needs no weights",
+        path.display()
+    )]
+    ExportedOnMeta { path: PathBuf },
+
+    /// A node of a program that a step measured on the meta device cannot run: an operator
+    /// whose result depends on tensor values, or one without a meta kernel.
+    #[error(
+        "torch.export program {}: node {node} ({target}) cannot be measured on the meta device: \
+         {why}; measure the model by running it instead (--measure run){}",
+        path.display(),
+        if *meta_only { ", from a program exported with its weights (not on the meta device)" } else { "" }
+    )]
+    NotMeasurableOnMeta {
+        path: PathBuf,
+        node: String,
+        target: String,
+        why: String,
+        /// The program has no weights, so running it needs another export.
+        meta_only: bool,
+    },
+
     /// A program exported with a static batch size, run at another one.
     #[error(
         "torch.export program {} was exported with a static batch of {exported}, so it runs only at \

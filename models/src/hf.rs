@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use tch::Tensor;
 
 use crate::architecture::Architecture;
 use crate::assemble::{assemble, restore_tied_embedding, Loaded};
@@ -18,10 +17,8 @@ use crate::infer::{infer, Inferred};
 use crate::layers::Activation;
 use crate::options::ModelOptions;
 use crate::state_dict::read_state_dict;
+use crate::weights::StateDict;
 use crate::{bert, gpt2, llama};
-
-/// Named tensors, as [`load::read_state_dict`] returns them.
-type StateDict = Vec<(String, Tensor)>;
 
 /// The `model_type`s ckptune builds.
 pub const SUPPORTED_MODEL_TYPES: [&str; 5] = ["llama", "mistral", "qwen2", "bert", "gpt2"];

@@ -23,8 +23,10 @@ pub mod load;
 pub mod options;
 pub mod resnet;
 mod rotary;
+mod shapes;
 pub mod state_dict;
 pub mod toy;
+pub mod weights;
 pub mod zoo;
 
 pub use architecture::{Architecture, Family};
@@ -32,6 +34,6 @@ pub use assemble::Loaded;
 pub use chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 pub use error::ModelError;
 pub use layers::Activation;
-pub use load::from_file;
+pub use load::{from_file, needs_meta};
 pub use options::{Granularity, ModelOptions};
 pub use zoo::{builtin, list, ModelInfo};

@@ -1,7 +1,9 @@
 //! Reading state-dict files: `.safetensors`, and `.pt`/`.pth`/`.bin` files written by
 //! `torch.save` of a state dict (`OrderedDict` or `dict`), alone or nested in a checkpoint dict
 //! (`{"model": …, "optimizer": …}`), read with the `pytorch-reader` crate — libtorch's
-//! unpickler cannot read an `OrderedDict`; and writing one as safetensors.
+//! unpickler cannot read an `OrderedDict`; and writing one as safetensors. In fake mode (a
+//! step measured on the meta device) only shapes are read ([`crate::shapes`]): the same files
+//! are accepted and refused, and no tensor's data is read.
 
 use std::fs::File;
 use std::io::Read;
@@ -11,12 +13,15 @@ use tch::{Device, Kind, Tensor};
 
 use crate::chain::Chain;
 use crate::error::{first_line, ModelError, Result};
+use crate::shapes;
+use crate::weights::{StateDict, Weight};
 
-/// All tensors of a state-dict file, on the CPU: safetensors in file order, torch.save files
-/// sorted by name. `state_dict_key` picks the entry of a torch.save dict that holds the state
-/// dict (`None`: the top level, or the first of `state_dict`, `model_state_dict`, `model`,
-/// `module`, `net` that holds one).
-pub fn read_state_dict(path: &Path, state_dict_key: Option<&str>) -> Result<Vec<(String, Tensor)>> {
+/// All tensors of a state-dict file: on the CPU, or as shapes when fake mode is on
+/// ([`ckptune_kernels::fake::active`]); safetensors in file order, torch.save files sorted by
+/// name. `state_dict_key` picks the entry of a torch.save dict that holds the state dict
+/// (`None`: the top level, or the first of `state_dict`, `model_state_dict`, `model`, `module`,
+/// `net` that holds one).
+pub fn read_state_dict(path: &Path, state_dict_key: Option<&str>) -> Result<StateDict> {
     let io = |source| ModelError::Io {
         path: path.to_path_buf(),
         source,
@@ -44,7 +49,11 @@ pub fn read_state_dict(path: &Path, state_dict_key: Option<&str>) -> Result<Vec<
                 why: "a safetensors file is a flat state dict; the key picks an entry of a torch.save dict".into(),
             });
         }
+        if ckptune_kernels::fake::active() {
+            return shapes::safetensors(path);
+        }
         return Tensor::read_safetensors(path)
+            .map(|tensors| tensors.into_iter().map(|(k, t)| (k, Weight::Values(t))).collect())
             .map_err(|e| bad(format!("invalid safetensors file: {}", first_line(&e.to_string()))));
     }
     if head[0] == 0x80 {
@@ -60,7 +69,7 @@ pub fn read_state_dict(path: &Path, state_dict_key: Option<&str>) -> Result<Vec<
 /// the file's top-level dict is not itself a state dict.
 const NESTING_KEYS: [&str; 5] = ["state_dict", "model_state_dict", "model", "module", "net"];
 
-fn read_torch_zip(path: &Path, state_dict_key: Option<&str>) -> Result<Vec<(String, Tensor)>> {
+fn read_torch_zip(path: &Path, state_dict_key: Option<&str>) -> Result<StateDict> {
     let bad = |reason: String| ModelError::BadFile {
         path: path.to_path_buf(),
         reason,
@@ -105,7 +114,7 @@ fn read_torch_zip(path: &Path, state_dict_key: Option<&str>) -> Result<Vec<(Stri
 /// The state dict of a torch.save file (zip or legacy container) through pytorch-reader, from
 /// the top-level dict or the entry `state_dict_key` (found automatically when `None`).
 /// `what` prefixes read errors with what the file was taken to be.
-fn read_torch_pickle(path: &Path, state_dict_key: Option<&str>, what: &str) -> Result<Vec<(String, Tensor)>> {
+fn read_torch_pickle(path: &Path, state_dict_key: Option<&str>, what: &str) -> Result<StateDict> {
     let bad = |reason: String| ModelError::BadFile {
         path: path.to_path_buf(),
         reason,
@@ -145,9 +154,18 @@ fn read_torch_pickle(path: &Path, state_dict_key: Option<&str>, what: &str) -> R
             None => "it holds no tensors".into(),
         }));
     }
+    let fake = ckptune_kernels::fake::active();
     tensors
         .into_iter()
-        .map(|(name, t)| to_tch(path, &name, &t).map(|t| (name, t)))
+        .map(|(name, t)| {
+            let kind = kind_of(path, &name, &t)?;
+            let w = if fake {
+                shapes::torch(kind, t)
+            } else {
+                Weight::Values(to_tch(path, &name, kind, &t)?)
+            };
+            Ok((name, w))
+        })
         .collect()
 }
 
@@ -193,10 +211,10 @@ fn find_state_dict_key(path: &Path) -> Result<Option<String>> {
     )))
 }
 
-/// A pytorch-reader tensor as a CPU tch tensor (the bytes are read here).
-fn to_tch(path: &Path, name: &str, t: &pytorch_reader::Tensor) -> Result<Tensor> {
+/// The libtorch dtype of a pytorch-reader tensor.
+fn kind_of(path: &Path, name: &str, t: &pytorch_reader::Tensor) -> Result<Kind> {
     use pytorch_reader::DType;
-    let kind = match t.dtype() {
+    Ok(match t.dtype() {
         DType::F64 => Kind::Double,
         DType::F32 => Kind::Float,
         DType::F16 => Kind::Half,
@@ -213,7 +231,11 @@ fn to_tch(path: &Path, name: &str, t: &pytorch_reader::Tensor) -> Result<Tensor>
                 reason: format!("tensor {name} has dtype {other:?}, which libtorch's CPU tensors do not hold"),
             })
         }
-    };
+    })
+}
+
+/// A pytorch-reader tensor as a CPU tch tensor (the bytes are read here).
+fn to_tch(path: &Path, name: &str, kind: Kind, t: &pytorch_reader::Tensor) -> Result<Tensor> {
     let bytes = t.read().map_err(|source| ModelError::Io {
         path: path.to_path_buf(),
         source,

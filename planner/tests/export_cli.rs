@@ -93,6 +93,11 @@ fn bad_programs_exit_2_naming_the_node_and_the_fix() {
     let static_mlp = fixture("tiny_mlp_static.pt2");
     let custom = fixture("custom_op.pt2");
     let cond = fixture("cond.pt2");
+    let meta = fixture("hf_bert_meta.pt2");
+    let moe = fixture("moe_nonzero.pt2");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    let plan = plan.to_str().unwrap();
     for (args, needles) in [
         (
             vec!["plan", "--budget", "1GiB", &static_mlp, "--batch", "8"],
@@ -107,6 +112,14 @@ fn bad_programs_exit_2_naming_the_node_and_the_fix() {
             vec!["torch.ops.higher_order.cond", "data-dependent control flow"],
         ),
         (
+            vec!["plan", "--budget", "1GiB", &meta, "--output", plan],
+            vec!["exported on the meta device", "holds no weights", "--measure meta"],
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", &moe, "--output", plan],
+            vec!["node nonzero", "depends on tensor values"],
+        ),
+        (
             vec!["plan", "--budget", "1GiB", "/nonexistent/model.pt2"],
             vec!["does not exist"],
         ),
@@ -117,6 +130,7 @@ fn bad_programs_exit_2_naming_the_node_and_the_fix() {
             "{args:?}: a C++ traceback: {err}"
         );
     }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
 }
 
 #[test]

@@ -24,9 +24,33 @@ pub enum RuntimeError {
     Config(String),
     #[error("{0}")]
     Invalid(String),
+    /// A step measured on the meta device met an operator fake mode cannot run: one whose
+    /// result depends on tensor values, or one without a meta kernel (often only in backward,
+    /// which a model's load-time trial does not run).
+    #[error(
+        "the training step cannot be measured on the meta device: {why}; measure the model by \
+         running it instead (--measure run)"
+    )]
+    NotMeasurableOnMeta { why: String },
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
+
+impl RuntimeError {
+    /// This error as a fake step's refusal ([`RuntimeError::NotMeasurableOnMeta`]) when it is
+    /// an operator's failure that says fake mode cannot run it.
+    pub(crate) fn on_meta(self) -> RuntimeError {
+        let why = match &self {
+            RuntimeError::Kernel(KernelError::Torch { message, .. }) => ckptune_kernels::fake::meta_failure(message),
+            RuntimeError::Torch { source, .. } => ckptune_kernels::fake::meta_failure(&source.to_string()),
+            _ => None,
+        };
+        match why {
+            Some(why) => RuntimeError::NotMeasurableOnMeta { why },
+            None => self,
+        }
+    }
+}
 
 pub(crate) fn torch(op: impl Into<String>) -> impl FnOnce(tch::TchError) -> RuntimeError {
     let op = op.into();

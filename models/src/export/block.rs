@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use tch::Tensor;
 
 use super::errors::describe;
-use super::graph::Graph;
+use super::graph::{Graph, GraphError};
 use super::interpret::Env;
 use crate::chain::{Block, Ctx};
 
@@ -28,6 +28,9 @@ pub(super) struct Program {
     pub side_values: Vec<bool>,
     /// Per value, the node that defines it.
     pub def: Vec<Option<usize>>,
+    /// The first node that failed, as `(node, target, why)`: a block can only panic, and the
+    /// load-time trial run reports it typed from here.
+    pub failure: Mutex<Option<(String, String, String)>>,
 }
 
 // SAFETY: tensors are handles to refcounted libtorch tensors; the runtime runs blocks from one
@@ -123,6 +126,9 @@ impl ExportBlock {
     /// is a shape or dtype the exported example did not cover, reported with the node.
     fn run(&self, k: usize, env: &mut Env<'_>, keep: &dyn Fn(usize) -> bool) {
         if let Err(e) = self.prog.graph.run(k..k + 1, env, keep) {
+            if let (GraphError::Unsupported { node, target, why }, Ok(mut slot)) = (&e, self.prog.failure.lock()) {
+                slot.get_or_insert_with(|| (node.clone(), target.clone(), why.clone()));
+            }
             panic!("block {}: {}", self.name, describe(&e));
         }
     }

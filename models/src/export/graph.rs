@@ -289,7 +289,13 @@ fn parse_arg(j: &Json, ids: &mut Ids<'_>, subgraphs: &mut Vec<Graph>) -> GResult
         ),
         "as_string" => Input::Str(v.as_str().unwrap_or_default().to_owned()),
         "as_device" => {
-            let ty = v.get("type").and_then(Json::as_str).unwrap_or("cpu");
+            // A program exported on the meta device names it where its tensors are made
+            // (`arange`, `_assert_tensor_metadata`); ckptune runs such a program in fake mode,
+            // whose tensors report the CPU.
+            let ty = match v.get("type").and_then(Json::as_str).unwrap_or("cpu") {
+                "meta" => "cpu",
+                ty => ty,
+            };
             match v.get("index").and_then(Json::as_i64) {
                 Some(i) => Input::Str(format!("{ty}:{i}")),
                 None => Input::Str(ty.to_owned()),

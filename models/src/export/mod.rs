@@ -22,13 +22,14 @@ mod io;
 mod side;
 mod signature;
 mod trial;
+mod unbacked;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value as Json;
 
-pub use archive::is_export_archive;
+pub use archive::{exported_on_meta, is_export_archive};
 pub use candidates::layers;
 
 use crate::chain::{Chain, ChainGroup};
@@ -47,11 +48,14 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         reason,
     };
     let ar = archive::read(path)?;
+    let ar_on_meta = ar.on_meta;
     let gm = ar
         .model
         .get("graph_module")
         .ok_or_else(|| bad("model.json has no graph_module".into()))?;
-    let graph = Graph::parse(gm.get("graph").ok_or_else(|| bad("no graph".into()))?).map_err(graph_err(path))?;
+    let graph_json = gm.get("graph").ok_or_else(|| bad("no graph".into()))?;
+    unbacked::refuse(graph_json).map_err(graph_err(path))?;
+    let graph = Graph::parse(graph_json).map_err(graph_err(path))?;
     graph.check_ops().map_err(graph_err(path))?;
     let sig_json: &Json = gm.get("signature").ok_or_else(|| bad("no graph signature".into()))?;
     let sig = signature::read(path, &ar, &graph, sig_json, opts)?;
@@ -68,6 +72,7 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         side_nodes: side.nodes,
         side_values: side.values,
         def: flow.def.clone(),
+        failure: Mutex::new(None),
     });
     let blocks = dataflow::blocks(path, &prog, &flow, &cut.units, sig.input)?;
     let chain = Chain {
@@ -88,6 +93,7 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         reference_params: sig.reference_params,
     };
     chain.validate().map_err(bad)?;
-    trial::trial_run(&chain, io.in_sizes.first().copied().flatten().unwrap_or(2)).map_err(bad)?;
+    let batch = io.in_sizes.first().copied().flatten().unwrap_or(2);
+    trial::check(path, &chain, &prog, batch, ar_on_meta)?;
     Ok(chain)
 }

@@ -93,6 +93,11 @@ fn register_inputs(
             graph.inputs.len()
         )));
     }
+    let meta_ties = if ar.on_meta {
+        tied_on_meta(ar, graph, &specs)
+    } else {
+        HashMap::new()
+    };
     for (spec, &v) in specs.iter().zip(&graph.inputs) {
         let (kind, body) = spec
             .as_object()
@@ -124,7 +129,10 @@ fn register_inputs(
         // A tied tensor (the same data under two names) is one tensor, registered under the
         // first name, as `model.parameters()` yields it once: one parameter, one gradient, one
         // optimizer state, whichever name the graph reads it by.
-        let place = ar.storage.get(&fqn).cloned().unwrap_or_default();
+        let place = match meta_ties.get(&fqn) {
+            Some(tied) => tied.clone(),
+            None => ar.storage.get(&fqn).cloned().unwrap_or_default(),
+        };
         if let Some(shared) = tied.get(&place) {
             let shared: &Tensor = shared;
             by_fqn.insert(fqn, (shared.shallow_clone(), v));
@@ -152,6 +160,39 @@ fn register_inputs(
         user_inputs,
         reference_params,
     })
+}
+
+/// Ties in a program exported on the meta device, as the places of the parameters tied to
+/// another: there every tensor's data file is the same empty one, so the archive's places do
+/// not say which parameters share a tensor. torch.export reads a tied parameter through one
+/// placeholder and never reads the other (GPT-2's `transformer.wte.weight` beside
+/// `lm_head.weight`), so a parameter no node reads is taken as tied to a read one of the same
+/// dtype, sizes and strides. (A parameter of a module that forward never calls, untied, would
+/// be counted once too few.) Buffers and constants are never taken as tied: an unread buffer
+/// is common (transformers' `original_inv_freq`) and a tied one rare.
+fn tied_on_meta(ar: &Archive, graph: &Graph, specs: &[Json]) -> HashMap<String, String> {
+    let params: Vec<(&str, bool)> = specs
+        .iter()
+        .zip(&graph.inputs)
+        .filter_map(|(spec, &v)| {
+            let fqn = spec.get("parameter")?.get("parameter_name")?.as_str()?;
+            Some((fqn, graph.last_use[v].is_some()))
+        })
+        .collect();
+    let layout = |fqn: &str| ar.tensors.get(fqn).map(|t| (t.kind(), t.size(), t.stride()));
+    let mut ties = HashMap::new();
+    for &(fqn, read) in &params {
+        if read || layout(fqn).is_none() {
+            continue;
+        }
+        let partner = params
+            .iter()
+            .find(|&&(other, other_read)| other_read && layout(other) == layout(fqn));
+        if let Some(place) = partner.and_then(|(other, _)| ar.storage.get(*other)) {
+            ties.insert(fqn.to_owned(), place.clone());
+        }
+    }
+    ties
 }
 
 /// The output specs: the user outputs, and the buffers written back.

@@ -1,14 +1,45 @@
 //! A load-time trial run: a node that fails on a sample batch is bad input naming the node, not
-//! a panic in the middle of profiling.
+//! a panic in the middle of profiling. In fake mode a node that needs values, or a meta kernel
+//! libtorch lacks, is named as what keeps the model from being measured on the meta device.
+
+use std::path::Path;
 
 use tch::Tensor;
 
+use super::block::Program;
 use crate::chain::{Chain, Ctx};
+use crate::error::{ModelError, Result};
+
+/// [`trial_run`] with its failure as the models crate reports it. `meta_only`: the program was
+/// exported on the meta device (it has no weights to run for real).
+pub(super) fn check(path: &Path, chain: &Chain, prog: &Program, batch: i64, meta_only: bool) -> Result<()> {
+    let Err(reason) = trial_run(chain, batch) else {
+        return Ok(());
+    };
+    let failed = prog.failure.lock().ok().and_then(|mut f| f.take());
+    let meta = failed
+        .as_ref()
+        .filter(|_| ckptune_kernels::fake::active())
+        .and_then(|(_, _, why)| ckptune_kernels::fake::meta_failure(why));
+    Err(match (failed, meta) {
+        (Some((node, target, _)), Some(why)) => ModelError::NotMeasurableOnMeta {
+            path: path.to_path_buf(),
+            node,
+            target,
+            why,
+            meta_only,
+        },
+        _ => ModelError::BadExport {
+            path: path.to_path_buf(),
+            reason,
+        },
+    })
+}
 
 /// Runs the chain once on a sample batch, so that a node that fails (a dtype or shape the
 /// operator rejects) is bad input at load time, named with its node, rather than a panic in
 /// the middle of profiling. Buffers and the RNG are put back: the trial leaves no trace.
-pub(super) fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
+fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
     let rng = ckptune_kernels::rng::cpu_state().map_err(|e| e.to_string())?;
     let buffers: Vec<(Tensor, Tensor)> = chain
         .vs
@@ -26,17 +57,19 @@ pub(super) fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), St
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        tch::no_grad(|| {
-            // Chain::forward_all, with the batch's raw mask in the context.
-            let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref());
-            let mut outs: Vec<Tensor> = Vec::with_capacity(chain.blocks.len());
-            for (i, b) in chain.blocks.iter().enumerate() {
-                let x = if i == 0 { &sample.input } else { &outs[i - 1] };
-                let skips: Vec<Tensor> = b.skips.iter().map(|&s| outs[s].shallow_clone()).collect();
-                let out = b.block.forward(x, &ctx.with_skips(&skips));
-                outs.push(out);
-            }
-        })
+        // A guard, not `tch::no_grad`: it puts grad mode back when a failing node unwinds
+        // through it too (no_grad's closure form left a thread without grad mode after a
+        // failed trial, so every later step of that thread failed in its backward).
+        let _no_grad = tch::no_grad_guard();
+        // Chain::forward_all, with the batch's raw mask in the context.
+        let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref());
+        let mut outs: Vec<Tensor> = Vec::with_capacity(chain.blocks.len());
+        for (i, b) in chain.blocks.iter().enumerate() {
+            let x = if i == 0 { &sample.input } else { &outs[i - 1] };
+            let skips: Vec<Tensor> = b.skips.iter().map(|&s| outs[s].shallow_clone()).collect();
+            let out = b.block.forward(x, &ctx.with_skips(&skips));
+            outs.push(out);
+        }
     }))
     .map_err(|p| {
         let msg = p

@@ -45,6 +45,8 @@ fn is_bad_input(e: &(dyn std::error::Error + 'static)) -> bool {
                 | RuntimeError::NotCandidate { .. }
                 | RuntimeError::Selection(_)
                 | RuntimeError::Config(_)
+                // The model has an operator a step on the meta device cannot run.
+                | RuntimeError::NotMeasurableOnMeta { .. }
         );
     }
     if let Some(s) = e.downcast_ref::<SolveError>() {
@@ -109,5 +111,28 @@ mod tests {
         );
         let plain = anyhow::anyhow!("inner").context("outer");
         assert_eq!(message(&plain), "outer: inner");
+    }
+
+    #[test]
+    fn what_a_step_on_the_meta_device_cannot_run_is_bad_input() {
+        let path = std::path::PathBuf::from("m.pt2");
+        let errors: [anyhow::Error; 3] = [
+            RuntimeError::NotMeasurableOnMeta {
+                why: "aten::glu_backward: no meta kernel".into(),
+            }
+            .into(),
+            ModelError::ExportedOnMeta { path: path.clone() }.into(),
+            ModelError::NotMeasurableOnMeta {
+                path,
+                node: "item".into(),
+                target: "torch.ops.aten.item.default".into(),
+                why: "depends on tensor values".into(),
+                meta_only: false,
+            }
+            .into(),
+        ];
+        for e in errors {
+            assert!(e.chain().any(is_bad_input), "{e:#}");
+        }
     }
 }

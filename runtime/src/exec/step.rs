@@ -27,7 +27,13 @@ impl Session {
 
     /// Runs one training step (all micro-steps, then the optimizer and `zero_grad`) with the
     /// blocks flagged in `checkpoint` checkpointed. With `trace`, records the meter.
-    pub fn step(&mut self, checkpoint: &[bool], mut trace: Option<&mut StepTrace>) -> Result<StepReport> {
+    pub fn step(&mut self, checkpoint: &[bool], trace: Option<&mut StepTrace>) -> Result<StepReport> {
+        let fake = self.is_fake();
+        self.step_unchecked(checkpoint, trace)
+            .map_err(|e| if fake { e.on_meta() } else { e })
+    }
+
+    fn step_unchecked(&mut self, checkpoint: &[bool], mut trace: Option<&mut StepTrace>) -> Result<StepReport> {
         self.check_mask(checkpoint)?;
         self.sync();
         self.probe.reset_step();
@@ -85,7 +91,12 @@ impl Session {
     /// backward the whole segment is recomputed from its input, block by block with detached
     /// boundaries, then differentiated block by block like a plain run.
     pub fn micro_step(&mut self, batch: &Batch, checkpoint: &[bool], tr: Option<&mut MicroTrace>) -> Result<f64> {
-        Ok(self.micro_step_keeping_loss(batch, checkpoint, tr)?.0)
+        let fake = self.is_fake();
+        match self.micro_step_keeping_loss(batch, checkpoint, tr) {
+            Ok((value, _)) => Ok(value),
+            Err(e) if fake => Err(e.on_meta()),
+            Err(e) => Err(e),
+        }
     }
 
     /// [`Session::micro_step`], also handing back the loss tensor backward ran from, for a

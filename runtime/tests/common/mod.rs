@@ -3,6 +3,8 @@
 //! file uses what it needs.
 #![allow(dead_code)]
 
+pub mod terms;
+
 use ckptune_models::toy::{toy, ToyConfig};
 use ckptune_runtime::profile::{profile, ConfigProfile, ProfileSettings, RetimePolicy};
 use ckptune_runtime::{Session, TrainConfig};
