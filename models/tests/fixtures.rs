@@ -71,6 +71,7 @@ fn tiny_resnet_matches_pytorch() {
             input: input.shallow_clone(),
             target: io["target"].shallow_clone(),
             attention_mask: None,
+            padded: false,
         };
         let loss = chain.head.loss(logits, &batch);
         let diff = max_abs_diff(&loss.reshape([1]), &io["loss"]);
@@ -123,6 +124,7 @@ fn tiny_bert_matches_pytorch() {
             input: io["input_ids"].shallow_clone(),
             target: Tensor::from_slice(&[0i64, 1]),
             attention_mask: Some(io["attention_mask"].shallow_clone()),
+            padded: true,
         };
         let bias = chain.attention_bias(batch.attention_mask.as_ref().unwrap());
         let outs = run_blocks(chain, &batch.input, Some(&bias), false, false);
@@ -159,6 +161,7 @@ fn tiny_gpt2_matches_pytorch() {
         input: ids.shallow_clone(),
         target: ids.shallow_clone(),
         attention_mask: None,
+        padded: false,
     };
     let loss = chain.head.loss(hidden, &batch);
     let diff = max_abs_diff(&loss.reshape([1]), &io["loss"]);
@@ -233,6 +236,7 @@ fn tiny_llama_matches_pytorch() {
             input: io["input_ids"].shallow_clone(),
             target: io["input_ids"].shallow_clone(),
             attention_mask: Some(io["attention_mask"].shallow_clone()),
+            padded: true,
         };
         let bias = chain.attention_bias(batch.attention_mask.as_ref().unwrap());
         let outs = run_blocks(&chain, &batch.input, Some(&bias), false, false);
@@ -283,6 +287,7 @@ fn tiny_qwen2_matches_pytorch() {
         input: ids.shallow_clone(),
         target: ids.shallow_clone(),
         attention_mask: None,
+        padded: false,
     };
     let loss = chain.head.loss(hidden, &batch);
     let diff = max_abs_diff(&loss.reshape([1]), &io["loss"]);

@@ -125,6 +125,7 @@ fn assert_matches_pytorch(loaded: &ckptune_models::Loaded) {
         input: io["input_ids"].shallow_clone(),
         target: io["input_ids"].shallow_clone(),
         attention_mask: Some(io["attention_mask"].shallow_clone()),
+        padded: true,
     };
     let bias = chain.attention_bias(batch.attention_mask.as_ref().unwrap());
     let outs = tch::no_grad(|| run_blocks(chain, &batch.input, Some(&bias), false, false));

@@ -1,9 +1,9 @@
 //! Lines up a real CPU step and a fake (meta) step of a built-in model op by op and prints the
 //! calls whose bytes differ, with the innermost real operator at the difference:
-//! `cargo run --example fake_vs_real -- tiny-bert fp32 none|all`.
+//! `cargo run --example fake_vs_real -- tiny-bert fp32 none|all [eager|sdpa]`.
 
 use ckptune_kernels::optrace;
-use ckptune_models::{builtin, Granularity, ModelOptions};
+use ckptune_models::{builtin, Attention, Granularity, ModelOptions};
 use ckptune_runtime::{OptimizerKind, Precision, Session, TrainConfig};
 use tch::Device;
 
@@ -12,6 +12,7 @@ fn main() {
     let model = args.first().map_or("tiny-bert", String::as_str).to_string();
     let precision: Precision = args.get(1).map_or("fp32", String::as_str).parse().unwrap();
     let all = args.get(2).is_some_and(|a| a == "all");
+    let attention = args.get(3).map(|a| Attention::from_hf_name(a).expect("eager or sdpa"));
     tch::set_num_threads(1);
     ckptune_kernels::meter::install().unwrap();
     let resnet = model.contains("resnet");
@@ -19,6 +20,7 @@ fn main() {
         seq: (!resnet).then_some(16),
         image: resnet.then_some(32),
         granularity: Granularity::Layer,
+        attention,
         ..Default::default()
     };
     let cfg = TrainConfig::new(precision, OptimizerKind::AdamW, 2);

@@ -28,7 +28,7 @@ pub(super) fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), St
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         tch::no_grad(|| {
             // Chain::forward_all, with the batch's raw mask in the context.
-            let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref());
+            let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref(), sample.padded);
             let mut outs: Vec<Tensor> = Vec::with_capacity(chain.blocks.len());
             for (i, b) in chain.blocks.iter().enumerate() {
                 let x = if i == 0 { &sample.input } else { &outs[i - 1] };

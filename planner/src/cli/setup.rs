@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use ckptune_models::{Chain, Granularity, ModelOptions};
+use ckptune_models::{Attention, Chain, Granularity, ModelOptions};
 use ckptune_runtime::profile::{profile, ProfileSettings};
 use ckptune_runtime::{OptimizerImpl, OptimizerKind, Precision, Session, TrainConfig};
 use ckptune_solver::formats::{self, BlockJson, CachedConfig, DeviceJson, GroupJson, ModelJson, ProfileJson};
@@ -89,6 +89,7 @@ impl Setup {
             classes: a.classes,
             state_dict_key: a.state_dict_key.clone(),
             heads: a.heads,
+            attention: a.attention.as_deref().map(attention).transpose()?,
             granularity,
             device,
             // A torch.export program with a static batch runs only at its exported batch.
@@ -197,7 +198,9 @@ impl Setup {
             // programs' chains changed). `shard1`: the loss head's forward, its seed and the
             // end of backward measured, and the parameters' shapes recorded (plan --shard); `shard2`:
             // what each block's backward frees as it starts (FSDP's pre-backward sees it).
-            "v{}|chain2|win2|optim2|timing2|step2|shard2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|{}|{:?}|threads={}|repeats={}",
+            // `attn` only when --attention is given, so eager profiles cached before it keep
+            // their keys.
+            "v{}|chain2|win2|optim2|timing2|step2|shard2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}{}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             cpu_identity(),
             model_id,
@@ -208,6 +211,7 @@ impl Setup {
             self.opts.candidates,
             self.opts.state_dict_key,
             self.opts.heads,
+            self.opts.attention.map_or(String::new(), |a| format!("|attn={}", a.hf_name())),
             cfg.label(),
             self.device,
             self.threads,
@@ -242,6 +246,11 @@ fn granularity(name: &str) -> Result<Granularity> {
             "--granularity {other:?}: expected layer, block or nested"
         ))),
     }
+}
+
+/// `--attention`.
+fn attention(name: &str) -> Result<Attention> {
+    Attention::from_hf_name(name).ok_or_else(|| usage(format!("--attention {name:?}: expected eager or sdpa")))
 }
 
 /// The config flags, each resolved: precisions, optimizers with their implementations,

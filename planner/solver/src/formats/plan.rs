@@ -149,6 +149,10 @@ pub struct ShapeJson {
     /// `--heads`: the attention heads of a transformer read from a state dict, when given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heads: Option<i64>,
+    /// `--attention`: the attention implementation of a transformer (`eager`, `sdpa`), when
+    /// given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<String>,
 }
 
 /// `plan --json` when nothing fits: the failure as data, for scripts. Fields are in
