@@ -516,6 +516,7 @@ fn build_chain(
             targets: TokenTargets::Classes(cfg.num_labels),
         },
         reference_params: cfg.param_count(),
+        attention: Some(attention),
     })
 }
 

@@ -192,6 +192,9 @@ pub struct Chain {
     /// Parameters of the reference model proper (e.g. `BertModel`), excluding any head that
     /// was added only to have a loss.
     pub reference_params: i64,
+    /// The attention implementation of a transformer ckptune built (`--attention`); `None` for
+    /// models without attention and for programs whose attention is already in their graph.
+    pub attention: Option<crate::options::Attention>,
 }
 
 impl std::fmt::Debug for Chain {

@@ -588,6 +588,7 @@ fn build_chain(
             targets: TokenTargets::PerToken,
         },
         reference_params: cfg.param_count(),
+        attention: Some(attention),
     })
 }
 

@@ -244,8 +244,7 @@ impl Fields<'_> {
 
 /// The attention implementation a config.json names, as `PreTrainedConfig.__init__` reads it:
 /// `_attn_implementation` (older configs) over `attn_implementation`. `None` when it names
-/// none: ckptune then builds eager, where `from_config` would give SDPA, so that a plan made
-/// from a config matches the built-in model of the same name.
+/// none: the default then, sdpa, as `from_config` gives.
 fn attention(f: &Fields<'_>) -> Result<Option<Attention>> {
     let Some(key) = ["_attn_implementation", "attn_implementation"]
         .into_iter()

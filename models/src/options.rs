@@ -21,16 +21,19 @@ pub enum Granularity {
     Nested,
 }
 
-/// How a transformer computes attention: Hugging Face's `attn_implementation`.
+/// How a transformer computes attention: Hugging Face's `attn_implementation`. The default is
+/// transformers' own for BERT, GPT-2 and the Llama family, `sdpa`: what a user's
+/// `from_pretrained` or `from_config` model runs unless told otherwise.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Attention {
     /// `eager`: the scores `softmax(QK^T)` materialized as `[batch, heads, seq, seq]`, as the
     /// family's `eager_attention_forward` writes it out.
-    #[default]
     Eager,
     /// `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, called as transformers'
     /// `sdpa_attention_forward` calls it; libtorch picks the kernel (on the CPU its flash
-    /// attention, or the math path with dropout), so no score matrix is kept for backward.
+    /// attention without dropout; with dropout, in training, the math path, which keeps the
+    /// `[batch, heads, seq, seq]` probabilities and dropout mask as eager does).
+    #[default]
     Sdpa,
 }
 
@@ -65,9 +68,9 @@ pub struct ModelOptions {
     /// The entry of a `torch.save`d dict that holds the state dict (`model`, `state_dict`, …);
     /// `None`: found automatically.
     pub state_dict_key: Option<String>,
-    /// The attention implementation of a transformer. `None`: eager, unless a Hugging Face
-    /// `config.json` names one (`attn_implementation`). Eager stays the default so that plans
-    /// made before the option existed are made again unchanged.
+    /// The attention implementation of a transformer. `None`: what a Hugging Face
+    /// `config.json` names (`attn_implementation`), else [`Attention::default`], sdpa, as
+    /// transformers chooses. Models without attention refuse it.
     pub attention: Option<Attention>,
     pub granularity: Granularity,
     pub device: Device,

@@ -504,6 +504,7 @@ pub(crate) fn build_with_default_image(
             classes: cfg.num_classes,
         },
         reference_params: cfg.param_count(),
+        attention: None,
     })
 }
 

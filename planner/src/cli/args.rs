@@ -78,10 +78,10 @@ pub struct ModelArgs {
     /// a Hugging Face folder's config.json says it instead.
     #[arg(long)]
     pub heads: Option<i64>,
-    /// Attention implementation of a transformer, Hugging Face's `attn_implementation`: `eager`
-    /// (the `[batch, heads, seq, seq]` scores kept for backward; the default) or `sdpa`
-    /// (`scaled_dot_product_attention`, HF's own default). A config.json that names one is
-    /// followed unless this is given.
+    /// Attention implementation of a transformer, Hugging Face's `attn_implementation`: `sdpa`
+    /// (`scaled_dot_product_attention`, transformers' default and so ckptune's) or `eager`
+    /// (the `[batch, heads, seq, seq]` scores kept for backward). A config.json that names one
+    /// is followed unless this is given.
     #[arg(long)]
     pub attention: Option<String>,
     /// Candidate granularity: `layer` (ResNet stages, transformer layers), `block` (the

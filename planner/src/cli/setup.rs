@@ -198,9 +198,9 @@ impl Setup {
             // programs' chains changed). `shard1`: the loss head's forward, its seed and the
             // end of backward measured, and the parameters' shapes recorded (plan --shard); `shard2`:
             // what each block's backward frees as it starts (FSDP's pre-backward sees it).
-            // `attn` only when --attention is given, so eager profiles cached before it keep
-            // their keys.
-            "v{}|chain2|win2|optim2|timing2|step2|shard2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}{}|{}|{:?}|threads={}|repeats={}",
+            // `attn`: --attention, or `model` (what config.json says, else sdpa); keys before it
+            // were eager's, so none of them can name an sdpa profile.
+            "v{}|chain2|win2|optim2|timing2|step2|shard2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|attn={}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             cpu_identity(),
             model_id,
@@ -211,7 +211,7 @@ impl Setup {
             self.opts.candidates,
             self.opts.state_dict_key,
             self.opts.heads,
-            self.opts.attention.map_or(String::new(), |a| format!("|attn={}", a.hf_name())),
+            self.opts.attention.map_or("model", |a| a.hf_name()),
             cfg.label(),
             self.device,
             self.threads,
@@ -456,6 +456,7 @@ pub fn model_json(chain: &Chain) -> ModelJson {
                 element_bytes,
             })
             .collect(),
+        attention: chain.attention.map(|a| a.hf_name().to_owned()),
     }
 }
 
