@@ -13,7 +13,7 @@ use ckptune_models::hf;
 use ckptune_models::llama::{self, Llama3RopeScaling, ModelType};
 use ckptune_models::load;
 use ckptune_models::Architecture;
-use ckptune_models::{Batch, ModelError, ModelOptions};
+use ckptune_models::{Attention, Batch, ModelError, ModelOptions};
 use common::{fixture, max_abs_diff, run_blocks, tensors};
 use serde_json::{json, Value};
 use tch::Tensor;
@@ -112,6 +112,8 @@ fn write(path: &Path, sd: &BTreeMap<String, Tensor>) {
 fn opts() -> ModelOptions {
     ModelOptions {
         seq: Some(8),
+        // The io fixture is the eager reference's.
+        attention: Some(Attention::Eager),
         ..Default::default()
     }
 }

@@ -51,7 +51,7 @@ def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warm
         root=None, log=None, autocast_cache=True):
     """Trains the reference of `model_name` with `plan` (a path or dict: its checkpoint and
     config) applied, and measures every step. Returns the run as a dict (format `FORMAT`).
-    `attention` is a transformer's `attn_implementation` ("eager" when None, as ckptune's).
+    `attention` is a transformer's `attn_implementation` (None: "sdpa", ckptune's default).
     `autocast_cache=False` runs autocast with `cache_enabled=False` (its bf16 weight casts are
     then not kept until the autocast region ends).
 
@@ -71,7 +71,7 @@ def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warm
 
     torch.set_num_threads(threads)
     meter = meter_mod.Meter(meter_mod.build())  # installed before anything is allocated
-    t = _build(ref, model_name, doc, cfg, image, seq, attention or "eager", lr)
+    t = _build(ref, model_name, doc, cfg, image, seq, attention, lr)
     records = []
     for i in range(steps):
         records.append(_step(i + 1, t, cfg, meter, autocast_cache))
@@ -178,7 +178,8 @@ def main(argv=None):
         if "model" not in shape:
             raise ValueError(f"{a.plan} has no shape.model: re-plan with this ckptune")
         out = run(shape["model"], doc, image=shape.get("image"), seq=shape.get("seq"),
-                  attention=shape.get("attention"), steps=a.steps,
+                  # A plan without it predates the choice: eager, then the only attention.
+                  attention=shape.get("attention", "eager"), steps=a.steps,
                   warmup=a.warmup, threads=int(device.get("threads") or 1), root=a.root,
                   log=lambda m: print(m, file=sys.stderr))
     except (ValueError, OSError) as e:
