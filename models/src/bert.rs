@@ -457,7 +457,14 @@ pub(crate) fn build_with_default_seq(name: &str, cfg: &Config, opts: &ModelOptio
             ),
         });
     }
-    build_chain(name, &cfg, seq, spec, opts.granularity, opts.attention.unwrap_or_default())
+    build_chain(
+        name,
+        &cfg,
+        seq,
+        spec,
+        opts.granularity,
+        opts.attention.unwrap_or_default(),
+    )
 }
 
 fn build_chain(

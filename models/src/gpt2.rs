@@ -317,8 +317,14 @@ impl Attention {
         drop(qkv);
         let (mut attn_output, attn_weights) = match &self.path {
             Path::Eager { bias } => {
-                let (output, weights) =
-                    self.eager(bias, &query_states, &key_states, &value_states, ctx.attention_mask, train);
+                let (output, weights) = self.eager(
+                    bias,
+                    &query_states,
+                    &key_states,
+                    &value_states,
+                    ctx.attention_mask,
+                    train,
+                );
                 (output, Some(weights))
             }
             Path::Sdpa(sdpa) => {
@@ -491,7 +497,14 @@ pub fn build(name: &str, cfg: &Config, opts: &ModelOptions) -> Result<Chain> {
             why: format!("the sequence length must be in 1..={} (n_positions)", cfg.n_positions),
         });
     }
-    build_chain(name, &cfg, seq, spec, opts.granularity, opts.attention.unwrap_or_default())
+    build_chain(
+        name,
+        &cfg,
+        seq,
+        spec,
+        opts.granularity,
+        opts.attention.unwrap_or_default(),
+    )
 }
 
 fn build_chain(

@@ -36,8 +36,8 @@ use crate::error::{ModelError, Result};
 use crate::layers::{dropout, finfo_min, param, Embedding, Init, Linear, Spec};
 use crate::options::{Attention as Implementation, Granularity, ModelOptions};
 use crate::rotary;
-use crate::sdpa::{repeat_kv, Sdpa};
 pub use crate::rotary::Llama3RopeScaling;
+use crate::sdpa::{repeat_kv, Sdpa};
 
 /// Which `model_type` a configuration reproduces: the module tree is the same, Qwen2 adds
 /// biases to the query, key and value projections.
@@ -649,7 +649,14 @@ pub fn build(name: &str, cfg: &Config, opts: &ModelOptions) -> Result<Chain> {
             ),
         });
     }
-    build_chain(name, &cfg, seq, spec, opts.granularity, opts.attention.unwrap_or_default())
+    build_chain(
+        name,
+        &cfg,
+        seq,
+        spec,
+        opts.granularity,
+        opts.attention.unwrap_or_default(),
+    )
 }
 
 fn build_chain(

@@ -48,7 +48,9 @@ impl Attention {
 
     /// `eager` or `sdpa`; `None` for anything else.
     pub fn from_hf_name(name: &str) -> Option<Self> {
-        [Attention::Eager, Attention::Sdpa].into_iter().find(|a| a.hf_name() == name)
+        [Attention::Eager, Attention::Sdpa]
+            .into_iter()
+            .find(|a| a.hf_name() == name)
     }
 }
 

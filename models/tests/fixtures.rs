@@ -86,7 +86,7 @@ fn tiny_bert_matches_pytorch() {
     // 32 wide with 2 heads: not the hidden/64 convention, so the head count is given.
     let opts = ModelOptions {
         heads: Some(2),
-            attention: Some(Attention::Eager),
+        attention: Some(Attention::Eager),
         ..Default::default()
     };
     for (file, prefix, defaulted) in [
@@ -179,7 +179,7 @@ fn both_file_formats_hold_the_same_weights() {
             "tiny_bert.pt",
             ModelOptions {
                 heads: Some(2),
-            attention: Some(Attention::Eager),
+                attention: Some(Attention::Eager),
                 ..Default::default()
             },
         ),
@@ -305,7 +305,7 @@ fn tiny_qwen2_matches_pytorch() {
 fn torch_save_files_load_as_the_safetensors_does() {
     let base = ModelOptions {
         heads: Some(2),
-            attention: Some(Attention::Eager),
+        attention: Some(Attention::Eager),
         seq: Some(8),
         ..Default::default()
     };

@@ -31,7 +31,10 @@ fn reference(name: &str, padding: &str) -> (HashMap<String, Tensor>, HashMap<Str
         String::from_utf8_lossy(&out.stderr)
     );
     let read = |f: &str| -> HashMap<String, Tensor> {
-        Tensor::read_safetensors(dir.path().join(f)).unwrap().into_iter().collect()
+        Tensor::read_safetensors(dir.path().join(f))
+            .unwrap()
+            .into_iter()
+            .collect()
     };
     (read("weights.safetensors"), read("io.safetensors"))
 }
