@@ -8,23 +8,25 @@ use std::path::{Path, PathBuf};
 const FIX: &str = "run `scripts/setup` (it installs torch==2.13.0 from PyPI and links it as \
                    .libtorch, which .cargo/config.toml points LIBTORCH at)";
 
+/// The shim's sources in `csrc/`, compiled on every build.
+const SOURCES: [&str; 10] = [
+    "shim.cpp",
+    "meter.cpp",
+    "fake.cpp",
+    "meta_kernels.cpp",
+    "optrace.cpp",
+    "cpu_extras.cpp",
+    "meta_conv.cpp",
+    "meta_elementwise.cpp",
+    "meta_attention.cpp",
+    "learned_scratch.cpp",
+];
+
+/// The headers they include.
+const HEADERS: [&str; 5] = ["common.h", "meta_kernels.h", "cpu_extras.h", "meter.h", "shape_code.h"];
+
 fn main() {
-    for f in [
-        "shim.cpp",
-        "meter.cpp",
-        "fake.cpp",
-        "meta_kernels.cpp",
-        "optrace.cpp",
-        "cpu_extras.cpp",
-        "meta_conv.cpp",
-        "meta_elementwise.cpp",
-        "learned_scratch.cpp",
-        "common.h",
-        "meta_kernels.h",
-        "cpu_extras.h",
-        "meter.h",
-        "shape_code.h",
-    ] {
+    for f in SOURCES.iter().chain(&HEADERS) {
         println!("cargo:rerun-if-changed=csrc/{f}");
     }
     println!("cargo:rerun-if-changed=csrc/cuda_shim.cpp");
@@ -67,17 +69,7 @@ fn main() {
         .define("NDEBUG", None)
         // libtorch's headers are not warning-clean under -Wall; our own code is small.
         .warnings(false)
-        .files([
-            "csrc/shim.cpp",
-            "csrc/meter.cpp",
-            "csrc/fake.cpp",
-            "csrc/meta_kernels.cpp",
-            "csrc/optrace.cpp",
-            "csrc/cpu_extras.cpp",
-            "csrc/meta_conv.cpp",
-            "csrc/meta_elementwise.cpp",
-            "csrc/learned_scratch.cpp",
-        ]);
+        .files(SOURCES.iter().map(|f| format!("csrc/{f}")));
 
     if env::var_os("CARGO_FEATURE_CUDA").is_some() {
         // The CUDA runtime headers come with the PyPI wheel's nvidia-cuda-runtime package next

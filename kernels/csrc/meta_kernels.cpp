@@ -37,16 +37,24 @@ Tensor index_select_meta(const Tensor& self, int64_t dim, const Tensor& index) {
   return at::empty(sizes, self.options());
 }
 
-// `where.self` (`where_self_out`): an empty output, the operands promoted to the result type
-// where they differ (a Python number is a CPU scalar of its own type), a byte condition made
-// bool, then the output resized to the broadcast shape.
-Tensor where_self_meta(const Tensor& condition, const Tensor& self, const Tensor& other) {
+// `where.self_out` (`where_self_out`): the operands promoted to the result type where they
+// differ (a Python number is a CPU scalar of its own type), a byte condition made bool, then the
+// output resized to the broadcast shape (no allocation when it has it: `_safe_softmax`, the
+// softmax of SDPA's math path, writes its result in place this way).
+Tensor& where_self_out_meta(const Tensor& condition, const Tensor& self, const Tensor& other, Tensor& out) {
   const auto result_type = at::result_type(self, other);
-  Tensor out = at::empty({0}, self.options().dtype(result_type));
   Tensor self_ = self.scalar_type() != result_type ? self.to(result_type) : self;
   Tensor other_ = other.scalar_type() != result_type ? other.to(result_type) : other;
   Tensor condition_ = condition.scalar_type() == at::kByte ? condition.to(at::kBool) : condition;
-  out.resize_(at::infer_size(condition_.sizes(), at::infer_size(self_.sizes(), other_.sizes())));
+  const auto shape = at::infer_size(condition_.sizes(), at::infer_size(self_.sizes(), other_.sizes()));
+  if (out.sizes() != c10::IntArrayRef(shape)) out.resize_(shape);
+  return out;
+}
+
+// `where.self`: an empty output of the result type, then `where.self_out`.
+Tensor where_self_meta(const Tensor& condition, const Tensor& self, const Tensor& other) {
+  Tensor out = at::empty({0}, self.options().dtype(at::result_type(self, other)));
+  where_self_out_meta(condition, self, other, out);
   return out;
 }
 
@@ -192,6 +200,7 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   auto own = [&](const char* name, auto&& fn) { ckpt::register_own(m, name, std::forward<decltype(fn)>(fn)); };
   own("index_select", TORCH_FN(index_select_meta));
   own("where.self", TORCH_FN(where_self_meta));
+  own("where.self_out", TORCH_FN(where_self_out_meta));
   own("embedding_dense_backward", TORCH_FN(embedding_dense_backward_meta));
   own("native_layer_norm", TORCH_FN(native_layer_norm_meta));
   own("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward_meta));
@@ -215,6 +224,6 @@ std::unordered_set<std::string>& own_kernels() {
 
 bool own_meta_kernel(const std::string& name) { return own_kernels().count(name) != 0; }
 void note_own_meta_kernel(const std::string& name) { own_kernels().insert(name); }
-int meta_kernels_linked() { return meta_conv_linked() + meta_elementwise_linked(); }
+int meta_kernels_linked() { return meta_conv_linked() + meta_elementwise_linked() + meta_attention_linked(); }
 
 }  // namespace ckpt

@@ -29,5 +29,6 @@ void register_own(torch::Library& m, const char* name, Fn&& fn) {
 int meta_kernels_linked();
 int meta_conv_linked();
 int meta_elementwise_linked();
+int meta_attention_linked();
 
 }  // namespace ckpt

@@ -1,11 +1,13 @@
 //! BERT as Hugging Face's `transformers/models/bert/modeling_bert.py` builds `BertModel`, with
 //! a `BertForSequenceClassification` head for the loss, as a chain of named blocks.
 //!
-//! Attention is the **eager** path (`attn_implementation="eager"`, the classic
+//! Attention is the **eager** path by default (`attn_implementation="eager"`, the classic
 //! `BertSelfAttention` of transformers 4.x: `matmul`, divide by `sqrt(head_size)`, add the
-//! additive mask, softmax, dropout, `matmul`). Recent transformers default BERT to SDPA, which
-//! keeps far less activation memory; ckptune models the eager path, whose memory is what
-//! activation checkpointing trades. Every `forward` mirrors the Python statement by statement,
+//! additive mask, softmax, dropout, `matmul`). With [`crate::Attention::Sdpa`] it is
+//! transformers 5's `BertSelfAttention` under SDPA, HF's default ([`crate::sdpa`]): no mask
+//! when nothing is padded, else `sdpa_mask`'s bidirectional `[batch, 1, seq, seq]` bool built
+//! in each attention (HF builds it once per forward), and `attention_probs_dropout_prob` as
+//! SDPA's dropout in training. Every `forward` mirrors the Python statement by statement,
 //! including which locals stay alive until the function returns (e.g. the masked scores
 //! beside the softmax output), so transient memory matches.
 //!
@@ -22,7 +24,8 @@ use tch::{nn, Kind, Tensor};
 use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 use crate::error::{ModelError, Result};
 use crate::layers::{div_by_python_float, dropout, Activation, Embedding, LayerNorm, Linear, Spec};
-use crate::options::{Granularity, ModelOptions};
+use crate::options::{Attention as Implementation, Granularity, ModelOptions};
+use crate::sdpa::Sdpa;
 
 /// The fields of HF's `BertConfig` that shape `BertModel` (absolute position embeddings,
 /// encoder only), plus `num_labels` / `classifier_dropout` of the classification head.
@@ -250,7 +253,7 @@ impl Block for Embeddings {
     }
 }
 
-/// `BertSelfAttention` (eager, absolute positions, not a decoder).
+/// `BertSelfAttention` (absolute positions, not a decoder).
 struct SelfAttention {
     query: Linear,
     key: Linear,
@@ -258,6 +261,8 @@ struct SelfAttention {
     heads: i64,
     head_size: i64,
     p: f64,
+    /// `None`: eager.
+    sdpa: Option<Sdpa>,
 }
 
 impl SelfAttention {
@@ -268,7 +273,32 @@ impl SelfAttention {
         x.view(shape.as_slice()).permute([0, 2, 1, 3])
     }
 
-    fn forward(&self, hidden_states: &Tensor, attention_mask: Option<&Tensor>, train: bool) -> Tensor {
+    fn forward(&self, hidden_states: &Tensor, ctx: &Ctx<'_>) -> Tensor {
+        match &self.sdpa {
+            None => self.eager(hidden_states, ctx.attention_mask, ctx.train),
+            Some(sdpa) => self.sdpa(sdpa, hidden_states, ctx),
+        }
+    }
+
+    /// Transformers 5's `BertSelfAttention.forward` with `sdpa_attention_forward`.
+    fn sdpa(&self, sdpa: &Sdpa, hidden_states: &Tensor, ctx: &Ctx<'_>) -> Tensor {
+        let mut input_shape = hidden_states.size();
+        input_shape.pop();
+        let mut hidden_shape = input_shape.clone();
+        hidden_shape.extend([-1, self.head_size]);
+        let heads = |t: Tensor| t.view(hidden_shape.as_slice()).transpose(1, 2);
+        let query_layer = heads(self.query.forward(hidden_states));
+        let key_layer = heads(self.key.forward(hidden_states));
+        let value_layer = heads(self.value.forward(hidden_states));
+        let mask = sdpa.mask(ctx.attention_mask, ctx.padded);
+        let p = if ctx.train { self.p } else { 0.0 };
+        let attn_output = sdpa.forward(&query_layer, &key_layer, &value_layer, mask.as_ref(), p);
+        input_shape.push(-1);
+        attn_output.reshape(input_shape.as_slice()).contiguous()
+    }
+
+    /// The eager `BertSelfAttention.forward` of transformers 4.
+    fn eager(&self, hidden_states: &Tensor, attention_mask: Option<&Tensor>, train: bool) -> Tensor {
         let mixed_query_layer = self.query.forward(hidden_states);
         let key_layer = self.transpose_for_scores(&self.key.forward(hidden_states));
         let value_layer = self.transpose_for_scores(&self.value.forward(hidden_states));
@@ -318,9 +348,7 @@ struct Attention {
 impl Block for Attention {
     /// `BertAttention.forward`: the self-attention output tuple lives until it returns.
     fn forward(&self, hidden_states: &Tensor, ctx: &Ctx<'_>) -> Tensor {
-        let self_outputs = self
-            .attention_self
-            .forward(hidden_states, ctx.attention_mask, ctx.train);
+        let self_outputs = self.attention_self.forward(hidden_states, ctx);
         self.output.forward(&self_outputs, hidden_states, ctx.train)
     }
 }
@@ -429,10 +457,24 @@ pub(crate) fn build_with_default_seq(name: &str, cfg: &Config, opts: &ModelOptio
             ),
         });
     }
-    build_chain(name, &cfg, seq, spec, opts.granularity)
+    build_chain(
+        name,
+        &cfg,
+        seq,
+        spec,
+        opts.granularity,
+        opts.attention.unwrap_or_default(),
+    )
 }
 
-fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Granularity) -> Result<Chain> {
+fn build_chain(
+    name: &str,
+    cfg: &Config,
+    seq: i64,
+    spec: Spec,
+    granularity: Granularity,
+    attention: Implementation,
+) -> Result<Chain> {
     let vs = nn::VarStore::new(spec.device);
     let root = vs.root();
     let mut groups = Vec::new();
@@ -443,7 +485,7 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Gran
         block: Box::new(embeddings(name, &root, cfg, spec)?),
     }];
     for n in 0..cfg.num_hidden_layers {
-        let layer = layer(&(&root / "encoder" / "layer" / n), cfg, spec)?;
+        let layer = layer(&(&root / "encoder" / "layer" / n), cfg, spec, attention)?;
         push_layer(
             &mut blocks,
             &mut groups,
@@ -481,6 +523,7 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Gran
             targets: TokenTargets::Classes(cfg.num_labels),
         },
         reference_params: cfg.param_count(),
+        attention: Some(attention),
     })
 }
 
@@ -523,7 +566,7 @@ fn embeddings(name: &str, root: &nn::Path<'_>, cfg: &Config, spec: Spec) -> Resu
 }
 
 /// `BertLayer` at `l` (`encoder.layer.N`).
-fn layer(l: &nn::Path<'_>, cfg: &Config, spec: Spec) -> Result<Layer> {
+fn layer(l: &nn::Path<'_>, cfg: &Config, spec: Spec, attention: Implementation) -> Result<Layer> {
     let (h, std) = (cfg.hidden_size, cfg.initializer_range);
     let output = |p: &nn::Path<'_>, in_dim: i64| -> Result<Output> {
         Ok(Output {
@@ -542,6 +585,11 @@ fn layer(l: &nn::Path<'_>, cfg: &Config, spec: Spec) -> Result<Layer> {
                 heads: cfg.num_attention_heads,
                 head_size: cfg.head_size(),
                 p: cfg.attention_probs_dropout_prob,
+                sdpa: (attention == Implementation::Sdpa).then(|| Sdpa {
+                    scaling: (cfg.head_size() as f64).powf(-0.5),
+                    causal: false,
+                    kv_groups: 1,
+                }),
             },
             output: output(&(l / "attention" / "output"), h)?,
         },

@@ -24,22 +24,32 @@ pub struct Ctx<'a> {
     /// The batch's raw `[batch, seq]` 0/1 attention mask, for blocks that compute their own
     /// bias from it (a `torch.export` program that takes the mask as an input).
     pub batch_mask: Option<&'a Tensor>,
+    /// Whether the attention mask masks some token ([`Batch::padded`]). Hugging Face's SDPA
+    /// path reads the mask's values to decide whether it needs a mask at all; a fake tensor has
+    /// none, so the batch says it.
+    pub padded: bool,
 }
 
 impl<'a> Ctx<'a> {
-    /// The context of a block that reads no earlier outputs.
+    /// The context of a block that reads no earlier outputs; a mask given is taken to pad
+    /// (numerically the same as not padding, where an explicit mask passes everything).
     pub fn new(attention_mask: Option<&'a Tensor>, train: bool) -> Self {
         Ctx {
             attention_mask,
             train,
             skips: &[],
             batch_mask: None,
+            padded: attention_mask.is_some(),
         }
     }
 
-    /// The same context with the batch's raw attention mask.
-    pub fn with_batch_mask(self, batch_mask: Option<&'a Tensor>) -> Self {
-        Ctx { batch_mask, ..self }
+    /// The same context with the batch's raw attention mask and whether it pads.
+    pub fn with_batch_mask(self, batch_mask: Option<&'a Tensor>, padded: bool) -> Self {
+        Ctx {
+            batch_mask,
+            padded: padded && self.attention_mask.is_some(),
+            ..self
+        }
     }
 
     /// The same context with `skips` as the block's extra inputs.
@@ -52,6 +62,7 @@ impl<'a> Ctx<'a> {
             train: self.train,
             skips,
             batch_mask: self.batch_mask,
+            padded: self.padded,
         }
     }
 
@@ -157,6 +168,9 @@ pub struct Batch {
     pub target: Tensor,
     /// For token models: `[batch, seq]` i64 with 1 for real tokens and 0 for padding.
     pub attention_mask: Option<Tensor>,
+    /// Whether `attention_mask` has a 0, said by whoever made the batch (a fake batch has no
+    /// values to read).
+    pub padded: bool,
 }
 
 /// A model as a chain of blocks plus a loss head, with its parameters in `vs`.
@@ -178,6 +192,9 @@ pub struct Chain {
     /// Parameters of the reference model proper (e.g. `BertModel`), excluding any head that
     /// was added only to have a loss.
     pub reference_params: i64,
+    /// The attention implementation of a transformer ckptune built (`--attention`); `None` for
+    /// models without attention and for programs whose attention is already in their graph.
+    pub attention: Option<crate::options::Attention>,
 }
 
 impl std::fmt::Debug for Chain {
@@ -326,11 +343,13 @@ impl Chain {
                 input: Tensor::randn([batch, *channels, *size, *size], (Kind::Float, device)),
                 target: Tensor::randint(*classes, [batch], (Kind::Int64, device)),
                 attention_mask: None,
+                padded: false,
             },
             InputSpec::Features { features, classes } => Batch {
                 input: Tensor::randn([batch, *features], (Kind::Float, device)),
                 target: Tensor::randint(*classes, [batch], (Kind::Int64, device)),
                 attention_mask: None,
+                padded: false,
             },
             InputSpec::Tokens { seq, vocab, targets } => {
                 let input = Tensor::randint(*vocab, [batch, *seq], (Kind::Int64, device));
@@ -350,6 +369,7 @@ impl Chain {
                     input,
                     target,
                     attention_mask: Some(mask),
+                    padded: pad > 0 && batch > 1,
                 }
             }
         };

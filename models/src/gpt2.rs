@@ -5,8 +5,10 @@
 //! `GPT2Attention._attn`): `matmul`, divide by a 0-dim `sqrt(head_dim)` tensor, `torch.where`
 //! with the layer's causal `bias` buffer (a non-persistent `[1, 1, n_positions, n_positions]`
 //! bool tril per layer, as HF allocates it) and `finfo.min`, optional additive mask, softmax,
-//! dropout, `matmul`. SDPA, HF's default, keeps far less activation memory; ckptune models eager.
-//! `Conv1D` keeps HF's transposed `[in, out]` weight and `addmm`; `gelu_new` is the
+//! dropout, `matmul`. With [`crate::Attention::Sdpa`], attention is transformers 5's
+//! `sdpa_attention_forward` instead ([`crate::sdpa`]; `is_causal` unless the batch pads, the
+//! scaling `GPT2Attention.scaling`, `attn_pdrop` as SDPA's dropout in training), which keeps no
+//! `[batch, heads, seq, seq]` scores for backward. `Conv1D` keeps HF's transposed `[in, out]` weight and `addmm`; `gelu_new` is the
 //! written-out tanh formula. Each `forward` mirrors the Python statement by statement,
 //! including which locals stay alive until the function returns.
 //!
@@ -28,7 +30,8 @@ use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, To
 use crate::decoder::{push_layer, PreNormLayer};
 use crate::error::{ModelError, Result};
 use crate::layers::{dropout, finfo_min, Activation, Conv1D, Embedding, LayerNorm, Spec};
-use crate::options::{Granularity, ModelOptions};
+use crate::options::{Attention as Implementation, Granularity, ModelOptions};
+use crate::sdpa::Sdpa;
 
 /// The fields of HF's `GPT2Config` that shape `GPT2Model`.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,6 +115,19 @@ impl Config {
             self.vocab_size,
             self.n_positions
         )
+    }
+
+    /// `GPT2Attention.scaling` of the layer with 1-based index `layer`: `head_dim ** -0.5` if
+    /// `scale_attn_weights`, divided by `layer` if `scale_attn_by_inverse_layer_idx`.
+    pub fn scaling(&self, layer: i64) -> f64 {
+        let mut scaling = 1.0;
+        if self.scale_attn_weights {
+            scaling = ((self.n_embd / self.n_head) as f64).powf(-0.5);
+        }
+        if self.scale_attn_by_inverse_layer_idx {
+            scaling /= layer as f64;
+        }
+        scaling
     }
 
     pub fn inner(&self) -> i64 {
@@ -215,12 +231,11 @@ impl Block for Embeddings {
     }
 }
 
-/// `GPT2Attention` (self-attention, no cache, eager).
+/// `GPT2Attention` (self-attention, no cache).
 struct Attention {
     c_attn: Conv1D,
     c_proj: Conv1D,
-    /// The causal `bias` buffer: `tril(ones(n_positions, n_positions, bool)).view(1, 1, n, n)`.
-    bias: Tensor,
+    path: Path,
     n_embd: i64,
     head_dim: i64,
     /// 1-based layer index for `scale_attn_by_inverse_layer_idx`.
@@ -231,11 +246,20 @@ struct Attention {
     resid_pdrop: f64,
 }
 
+/// How `GPT2Attention` attends: transformers 4's eager path, with its causal `bias` buffer
+/// (`tril(ones(n_positions, n_positions, bool)).view(1, 1, n, n)`), or transformers 5's SDPA
+/// path, whose module has no such buffer.
+enum Path {
+    Eager { bias: Tensor },
+    Sdpa(Sdpa),
+}
+
 impl Attention {
     /// `eager_attention_forward`: returns `(attn_output, attn_weights)` like HF, whose caller
     /// keeps the weights alive until the block returns.
     fn eager(
         &self,
+        bias: &Tensor,
         query: &Tensor,
         key: &Tensor,
         value: &Tensor,
@@ -255,8 +279,7 @@ impl Attention {
             attn_weights = &attn_weights / (self.layer_idx as f64);
         }
         let (query_length, key_length) = (query.size()[2], key.size()[2]);
-        let causal_mask = self
-            .bias
+        let causal_mask = bias
             .slice(2, key_length - query_length, key_length, 1)
             .slice(3, 0, key_length, 1);
         let mask_value = Tensor::full(
@@ -278,8 +301,9 @@ impl Attention {
         (attn_output, attn_weights)
     }
 
-    /// `GPT2Attention.forward`: returns `(attn_output, attn_weights)`.
-    fn forward(&self, hidden_states: &Tensor, mask: Option<&Tensor>, train: bool) -> (Tensor, Tensor) {
+    /// `GPT2Attention.forward`: returns `(attn_output, attn_weights)` (no weights under SDPA).
+    fn forward(&self, hidden_states: &Tensor, ctx: &Ctx<'_>) -> (Tensor, Option<Tensor>) {
+        let train = ctx.train;
         let qkv = self.c_attn.forward(hidden_states).split(self.n_embd, 2);
         let heads = |t: &Tensor| {
             let mut shape = t.size();
@@ -291,7 +315,25 @@ impl Attention {
         let key_states = heads(&qkv[1]);
         let value_states = heads(&qkv[2]);
         drop(qkv);
-        let (mut attn_output, attn_weights) = self.eager(&query_states, &key_states, &value_states, mask, train);
+        let (mut attn_output, attn_weights) = match &self.path {
+            Path::Eager { bias } => {
+                let (output, weights) = self.eager(
+                    bias,
+                    &query_states,
+                    &key_states,
+                    &value_states,
+                    ctx.attention_mask,
+                    train,
+                );
+                (output, Some(weights))
+            }
+            Path::Sdpa(sdpa) => {
+                let mask = sdpa.mask(ctx.attention_mask, ctx.padded);
+                let p = if train { self.attn_pdrop } else { 0.0 };
+                let output = sdpa.forward(&query_states, &key_states, &value_states, mask.as_ref(), p);
+                (output, None)
+            }
+        };
         let mut shape = attn_output.size();
         shape.truncate(shape.len() - 2);
         shape.push(-1);
@@ -333,7 +375,7 @@ impl Block for Layer {
         // `residual = hidden_states` is the block input.
         let mut hidden_states = self.ln_1.forward(input);
         // `attn_outputs` (output and weights) lives until the block returns.
-        let attn_outputs = self.attn.forward(&hidden_states, ctx.attention_mask, ctx.train);
+        let attn_outputs = self.attn.forward(&hidden_states, ctx);
         hidden_states = &attn_outputs.0 + input;
         let residual = hidden_states.shallow_clone();
         hidden_states = self.ln_2.forward(&residual);
@@ -374,7 +416,7 @@ struct AttnBlock(Attention);
 
 impl Block for AttnBlock {
     fn forward(&self, hidden_states: &Tensor, ctx: &Ctx<'_>) -> Tensor {
-        self.0.forward(hidden_states, ctx.attention_mask, ctx.train).0
+        self.0.forward(hidden_states, ctx).0
     }
 }
 
@@ -455,10 +497,24 @@ pub fn build(name: &str, cfg: &Config, opts: &ModelOptions) -> Result<Chain> {
             why: format!("the sequence length must be in 1..={} (n_positions)", cfg.n_positions),
         });
     }
-    build_chain(name, &cfg, seq, spec, opts.granularity)
+    build_chain(
+        name,
+        &cfg,
+        seq,
+        spec,
+        opts.granularity,
+        opts.attention.unwrap_or_default(),
+    )
 }
 
-fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Granularity) -> Result<Chain> {
+fn build_chain(
+    name: &str,
+    cfg: &Config,
+    seq: i64,
+    spec: Spec,
+    granularity: Granularity,
+    attention: Implementation,
+) -> Result<Chain> {
     let vs = nn::VarStore::new(spec.device);
     let root = vs.root();
     let (d, std) = (cfg.n_embd, cfg.initializer_range);
@@ -480,17 +536,29 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Gran
     }];
     for n in 0..cfg.n_layer {
         let h = &root / "h" / n;
-        let n_pos = cfg.n_positions;
-        let bias = Tensor::f_ones([n_pos, n_pos], (Kind::Bool, spec.device))
-            .and_then(|t| t.f_tril(0))
-            .and_then(|t| t.f_view([1, 1, n_pos, n_pos]))
-            .map_err(|e| ModelError::torch(format!("creating the causal mask buffer h.{n}.attn.bias of {name}"), e))?;
+        let path = match attention {
+            Implementation::Eager => {
+                let n_pos = cfg.n_positions;
+                let bias = Tensor::f_ones([n_pos, n_pos], (Kind::Bool, spec.device))
+                    .and_then(|t| t.f_tril(0))
+                    .and_then(|t| t.f_view([1, 1, n_pos, n_pos]))
+                    .map_err(|e| {
+                        ModelError::torch(format!("creating the causal mask buffer h.{n}.attn.bias of {name}"), e)
+                    })?;
+                Path::Eager { bias }
+            }
+            Implementation::Sdpa => Path::Sdpa(Sdpa {
+                scaling: cfg.scaling(n + 1),
+                causal: true,
+                kv_groups: 1,
+            }),
+        };
         let layer = Layer {
             ln_1: LayerNorm::new(&(&h / "ln_1"), d, cfg.layer_norm_epsilon, spec)?,
             attn: Attention {
                 c_attn: Conv1D::new(&(&h / "attn" / "c_attn"), 3 * d, d, std, spec)?,
                 c_proj: Conv1D::new(&(&h / "attn" / "c_proj"), d, d, proj_std, spec)?,
-                bias,
+                path,
                 n_embd: d,
                 head_dim: d / cfg.n_head,
                 layer_idx: n + 1,
@@ -533,6 +601,7 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Gran
             targets: TokenTargets::PerToken,
         },
         reference_params: cfg.param_count(),
+        attention: Some(attention),
     })
 }
 

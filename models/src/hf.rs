@@ -15,7 +15,7 @@ use crate::assemble::{assemble, restore_tied_embedding, Loaded};
 use crate::error::{ModelError, Result};
 use crate::infer::{infer, Inferred};
 use crate::layers::Activation;
-use crate::options::ModelOptions;
+use crate::options::{Attention, ModelOptions};
 use crate::state_dict::read_state_dict;
 use crate::weights::StateDict;
 use crate::{bert, gpt2, llama};
@@ -48,9 +48,17 @@ pub fn load(path: &Path, opts: &ModelOptions) -> Result<Loaded> {
     if let (Architecture::Bert(c), Some(classes)) = (&mut architecture, opts.classes) {
         c.num_labels = classes;
     }
+    let attention = match opts.attention {
+        Some(a) => Some(a),
+        None => attention(&Fields {
+            path: &config_path,
+            json: &config,
+        })?,
+    };
     let opts = ModelOptions {
         classes: None,
         heads: None,
+        attention,
         ..opts.clone()
     };
     let Some((weights_path, mut tensors)) = read_weights(&dir, &opts)? else {
@@ -229,6 +237,24 @@ impl Fields<'_> {
             .find(|a| a.hf_name() == act)
             .ok_or_else(|| self.bad(format!("{name} {act:?} is not one of gelu, gelu_new, relu")))
     }
+}
+
+/// The attention implementation a config.json names, as `PreTrainedConfig.__init__` reads it:
+/// `_attn_implementation` (older configs) over `attn_implementation`. `None` when it names
+/// none: the default then, sdpa, as `from_config` gives.
+fn attention(f: &Fields<'_>) -> Result<Option<Attention>> {
+    let Some(key) = ["_attn_implementation", "attn_implementation"]
+        .into_iter()
+        .find(|k| f.present(k).is_some())
+    else {
+        return Ok(None);
+    };
+    let name = f.str(key, "")?;
+    Attention::from_hf_name(&name).map(Some).ok_or_else(|| {
+        f.bad(format!(
+            "{key} {name:?} is not one ckptune models (eager, sdpa); --attention eager|sdpa chooses one"
+        ))
+    })
 }
 
 /// The architecture a config.json describes.

@@ -74,6 +74,12 @@ fn register(vs: &nn::VarStore, name: &str, t: Tensor, trainable: bool) {
 /// Loads a TorchScript file whose top-level children form a chain.
 pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain> {
     let shown = path.display().to_string();
+    opts.reject(
+        &shown,
+        "attention",
+        opts.attention.map(|a| a.hf_name()),
+        "a TorchScript model's attention is the one it was scripted with",
+    )?;
     if opts.granularity != Granularity::Layer {
         return Err(ModelError::InvalidOption {
             model: shown,
@@ -137,6 +143,7 @@ pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain>
         modules,
         input,
         reference_params,
+        attention: None,
     };
     // Check that the children compose to the model's own forward on a sample batch (eval mode,
     // so dropout and batch statistics do not differ between the two runs).

@@ -23,6 +23,7 @@ pub mod load;
 pub mod options;
 pub mod resnet;
 mod rotary;
+mod sdpa;
 mod shapes;
 pub mod state_dict;
 pub mod toy;
@@ -35,5 +36,5 @@ pub use chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, Los
 pub use error::ModelError;
 pub use layers::Activation;
 pub use load::{from_file, needs_meta};
-pub use options::{Granularity, ModelOptions};
+pub use options::{Attention, Granularity, ModelOptions};
 pub use zoo::{builtin, list, ModelInfo};

@@ -3,11 +3,13 @@
 //! blocks. Mistral (`modeling_mistral.py`) is the same module tree; Qwen2 (`modeling_qwen2.py`)
 //! differs only in biases on `q_proj`/`k_proj`/`v_proj` (not `o_proj`).
 //!
-//! Attention is the **eager** path (`eager_attention_forward`): `repeat_kv` for grouped-query
-//! attention, `matmul(q, k^T) * scaling`, the additive causal mask, softmax in f32 cast back to
-//! the query's dtype, dropout, `matmul`. SDPA, HF's default, keeps far less activation memory;
-//! ckptune models eager, as it does for BERT and GPT-2. RMSNorm computes in f32 and casts back
-//! before the weight multiplies; the MLP is SwiGLU, `down_proj(silu(gate_proj(x)) * up_proj(x))`.
+//! Attention is the **eager** path by default (`eager_attention_forward`): `repeat_kv` for
+//! grouped-query attention, `matmul(q, k^T) * scaling`, the additive causal mask, softmax in f32
+//! cast back to the query's dtype, dropout, `matmul`. With [`crate::Attention::Sdpa`] it is HF's
+//! default, `sdpa_attention_forward` ([`crate::sdpa`]): `is_causal` when nothing is padded
+//! (grouped-query attention then through `enable_gqa`), else `sdpa_mask`'s boolean mask and
+//! `repeat_kv`. RMSNorm computes in f32 and casts back before the weight multiplies; the MLP
+//! is SwiGLU, `down_proj(silu(gate_proj(x)) * up_proj(x))`.
 //!
 //! Chain: `model.embed_tokens`, `model.layers.0` … `model.layers.{N-1}`, `model.norm`; the loss
 //! head is `lm_head` (its own weight, or `model.embed_tokens.weight` when
@@ -19,8 +21,9 @@
 //!   by every attention from the shared `inv_freq`, with autocast off as HF does; each layer's
 //!   graph therefore saves its own pair (2 · seq · head_dim elements per layer) where HF's
 //!   layers share one;
-//! - the causal mask (`create_causal_mask`, 0 / `finfo.min`, `[batch or 1, 1, seq, seq]`) is
-//!   built by every attention and dies with it; HF keeps one for the whole forward.
+//! - the causal mask (`create_causal_mask`, 0 / `finfo.min`, `[batch or 1, 1, seq, seq]`; under
+//!   SDPA a `[batch, 1, seq, seq]` bool where the batch pads) is built by every attention and
+//!   dies with it; HF keeps one for the whole forward.
 //!
 //! The chain's memory is exact for what the chain runs; these are the differences from
 //! PyTorch's own run of the module.
@@ -31,9 +34,10 @@ use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, To
 use crate::decoder::{push_layer, PreNormLayer};
 use crate::error::{ModelError, Result};
 use crate::layers::{dropout, finfo_min, param, Embedding, Init, Linear, Spec};
-use crate::options::{Granularity, ModelOptions};
+use crate::options::{Attention as Implementation, Granularity, ModelOptions};
 use crate::rotary;
 pub use crate::rotary::Llama3RopeScaling;
+use crate::sdpa::{repeat_kv, Sdpa};
 
 /// Which `model_type` a configuration reproduces: the module tree is the same, Qwen2 adds
 /// biases to the query, key and value projections.
@@ -370,21 +374,8 @@ impl RmsNorm {
     }
 }
 
-/// `repeat_kv`: `[b, kv, s, d]` → `[b, kv * n_rep, s, d]` (the same tensor when `n_rep` is 1).
-fn repeat_kv(hidden_states: &Tensor, n_rep: i64) -> Tensor {
-    if n_rep == 1 {
-        return hidden_states.shallow_clone();
-    }
-    let s = hidden_states.size();
-    let (batch, kv, slen, head_dim) = (s[0], s[1], s[2], s[3]);
-    hidden_states
-        .unsqueeze(2)
-        .expand([batch, kv, n_rep, slen, head_dim], false)
-        .reshape([batch, kv * n_rep, slen, head_dim])
-}
-
-/// `LlamaAttention` (self-attention, no cache, eager), with the rotary embedding and causal
-/// mask it is handed by `LlamaModel` computed here (see the module doc).
+/// `LlamaAttention` (self-attention, no cache), with the rotary embedding and causal mask it
+/// is handed by `LlamaModel` computed here (see the module doc).
 struct Attention {
     q_proj: Linear,
     k_proj: Linear,
@@ -394,6 +385,8 @@ struct Attention {
     head_dim: i64,
     num_key_value_groups: i64,
     attention_dropout: f64,
+    /// `None`: eager.
+    sdpa: Option<Sdpa>,
 }
 
 impl Attention {
@@ -411,11 +404,11 @@ impl Attention {
         }
     }
 
-    /// `LlamaAttention.forward`: returns `(attn_output, attn_weights)`. Locals live as long as
-    /// Python's: `query_states`, `key_states`, `value_states` (after the rotary embedding) and
-    /// `cos`, `sin` until the return; `eager_attention_forward`'s repeated keys and values until
-    /// it returns.
-    fn forward(&self, hidden_states: &Tensor, padding: Option<&Tensor>, train: bool) -> (Tensor, Tensor) {
+    /// `LlamaAttention.forward`: returns `(attn_output, attn_weights)` (no weights under SDPA).
+    /// Locals live as long as Python's: `query_states`, `key_states`, `value_states` (after the
+    /// rotary embedding) and `cos`, `sin` until the return; `eager_attention_forward`'s
+    /// repeated keys and values until it returns.
+    fn forward(&self, hidden_states: &Tensor, ctx: &Ctx<'_>) -> (Tensor, Option<Tensor>) {
         let mut input_shape = hidden_states.size();
         input_shape.pop();
         let seq = input_shape[1];
@@ -433,14 +426,25 @@ impl Attention {
         let k_embed = &key_states * &cos_u + rotary::rotate_half(&key_states) * &sin_u;
         query_states = q_embed;
         key_states = k_embed;
-        let (attn_output, attn_weights) = self.eager(
-            &query_states,
-            &key_states,
-            &value_states,
-            padding,
-            hidden_states.kind(),
-            train,
-        );
+        let (attn_output, attn_weights) = match &self.sdpa {
+            None => {
+                let (output, weights) = self.eager(
+                    &query_states,
+                    &key_states,
+                    &value_states,
+                    ctx.attention_mask,
+                    hidden_states.kind(),
+                    ctx.train,
+                );
+                (output, Some(weights))
+            }
+            Some(sdpa) => {
+                let mask = sdpa.mask(ctx.attention_mask, ctx.padded);
+                let p = if ctx.train { self.attention_dropout } else { 0.0 };
+                let output = sdpa.forward(&query_states, &key_states, &value_states, mask.as_ref(), p);
+                (output, None)
+            }
+        };
         let mut out_shape = input_shape;
         out_shape.push(-1);
         let attn_output = attn_output.reshape(out_shape.as_slice()).contiguous();
@@ -510,7 +514,7 @@ impl Block for Layer {
         // `residual = hidden_states` is the block input. `hidden_states, _ = self.self_attn(…)`
         // keeps the attention weights in `_` until the layer returns.
         let mut hidden_states = self.input_layernorm.forward(input);
-        let (attn_output, _attn_weights) = self.self_attn.forward(&hidden_states, ctx.attention_mask, ctx.train);
+        let (attn_output, _attn_weights) = self.self_attn.forward(&hidden_states, ctx);
         hidden_states = attn_output;
         hidden_states = input + hidden_states;
         let residual = hidden_states.shallow_clone();
@@ -561,7 +565,7 @@ struct AttnBlock(Attention);
 
 impl Block for AttnBlock {
     fn forward(&self, hidden_states: &Tensor, ctx: &Ctx<'_>) -> Tensor {
-        self.0.forward(hidden_states, ctx.attention_mask, ctx.train).0
+        self.0.forward(hidden_states, ctx).0
     }
 }
 
@@ -645,10 +649,24 @@ pub fn build(name: &str, cfg: &Config, opts: &ModelOptions) -> Result<Chain> {
             ),
         });
     }
-    build_chain(name, &cfg, seq, spec, opts.granularity)
+    build_chain(
+        name,
+        &cfg,
+        seq,
+        spec,
+        opts.granularity,
+        opts.attention.unwrap_or_default(),
+    )
 }
 
-fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Granularity) -> Result<Chain> {
+fn build_chain(
+    name: &str,
+    cfg: &Config,
+    seq: i64,
+    spec: Spec,
+    granularity: Granularity,
+    attention: Implementation,
+) -> Result<Chain> {
     let vs = nn::VarStore::new(spec.device);
     let root = vs.root();
     let model = &root / "model";
@@ -681,6 +699,11 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Gran
                 head_dim: hd,
                 num_key_value_groups: cfg.num_attention_heads / cfg.num_key_value_heads,
                 attention_dropout: cfg.attention_dropout,
+                sdpa: (attention == Implementation::Sdpa).then_some(Sdpa {
+                    scaling: (hd as f64).powf(-0.5),
+                    causal: true,
+                    kv_groups: cfg.num_attention_heads / cfg.num_key_value_heads,
+                }),
             },
             post_attention_layernorm: RmsNorm::new(&(&l / "post_attention_layernorm"), d, cfg.rms_norm_eps, spec)?,
             mlp: Mlp {
@@ -721,6 +744,7 @@ fn build_chain(name: &str, cfg: &Config, seq: i64, spec: Spec, granularity: Gran
             targets: TokenTargets::PerToken,
         },
         reference_params: cfg.param_count(),
+        attention: Some(attention),
     })
 }
 

@@ -21,6 +21,39 @@ pub enum Granularity {
     Nested,
 }
 
+/// How a transformer computes attention: Hugging Face's `attn_implementation`. The default is
+/// transformers' own for BERT, GPT-2 and the Llama family, `sdpa`: what a user's
+/// `from_pretrained` or `from_config` model runs unless told otherwise.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Attention {
+    /// `eager`: the scores `softmax(QK^T)` materialized as `[batch, heads, seq, seq]`, as the
+    /// family's `eager_attention_forward` writes it out.
+    Eager,
+    /// `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, called as transformers'
+    /// `sdpa_attention_forward` calls it; libtorch picks the kernel (on the CPU its flash
+    /// attention without dropout; with dropout, in training, the math path, which keeps the
+    /// `[batch, heads, seq, seq]` probabilities and dropout mask as eager does).
+    #[default]
+    Sdpa,
+}
+
+impl Attention {
+    /// The name Hugging Face and `--attention` give it.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Attention::Eager => "eager",
+            Attention::Sdpa => "sdpa",
+        }
+    }
+
+    /// `eager` or `sdpa`; `None` for anything else.
+    pub fn from_hf_name(name: &str) -> Option<Self> {
+        [Attention::Eager, Attention::Sdpa]
+            .into_iter()
+            .find(|a| a.hf_name() == name)
+    }
+}
+
 /// Shape and placement options; `None` means the model's default.
 #[derive(Debug, Clone)]
 pub struct ModelOptions {
@@ -37,6 +70,10 @@ pub struct ModelOptions {
     /// The entry of a `torch.save`d dict that holds the state dict (`model`, `state_dict`, …);
     /// `None`: found automatically.
     pub state_dict_key: Option<String>,
+    /// The attention implementation of a transformer. `None`: what a Hugging Face
+    /// `config.json` names (`attn_implementation`), else [`Attention::default`], sdpa, as
+    /// transformers chooses. Models without attention refuse it.
+    pub attention: Option<Attention>,
     pub granularity: Granularity,
     pub device: Device,
     /// Floating kind of parameters and floating buffers (f32 unless a pure-precision run asks
@@ -58,6 +95,7 @@ impl Default for ModelOptions {
             classes: None,
             heads: None,
             state_dict_key: None,
+            attention: None,
             granularity: Granularity::default(),
             device: Device::Cpu,
             kind: Kind::Float,
@@ -69,7 +107,13 @@ impl Default for ModelOptions {
 
 impl ModelOptions {
     /// An error if `option` is set although it has no meaning for `model`.
-    pub(crate) fn reject(&self, model: &str, option: &'static str, value: Option<i64>, why: &str) -> Result<()> {
+    pub(crate) fn reject(
+        &self,
+        model: &str,
+        option: &'static str,
+        value: Option<impl std::fmt::Display>,
+        why: &str,
+    ) -> Result<()> {
         match value {
             None => Ok(()),
             Some(v) => Err(ModelError::InvalidOption {

@@ -400,6 +400,12 @@ pub(crate) fn build_with_default_image(
 ) -> Result<Chain> {
     opts.reject(name, "seq", opts.seq, "ResNet takes images; use --image")?;
     opts.reject(name, "heads", opts.heads, "ResNet has no attention")?;
+    opts.reject(
+        name,
+        "attention",
+        opts.attention.map(|a| a.hf_name()),
+        "ResNet has no attention",
+    )?;
     let spec = opts.spec(name)?;
     let mut cfg = cfg.clone();
     if let Some(classes) = opts.classes {
@@ -498,6 +504,7 @@ pub(crate) fn build_with_default_image(
             classes: cfg.num_classes,
         },
         reference_params: cfg.param_count(),
+        attention: None,
     })
 }
 

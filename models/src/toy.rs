@@ -130,6 +130,7 @@ pub fn toy(cfg: &ToyConfig, device: tch::Device) -> Chain {
             classes: cfg.classes,
         },
         reference_params,
+        attention: None,
     }
 }
 

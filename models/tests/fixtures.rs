@@ -12,7 +12,7 @@ use ckptune_models::load;
 use ckptune_models::resnet::{self, BlockKind};
 use ckptune_models::Architecture;
 use ckptune_models::Loaded;
-use ckptune_models::{Batch, Granularity, ModelOptions};
+use ckptune_models::{Attention, Batch, Granularity, ModelOptions};
 use common::{fixture, max_abs_diff, run_blocks, tensors};
 use tch::Tensor;
 
@@ -71,6 +71,7 @@ fn tiny_resnet_matches_pytorch() {
             input: input.shallow_clone(),
             target: io["target"].shallow_clone(),
             attention_mask: None,
+            padded: false,
         };
         let loss = chain.head.loss(logits, &batch);
         let diff = max_abs_diff(&loss.reshape([1]), &io["loss"]);
@@ -85,6 +86,7 @@ fn tiny_bert_matches_pytorch() {
     // 32 wide with 2 heads: not the hidden/64 convention, so the head count is given.
     let opts = ModelOptions {
         heads: Some(2),
+        attention: Some(Attention::Eager),
         ..Default::default()
     };
     for (file, prefix, defaulted) in [
@@ -123,6 +125,7 @@ fn tiny_bert_matches_pytorch() {
             input: io["input_ids"].shallow_clone(),
             target: Tensor::from_slice(&[0i64, 1]),
             attention_mask: Some(io["attention_mask"].shallow_clone()),
+            padded: true,
         };
         let bias = chain.attention_bias(batch.attention_mask.as_ref().unwrap());
         let outs = run_blocks(chain, &batch.input, Some(&bias), false, false);
@@ -142,6 +145,7 @@ fn tiny_gpt2_matches_pytorch() {
         "tiny_gpt2.safetensors",
         &ModelOptions {
             heads: Some(2),
+            attention: Some(Attention::Eager),
             ..Default::default()
         },
     );
@@ -159,6 +163,7 @@ fn tiny_gpt2_matches_pytorch() {
         input: ids.shallow_clone(),
         target: ids.shallow_clone(),
         attention_mask: None,
+        padded: false,
     };
     let loss = chain.head.loss(hidden, &batch);
     let diff = max_abs_diff(&loss.reshape([1]), &io["loss"]);
@@ -174,6 +179,7 @@ fn both_file_formats_hold_the_same_weights() {
             "tiny_bert.pt",
             ModelOptions {
                 heads: Some(2),
+                attention: Some(Attention::Eager),
                 ..Default::default()
             },
         ),
@@ -216,6 +222,7 @@ fn tiny_llama_matches_pytorch() {
         let opts = ModelOptions {
             seq: Some(8),
             granularity,
+            attention: Some(Attention::Eager),
             ..Default::default()
         };
         let chain = llama::build("tiny-llama fixture", &cfg, &opts).unwrap();
@@ -233,6 +240,7 @@ fn tiny_llama_matches_pytorch() {
             input: io["input_ids"].shallow_clone(),
             target: io["input_ids"].shallow_clone(),
             attention_mask: Some(io["attention_mask"].shallow_clone()),
+            padded: true,
         };
         let bias = chain.attention_bias(batch.attention_mask.as_ref().unwrap());
         let outs = run_blocks(&chain, &batch.input, Some(&bias), false, false);
@@ -256,6 +264,7 @@ fn tiny_qwen2_matches_pytorch() {
         "tiny_qwen2.safetensors",
         &ModelOptions {
             heads: Some(2),
+            attention: Some(Attention::Eager),
             seq: Some(8),
             ..Default::default()
         },
@@ -283,6 +292,7 @@ fn tiny_qwen2_matches_pytorch() {
         input: ids.shallow_clone(),
         target: ids.shallow_clone(),
         attention_mask: None,
+        padded: false,
     };
     let loss = chain.head.loss(hidden, &batch);
     let diff = max_abs_diff(&loss.reshape([1]), &io["loss"]);
@@ -295,6 +305,7 @@ fn tiny_qwen2_matches_pytorch() {
 fn torch_save_files_load_as_the_safetensors_does() {
     let base = ModelOptions {
         heads: Some(2),
+        attention: Some(Attention::Eager),
         seq: Some(8),
         ..Default::default()
     };
@@ -342,6 +353,7 @@ fn a_tied_embedding_left_out_is_restored_from_the_head() {
         Tensor::write_safetensors(&named, &path).unwrap();
         let opts = ModelOptions {
             heads: Some(2),
+            attention: Some(Attention::Eager),
             seq: Some(8),
             ..Default::default()
         };

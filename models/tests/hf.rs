@@ -13,7 +13,7 @@ use ckptune_models::hf;
 use ckptune_models::llama::{self, Llama3RopeScaling, ModelType};
 use ckptune_models::load;
 use ckptune_models::Architecture;
-use ckptune_models::{Batch, ModelError, ModelOptions};
+use ckptune_models::{Attention, Batch, ModelError, ModelOptions};
 use common::{fixture, max_abs_diff, run_blocks, tensors};
 use serde_json::{json, Value};
 use tch::Tensor;
@@ -112,6 +112,8 @@ fn write(path: &Path, sd: &BTreeMap<String, Tensor>) {
 fn opts() -> ModelOptions {
     ModelOptions {
         seq: Some(8),
+        // The io fixture is the eager reference's.
+        attention: Some(Attention::Eager),
         ..Default::default()
     }
 }
@@ -125,6 +127,7 @@ fn assert_matches_pytorch(loaded: &ckptune_models::Loaded) {
         input: io["input_ids"].shallow_clone(),
         target: io["input_ids"].shallow_clone(),
         attention_mask: Some(io["attention_mask"].shallow_clone()),
+        padded: true,
     };
     let bias = chain.attention_bias(batch.attention_mask.as_ref().unwrap());
     let outs = tch::no_grad(|| run_blocks(chain, &batch.input, Some(&bias), false, false));

@@ -48,6 +48,7 @@ fn model(candidates: &[&str]) -> ModelJson {
         blocks,
         groups: Vec::new(),
         parameters: Vec::new(),
+        attention: None,
     }
 }
 

@@ -56,6 +56,15 @@ fn hugging_face() {
     check("hf-tinyllama", TINYLLAMA, EmitKind::Hf);
 }
 
+/// A plan that records its attention (every transformer plan since `--attention`) names it.
+#[test]
+fn a_plan_with_an_attention_names_it() {
+    let mut p = plan(TINYLLAMA);
+    p.shape.attention = Some("sdpa".into());
+    let text = snippet(&p, EmitKind::Hf).unwrap();
+    expect_file!["snapshots/hf-tinyllama-sdpa.py"].assert_eq(&text);
+}
+
 #[test]
 fn lightning() {
     check("lightning-bert-embeddings", BERT_EMBEDDINGS, EmitKind::Lightning);

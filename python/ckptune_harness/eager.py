@@ -47,10 +47,11 @@ class _Training(NamedTuple):
     opt: torch.optim.Optimizer
 
 
-def run(model_name, plan, *, image=None, seq=None, steps=6, warmup=2, threads=2, lr=1e-3, root=None,
-        log=None, autocast_cache=True):
+def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warmup=2, threads=2, lr=1e-3,
+        root=None, log=None, autocast_cache=True):
     """Trains the reference of `model_name` with `plan` (a path or dict: its checkpoint and
     config) applied, and measures every step. Returns the run as a dict (format `FORMAT`).
+    `attention` is a transformer's `attn_implementation` (None: "sdpa", ckptune's default).
     `autocast_cache=False` runs autocast with `cache_enabled=False` (its bf16 weight casts are
     then not kept until the autocast region ends).
 
@@ -70,20 +71,23 @@ def run(model_name, plan, *, image=None, seq=None, steps=6, warmup=2, threads=2,
 
     torch.set_num_threads(threads)
     meter = meter_mod.Meter(meter_mod.build())  # installed before anything is allocated
-    t = _build(ref, model_name, doc, cfg, image, seq, lr)
+    t = _build(ref, model_name, doc, cfg, image, seq, attention, lr)
     records = []
     for i in range(steps):
         records.append(_step(i + 1, t, cfg, meter, autocast_cache))
         if log:
             r = records[-1]
             log(f"  step {i + 1:>3}  loss {r['loss']:.6f}  {r['seconds']:.3f} s  peak {meter.peak():,} B")
-    return _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_cache, meter)
+    out = _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_cache, meter)
+    if attention:
+        out["attention"] = attention
+    return out
 
 
-def _build(ref, model_name, doc, cfg, image, seq, lr):
+def _build(ref, model_name, doc, cfg, image, seq, attention, lr):
     """The reference with the plan applied, in the plan's dtype, its batches and its optimizer."""
     torch.manual_seed(0)
-    model, prefix = ref.build(model_name)
+    model, prefix = ref.build(model_name, attention)
     backbone = model.get_submodule(prefix[:-1]) if prefix else model
     wrapped = apply(backbone, doc)  # checks the plan's names against the reference first
     model.to(cfg.param_dtype).train()
@@ -173,7 +177,9 @@ def main(argv=None):
             raise ValueError(f"the plan is for {device.get('device')}; the PyTorch run measures the CPU")
         if "model" not in shape:
             raise ValueError(f"{a.plan} has no shape.model: re-plan with this ckptune")
-        out = run(shape["model"], doc, image=shape.get("image"), seq=shape.get("seq"), steps=a.steps,
+        out = run(shape["model"], doc, image=shape.get("image"), seq=shape.get("seq"),
+                  # A plan without it predates the choice: eager, then the only attention.
+                  attention=shape.get("attention", "eager"), steps=a.steps,
                   warmup=a.warmup, threads=int(device.get("threads") or 1), root=a.root,
                   log=lambda m: print(m, file=sys.stderr))
     except (ValueError, OSError) as e:

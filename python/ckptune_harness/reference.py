@@ -1,5 +1,6 @@
 """The plain-torch references of a ckptune checkout (models/fixtures/reference.py: torchvision
-ResNet, Hugging Face BERT, GPT-2 and Llama in eager mode, with the module names ckptune uses),
+ResNet, Hugging Face BERT, GPT-2 and Llama with eager or SDPA attention, with the module names
+ckptune uses),
 and the batches ckptune's chain makes for them (`Chain::make_batch`: the same shapes and
 dtypes). The eager and the FSDP runs both build their models and data here.
 """
@@ -82,11 +83,8 @@ def _token_batches(ref, model, backbone, batch, seq, gen):
             _, pooled = model.bert(ids, mask)
             logits = model.classifier(model.dropout(pooled))
             return nn.functional.cross_entropy(logits.view(-1, cfg.num_labels), y.view(-1))
-    elif isinstance(model, ref.GPT2LMHeadModel):
-        def loss_of(b):
-            ids, y, _ = b
-            return model(ids, y)[1]
     else:
+        # GPT-2's eager reference ignores the mask (it always has); its SDPA path uses it.
         def loss_of(b):
             ids, y, mask = b
             return model(ids, y, attention_mask=mask)[1]

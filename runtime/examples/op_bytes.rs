@@ -5,22 +5,34 @@
 use std::collections::BTreeSet;
 
 use ckptune_kernels::optrace;
-use ckptune_models::{builtin, Granularity, ModelOptions};
+use ckptune_models::{builtin, Attention, Granularity, ModelOptions};
 use ckptune_runtime::{OptimizerImpl, OptimizerKind, Precision, Session, TrainConfig};
 use tch::Device;
+
+/// The built-in models the steps run, transformers with each attention implementation.
+const MODELS: [(&str, Option<Attention>); 7] = [
+    ("tiny-resnet", None),
+    ("tiny-bert", None),
+    ("tiny-bert", Some(Attention::Sdpa)),
+    ("tiny-gpt2", None),
+    ("tiny-gpt2", Some(Attention::Sdpa)),
+    ("tiny-llama", None),
+    ("tiny-llama", Some(Attention::Sdpa)),
+];
 
 fn main() {
     let wanted: Vec<String> = std::env::args().skip(1).collect();
     tch::set_num_threads(1);
     ckptune_kernels::meter::install().unwrap();
     let mut seen = BTreeSet::new();
-    for model in ["tiny-resnet", "tiny-bert", "tiny-gpt2", "tiny-llama"] {
+    for (model, attention) in MODELS {
         for precision in [Precision::Fp32, Precision::Bf16, Precision::Bf16Pure] {
             for imp in [OptimizerImpl::Single, OptimizerImpl::Fused] {
                 let resnet = model.contains("resnet");
                 let opts = ModelOptions {
                     seq: (!resnet).then_some(8),
                     image: resnet.then_some(32),
+                    attention,
                     granularity: Granularity::Layer,
                     ..Default::default()
                 };

@@ -10,7 +10,7 @@ mod common;
 
 use ckptune_kernels::meter;
 use ckptune_models::export::chain_from_export;
-use ckptune_models::{builtin, Chain, ModelOptions};
+use ckptune_models::{builtin, Attention, Chain, ModelOptions};
 use ckptune_runtime::profile::measured_moments;
 use ckptune_runtime::{OptimizerKind, Precision, Session, StepTrace, TrainConfig};
 use tch::Device;
@@ -298,7 +298,12 @@ fn python_locals_explain_every_byte(batch: i64) {
             (moments, r.peak_bytes - r.start_bytes, windows)
         };
         tch::manual_seed(0);
-        let (bi, bi_peak, bi_windows) = run(builtin("tiny-bert", &opts).unwrap());
+        // The program was exported from the eager reference.
+        let eager = ModelOptions {
+            attention: Some(Attention::Eager),
+            ..opts.clone()
+        };
+        let (bi, bi_peak, bi_windows) = run(builtin("tiny-bert", &eager).unwrap());
         tch::manual_seed(0);
         let (ex, ex_peak, ex_windows) = run(chain_from_export(&fixture("tiny_bert.pt2"), &opts).unwrap());
 

@@ -43,6 +43,12 @@ use graph::Graph;
 /// its input and loss, the side nodes every block may compute, the cut into blocks and the
 /// dataflow between them, then one trial run on a sample batch.
 pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
+    opts.reject(
+        &path.display().to_string(),
+        "attention",
+        opts.attention.map(|a| a.hf_name()),
+        "an exported program's attention is the one it was exported with",
+    )?;
     let bad = |reason: String| ModelError::BadExport {
         path: path.to_path_buf(),
         reason,
@@ -91,6 +97,7 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         modules: cut.modules,
         input: io.spec,
         reference_params: sig.reference_params,
+        attention: None,
     };
     chain.validate().map_err(bad)?;
     let batch = io.in_sizes.first().copied().flatten().unwrap_or(2);

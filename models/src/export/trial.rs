@@ -62,7 +62,7 @@ fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
         // failed trial, so every later step of that thread failed in its backward).
         let _no_grad = tch::no_grad_guard();
         // Chain::forward_all, with the batch's raw mask in the context.
-        let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref());
+        let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref(), sample.padded);
         let mut outs: Vec<Tensor> = Vec::with_capacity(chain.blocks.len());
         for (i, b) in chain.blocks.iter().enumerate() {
             let x = if i == 0 { &sample.input } else { &outs[i - 1] };

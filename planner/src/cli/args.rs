@@ -78,6 +78,12 @@ pub struct ModelArgs {
     /// a Hugging Face folder's config.json says it instead.
     #[arg(long)]
     pub heads: Option<i64>,
+    /// Attention implementation of a transformer, Hugging Face's `attn_implementation`: `sdpa`
+    /// (`scaled_dot_product_attention`, transformers' default and so ckptune's) or `eager`
+    /// (the `[batch, heads, seq, seq]` scores kept for backward). A config.json that names one
+    /// is followed unless this is given.
+    #[arg(long)]
+    pub attention: Option<String>,
     /// Candidate granularity: `layer` (ResNet stages, transformer layers), `block` (the
     /// modules inside them: `layer3.17`, `encoder.layer.3.attention`, `h.5.mlp`) or `nested`
     /// (both: a layer or any of its children, never both).

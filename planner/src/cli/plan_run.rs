@@ -30,6 +30,7 @@ pub fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfi
         candidates: plan.shape.candidates.clone(),
         state_dict_key: plan.shape.state_dict_key.clone(),
         heads: plan.shape.heads,
+        attention: plan.shape.attention.clone(),
         precision: vec![plan.config.precision.clone()],
         optimizer: vec![plan.config.optimizer.clone()],
         optimizer_impl: plan.config.optimizer_impl.iter().cloned().collect(),

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use ckptune_models::{Chain, Granularity, ModelOptions};
+use ckptune_models::{Attention, Chain, Granularity, ModelOptions};
 use ckptune_runtime::{OptimizerImpl, OptimizerKind, Precision, Session, TrainConfig};
 use ckptune_solver::formats::{BlockJson, DeviceJson, GroupJson, ModelJson};
 use ckptune_solver::shard::Parameter;
@@ -90,6 +90,7 @@ impl Setup {
             classes: a.classes,
             state_dict_key: a.state_dict_key.clone(),
             heads: a.heads,
+            attention: a.attention.as_deref().map(attention).transpose()?,
             granularity,
             device,
             // A torch.export program with a static batch runs only at its exported batch.
@@ -223,7 +224,9 @@ impl Setup {
             // programs' chains changed). `shard1`: the loss head's forward, its seed and the
             // end of backward measured, and the parameters' shapes recorded (plan --shard); `shard2`:
             // what each block's backward frees as it starts (FSDP's pre-backward sees it).
-            "v{}|chain2|win2|optim2|timing2|step2|shard2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|{}|{:?}|threads={}|repeats={}",
+            // `attn`: --attention, or `model` (what config.json says, else sdpa); keys before it
+            // were eager's, so none of them can name an sdpa profile.
+            "v{}|chain2|win2|optim2|timing2|step2|shard2|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|attn={}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             cpu_identity(),
             model_id,
@@ -234,6 +237,7 @@ impl Setup {
             self.opts.candidates,
             self.opts.state_dict_key,
             self.opts.heads,
+            self.opts.attention.map_or("model", |a| a.hf_name()),
             cfg.label(),
             self.device,
             self.threads,
@@ -268,6 +272,11 @@ fn granularity(name: &str) -> Result<Granularity> {
             "--granularity {other:?}: expected layer, block or nested"
         ))),
     }
+}
+
+/// `--attention`.
+fn attention(name: &str) -> Result<Attention> {
+    Attention::from_hf_name(name).ok_or_else(|| usage(format!("--attention {name:?}: expected eager or sdpa")))
 }
 
 /// The config flags, each resolved: precisions, optimizers with their implementations,
@@ -473,6 +482,7 @@ pub fn model_json(chain: &Chain) -> ModelJson {
                 element_bytes,
             })
             .collect(),
+        attention: chain.attention.map(|a| a.hf_name().to_owned()),
     }
 }
 

@@ -109,8 +109,9 @@ impl Session {
     ) -> Result<(f64, Tensor)> {
         self.check_mask(checkpoint)?;
         let mask = batch.attention_mask.as_ref().map(|m| self.chain.attention_bias(m));
-        // The raw mask too: an exported program computes its own bias from it.
-        let ctx = Ctx::new(mask.as_ref(), true).with_batch_mask(batch.attention_mask.as_ref());
+        // The raw mask too: an exported program computes its own bias from it; SDPA asks
+        // whether it pads.
+        let ctx = Ctx::new(mask.as_ref(), true).with_batch_mask(batch.attention_mask.as_ref(), batch.padded);
         if let Some(t) = tr.as_deref_mut() {
             t.start = self.probe.current();
             t.blocks = vec![BlockTrace::default(); self.chain.blocks.len()];

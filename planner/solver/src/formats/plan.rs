@@ -149,6 +149,11 @@ pub struct ShapeJson {
     /// `--heads`: the attention heads of a transformer read from a state dict, when given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heads: Option<i64>,
+    /// The attention implementation of a transformer the plan was made for (`eager`, `sdpa`:
+    /// `--attention`, else the model's config or default, as the profile recorded it). Absent
+    /// for other models; a plan of a transformer without it predates the choice and was eager.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<String>,
 }
 
 /// `plan --json` when nothing fits: the failure as data, for scripts. Fields are in

@@ -48,6 +48,10 @@ pub struct ModelJson {
     /// shards (`plan --shard`). Empty in documents written before ckptune recorded them.
     #[serde(default, skip_serializing_if = "Vec::is_empty", with = "parameters_json")]
     pub parameters: Vec<crate::shard::Parameter>,
+    /// The attention implementation of a transformer ckptune built (`eager`, `sdpa`); absent
+    /// for other models and in documents written before ckptune had a choice (eager).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<String>,
 }
 
 /// `ModelJson.parameters` as `{"name", "shape", "element_bytes"}` objects; the shard model's

@@ -45,6 +45,14 @@ pub(super) fn header(plan: &PlanJson, trainer: &str) -> String {
     if !shape.is_empty() {
         let _ = writeln!(s, "#   inputs: {}", shape.join(", "));
     }
+    if let Some(attention) = &plan.shape.attention {
+        // Eager attention keeps [batch, heads, seq, seq] scores that SDPA does not: the plan's
+        // bytes hold for the implementation it measured.
+        let _ = writeln!(
+            s,
+            "#   attention: attn_implementation=\"{attention}\" (load the model with it: the plan's memory is that attention's)"
+        );
+    }
     let _ = writeln!(
         s,
         "#   predicted peak {} ({} B) of the budget {} ({} B), measured on {}, threads: {}",

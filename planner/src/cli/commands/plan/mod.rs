@@ -72,6 +72,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         candidates: a.model.candidates.clone(),
         state_dict_key: a.model.state_dict_key.clone(),
         heads: a.model.heads,
+        attention: profile.model.attention.clone(),
     };
     let share = match requested {
         Budget::Bytes(_) => None,

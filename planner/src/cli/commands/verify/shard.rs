@@ -154,6 +154,9 @@ fn harness_args(plan: &PlanJson, s: &ShardJson, steps: usize, port: Option<u16>)
         };
         args.extend(["--config".into(), format!("{field}={classes}")]);
     }
+    if let Some(attention) = &plan.shape.attention {
+        args.extend(["--config".into(), format!("attn_implementation={attention}")]);
+    }
     if c.precision != "fp32" {
         // The loop ckptune plans enters autocast with `cache_enabled=False` (docs/memory-model.md,
         // the `--emit python` snippet): with the cache, bf16 weight casts outlive their layers.
