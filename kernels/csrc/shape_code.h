@@ -1,6 +1,8 @@
 // An operator call's inputs as numbers, the same in the operator trace (`optrace.cpp`) and in
-// fake mode (`fake.cpp`): each tensor as `[dtype, ndim, sizes...]`, anything else as `[-1]`. With
-// the operator's name it keys what fake mode learns of a call from a real one (its scratch).
+// fake mode (`learned_scratch.cpp`): each tensor as `[dtype, ndim, sizes..., strides...]` (oneDNN's
+// scratch depends on the layout: a product of a transposed operand reorders it), anything else
+// as `[-1]`. With the operator's name it keys what fake mode learns of a call from a real one
+// (its scratch).
 #pragma once
 
 #include <ATen/core/ivalue.h>
@@ -19,6 +21,7 @@ inline void shape_codes(c10::ArrayRef<c10::IValue> args, std::vector<int64_t>& o
       out.push_back(static_cast<int64_t>(t.scalar_type()));
       out.push_back(t.dim());
       for (int64_t s : t.sizes()) out.push_back(s);
+      for (int64_t s : t.strides()) out.push_back(s);
     } else {
       out.push_back(-1);
     }

@@ -95,7 +95,7 @@ extern "C" fn push_event(
     });
 }
 
-/// `[dtype, ndim, sizes...]` per tensor input, `[-1]` per other input.
+/// `[dtype, ndim, sizes..., strides...]` per tensor input, `[-1]` per other input.
 fn decode_shapes(mut flat: &[i64]) -> Vec<Option<(Kind, Vec<i64>)>> {
     let mut out = Vec::new();
     while let Some((&dtype, rest)) = flat.split_first() {
@@ -107,7 +107,7 @@ fn decode_shapes(mut flat: &[i64]) -> Vec<Option<(Kind, Vec<i64>)>> {
         let ndim = rest.first().copied().unwrap_or(0).max(0) as usize;
         let sizes = rest.get(1..1 + ndim).unwrap_or_default().to_vec();
         out.push(kind_of(dtype).map(|k| (k, sizes)));
-        flat = rest.get(1 + ndim..).unwrap_or_default();
+        flat = rest.get(1 + 2 * ndim..).unwrap_or_default();
     }
     out
 }

@@ -57,7 +57,11 @@ fn profiles_are_cached_per_config_and_an_interrupted_run_resumes() {
 fn identical_layers_share_one_recompute_estimate_over_all_their_samples() {
     let dir = tempfile::tempdir().unwrap();
     // tiny-bert: embeddings, two identical encoder layers, pooler.
-    let p = profile_tiny_bert(&dir.path().join("bert.json"), &COMMON);
+    // Every step for real: steps A and B both timed (`--measure auto` times steps B alone and
+    // pools them the same way: measure.rs).
+    let mut flags = COMMON.to_vec();
+    flags.extend(["--measure", "run"]);
+    let p = profile_tiny_bert(&dir.path().join("bert.json"), &flags);
     let c = &p["configs"][0];
     assert_eq!(c["recompute_class"], serde_json::json!([0, 1, 1, 3]));
     let t = c["recompute_seconds"].as_array().unwrap();

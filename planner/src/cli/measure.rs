@@ -10,7 +10,7 @@ use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, CachedConfig, ModelJson, ProfileJson};
 
 use super::args::Measure;
-use super::error::UsageError;
+use super::error::{is_bad_input_error, message, UsageError};
 use super::setup::{fnv1a, model_json, Setup};
 
 /// How a config's profile is measured.
@@ -83,8 +83,24 @@ fn decide(setup: &Setup) -> Result<How> {
             largest = largest.max(cached.profile.peak_all);
             continue;
         }
-        let (_, p) = meta_profile(setup, cfg)?;
-        largest = largest.max(p.peak_all);
+        match meta_profile(setup, cfg) {
+            Ok((_, p)) => largest = largest.max(p.peak_all),
+            // The model's own fault (an operator the meta device cannot run, a bad file) is
+            // said as it is; libtorch failing on the meta device (a TorchScript module's
+            // storages) leaves the real run.
+            Err(e) if is_bad_input_error(&e) => return Err(e),
+            Err(e) => {
+                if !setup.quiet {
+                    let why = message(&e);
+                    eprintln!(
+                        "note: {} cannot be measured on the meta device ({}); measuring every step for real",
+                        setup.model,
+                        why.lines().next().unwrap_or_default()
+                    );
+                }
+                return Ok(How::Run);
+            }
+        }
     }
     let needed = with_process_overhead(largest);
     let how = match available {
