@@ -521,9 +521,14 @@ impl Adam {
             let (steps, ms, vs) = self.group_state(&group);
             {
                 // Host steps: one f32 `torch.tensor(1.0)` added to all (the Tensor overload).
-                let one = Tensor::f_from_slice(&[1.0f32])
-                    .and_then(|t| t.f_reshape(Vec::<i64>::new()))
-                    .map_err(torch("adam step count"))?;
+                // Real in fake mode too, as the step counts it is added to: its bytes are
+                // written from the host.
+                let one = {
+                    let _real = ckptune_kernels::fake::real()?;
+                    Tensor::f_from_slice(&[1.0f32])
+                        .and_then(|t| t.f_reshape(Vec::<i64>::new()))
+                        .map_err(torch("adam step count"))?
+                };
                 call(
                     "aten::_foreach_add_",
                     "Tensor",

@@ -122,11 +122,10 @@ pub struct ModelArgs {
     #[arg(long)]
     pub threads: Option<i32>,
     /// How the step is measured: `run` trains it here for real (memory and times); `meta`
-    /// runs it on the meta device (memory exact, nothing allocated, times from the cost model:
-    /// for models this machine cannot hold); `auto` measures memory on the meta device and,
-    /// when the step fits in this machine's available memory, times real steps (every
-    /// candidate checkpointed: each block's recompute and both step times at once), else
-    /// estimates the times, and says which it did.
+    /// measures memory on the meta device (exact, nothing allocated) and times real steps with
+    /// every candidate checkpointed (each block's recompute and both step times at once),
+    /// refusing a model whose step does not fit in this machine's available memory; `auto` is
+    /// `meta`, or `run` where the meta device cannot run the model, and says which it did.
     #[arg(long, value_enum, default_value_t = Measure::Auto)]
     pub measure: Measure,
     /// Timed repeats per measured step.

@@ -1,6 +1,7 @@
 //! How profiles are measured (`--measure`): for real (`run`), or memory on the meta device with
-//! times from real steps where the step fits in this machine's memory, else from the cost
-//! model (`auto`, `meta`). Cached per config: an interrupted run resumes where it stopped.
+//! times from real steps where the step fits in this machine's memory (`auto`, `meta`); a step
+//! that does not fit is refused, since times without a real step need a cost model this build
+//! does not have. Cached per config: an interrupted run resumes where it stopped.
 
 use anyhow::{Context, Result};
 use ckptune_kernels::{fake, optrace};
@@ -10,7 +11,7 @@ use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, CachedConfig, ModelJson, ProfileJson};
 
 use super::args::Measure;
-use super::error::{is_bad_input_error, message, UsageError};
+use super::error::{message, UsageError};
 use super::setup::{fnv1a, model_json, Setup};
 
 /// How a config's profile is measured.
@@ -20,8 +21,8 @@ enum How {
     Run,
     /// Memory on the meta device, times from real steps with every candidate checkpointed.
     MetaTimed,
-    /// Memory on the meta device, times from the cost model.
-    MetaEstimated,
+    /// Memory on the meta device; no step can run here for times (refused).
+    TooLarge,
 }
 
 impl How {
@@ -30,7 +31,7 @@ impl How {
         match self {
             How::Run => "",
             How::MetaTimed => "|measure=meta+steps-b",
-            How::MetaEstimated => "|measure=meta+estimated",
+            How::TooLarge => "|measure=meta+untimed",
         }
     }
 
@@ -38,7 +39,7 @@ impl How {
         match self {
             How::Run => "memory and times from real steps",
             How::MetaTimed => "memory on the meta device, times from real steps with every candidate checkpointed",
-            How::MetaEstimated => "memory on the meta device, times estimated by the cost model",
+            How::TooLarge => "memory on the meta device; too large to time here",
         }
     }
 }
@@ -51,8 +52,8 @@ pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
     let mut configs = Vec::new();
     let how = match setup.measure {
         Measure::Run => How::Run,
-        Measure::Meta => How::MetaEstimated,
-        Measure::Auto => decide(setup)?,
+        Measure::Meta => decide(setup, false)?,
+        Measure::Auto => decide(setup, true)?,
     };
     for cfg in &setup.configs {
         let (mj, p) = cached_or_measured(setup, cfg, how)?;
@@ -71,10 +72,11 @@ pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
     })
 }
 
-/// `auto`: memory on the meta device always; times from real steps when every config's
-/// step fits in the memory this machine has available, else from the cost model. Said either
-/// way.
-fn decide(setup: &Setup) -> Result<How> {
+/// `auto` and `meta`: memory on the meta device; times from real steps when every config's
+/// step fits in the memory this machine has available (else refused: this build has no cost
+/// model to estimate them). Said either way. Where the meta device cannot run the model, `auto`
+/// (`may_run`) measures every step for real and `meta` says why not.
+fn decide(setup: &Setup, may_run: bool) -> Result<How> {
     let available = available_memory();
     let mut largest = 0;
     for cfg in &setup.configs {
@@ -85,10 +87,10 @@ fn decide(setup: &Setup) -> Result<How> {
         }
         match meta_profile(setup, cfg) {
             Ok((_, p)) => largest = largest.max(p.peak_all),
-            // The model's own fault (an operator the meta device cannot run, a bad file) is
-            // said as it is; libtorch failing on the meta device (a TorchScript module's
-            // storages) leaves the real run.
-            Err(e) if is_bad_input_error(&e) => return Err(e),
+            // What the meta device cannot run (an operator without a meta kernel, a
+            // TorchScript module's storages) is run for real, as `--measure run` would; a bad
+            // file fails there with its own error.
+            Err(e) if !may_run => return Err(e),
             Err(e) => {
                 if !setup.quiet {
                     let why = message(&e);
@@ -105,7 +107,7 @@ fn decide(setup: &Setup) -> Result<How> {
     let needed = with_process_overhead(largest);
     let how = match available {
         Some(free) if needed <= free => How::MetaTimed,
-        _ => How::MetaEstimated,
+        _ => How::TooLarge,
     };
     if !setup.quiet {
         let why = match available {
@@ -162,7 +164,7 @@ fn cached_or_measured(setup: &Setup, cfg: &TrainConfig, how: How) -> Result<(Mod
             real_profile(setup, cfg)?
         }
         How::MetaTimed => meta_timed_profile(setup, cfg)?,
-        How::MetaEstimated => {
+        How::TooLarge => {
             let (_, p) = meta_profile(setup, cfg)?;
             return Err(UsageError(format!(
                 "{} under {} needs about {} to run a step, and its times come from a real step: \
