@@ -57,9 +57,14 @@ fn is_bad_input(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// Whether the error says the input was bad (exit 2), rather than the work failing.
+pub fn is_bad_input_error(e: &anyhow::Error) -> bool {
+    e.chain().any(is_bad_input)
+}
+
 /// The exit code for an error that ended a command.
 pub fn exit_code(e: &anyhow::Error) -> ExitCode {
-    if e.chain().any(is_bad_input) {
+    if is_bad_input_error(e) {
         ExitCode::from(2)
     } else {
         ExitCode::from(1)

@@ -11,8 +11,10 @@ use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, CachedConfig, ModelJson, ProfileJson};
 
 use super::args::Measure;
-use super::error::{message, UsageError};
+use super::error::{is_bad_input_error, message, UsageError};
 use super::setup::{fnv1a, model_json, Setup};
+use ckptune_models::ModelError;
+use ckptune_runtime::RuntimeError;
 
 /// How a config's profile is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +92,7 @@ fn decide(setup: &Setup, may_run: bool) -> Result<How> {
             // What the meta device cannot run (an operator without a meta kernel, a
             // TorchScript module's storages) is run for real, as `--measure run` would; a bad
             // file fails there with its own error.
-            Err(e) if !may_run => return Err(e),
+            Err(e) if !may_run || !meta_cannot_run(&e) => return Err(e),
             Err(e) => {
                 if !setup.quiet {
                     let why = message(&e);
@@ -130,6 +132,22 @@ fn decide(setup: &Setup, may_run: bool) -> Result<How> {
         );
     }
     Ok(how)
+}
+
+/// Whether measuring on the meta device failed for want of the meta device (an operator it
+/// cannot run, a libtorch failure such as a TorchScript module's storages) rather than for a
+/// bad file or flag, which fails the same way for real.
+fn meta_cannot_run(e: &anyhow::Error) -> bool {
+    let meta_node = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<ModelError>(),
+            Some(ModelError::NotMeasurableOnMeta { .. })
+        ) || matches!(
+            c.downcast_ref::<RuntimeError>(),
+            Some(RuntimeError::NotMeasurableOnMeta { .. })
+        )
+    });
+    meta_node || !is_bad_input_error(e)
 }
 
 /// The cached profile of `cfg` measured `how`, else a new one (cached at once).
