@@ -40,9 +40,12 @@ fn profile(dir: &Path, name: &str, model: &[&str], measure: &str) -> Value {
     let out = dir.join(format!("{name}-{measure}.json"));
     let mut args = vec!["profile"];
     args.extend(model);
+    // SGD: a tiny model under bf16 AdamW can diverge within a profile's steps.
     args.extend([
         "--precision",
         "fp32,bf16",
+        "--optimizer",
+        "sgd",
         "--measure",
         measure,
         "-o",
