@@ -244,22 +244,34 @@ fn measured_steps(
 fn recompute_estimates(session: &Session, steps: &MeasuredSteps, recompute_class: &[usize]) -> Vec<Stats> {
     let n = session.chain.blocks.len();
     let (used_b, used_c) = (timing::used(&steps.samples_b), timing::used(&steps.samples_c));
-    let unit_samples: Vec<Vec<f64>> = (0..recompute_class.len())
-        .map(|u| {
-            let (used, i) = if u < n { (&used_b, u) } else { (&used_c, u - n) };
-            used.iter().map(|s| s.extra[i]).collect()
-        })
-        .collect();
-    (0..recompute_class.len())
+    let unit_samples: Vec<Option<Vec<f64>>> = (0..recompute_class.len())
         .map(|u| {
             if u < n && !session.chain.blocks[u].candidate {
-                return Stats::default();
+                return None;
             }
-            let pooled: Vec<f64> = (0..recompute_class.len())
-                .filter(|&v| recompute_class[v] == recompute_class[u])
-                .flat_map(|v| unit_samples[v].iter().copied())
-                .collect();
-            Stats::of(&pooled)
+            let (used, i) = if u < n { (&used_b, u) } else { (&used_c, u - n) };
+            Some(used.iter().map(|s| s.extra[i]).collect())
+        })
+        .collect();
+    pooled_by_class(&unit_samples, recompute_class)
+}
+
+/// Per unit, the spread of its class's samples pooled (units of one `class` share one estimate);
+/// an empty spread for a unit without samples (a block that is not a candidate).
+fn pooled_by_class(unit_samples: &[Option<Vec<f64>>], class: &[usize]) -> Vec<Stats> {
+    let class_of = |u: usize| class.get(u).copied().unwrap_or(u);
+    (0..unit_samples.len())
+        .map(|u| match unit_samples[u] {
+            None => Stats::default(),
+            Some(_) => {
+                let pooled: Vec<f64> = (0..unit_samples.len())
+                    .filter(|&v| class_of(v) == class_of(u))
+                    .filter_map(|v| unit_samples[v].as_ref())
+                    .flatten()
+                    .copied()
+                    .collect();
+                Stats::of(&pooled)
+            }
         })
         .collect()
 }

@@ -12,7 +12,7 @@ use ckptune_kernels::optrace::{self, OpEvent};
 use ckptune_solver::profile::{Contention, Stats};
 
 use super::timing::{self, ContentionTally, Retimer, Sample};
-use super::{step_b, ConfigProfile, ProfileSettings};
+use super::{pooled_by_class, step_b, ConfigProfile, ProfileSettings};
 use crate::error::Result;
 use crate::exec::Session;
 
@@ -77,20 +77,7 @@ pub fn times_from_steps(
             }
         })
         .collect();
-    let recompute_spread = (0..unit_seconds.len())
-        .map(|u| match unit_seconds[u] {
-            None => Stats::default(),
-            Some(_) => {
-                let pooled: Vec<f64> = (0..unit_seconds.len())
-                    .filter(|&v| recompute_class.get(v) == recompute_class.get(u))
-                    .filter_map(|v| unit_seconds[v].as_ref())
-                    .flatten()
-                    .copied()
-                    .collect();
-                Stats::of(&pooled)
-            }
-        })
-        .collect();
+    let recompute_spread = pooled_by_class(&unit_seconds, recompute_class);
     let none: Vec<f64> = used.iter().map(|s| (s.seconds - forwards(s, chain)).max(0.0)).collect();
     let mut tally = ContentionTally::default();
     tally.add(&samples);
