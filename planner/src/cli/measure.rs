@@ -52,13 +52,14 @@ pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
     ckptune_kernels::meter::install()?;
     let mut model = None;
     let mut configs = Vec::new();
-    let how = match setup.measure {
-        Measure::Run => How::Run,
+    let (how, mut unlearned) = match setup.measure {
+        Measure::Run => (How::Run, Vec::new()),
         Measure::Meta => decide(setup, false)?,
         Measure::Auto => decide(setup, true)?,
     };
-    for cfg in &setup.configs {
-        let (mj, p) = cached_or_measured(setup, cfg, how)?;
+    unlearned.resize(setup.configs.len(), None);
+    for (cfg, unlearned) in setup.configs.iter().zip(unlearned) {
+        let (mj, p) = cached_or_measured(setup, cfg, how, unlearned)?;
         model.get_or_insert(mj);
         configs.push(p);
     }
@@ -77,18 +78,25 @@ pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
 /// `auto` and `meta`: memory on the meta device; times from real steps when every config's
 /// step fits in the memory this machine has available (else refused: this build has no cost
 /// model to estimate them). Said either way. Where the meta device cannot run the model, `auto`
-/// (`may_run`) measures every step for real and `meta` says why not.
-fn decide(setup: &Setup, may_run: bool) -> Result<How> {
+/// (`may_run`) measures every step for real and `meta` says why not. Also returns, per config,
+/// the meta profile it measured (none where a cached profile said enough), which the
+/// measurement then starts from.
+fn decide(setup: &Setup, may_run: bool) -> Result<(How, Vec<Option<ConfigProfile>>)> {
     let available = available_memory();
     let mut largest = 0;
+    let mut unlearned = Vec::with_capacity(setup.configs.len());
     for cfg in &setup.configs {
         let key = setup.cache_key(cfg) + How::MetaTimed.key();
         if let Some(cached) = read_cache(setup, &key) {
             largest = largest.max(cached.profile.peak_all);
+            unlearned.push(None);
             continue;
         }
         match meta_profile(setup, cfg) {
-            Ok((_, p)) => largest = largest.max(p.peak_all),
+            Ok((_, p)) => {
+                largest = largest.max(p.peak_all);
+                unlearned.push(Some(p));
+            }
             // What the meta device cannot run (an operator without a meta kernel, a
             // TorchScript module's storages) is run for real, as `--measure run` would; a bad
             // file fails there with its own error.
@@ -102,7 +110,7 @@ fn decide(setup: &Setup, may_run: bool) -> Result<How> {
                         why.lines().next().unwrap_or_default()
                     );
                 }
-                return Ok(How::Run);
+                return Ok((How::Run, Vec::new()));
             }
         }
     }
@@ -131,7 +139,7 @@ fn decide(setup: &Setup, may_run: bool) -> Result<How> {
             how.describe()
         );
     }
-    Ok(how)
+    Ok((how, unlearned))
 }
 
 /// Whether measuring on the meta device failed for want of the meta device (an operator it
@@ -150,8 +158,14 @@ fn meta_cannot_run(e: &anyhow::Error) -> bool {
     meta_node || !is_bad_input_error(e)
 }
 
-/// The cached profile of `cfg` measured `how`, else a new one (cached at once).
-fn cached_or_measured(setup: &Setup, cfg: &TrainConfig, how: How) -> Result<(ModelJson, ConfigProfile)> {
+/// The cached profile of `cfg` measured `how`, else a new one (cached at once), from its meta
+/// profile `unlearned` where `decide` measured it.
+fn cached_or_measured(
+    setup: &Setup,
+    cfg: &TrainConfig,
+    how: How,
+    unlearned: Option<ConfigProfile>,
+) -> Result<(ModelJson, ConfigProfile)> {
     let key = setup.cache_key(cfg) + how.key();
     if let Some(cached) = read_cache(setup, &key) {
         if !cached.profile.contention.contended() {
@@ -181,9 +195,9 @@ fn cached_or_measured(setup: &Setup, cfg: &TrainConfig, how: How) -> Result<(Mod
             }
             real_profile(setup, cfg)?
         }
-        How::MetaTimed => meta_timed_profile(setup, cfg)?,
+        How::MetaTimed => meta_timed_profile(setup, cfg, unlearned)?,
         How::TooLarge => {
-            let (_, p) = meta_profile(setup, cfg)?;
+            let p = given_or_meta(setup, cfg, unlearned)?;
             return Err(UsageError(format!(
                 "{} under {} needs about {} to run a step, and its times come from a real step: \
                  time it on a machine with that much memory available ({}); this build has no \
@@ -234,8 +248,12 @@ fn real_profile(setup: &Setup, cfg: &TrainConfig) -> Result<(ModelJson, ConfigPr
 /// kernels (oneDNN's scratch, by operator and inputs) is learned from it against the first step
 /// of a fake session, and the meta profile is measured with that scratch. Where the two steps
 /// do not line up, every step runs for real.
-fn meta_timed_profile(setup: &Setup, cfg: &TrainConfig) -> Result<(ModelJson, ConfigProfile)> {
-    let (_, unlearned) = meta_profile(setup, cfg)?;
+fn meta_timed_profile(
+    setup: &Setup,
+    cfg: &TrainConfig,
+    unlearned: Option<ConfigProfile>,
+) -> Result<(ModelJson, ConfigProfile)> {
+    let unlearned = given_or_meta(setup, cfg, unlearned)?;
     let mut real = setup.session(cfg)?;
     let settings = ProfileSettings {
         repeats: setup.repeats,
@@ -274,6 +292,14 @@ fn meta_timed_profile(setup: &Setup, cfg: &TrainConfig) -> Result<(ModelJson, Co
     let (mj, mut p) = measured?;
     times.apply(&mut p);
     Ok((mj, p))
+}
+
+/// `given`, `decide`'s meta profile of `cfg`, else one measured now.
+fn given_or_meta(setup: &Setup, cfg: &TrainConfig, given: Option<ConfigProfile>) -> Result<ConfigProfile> {
+    match given {
+        Some(p) => Ok(p),
+        None => Ok(meta_profile(setup, cfg)?.1),
+    }
 }
 
 /// The memory terms of `cfg`, from steps on the meta device (their times mean nothing).
