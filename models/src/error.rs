@@ -109,6 +109,15 @@ pub enum ModelError {
         meta_only: bool,
     },
 
+    /// A TorchScript module keeps its weights in CPU storages its scripted code refers to, so
+    /// it cannot be rebuilt from shapes on the meta device.
+    #[error(
+        "TorchScript model {} cannot be measured on the meta device: its scripted code holds CPU \
+         storages; measure it by running it (--measure run), or export it with torch.export",
+        path.display()
+    )]
+    TorchScriptOnMeta { path: PathBuf },
+
     /// A program exported with a static batch size, run at another one.
     #[error(
         "torch.export program {} was exported with a static batch of {exported}, so it runs only at \

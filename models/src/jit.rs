@@ -73,6 +73,11 @@ fn register(vs: &nn::VarStore, name: &str, t: Tensor, trainable: bool) {
 
 /// Loads a TorchScript file whose top-level children form a chain.
 pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain> {
+    if ckptune_kernels::fake::active() {
+        return Err(ModelError::TorchScriptOnMeta {
+            path: path.to_path_buf(),
+        });
+    }
     let shown = path.display().to_string();
     opts.reject(
         &shown,

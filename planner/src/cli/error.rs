@@ -121,7 +121,8 @@ mod tests {
     #[test]
     fn what_a_step_on_the_meta_device_cannot_run_is_bad_input() {
         let path = std::path::PathBuf::from("m.pt2");
-        let errors: [anyhow::Error; 3] = [
+        let errors: [anyhow::Error; 4] = [
+            ModelError::TorchScriptOnMeta { path: path.clone() }.into(),
             RuntimeError::NotMeasurableOnMeta {
                 why: "aten::glu_backward: no meta kernel".into(),
             }

@@ -149,7 +149,7 @@ fn meta_cannot_run(e: &anyhow::Error) -> bool {
     let meta_node = e.chain().any(|c| {
         matches!(
             c.downcast_ref::<ModelError>(),
-            Some(ModelError::NotMeasurableOnMeta { .. })
+            Some(ModelError::NotMeasurableOnMeta { .. } | ModelError::TorchScriptOnMeta { .. })
         ) || matches!(
             c.downcast_ref::<RuntimeError>(),
             Some(RuntimeError::NotMeasurableOnMeta { .. })
