@@ -24,8 +24,25 @@ pub(crate) struct AutocastState {
 
 pub(crate) type NamedModuleCb = extern "C" fn(*mut c_void, *const c_char, *mut CModule);
 pub(crate) type NamedTensorCb = extern "C" fn(*mut c_void, *const c_char, CTensor);
-/// (ctx, name, depth, enter, exit, peak, nanos, shapes, number of shapes); see optrace.cpp.
-pub(crate) type OpEventCb = extern "C" fn(*mut c_void, *const c_char, i32, i64, i64, i64, i64, *const i64, i64);
+/// (ctx, name, scope, depth, end, enter, exit, peak, nanos, inputs, their length, outputs, their
+/// length, numbers, their length); see optrace.cpp.
+pub(crate) type OpEventCb = extern "C" fn(
+    *mut c_void,
+    *const c_char,
+    i32,
+    i32,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    *const i64,
+    i64,
+    *const i64,
+    i64,
+    *const i64,
+    i64,
+);
 /// (ctx, return index, list item or -1, tag, tensor, int, float); see shim.cpp's ckpt_value_cb.
 pub(crate) type ValueCb = extern "C" fn(*mut c_void, i32, i32, i32, CTensor, i64, f64);
 
@@ -59,6 +76,9 @@ extern "C" {
     pub(crate) fn ckpt_optrace_start(err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_optrace_stop(ctx: *mut c_void, cb: OpEventCb, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_op_has_meta_kernel(name: *const c_char) -> c_int;
+    pub(crate) fn ckpt_op_traits(name: *const c_char) -> c_int;
+    pub(crate) fn ckpt_scope_enter(name: *const c_char, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_scope_exit();
 
     pub(crate) fn ckpt_autocast_enter(
         device: c_int,

@@ -1,22 +1,29 @@
-//! The operators a thread runs (`csrc/optrace.cpp`): name, nesting depth, input shapes, the
-//! meter's levels around each and its peak inside, and its wall time. Lined up between a real
-//! and a fake run of the same step it shows where their bytes differ; its shapes give each
+//! The operators a thread runs (`csrc/optrace.cpp`): name, nesting depth, input and output
+//! shapes, the meter's levels around each and its peak inside, and its wall time, with the
+//! user scopes ([`Scope`]) that say what each operator was part of. Lined up between a real and
+//! a fake run of the same step it shows where their bytes differ; its shapes give each
 //! operator's work for the cost model.
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::marker::PhantomData;
 
 use tch::Kind;
 
 use crate::{ffi, KernelError};
 
-/// One operator call.
+/// One operator call, or one user scope.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OpEvent {
-    /// The operator with its overload (`aten::addmm`, `aten::add.Tensor`), or an autograd
-    /// node's evaluation (`autograd::engine::evaluate_function: MmBackward0`).
+    /// The operator with its overload (`aten::addmm`, `aten::add.Tensor`), an autograd
+    /// node's evaluation (`autograd::engine::evaluate_function: MmBackward0`), or a scope's name.
     pub name: String,
-    /// Operators it runs inside (0: called by the step itself).
+    /// A user scope ([`Scope`]), not an operator.
+    pub scope: bool,
+    /// Operators it runs inside (0: called by the step itself); scopes add none.
     pub depth: u32,
+    /// One past the last event that started before it ended: the events after it up to `end`
+    /// ran inside it.
+    pub end: usize,
     /// Meter levels when it started and ended, and the highest while it ran.
     pub enter: i64,
     pub exit: i64,
@@ -24,7 +31,11 @@ pub struct OpEvent {
     pub seconds: f64,
     /// Per input: a tensor's dtype and sizes, or `None` for anything but a tensor.
     pub inputs: Vec<Option<(Kind, Vec<i64>)>>,
-    /// The same as the shim writes it (`csrc/shape_code.h`): with the name, [`op_key`].
+    /// Per input: the value of a number (an integer, a bool as 0 or 1, a double), else `None`.
+    pub numbers: Vec<Option<f64>>,
+    /// Per output, as `inputs` (empty for a scope).
+    pub outputs: Vec<Option<(Kind, Vec<i64>)>>,
+    /// The inputs as the shim writes them (`csrc/shape_code.h`): with the name, [`op_key`].
     pub codes: Vec<i64>,
 }
 
@@ -49,6 +60,58 @@ pub fn has_meta_kernel(name: &str) -> Option<bool> {
     }
 }
 
+/// What the cost model needs to know of an operator, from libtorch's dispatcher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpTraits {
+    /// Only a `CompositeImplicitAutograd` kernel: the operators it calls do its work.
+    pub decomposition: bool,
+    /// Returns a view of an input (no data moves).
+    pub view: bool,
+    /// Writes into an input (in place, or `out=`).
+    pub writes_input: bool,
+}
+
+/// [`OpTraits`] of operator `name` (`aten::addmm`, `aten::add.Tensor`, as [`OpEvent::name`]
+/// has it); `None` for anything that is not an operator (an autograd node, a scope).
+pub fn op_traits(name: &str) -> Option<OpTraits> {
+    let c = CString::new(name).ok()?;
+    let bits = unsafe { ffi::ckpt_op_traits(c.as_ptr()) };
+    (bits & 1 == 1).then_some(OpTraits {
+        decomposition: bits & 2 != 0,
+        view: bits & 4 != 0,
+        writes_input: bits & 8 != 0,
+    })
+}
+
+/// A user scope named `name` around what this thread runs until it is dropped
+/// (`at::RecordFunction` with `USER_SCOPE`, what `torch.profiler.record_function` opens): the
+/// trace records it, and so would the PyTorch profiler. Scopes nest; each must be dropped on
+/// the thread that opened it, after any scope opened inside it.
+#[derive(Debug)]
+pub struct Scope {
+    // Scopes live on one thread's stack in the shim.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Scope {
+    pub fn enter(name: &str) -> Result<Scope, KernelError> {
+        let c = CString::new(name).map_err(|_| KernelError::Invalid {
+            op: "opening a trace scope",
+            message: format!("the name {name:?} holds a NUL byte"),
+        })?;
+        ffi::check("opening a trace scope", |e| unsafe { ffi::ckpt_scope_enter(c.as_ptr(), e) })?;
+        Ok(Scope {
+            _not_send: PhantomData,
+        })
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        unsafe { ffi::ckpt_scope_exit() }
+    }
+}
+
 /// Traces this thread's operators until [`stop`]; starting again drops what was traced.
 pub fn start() -> Result<(), KernelError> {
     ffi::check("starting the operator trace", |e| unsafe { ffi::ckpt_optrace_start(e) })
@@ -63,39 +126,64 @@ pub fn stop() -> Result<Vec<OpEvent>, KernelError> {
     Ok(out)
 }
 
+#[allow(clippy::too_many_arguments)] // the C callback's signature
 extern "C" fn push_event(
     ctx: *mut c_void,
     name: *const c_char,
+    scope: i32,
     depth: i32,
+    end: i64,
     enter: i64,
     exit: i64,
     peak: i64,
     nanos: i64,
-    shapes: *const i64,
-    nshapes: i64,
+    inputs: *const i64,
+    ninputs: i64,
+    outputs: *const i64,
+    noutputs: i64,
+    numbers: *const i64,
+    nnumbers: i64,
 ) {
-    // SAFETY: ctx is the Vec `stop` passes; name is NUL-terminated and shapes holds nshapes
-    // values, both alive for the call.
+    // SAFETY: ctx is the Vec `stop` passes; name is NUL-terminated, inputs, outputs and numbers
+    // hold ninputs, noutputs and nnumbers values, all alive for the call.
     let out = unsafe { &mut *(ctx as *mut Vec<OpEvent>) };
     let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
-    let flat = if nshapes == 0 {
-        &[][..]
-    } else {
-        unsafe { std::slice::from_raw_parts(shapes, nshapes as usize) }
+    let slice = |p: *const i64, n: i64| {
+        if n <= 0 {
+            &[][..]
+        } else {
+            unsafe { std::slice::from_raw_parts(p, n as usize) }
+        }
     };
+    let codes = slice(inputs, ninputs);
     out.push(OpEvent {
         name,
+        scope: scope != 0,
         depth: depth.max(0) as u32,
+        end: end.max(0) as usize,
         enter,
         exit,
         peak,
         seconds: nanos as f64 * 1e-9,
-        inputs: decode_shapes(flat),
-        codes: flat.to_vec(),
+        inputs: decode_shapes(codes),
+        numbers: decode_numbers(slice(numbers, nnumbers)),
+        outputs: decode_shapes(slice(outputs, noutputs)),
+        codes: codes.to_vec(),
     });
 }
 
-/// `[dtype, ndim, sizes..., strides...]` per tensor input, `[-1]` per other input.
+/// `[1, value]` per integer or bool, `[2, bits]` per double, `[0, 0]` per anything else.
+fn decode_numbers(flat: &[i64]) -> Vec<Option<f64>> {
+    flat.chunks(2)
+        .map(|p| match p {
+            [1, v] => Some(*v as f64),
+            [2, bits] => Some(f64::from_bits(*bits as u64)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `[dtype, ndim, sizes..., strides...]` per tensor, `[-1]` per anything else.
 fn decode_shapes(mut flat: &[i64]) -> Vec<Option<(Kind, Vec<i64>)>> {
     let mut out = Vec::new();
     while let Some((&dtype, rest)) = flat.split_first() {
@@ -145,13 +233,17 @@ pub struct PeakDifference {
 
 /// Lines up a real and a fake trace of the same step by the operators the step itself calls
 /// (what runs inside them may differ: a meta kernel is not the CPU kernel), less the real
-/// step's reads of values. Each call must
+/// step's reads of values and the scopes. Each call must
 /// leave the same bytes behind; where their peaks differ, the difference is returned. `Err`
 /// names the first call that is not the same in both.
 pub fn line_up(real: &[OpEvent], fake: &[OpEvent]) -> Result<Vec<PeakDifference>, String> {
     // A real step reads values (the loss) that a fake one has not: those reads allocate nothing.
     let read = |e: &OpEvent| e.name == "aten::item" || e.name == "aten::_local_scalar_dense";
-    let top = |t: &[OpEvent]| -> Vec<usize> { (0..t.len()).filter(|&i| t[i].depth == 0 && !read(&t[i])).collect() };
+    let top = |t: &[OpEvent]| -> Vec<usize> {
+        (0..t.len())
+            .filter(|&i| t[i].depth == 0 && !t[i].scope && !read(&t[i]))
+            .collect()
+    };
     let (r, f) = (top(real), top(fake));
     let mut out = Vec::new();
     for (index, (&i, &j)) in r.iter().zip(&f).enumerate() {
@@ -200,9 +292,10 @@ pub fn op_key(e: &OpEvent) -> String {
     format!("{}|{}", e.name, codes.join(","))
 }
 
-/// Whether an event is a dispatcher operator (not an autograd node's evaluation or a scope).
-fn is_operator(e: &OpEvent) -> bool {
-    e.name.contains("::") && !e.name.starts_with("autograd::") && !e.name.starts_with("ckptune::")
+/// Whether an event is a dispatcher operator: not a scope, not an autograd node's evaluation
+/// (`autograd::engine::evaluate_function: …`), not autograd's own `detach`.
+pub fn is_operator(e: &OpEvent) -> bool {
+    !e.scope && e.name.contains("::") && !e.name.starts_with("autograd::") && !e.name.starts_with("ckptune::")
 }
 
 /// The operator calls the step itself makes (those inside no other operator: autograd's

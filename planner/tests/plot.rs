@@ -359,6 +359,7 @@ fn profile_plots_predicted_singles_and_the_candidates() {
         recompute_spread: vec![Stats::default(), stats(0.009), stats(0.006), Stats::default()],
         recompute_class: Vec::new(),
         contention: Contention::default(),
+        estimated: None,
     };
     let p = ProfileJson {
         format: formats::PROFILE_FORMAT.into(),

@@ -258,6 +258,7 @@ mod tests {
             recompute_spread: spread,
             recompute_class: Vec::new(),
             contention: Contention::default(),
+            estimated: None,
         }
     }
 

@@ -5,6 +5,8 @@
 //! exists anywhere else. Bytes are `i64` differences of allocator counters; the meaning of
 //! every term is in `docs/memory-model.md`.
 
+use crate::rates::DeviceRates;
+
 /// A training config as every format names it: precision and optimizer by their CLI names.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -335,4 +337,28 @@ pub struct ConfigProfile {
     /// when not recorded, so older profiles and the plans made from them read back unchanged).
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Contention::unrecorded"))]
     pub contention: Contention,
+    /// Set when the times above come from the cost model rather than timed steps
+    /// (docs/cost-model.md): the rates they were estimated over. Absent for measured times, so
+    /// measured profiles and the plans made from them read back unchanged.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub estimated: Option<Estimate>,
+}
+
+/// How a config's times were estimated: the cost model over an operator trace of its steps.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Estimate {
+    /// Where the operators were counted: `meta` (a fake step, nothing computed) or the device
+    /// of a real step (`cpu`).
+    pub traced_on: String,
+    /// The rates the operators' work was timed at; `rates.device` is the device the times are
+    /// for.
+    pub rates: DeviceRates,
+}
+
+impl ConfigProfile {
+    /// Whether the times are the cost model's estimate, not measurements.
+    pub fn is_estimated(&self) -> bool {
+        self.estimated.is_some()
+    }
 }

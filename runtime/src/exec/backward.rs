@@ -13,6 +13,7 @@ use tch::Tensor;
 use super::boundary::{block_input, leaf};
 use super::forward::Activations;
 use super::schedule::Schedule;
+use super::scope::{self, Phase};
 use super::session::{nbytes, Session};
 use super::trace::MicroTrace;
 use crate::error::{Result, RuntimeError};
@@ -95,6 +96,7 @@ impl Session {
             let x = block_input(&self.chain, k, &batch.input, &acts.outputs, &mut acts.leaves);
             let skips: Vec<Tensor> = block.skips.iter().map(|&s| leaf(&acts.leaves, s)).collect();
             let out = {
+                let _scope = scope::open(Phase::Recompute, Some((k, &block.name)))?;
                 let _ac = self
                     .cfg
                     .precision
@@ -145,6 +147,7 @@ impl Session {
             t.blocks[i].bwd_before = self.probe.current();
             self.probe.reset_window();
         }
+        let vjp = scope::open(Phase::Backward, Some((i, &block.name)))?;
         if out.requires_grad() {
             let g = std::mem::replace(&mut grad, Tensor::new());
             if !g.defined() {
@@ -177,6 +180,7 @@ impl Session {
         if segment_rng.as_ref().is_some_and(|(first, _)| start <= *first) {
             drop(segment_rng.take());
         }
+        drop(vjp);
         if let Some(t) = tr {
             let b = &mut t.blocks[i];
             b.bwd_peak = self.probe.window_peak();

@@ -11,6 +11,7 @@ use tch::Tensor;
 
 use super::boundary::{block_input, leaf};
 use super::schedule::Schedule;
+use super::scope::{self, Phase};
 use super::session::Session;
 use super::trace::MicroTrace;
 use crate::error::Result;
@@ -98,6 +99,7 @@ impl Session {
             acts.rng_states[i] = Some(rng::cpu_state()?);
         }
         let out = {
+            let _scope = scope::open(Phase::Forward, Some((i, &block.name)))?;
             let _ac = self
                 .cfg
                 .precision

@@ -8,6 +8,7 @@ use ckptune_models::Batch;
 use tch::Tensor;
 
 use super::forward::Activations;
+use super::scope::{self, Phase};
 use super::session::Session;
 use super::trace::MicroTrace;
 use crate::config::Precision;
@@ -36,6 +37,7 @@ impl Session {
             self.probe.reset_window();
         }
         let (value, var, seed) = {
+            let _scope = scope::open(Phase::Loss, None)?;
             let loss = {
                 let _ac = self
                     .cfg

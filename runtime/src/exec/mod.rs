@@ -24,13 +24,16 @@
 //! Files: [`session`] holds a chain prepared for training; `step` runs a step (micro-steps,
 //! then the optimizer) as `forward`, `loss` and `backward`, following the `schedule` a
 //! checkpoint mask gives; `boundary` makes the leaves between blocks; [`trace`] is what an
-//! instrumented step records; `select` turns a checkpoint regex into a mask.
+//! instrumented step records; `select` turns a checkpoint regex into a mask; [`scope`] names the
+//! user scopes a step opens around each block's forward, recompute and backward, the loss and
+//! the optimizer, which say in an operator trace what each operator was part of.
 
 mod backward;
 mod boundary;
 mod forward;
 mod loss;
 mod schedule;
+pub mod scope;
 mod select;
 pub mod session;
 mod step;

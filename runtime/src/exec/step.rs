@@ -8,6 +8,7 @@ use ckptune_models::{Batch, Ctx};
 use tch::Tensor;
 
 use super::schedule::Schedule;
+use super::scope::{self, Phase};
 use super::session::Session;
 use super::trace::{BlockTrace, MicroTrace, StepReport, StepTrace};
 use crate::config::Precision;
@@ -142,6 +143,7 @@ impl Session {
             t.opt_before = self.probe.current();
             self.probe.reset_window();
         }
+        let scope = scope::open(Phase::Optimizer, None)?;
         let mut applied = true;
         if self.cfg.precision == Precision::Fp16 {
             let inv = 1.0 / self.scale;
@@ -170,6 +172,7 @@ impl Session {
             self.opt.step()?;
         }
         self.opt.zero_grad(self.cfg.set_to_none)?;
+        drop(scope);
         if let Some(t) = tr {
             t.opt_peak = self.probe.window_peak();
             t.opt_after = self.probe.current();

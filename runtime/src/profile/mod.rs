@@ -101,6 +101,7 @@ pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<Conf
         recompute_spread,
         recompute_class,
         contention: tally.finish(steps.retimed),
+        estimated: None,
     })
 }
 

@@ -1,0 +1,388 @@
+//! A device's rates for the cost model (docs/cost-model.md): how fast it multiplies matrices
+//! and convolves per dtype, how fast it streams bytes, and what every operator costs on top.
+//! A CPU's rates are measured by a calibration run (the runtime's `cost::calibrate`); a GPU's
+//! are its published peaks times stated efficiencies, from [`GPUS`], never measured. An
+//! operator's [`Work`] over these rates gives its time ([`DeviceRates::seconds`]); the runtime
+//! counts the work on an operator trace.
+
+/// What an operator's time is bound by besides its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// A matrix product (mm, addmm, bmm, attention's products).
+    Matmul,
+    /// A convolution, forward or backward.
+    Conv,
+    /// Nothing but its bytes (elementwise operators, reductions, copies, norms).
+    Memory,
+}
+
+/// The element types rates are given for; every other type streams at fp32's rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    Fp32,
+    Bf16,
+    Fp16,
+}
+
+impl Dtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Fp32 => "fp32",
+            Dtype::Bf16 => "bf16",
+            Dtype::Fp16 => "fp16",
+        }
+    }
+}
+
+/// One operator's work: floating-point operations on its engine, bytes read and written, and
+/// the size that sets how efficient a product is (the geometric mean of m, n and k; 0 for
+/// memory-bound work).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Work {
+    pub engine: Engine,
+    pub dtype: Dtype,
+    pub flops: f64,
+    pub bytes: f64,
+    pub size: f64,
+}
+
+/// A rate by size: `(size, rate)` points with increasing sizes, read piecewise linearly in
+/// log-log space and held flat beyond the ends.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Curve {
+    pub dtype: String,
+    pub points: Vec<[f64; 2]>,
+}
+
+impl Curve {
+    pub fn flat(dtype: Dtype, rate: f64) -> Curve {
+        Curve {
+            dtype: dtype.name().into(),
+            points: vec![[1.0, rate]],
+        }
+    }
+
+    /// The rate at `size`; `None` for a curve without points.
+    pub fn at(&self, size: f64) -> Option<f64> {
+        let p = &self.points;
+        let (first, last) = (p.first()?, p.last()?);
+        if size <= first[0] {
+            return Some(first[1]);
+        }
+        if size >= last[0] {
+            return Some(last[1]);
+        }
+        let i = p.iter().position(|q| q[0] >= size)?;
+        let (a, b) = (p[i - 1], p[i]);
+        let t = (size.ln() - a[0].ln()) / (b[0].ln() - a[0].ln());
+        Some((a[1].ln() + t * (b[1].ln() - a[1].ln())).exp())
+    }
+}
+
+/// A device's rates. Fields are in the order of the JSON that caches a CPU's calibration and
+/// records the rates behind an estimated profile.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct DeviceRates {
+    /// `cpu`, or `cuda:<name>` for a GPU of the table.
+    pub device: String,
+    /// The CPU's identity (model name and vector extensions) or the GPU's full name.
+    pub name: String,
+    /// Whether the rates were measured here (a CPU's calibration run) rather than taken from
+    /// published peaks.
+    pub measured: bool,
+    /// Where the numbers come from, in words.
+    pub source: String,
+    /// Intra-op threads the calibration ran with (CPU only).
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub threads: Option<i32>,
+    /// FLOP/s of matrix products per dtype, by the product's mean dimension.
+    pub matmul: Vec<Curve>,
+    /// FLOP/s of convolutions per dtype, by the mean dimension of their implicit product.
+    pub conv: Vec<Curve>,
+    /// Bytes/s of streaming elementwise work per dtype, by the bytes an operator moves.
+    pub bandwidth: Vec<Curve>,
+    /// Seconds every operator costs besides its work (dispatch, and on a GPU the launch).
+    pub overhead_seconds: f64,
+}
+
+impl DeviceRates {
+    /// Seconds `work` takes: the slower of its FLOPs on its engine and its bytes at the
+    /// streaming rate, plus the per-operator overhead.
+    pub fn seconds(&self, work: &Work) -> f64 {
+        let memory = if work.bytes > 0.0 {
+            work.bytes / rate(&self.bandwidth, work.dtype, work.bytes)
+        } else {
+            0.0
+        };
+        let compute = match work.engine {
+            Engine::Memory => 0.0,
+            Engine::Matmul => work.flops / rate(&self.matmul, work.dtype, work.size),
+            Engine::Conv => work.flops / rate(&self.conv, work.dtype, work.size),
+        };
+        compute.max(memory) + self.overhead_seconds
+    }
+
+    /// The rates are complete: every curve positive and finite, fp32 given for each engine.
+    pub fn check(&self) -> Result<(), String> {
+        for (what, curves) in [
+            ("matmul", &self.matmul),
+            ("conv", &self.conv),
+            ("bandwidth", &self.bandwidth),
+        ] {
+            if !curves.iter().any(|c| c.dtype == "fp32" && !c.points.is_empty()) {
+                return Err(format!("rates of {}: no fp32 {what} rate", self.device));
+            }
+            for c in curves {
+                if let Some(p) = c.points.iter().find(|p| !(p[0] > 0.0 && p[1] > 0.0 && p[1].is_finite())) {
+                    return Err(format!(
+                        "rates of {}: {what} {} has the point {:?}; sizes and rates must be positive",
+                        self.device, c.dtype, p
+                    ));
+                }
+                if c.points.windows(2).any(|w| w[0][0] >= w[1][0]) {
+                    return Err(format!(
+                        "rates of {}: {what} {}'s sizes do not increase",
+                        self.device, c.dtype
+                    ));
+                }
+            }
+        }
+        if !(self.overhead_seconds >= 0.0 && self.overhead_seconds.is_finite()) {
+            return Err(format!(
+                "rates of {}: overhead {} s is not a duration",
+                self.device, self.overhead_seconds
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The curve of `dtype`, fp32's where the device has none for it.
+fn rate(curves: &[Curve], dtype: Dtype, size: f64) -> f64 {
+    let of = |name: &str| curves.iter().find(|c| c.dtype == name).and_then(|c| c.at(size));
+    of(dtype.name())
+        .or_else(|| of("fp32"))
+        .filter(|r| *r > 0.0)
+        .unwrap_or(f64::INFINITY)
+}
+
+/// One GPU's published figures: dense peaks (no structured sparsity) and memory bandwidth.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuSpec {
+    /// The name `--target cuda:<name>` takes.
+    pub key: &'static str,
+    pub name: &'static str,
+    /// Dense tensor-core TFLOP/s for bf16 and fp16 with fp32 accumulation, and for tf32.
+    pub bf16_tflops: f64,
+    pub fp16_tflops: f64,
+    pub tf32_tflops: f64,
+    /// fp32 TFLOP/s on the CUDA cores (no tensor cores).
+    pub fp32_tflops: f64,
+    /// Memory bandwidth, GB/s.
+    pub memory_gbps: f64,
+    /// The document the figures are from.
+    pub source: &'static str,
+}
+
+/// The GPUs `--target cuda:<name>` knows (docs/cost-model.md lists them with the same figures).
+pub const GPUS: &[GpuSpec] = &[
+    GpuSpec {
+        key: "h100",
+        name: "NVIDIA H100 SXM5 80GB",
+        bf16_tflops: 989.4,
+        fp16_tflops: 989.4,
+        tf32_tflops: 494.7,
+        fp32_tflops: 66.9,
+        memory_gbps: 3350.0,
+        source: "NVIDIA H100 Tensor Core GPU datasheet (SXM5; sparsity figures halved)",
+    },
+    GpuSpec {
+        key: "h200",
+        name: "NVIDIA H200 SXM 141GB",
+        bf16_tflops: 989.4,
+        fp16_tflops: 989.4,
+        tf32_tflops: 494.7,
+        fp32_tflops: 66.9,
+        memory_gbps: 4800.0,
+        source: "NVIDIA H200 Tensor Core GPU datasheet (SXM; sparsity figures halved)",
+    },
+    GpuSpec {
+        key: "a100-80gb",
+        name: "NVIDIA A100 SXM4 80GB",
+        bf16_tflops: 312.0,
+        fp16_tflops: 312.0,
+        tf32_tflops: 156.0,
+        fp32_tflops: 19.5,
+        memory_gbps: 2039.0,
+        source: "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)",
+    },
+    GpuSpec {
+        key: "l40s",
+        name: "NVIDIA L40S 48GB",
+        bf16_tflops: 362.05,
+        fp16_tflops: 362.05,
+        tf32_tflops: 183.0,
+        fp32_tflops: 91.6,
+        memory_gbps: 864.0,
+        source: "NVIDIA L40S datasheet (sparsity figures halved)",
+    },
+    GpuSpec {
+        key: "rtx4090",
+        name: "NVIDIA GeForce RTX 4090 24GB",
+        bf16_tflops: 165.2,
+        fp16_tflops: 165.2,
+        tf32_tflops: 82.6,
+        fp32_tflops: 82.6,
+        memory_gbps: 1008.0,
+        source: "NVIDIA Ada Lovelace architecture whitepaper, appendix A (FP16/BF16 with FP32 accumulate, dense)",
+    },
+];
+
+/// The efficiencies applied to a GPU's published peaks (docs/cost-model.md says why): the
+/// share of the tensor-core peak large matrix products reach, the share of the fp32 peak, the
+/// share of the tensor-core peak convolutions reach, the share of the memory bandwidth streaming
+/// kernels reach, and each operator's launch and eager dispatch.
+pub const GPU_MATMUL_EFFICIENCY: f64 = 0.70;
+pub const GPU_FP32_EFFICIENCY: f64 = 0.80;
+pub const GPU_CONV_EFFICIENCY: f64 = 0.60;
+pub const GPU_MEMORY_EFFICIENCY: f64 = 0.80;
+pub const GPU_OVERHEAD_SECONDS: f64 = 6e-6;
+
+/// The GPU of the table called `key` (`h100`, `a100-80gb`, ...; case-insensitive).
+pub fn gpu(key: &str) -> Option<&'static GpuSpec> {
+    GPUS.iter().find(|g| g.key.eq_ignore_ascii_case(key))
+}
+
+/// The names [`gpu`] knows, for messages.
+pub fn gpu_names() -> Vec<&'static str> {
+    GPUS.iter().map(|g| g.key).collect()
+}
+
+impl GpuSpec {
+    /// The rates the cost model uses for this GPU: its peaks times the stated efficiencies.
+    /// PyTorch's defaults decide which peak an fp32 operator meets: matrix products run on the
+    /// CUDA cores (`torch.backends.cuda.matmul.allow_tf32` is off), convolutions on tf32 tensor
+    /// cores (`torch.backends.cudnn.allow_tf32` is on).
+    pub fn rates(&self) -> DeviceRates {
+        let t = 1e12;
+        let flat = Curve::flat;
+        DeviceRates {
+            device: format!("cuda:{}", self.key),
+            name: self.name.into(),
+            measured: false,
+            source: format!(
+                "published peaks ({}) times efficiencies: matmul {:.0}% of the tensor-core peak, fp32 \
+                 {:.0}%, convolution {:.0}%, memory {:.0}% of the bandwidth, {:.0} µs per operator \
+                 (docs/cost-model.md)",
+                self.source,
+                GPU_MATMUL_EFFICIENCY * 100.0,
+                GPU_FP32_EFFICIENCY * 100.0,
+                GPU_CONV_EFFICIENCY * 100.0,
+                GPU_MEMORY_EFFICIENCY * 100.0,
+                GPU_OVERHEAD_SECONDS * 1e6
+            ),
+            threads: None,
+            matmul: vec![
+                flat(Dtype::Fp32, self.fp32_tflops * t * GPU_FP32_EFFICIENCY),
+                flat(Dtype::Bf16, self.bf16_tflops * t * GPU_MATMUL_EFFICIENCY),
+                flat(Dtype::Fp16, self.fp16_tflops * t * GPU_MATMUL_EFFICIENCY),
+            ],
+            conv: vec![
+                flat(Dtype::Fp32, self.tf32_tflops * t * GPU_CONV_EFFICIENCY),
+                flat(Dtype::Bf16, self.bf16_tflops * t * GPU_CONV_EFFICIENCY),
+                flat(Dtype::Fp16, self.fp16_tflops * t * GPU_CONV_EFFICIENCY),
+            ],
+            bandwidth: vec![flat(Dtype::Fp32, self.memory_gbps * 1e9 * GPU_MEMORY_EFFICIENCY)],
+            overhead_seconds: GPU_OVERHEAD_SECONDS,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curves_interpolate_in_log_log_and_hold_flat_beyond_their_ends() {
+        let c = Curve {
+            dtype: "fp32".into(),
+            points: vec![[10.0, 1.0], [1000.0, 100.0]],
+        };
+        assert_eq!(c.at(1.0), Some(1.0));
+        assert_eq!(c.at(1e6), Some(100.0));
+        // Halfway in log size: the geometric mean of the rates.
+        assert!((c.at(100.0).unwrap() - 10.0).abs() < 1e-9);
+        assert_eq!(Curve { dtype: "fp32".into(), points: vec![] }.at(5.0), None);
+    }
+
+    #[test]
+    fn time_is_the_slower_of_flops_and_bytes_plus_the_overhead() {
+        let r = DeviceRates {
+            device: "cpu".into(),
+            name: "test".into(),
+            measured: true,
+            source: String::new(),
+            threads: Some(1),
+            matmul: vec![Curve::flat(Dtype::Fp32, 1e9)],
+            conv: vec![Curve::flat(Dtype::Fp32, 5e8)],
+            bandwidth: vec![Curve::flat(Dtype::Fp32, 1e9), Curve::flat(Dtype::Bf16, 2e9)],
+            overhead_seconds: 1e-6,
+        };
+        let work = |engine, dtype, flops, bytes| Work {
+            engine,
+            dtype,
+            flops,
+            bytes,
+            size: 64.0,
+        };
+        let t = r.seconds(&work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3));
+        assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
+        let t = r.seconds(&work(Engine::Conv, Dtype::Fp32, 1e6, 1e3));
+        assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
+        // Memory-bound: bytes win; bf16 has its own bandwidth, fp16 falls back to fp32's.
+        let t = r.seconds(&work(Engine::Matmul, Dtype::Bf16, 1e3, 4e6));
+        assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
+        let t = r.seconds(&work(Engine::Memory, Dtype::Fp16, 1e12, 4e6));
+        assert!((t - (4e-3 + 1e-6)).abs() < 1e-12, "{t}");
+        assert_eq!(r.check(), Ok(()));
+    }
+
+    #[test]
+    fn every_gpu_of_the_table_gives_complete_rates_and_tensor_cores_beat_fp32() {
+        for g in GPUS {
+            let r = g.rates();
+            assert_eq!(r.check(), Ok(()), "{}", g.key);
+            assert!(!r.measured && r.source.contains(g.source), "{}", g.key);
+            let work = |dtype| Work {
+                engine: Engine::Matmul,
+                dtype,
+                flops: 1e12,
+                bytes: 0.0,
+                size: 4096.0,
+            };
+            assert!(r.seconds(&work(Dtype::Bf16)) < r.seconds(&work(Dtype::Fp32)), "{}", g.key);
+            assert_eq!(gpu(&g.key.to_uppercase()), Some(g));
+        }
+        assert_eq!(gpu_names(), ["h100", "h200", "a100-80gb", "l40s", "rtx4090"]);
+        assert!(gpu("v100").is_none());
+        // The H100's figures as the datasheet states them, sparsity halved.
+        let h100 = gpu("h100").unwrap().rates();
+        let bf16 = h100.matmul.iter().find(|c| c.dtype == "bf16").unwrap();
+        assert!((bf16.at(1.0).unwrap() - 989.4e12 * 0.7).abs() < 1e3);
+    }
+
+    #[test]
+    fn incomplete_rates_are_refused_naming_what_is_missing() {
+        let mut r = gpu("a100-80gb").unwrap().rates();
+        r.conv.clear();
+        assert!(r.check().unwrap_err().contains("no fp32 conv rate"));
+        let mut r = gpu("a100-80gb").unwrap().rates();
+        r.bandwidth[0].points = vec![[2.0, 1.0], [1.0, 2.0]];
+        assert!(r.check().unwrap_err().contains("do not increase"));
+        let mut r = gpu("a100-80gb").unwrap().rates();
+        r.matmul[0].points[0][1] = f64::NAN;
+        assert!(r.check().unwrap_err().contains("must be positive"));
+    }
+}
