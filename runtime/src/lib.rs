@@ -2,6 +2,7 @@
 //! the one-pass profiler, sweeps and training.
 
 pub mod config;
+pub mod cost;
 mod error;
 pub mod exec;
 pub mod load;

@@ -354,6 +354,22 @@ pub struct Estimate {
     /// The rates the operators' work was timed at; `rates.device` is the device the times are
     /// for.
     pub rates: DeviceRates,
+    /// Per block, its estimated times (empty where not recorded).
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub blocks: Vec<BlockEstimate>,
+}
+
+/// One block's estimated seconds per optimizer step (all micro-steps).
+#[derive(Debug, Clone, PartialEq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct BlockEstimate {
+    /// Its forward in grad mode (as a plain step runs it, and as its recompute does).
+    pub forward: f64,
+    /// Its forward under no-grad: what checkpointing it adds (its `recompute_seconds`); 0 for
+    /// a block that is not a candidate.
+    pub nograd_forward: f64,
+    /// Its VJP.
+    pub backward: f64,
 }
 
 impl ConfigProfile {

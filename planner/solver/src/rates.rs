@@ -111,6 +111,12 @@ impl DeviceRates {
     /// Seconds `work` takes: the slower of its FLOPs on its engine and its bytes at the
     /// streaming rate, plus the per-operator overhead.
     pub fn seconds(&self, work: &Work) -> f64 {
+        self.work_seconds(work) + self.overhead_seconds
+    }
+
+    /// Seconds `work` takes without the per-operator overhead: the slower of its FLOPs on its
+    /// engine and its bytes at the streaming rate.
+    pub fn work_seconds(&self, work: &Work) -> f64 {
         let memory = if work.bytes > 0.0 {
             work.bytes / rate(&self.bandwidth, work.dtype, work.bytes)
         } else {
@@ -121,7 +127,7 @@ impl DeviceRates {
             Engine::Matmul => work.flops / rate(&self.matmul, work.dtype, work.size),
             Engine::Conv => work.flops / rate(&self.conv, work.dtype, work.size),
         };
-        compute.max(memory) + self.overhead_seconds
+        compute.max(memory)
     }
 
     /// The rates are complete: every curve positive and finite, fp32 given for each engine.

@@ -24,6 +24,7 @@ use crate::error::Result;
 use crate::exec::{Session, StepTrace};
 use crate::progress::progress_bar;
 
+pub mod estimated;
 mod moments;
 mod one_step;
 mod terms;

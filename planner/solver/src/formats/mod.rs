@@ -19,6 +19,7 @@ mod plan;
 mod profile;
 mod python;
 mod pytorch;
+mod rates;
 mod run;
 mod sweep;
 
@@ -34,6 +35,7 @@ pub use plan::{
 };
 pub use profile::{BlockJson, DeviceJson, GroupJson, ModelJson, ModelListing, ProfileJson};
 pub use python::python_literal;
+pub use rates::CachedRates;
 pub use pytorch::{
     FsdpParamJson, FsdpRankJson, FsdpRunJson, PytorchRunJson, RankVerifyJson, VerifyPytorchJson, VerifyShardJson,
     FSDP_RUN_FORMAT, VERIFY_SHARD_FORMAT,
@@ -59,6 +61,8 @@ pub const VERIFY_PYTORCH_FORMAT: &str = "ckptune.verify-pytorch/1";
 pub const TRAIN_FORMAT: &str = "ckptune.train/1";
 /// One cached config profile (the profile cache's files).
 pub const CACHE_FORMAT: &str = "ckptune.profile-cache/1";
+/// A CPU's calibrated cost-model rates (the runtime's calibration cache).
+pub const RATES_FORMAT: &str = "ckptune.cpu-rates/1";
 /// An allocation trace for `ckptune simulate-allocator`.
 pub const ALLOC_TRACE_FORMAT: &str = "ckptune.alloc-trace/1";
 /// `ckptune simulate-allocator`: a trace replayed through the caching-allocator simulation.

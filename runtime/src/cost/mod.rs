@@ -1,0 +1,160 @@
+//! The cost model's runtime half (docs/cost-model.md): what each operator of a trace does
+//! ([`work`]), this CPU's rates from a calibration run cached per CPU and thread count
+//! ([`cpu_rates`]), and a trace's time per part of the step over any device's rates
+//! ([`phase_seconds`]). The rates themselves, and the GPU table, are the solver's
+//! (`ckptune_solver::rates`): plain numbers, no libtorch.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use ckptune_kernels::optrace::OpEvent;
+use ckptune_solver::formats::{self, CachedRates};
+use ckptune_solver::rates::DeviceRates;
+
+use crate::error::{Result, RuntimeError};
+use crate::exec::scope::{self, Phase};
+
+mod calibrate;
+pub mod work;
+
+pub use calibrate::{calibrate, BUDGET_SECONDS, CALIBRATION_VERSION};
+
+/// The CPU's model name and the vector extensions libtorch's kernels dispatch on, from
+/// `/proc/cpuinfo` ("unknown" where it cannot be read): what kernels, their memory and their
+/// speed depend on.
+pub fn cpu_identity() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    let Some(model) = field("model name") else {
+        return "unknown".into();
+    };
+    let flags = field("flags").unwrap_or_default();
+    let simd: Vec<&str> = flags
+        .split_whitespace()
+        .filter(|f| f.starts_with("avx") || f.starts_with("amx") || f.starts_with("fma"))
+        .collect();
+    format!("{model} [{}]", simd.join(" "))
+}
+
+/// Where calibrations are cached: `$XDG_CACHE_HOME/ckptune/rates`, else `~/.cache/ckptune/rates`.
+fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("ckptune")
+        .join("rates")
+}
+
+fn fnv1a(s: &str) -> u64 {
+    s.bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// This CPU's rates with `threads` intra-op threads: the cached calibration of this CPU
+/// ([`cpu_identity`]) and thread count, else a calibration run ([`calibrate`], at most about
+/// [`BUDGET_SECONDS`]) whose result is cached. A cache that cannot be written is not an error.
+pub fn cpu_rates(threads: i32) -> Result<DeviceRates> {
+    if threads < 1 {
+        return Err(RuntimeError::Invalid(format!(
+            "calibrating the CPU's rates: {threads} threads; at least 1 is needed"
+        )));
+    }
+    let identity = cpu_identity();
+    let key = format!("{identity} | threads {threads} | calibration {CALIBRATION_VERSION}");
+    let file = cache_dir().join(format!("{:016x}.json", fnv1a(&key)));
+    if let Ok(cached) = formats::read_tagged::<CachedRates>(&file, formats::RATES_FORMAT) {
+        if cached.key == key && cached.rates.check().is_ok() {
+            return Ok(cached.rates);
+        }
+    }
+    let rates = calibrate(threads, &identity)?;
+    rates
+        .check()
+        .map_err(|e| RuntimeError::Invalid(format!("calibrating the CPU's rates: {e}")))?;
+    let doc = CachedRates {
+        format: formats::RATES_FORMAT.into(),
+        key,
+        rates: rates.clone(),
+    };
+    let _ = formats::write_atomic(&file, &doc);
+    Ok(rates)
+}
+
+/// A step's estimated seconds by part: per block its forward (under no-grad where the block
+/// was checkpointed), its recompute and its VJP, summed over micro-steps; the loss head, the
+/// optimizer, and what ran outside every scope (the batch, the step's bookkeeping).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PhaseSeconds {
+    pub forward: Vec<f64>,
+    pub recompute: Vec<f64>,
+    pub backward: Vec<f64>,
+    pub loss: f64,
+    pub optimizer: f64,
+    pub other: f64,
+}
+
+impl PhaseSeconds {
+    /// The whole step.
+    pub fn total(&self) -> f64 {
+        let blocks: f64 = [&self.forward, &self.recompute, &self.backward]
+            .iter()
+            .flat_map(|v| v.iter())
+            .sum();
+        blocks + self.loss + self.optimizer + self.other
+    }
+}
+
+/// Per event of a trace, the seconds the cost model gives it over `rates`: each counted
+/// operator's work ([`work::counted`]), and the per-call overhead on each call
+/// ([`work::calls`]).
+pub fn event_seconds(events: &[OpEvent], rates: &DeviceRates) -> Vec<f64> {
+    let mut known: HashMap<String, work::Traits> = HashMap::new();
+    let mut traits = |name: &str| *known.entry(name.to_owned()).or_insert_with(|| work::traits(name));
+    let mut seconds = vec![0.0; events.len()];
+    for c in work::counted(events, &mut traits) {
+        seconds[c.index] += rates.work_seconds(&c.work);
+    }
+    for i in work::calls(events) {
+        seconds[i] += rates.overhead_seconds;
+    }
+    seconds
+}
+
+/// A trace of a step of a chain of `blocks` blocks, timed over `rates` and summed by the
+/// scope each event ran in (`exec::scope`).
+pub fn phase_seconds(events: &[OpEvent], blocks: usize, rates: &DeviceRates) -> PhaseSeconds {
+    let seconds = event_seconds(events, rates);
+    let mut out = PhaseSeconds {
+        forward: vec![0.0; blocks],
+        recompute: vec![0.0; blocks],
+        backward: vec![0.0; blocks],
+        ..PhaseSeconds::default()
+    };
+    // The scopes open at each event, innermost last: (its end, what it is).
+    let mut open: Vec<(usize, Option<(Phase, Option<usize>)>)> = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        while open.last().is_some_and(|&(end, _)| end <= i) {
+            open.pop();
+        }
+        if e.scope {
+            open.push((e.end.max(i + 1), scope::parse(&e.name)));
+            continue;
+        }
+        let s = seconds[i];
+        match open.iter().rev().find_map(|(_, what)| *what) {
+            Some((Phase::Forward, Some(b))) if b < blocks => out.forward[b] += s,
+            Some((Phase::Recompute, Some(b))) if b < blocks => out.recompute[b] += s,
+            Some((Phase::Backward, Some(b))) if b < blocks => out.backward[b] += s,
+            Some((Phase::Loss, _)) => out.loss += s,
+            Some((Phase::Optimizer, _)) => out.optimizer += s,
+            _ => out.other += s,
+        }
+    }
+    out
+}

@@ -1,0 +1,391 @@
+//! What each operator of a trace does, for the cost model (docs/cost-model.md): the FLOPs of
+//! matrix products, convolutions and attention from their shapes, the bytes every other
+//! operator reads and writes, and which operators of a nested trace do the work at all.
+
+use ckptune_kernels::optrace::{self, OpEvent};
+use ckptune_solver::rates::{Dtype, Engine, Work};
+use tch::Kind;
+
+/// Allocation and metadata: operators that move no data (their children, if any, are traced).
+const BOOKKEEPING: &[&str] = &[
+    "aten::empty",
+    "aten::empty_like",
+    "aten::empty_strided",
+    "aten::new_empty",
+    "aten::new_empty_strided",
+    "aten::resize_",
+    "aten::as_strided_",
+    "aten::set_",
+    "aten::detach_",
+    "aten::lift_fresh",
+    "aten::_local_scalar_dense",
+    "aten::item",
+    "aten::is_nonzero",
+    "aten::record_stream",
+];
+
+/// In-place operators that overwrite their first input without reading it.
+const OVERWRITES: &[&str] = &[
+    "aten::copy_",
+    "aten::fill_",
+    "aten::zero_",
+    "aten::bernoulli_",
+    "aten::uniform_",
+    "aten::normal_",
+    "aten::random_",
+    "aten::exponential_",
+];
+
+/// The operator's name without its overload (`aten::add` of `aten::add.Tensor`).
+fn base(name: &str) -> &str {
+    let after = name.find("::").map_or(0, |i| i + 2);
+    name[after..].find('.').map_or(name, |d| &name[..after + d])
+}
+
+/// Whether an event is a dispatcher operator: not a scope, not an autograd node's evaluation
+/// (`autograd::engine::evaluate_function: …`), not autograd's own `detach`.
+pub fn is_operator(e: &OpEvent) -> bool {
+    !e.scope && e.name.contains("::") && !e.name.starts_with("autograd::")
+}
+
+fn elements(shape: &[i64]) -> f64 {
+    shape.iter().map(|&s| s.max(0) as f64).product()
+}
+
+fn tensor(e: &OpEvent, i: usize) -> Option<&(Kind, Vec<i64>)> {
+    e.inputs.get(i).and_then(Option::as_ref)
+}
+
+fn number(e: &OpEvent, i: usize) -> Option<f64> {
+    e.numbers.get(i).copied().flatten()
+}
+
+fn dtype_of(kind: Kind) -> Dtype {
+    match kind {
+        Kind::BFloat16 => Dtype::Bf16,
+        Kind::Half => Dtype::Fp16,
+        _ => Dtype::Fp32,
+    }
+}
+
+fn bytes_of((kind, shape): &(Kind, Vec<i64>)) -> f64 {
+    elements(shape) * kind.elt_size_in_bytes() as f64
+}
+
+/// The bytes an operator reads and writes: its tensor inputs and outputs, less an input it
+/// writes without reading (the destination of `copy_`, `fill_`, an `out=` argument), which
+/// its output already counts.
+fn bytes_moved(e: &OpEvent, writes_input: bool) -> f64 {
+    let mut inputs: Vec<&(Kind, Vec<i64>)> = e.inputs.iter().flatten().collect();
+    if writes_input {
+        let overload = e.name.rsplit_once('.').map_or("", |(_, o)| o);
+        if overload.starts_with("out") || overload.ends_with("_out") {
+            inputs.pop();
+        } else if OVERWRITES.contains(&base(&e.name)) && !inputs.is_empty() {
+            inputs.remove(0);
+        }
+    }
+    inputs.into_iter().chain(e.outputs.iter().flatten()).map(bytes_of).sum()
+}
+
+/// The dtype of the largest tensor an operator touches (fp32 when it touches none).
+fn main_dtype(e: &OpEvent) -> Dtype {
+    e.inputs
+        .iter()
+        .chain(&e.outputs)
+        .flatten()
+        .max_by(|a, b| bytes_of(a).total_cmp(&bytes_of(b)))
+        .map_or(Dtype::Fp32, |t| dtype_of(t.0))
+}
+
+/// A product of `macs` multiply-adds whose matrices are `m × k` by `k × n`.
+fn product(engine: Engine, e: &OpEvent, macs: f64, mkn: [f64; 3], writes_input: bool) -> Work {
+    Work {
+        engine,
+        dtype: main_dtype(e),
+        flops: 2.0 * macs,
+        bytes: bytes_moved(e, writes_input),
+        size: (mkn[0] * mkn[1] * mkn[2]).cbrt(),
+    }
+}
+
+/// The multiply-adds of a matrix product of `a` by `b` with NumPy's broadcasting (`matmul`),
+/// and its `m, k, n`.
+fn matmul_macs(a: &[i64], b: &[i64]) -> Option<(f64, [f64; 3])> {
+    let (a, b): (Vec<i64>, Vec<i64>) = (a.to_vec(), b.to_vec());
+    let a = if a.len() == 1 { vec![1, a[0]] } else { a };
+    let b = if b.len() == 1 { vec![b[0], 1] } else { b };
+    if a.len() < 2 || b.len() < 2 {
+        return None;
+    }
+    let (m, k, n) = (a[a.len() - 2] as f64, a[a.len() - 1] as f64, b[b.len() - 1] as f64);
+    let (ba, bb) = (&a[..a.len() - 2], &b[..b.len() - 2]);
+    let rank = ba.len().max(bb.len());
+    let dim = |s: &[i64], i: usize| -> f64 { s.len().checked_sub(rank - i).map_or(1.0, |j| s[j] as f64) };
+    let batch: f64 = (0..rank).map(|i| dim(ba, i).max(dim(bb, i))).product();
+    Some((batch * m * k * n, [m, k, n]))
+}
+
+/// Matrix products: `mm`, `addmm`, `bmm`, `baddbmm`, `addbmm`, `matmul`, `linear`, `mv`,
+/// `addmv`, `dot` and their fused forms.
+fn matmul_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
+    let shape = |i| tensor(e, i).map(|t| t.1.as_slice());
+    let (a, b) = match base(&e.name) {
+        "aten::mm" | "aten::bmm" | "aten::matmul" | "aten::mv" | "aten::dot" | "aten::vdot" => (shape(0)?, shape(1)?),
+        "aten::addmm" | "aten::_addmm_activation" | "aten::baddbmm" | "aten::addbmm" | "aten::addmv" => {
+            (shape(1)?, shape(2)?)
+        }
+        "aten::linear" | "aten::mkldnn_linear" => {
+            let (x, w) = (shape(0)?, shape(1)?);
+            let k = *x.last()? as f64;
+            let n = if w.len() == 2 { w[0] as f64 } else { 1.0 };
+            let m = elements(x) / k.max(1.0);
+            return Some(product(Engine::Matmul, e, m * k * n, [m, k, n], writes_input));
+        }
+        _ => return None,
+    };
+    let (macs, mkn) = matmul_macs(a, b)?;
+    Some(product(Engine::Matmul, e, macs, mkn, writes_input))
+}
+
+/// The index of `transposed` among a convolution operator's arguments, where it has one.
+fn transposed_index(name: &str) -> Option<usize> {
+    match base(name) {
+        "aten::convolution" | "aten::_convolution" | "aten::convolution_overrideable" => Some(6),
+        "aten::convolution_backward" | "aten::convolution_backward_overrideable" => Some(7),
+        _ => None,
+    }
+}
+
+/// A convolution's multiply-adds and implicit product `m, k, n` from its input, weight and
+/// output: each output element takes `weight.numel() / out_channels` multiply-adds (a
+/// transposed convolution's each input element `weight.numel() / in_channels`).
+fn conv_macs(input: &[i64], weight: &[i64], output: &[i64], transposed: bool) -> Option<(f64, [f64; 3])> {
+    let w0 = *weight.first()? as f64;
+    let per = elements(weight) / w0.max(1.0);
+    let (outer, channels) = if transposed {
+        (elements(input), *input.get(1)? as f64)
+    } else {
+        (elements(output), *output.get(1)? as f64)
+    };
+    let macs = outer * per;
+    Some((macs, [outer / channels.max(1.0), per, channels]))
+}
+
+/// Convolutions forward (`convolution` and each backend's: `mkldnn_convolution`,
+/// `_slow_conv2d_forward`, …) and backward (`convolution_backward`, the backends'), groups
+/// included through the weight's shape. A backward does a forward's work per gradient it
+/// computes (input, weight).
+fn conv_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
+    let name = base(&e.name);
+    if !name.contains("conv") || name.contains("depthwise_backward_") {
+        return None;
+    }
+    let transposed = name.contains("transpose") || transposed_index(name).and_then(|i| number(e, i)) == Some(1.0);
+    let shape = |i| tensor(e, i).map(|t| t.1.as_slice());
+    if name.contains("backward") {
+        let (grad_out, input, weight) = (shape(0)?, shape(1)?, shape(2)?);
+        if weight.len() < 3 {
+            return None;
+        }
+        let grads = e.outputs.iter().take(2).filter(|o| o.is_some()).count() as f64;
+        let (macs, mkn) = conv_macs(input, weight, grad_out, transposed)?;
+        return Some(product(Engine::Conv, e, macs * grads, mkn, writes_input));
+    }
+    let (input, weight) = (shape(0)?, shape(1)?);
+    let output = e.outputs.first()?.as_ref()?.1.as_slice();
+    if weight.len() < 3 || input.len() != weight.len() {
+        return None;
+    }
+    let (macs, mkn) = conv_macs(input, weight, output, transposed)?;
+    Some(product(Engine::Conv, e, macs, mkn, writes_input))
+}
+
+/// Scaled dot-product attention's fused kernels and their backwards, with the index of
+/// `is_causal` among their arguments.
+const ATTENTION: &[(&str, usize)] = &[
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", 4),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", 7),
+    ("aten::_scaled_dot_product_flash_attention", 4),
+    ("aten::_scaled_dot_product_flash_attention_backward", 8),
+    ("aten::_scaled_dot_product_efficient_attention", 6),
+    ("aten::_scaled_dot_product_efficient_attention_backward", 10),
+    ("aten::_scaled_dot_product_cudnn_attention", 7),
+    ("aten::_scaled_dot_product_cudnn_attention_backward", 12),
+];
+
+/// Attention over `q [.., L, E]`, `k [.., S, E]`, `v [.., S, Ev]`: two products, `2·L·S·(E +
+/// Ev)` FLOPs per head, half that when causal; the backward recomputes the scores and takes
+/// four more products (dV, dP, dQ, dK: 2.5 times the forward, as FlashAttention-2 counts it).
+fn attention_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
+    let name = base(&e.name);
+    let &(_, causal_at) = ATTENTION.iter().find(|(n, _)| *n == name)?;
+    let backward = name.ends_with("_backward");
+    let first = usize::from(backward);
+    let shape = |i| tensor(e, i).map(|t| t.1.as_slice());
+    let (q, k, v) = (shape(first)?, shape(first + 1)?, shape(first + 2)?);
+    let (l, e_qk) = (q[q.len().checked_sub(2)?] as f64, *q.last()? as f64);
+    let s = k[k.len().checked_sub(2)?] as f64;
+    let ev = *v.last()? as f64;
+    let heads = elements(q) / (l * e_qk).max(1.0);
+    let causal = if number(e, causal_at) == Some(1.0) { 0.5 } else { 1.0 };
+    let factor = if backward { 2.5 } else { 1.0 };
+    let macs = heads * l * s * (e_qk + ev) * causal * factor;
+    Some(product(Engine::Matmul, e, macs, [l, e_qk, s], writes_input))
+}
+
+/// The work of one operator call, by its formula: FLOPs for products, convolutions and
+/// attention, else the bytes it reads and writes. `writes_input`: the operator writes into an
+/// input (libtorch's schema says so; [`optrace::op_traits`]).
+pub fn work_of(e: &OpEvent, writes_input: bool) -> Work {
+    matmul_work(e, writes_input)
+        .or_else(|| conv_work(e, writes_input))
+        .or_else(|| attention_work(e, writes_input))
+        .unwrap_or_else(|| Work {
+            engine: Engine::Memory,
+            dtype: main_dtype(e),
+            flops: 0.0,
+            bytes: bytes_moved(e, writes_input),
+            size: 0.0,
+        })
+}
+
+/// Whether [`work_of`] has a FLOP formula for the operator.
+pub fn has_flops(name: &str) -> bool {
+    let b = base(name);
+    matches!(
+        b,
+        "aten::mm"
+            | "aten::bmm"
+            | "aten::matmul"
+            | "aten::mv"
+            | "aten::dot"
+            | "aten::vdot"
+            | "aten::addmm"
+            | "aten::_addmm_activation"
+            | "aten::baddbmm"
+            | "aten::addbmm"
+            | "aten::addmv"
+            | "aten::linear"
+            | "aten::mkldnn_linear"
+    ) || (b.contains("conv") && !b.contains("depthwise_backward_"))
+        || ATTENTION.iter().any(|(n, _)| *n == b)
+}
+
+/// What the dispatcher says of an operator, as far as counting goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Traits {
+    /// Its parts are traced and do its work (only a `CompositeImplicitAutograd` kernel).
+    pub decomposition: bool,
+    pub view: bool,
+    pub writes_input: bool,
+}
+
+/// [`Traits`] from libtorch's dispatcher (an unknown name: none).
+pub fn traits(name: &str) -> Traits {
+    optrace::op_traits(name).map_or(Traits::default(), |t| Traits {
+        decomposition: t.decomposition,
+        view: t.view,
+        writes_input: t.writes_input,
+    })
+}
+
+/// One operator call that does work, with what it does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Counted {
+    /// Its index in the trace.
+    pub index: usize,
+    pub work: Work,
+}
+
+/// The operator calls of a trace that do the work, each once: a product, convolution or
+/// attention with a FLOP formula (what it runs inside is its own business), else the
+/// innermost operators that move data. Not counted: scopes and autograd's node evaluations
+/// (what runs in them is), decompositions whose parts are traced, views, allocation and
+/// metadata ([`BOOKKEEPING`]), and an operator one of whose counted parts writes as much as it
+/// returns (a wrapper). `traits` says what
+/// the dispatcher knows of an operator ([`traits`] in production).
+pub fn counted(events: &[OpEvent], traits: &mut dyn FnMut(&str) -> Traits) -> Vec<Counted> {
+    let mut out = Vec::new();
+    count_range(events, 0, events.len(), traits, &mut out);
+    out
+}
+
+/// [`counted`] over events `lo..hi`, siblings in order.
+fn count_range(events: &[OpEvent], lo: usize, hi: usize, traits: &mut dyn FnMut(&str) -> Traits, out: &mut Vec<Counted>) {
+    let mut i = lo;
+    while i < hi {
+        let e = &events[i];
+        let end = e.end.clamp(i + 1, hi);
+        if !is_operator(e) {
+            count_range(events, i + 1, end, traits, out);
+        } else {
+            let t = traits(&e.name);
+            let formula = has_flops(&e.name);
+            if formula && !t.decomposition {
+                out.push(Counted {
+                    index: i,
+                    work: work_of(e, t.writes_input),
+                });
+            } else {
+                let first_part = out.len();
+                count_range(events, i + 1, end, traits, out);
+                // A part that writes (about) as many elements as the operator returns did its
+                // work (`_to_copy`'s `copy_`, `embedding`'s `index_select`); a smaller one is
+                // its own (`div_.Tensor` first casts its scalar with `to`).
+                let size = elements_written(e);
+                let done_by_parts = out[first_part..]
+                    .iter()
+                    .any(|c| 2.0 * elements_written(&events[c.index]) >= size);
+                let done_by_parts = done_by_parts || (t.decomposition && out.len() > first_part);
+                let bookkeeping = BOOKKEEPING.contains(&base(&e.name)) || t.view;
+                if !done_by_parts && !bookkeeping && (formula || !t.decomposition) {
+                    out.push(Counted {
+                        index: i,
+                        work: work_of(e, t.writes_input),
+                    });
+                }
+            }
+        }
+        i = end;
+    }
+}
+
+/// The elements an operator writes: its largest output, or where it returns none (in-place
+/// `_foreach_` operators) its largest tensor input.
+fn elements_written(e: &OpEvent) -> f64 {
+    let largest = |v: &[Option<(Kind, Vec<i64>)>]| v.iter().flatten().map(|t| elements(&t.1)).reduce(f64::max);
+    largest(&e.outputs).or_else(|| largest(&e.inputs)).unwrap_or(0.0)
+}
+
+/// The calls that pay the dispatcher's overhead once each: operators the step, a scope or an
+/// autograd node calls directly (not inside another operator), and autograd's node
+/// evaluations.
+pub fn calls(events: &[OpEvent]) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    calls_range(events, &mut i, events.len(), &mut out);
+    out
+}
+
+fn calls_range(events: &[OpEvent], i: &mut usize, hi: usize, out: &mut Vec<usize>) {
+    while *i < hi {
+        let j = *i;
+        let e = &events[j];
+        let end = e.end.clamp(j + 1, hi);
+        if is_operator(e) {
+            out.push(j);
+            *i = end;
+        } else {
+            if !e.scope && e.name.starts_with("autograd::") {
+                out.push(j);
+            }
+            *i = j + 1;
+            calls_range(events, i, end, out);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "work_tests.rs"]
+mod tests;

@@ -1,0 +1,263 @@
+//! Each formula against a count by hand, and which calls of a nested trace are counted.
+
+use super::*;
+
+type T = Option<(Kind, Vec<i64>)>;
+
+fn f32(shape: &[i64]) -> T {
+    Some((Kind::Float, shape.to_vec()))
+}
+
+fn op(name: &str, inputs: Vec<T>, numbers: &[(usize, f64)], outputs: Vec<T>) -> OpEvent {
+    let mut nums = vec![None; inputs.len()];
+    for &(i, v) in numbers {
+        nums[i] = Some(v);
+    }
+    OpEvent {
+        name: name.into(),
+        scope: false,
+        depth: 0,
+        end: 0,
+        enter: 0,
+        exit: 0,
+        peak: 0,
+        seconds: 0.0,
+        inputs,
+        numbers: nums,
+        outputs,
+    }
+}
+
+fn flops(e: &OpEvent) -> f64 {
+    let w = work_of(e, false);
+    assert!(w.engine != Engine::Memory, "{} has no FLOP formula", e.name);
+    w.flops
+}
+
+#[test]
+fn matrix_products_count_two_flops_per_multiply_add() {
+    let mm = op("aten::mm", vec![f32(&[64, 32]), f32(&[32, 16])], &[], vec![f32(&[64, 16])]);
+    assert_eq!(flops(&mm), 2.0 * 64.0 * 32.0 * 16.0);
+    // Bytes: both operands read, the product written.
+    assert_eq!(work_of(&mm, false).bytes, ((64 * 32 + 32 * 16 + 64 * 16) * 4) as f64);
+    assert_eq!(work_of(&mm, false).size, (64.0f64 * 32.0 * 16.0).cbrt());
+    let addmm = op(
+        "aten::addmm",
+        vec![f32(&[16]), f32(&[64, 32]), f32(&[32, 16]), None, None],
+        &[(3, 1.0), (4, 1.0)],
+        vec![f32(&[64, 16])],
+    );
+    assert_eq!(flops(&addmm), 65536.0);
+    let bmm = op("aten::bmm", vec![f32(&[4, 8, 16]), f32(&[4, 16, 2])], &[], vec![f32(&[4, 8, 2])]);
+    assert_eq!(flops(&bmm), 2.0 * 4.0 * 8.0 * 16.0 * 2.0);
+    let baddbmm = op(
+        "aten::baddbmm",
+        vec![f32(&[4, 8, 2]), f32(&[4, 8, 16]), f32(&[4, 16, 2])],
+        &[],
+        vec![f32(&[4, 8, 2])],
+    );
+    assert_eq!(flops(&baddbmm), 2048.0);
+    // matmul broadcasts its batch dimensions: [2, 1] against [3] is 6 products.
+    let matmul = op("aten::matmul", vec![f32(&[2, 1, 8, 16]), f32(&[3, 16, 4])], &[], vec![f32(&[2, 3, 8, 4])]);
+    assert_eq!(flops(&matmul), 2.0 * 6.0 * 8.0 * 16.0 * 4.0);
+    let mv = op("aten::matmul", vec![f32(&[8, 16]), f32(&[16])], &[], vec![f32(&[8])]);
+    assert_eq!(flops(&mv), 2.0 * 8.0 * 16.0);
+    // linear: [2, 5, 16] tokens by a [8, 16] weight.
+    let linear = op(
+        "aten::linear",
+        vec![f32(&[2, 5, 16]), f32(&[8, 16]), f32(&[8])],
+        &[],
+        vec![f32(&[2, 5, 8])],
+    );
+    assert_eq!(flops(&linear), 2.0 * 10.0 * 16.0 * 8.0);
+}
+
+#[test]
+fn convolutions_count_each_output_elements_window_per_group() {
+    // 7×7 over 3 channels into 8: each of 2·8·16·16 outputs takes 3·49 multiply-adds.
+    let conv = op(
+        "aten::mkldnn_convolution",
+        vec![f32(&[2, 3, 32, 32]), f32(&[8, 3, 7, 7]), None, None, None, None, None],
+        &[(6, 1.0)],
+        vec![f32(&[2, 8, 16, 16])],
+    );
+    assert_eq!(flops(&conv), 2.0 * (2 * 8 * 16 * 16) as f64 * 147.0);
+    // Groups: 8 channels in 4 groups, each output reads 2 channels' 3×3 windows.
+    let grouped = op(
+        "aten::convolution",
+        vec![f32(&[1, 8, 10, 10]), f32(&[8, 2, 3, 3]), None, None, None, None, None, None, None],
+        &[(6, 0.0), (8, 4.0)],
+        vec![f32(&[1, 8, 8, 8])],
+    );
+    assert_eq!(flops(&grouped), 2.0 * 512.0 * 18.0);
+    // Transposed: weight [in 4, out/groups 2, 3, 3]; each input element scatters 2·9.
+    let transposed = op(
+        "aten::convolution",
+        vec![f32(&[1, 4, 5, 5]), f32(&[4, 2, 3, 3]), None, None, None, None, None, None, None],
+        &[(6, 1.0), (8, 1.0)],
+        vec![f32(&[1, 2, 7, 7])],
+    );
+    assert_eq!(flops(&transposed), 2.0 * 100.0 * 18.0);
+    // Backward: a forward's work per gradient computed (the output mask leaves the others out).
+    let backward = |outputs: Vec<T>| {
+        let mut inputs = vec![f32(&[2, 8, 16, 16]), f32(&[2, 3, 32, 32]), f32(&[8, 3, 7, 7])];
+        inputs.extend(vec![None; 8]);
+        op("aten::convolution_backward", inputs, &[(7, 0.0), (9, 1.0)], outputs)
+    };
+    let both = backward(vec![f32(&[2, 3, 32, 32]), f32(&[8, 3, 7, 7]), None]);
+    assert_eq!(flops(&both), 2.0 * 2.0 * 4096.0 * 147.0);
+    let weight_only = backward(vec![None, f32(&[8, 3, 7, 7]), f32(&[8])]);
+    assert_eq!(flops(&weight_only), 2.0 * 4096.0 * 147.0);
+}
+
+#[test]
+fn attention_counts_two_products_forward_five_backward_and_halves_when_causal() {
+    let (q, k, v) = (f32(&[2, 4, 16, 8]), f32(&[2, 4, 32, 8]), f32(&[2, 4, 32, 8]));
+    let fwd = |causal: f64| {
+        op(
+            "aten::_scaled_dot_product_flash_attention_for_cpu",
+            vec![q.clone(), k.clone(), v.clone(), None, None, None, None],
+            &[(3, 0.0), (4, causal)],
+            vec![f32(&[2, 4, 16, 8]), Some((Kind::Float, vec![2, 4, 16]))],
+        )
+    };
+    // 8 heads, 16 queries by 32 keys, QKᵀ over 8 and PV over 8.
+    let full = 2.0 * 8.0 * 16.0 * 32.0 * 16.0;
+    assert_eq!(flops(&fwd(0.0)), full);
+    assert_eq!(flops(&fwd(1.0)), full / 2.0);
+    let bwd = op(
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+        vec![
+            f32(&[2, 4, 16, 8]),
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            f32(&[2, 4, 16, 8]),
+            f32(&[2, 4, 16]),
+            None,
+            None,
+            None,
+            None,
+        ],
+        &[(6, 0.0), (7, 1.0)],
+        vec![q.clone(), k.clone(), v.clone()],
+    );
+    assert_eq!(flops(&bwd), 2.5 * full / 2.0);
+}
+
+#[test]
+fn other_operators_count_the_bytes_they_read_and_write() {
+    let add = op("aten::add.Tensor", vec![f32(&[2, 3]), f32(&[2, 3]), None], &[(2, 1.0)], vec![f32(&[2, 3])]);
+    let w = work_of(&add, false);
+    assert_eq!((w.engine, w.dtype, w.flops, w.bytes), (Engine::Memory, Dtype::Fp32, 0.0, 72.0));
+    // copy_ overwrites its destination: the source read, the destination written.
+    let copy = op("aten::copy_", vec![f32(&[4]), f32(&[4]), None], &[(2, 0.0)], vec![f32(&[4])]);
+    assert_eq!(work_of(&copy, true).bytes, 32.0);
+    // add_ reads what it writes into.
+    let add_ = op("aten::add_.Tensor", vec![f32(&[4]), f32(&[4]), None], &[], vec![f32(&[4])]);
+    assert_eq!(work_of(&add_, true).bytes, 48.0);
+    // An out= argument is written, not read.
+    let out = op("aten::add.out", vec![f32(&[4]), f32(&[4]), None, f32(&[4])], &[], vec![f32(&[4])]);
+    assert_eq!(work_of(&out, true).bytes, 48.0);
+    // The dtype is the largest operand's: a bf16 cast of an fp32 tensor moves 6 bytes each.
+    let bf = op(
+        "aten::copy_",
+        vec![Some((Kind::BFloat16, vec![1024])), f32(&[1024]), None],
+        &[],
+        vec![Some((Kind::BFloat16, vec![1024]))],
+    );
+    let w = work_of(&bf, true);
+    assert_eq!((w.dtype, w.bytes), (Dtype::Fp32, 6.0 * 1024.0));
+}
+
+/// A trace from `(depth, event)`: each event's `end` closes after the deeper ones that follow.
+fn nest(events: Vec<(u32, OpEvent)>) -> Vec<OpEvent> {
+    let n = events.len();
+    (0..n)
+        .map(|i| {
+            let d = events[i].0;
+            let end = (i + 1..n).find(|&j| events[j].0 <= d).unwrap_or(n);
+            OpEvent {
+                depth: d,
+                end,
+                ..events[i].1.clone()
+            }
+        })
+        .collect()
+}
+
+fn traits_of(name: &str) -> Traits {
+    Traits {
+        decomposition: ["aten::linear", "aten::dropout", "aten::matmul"].contains(&name),
+        view: ["aten::t", "aten::transpose.int", "aten::as_strided", "aten::view"].contains(&name),
+        writes_input: name.ends_with('_') || name.contains("_."),
+    }
+}
+
+#[test]
+fn counting_takes_each_piece_of_work_once() {
+    let x = || f32(&[32, 32]);
+    let scalar = || f32(&[]);
+    let mut scope = op("ckptune::forward#1:layer", vec![], &[], vec![]);
+    scope.scope = true;
+    let trace = nest(vec![
+        (0, scope),
+        (0, op("aten::linear", vec![x(), x(), f32(&[32])], &[], vec![x()])),
+        (1, op("aten::t", vec![x()], &[], vec![x()])),
+        (2, op("aten::transpose.int", vec![x()], &[], vec![x()])),
+        (3, op("aten::as_strided", vec![x()], &[], vec![x()])),
+        (1, op("aten::addmm", vec![f32(&[32]), x(), x()], &[], vec![x()])),
+        (0, op("aten::dropout", vec![x()], &[], vec![x()])),
+        (1, op("aten::empty_like", vec![x()], &[], vec![x()])),
+        (2, op("aten::empty_strided", vec![], &[], vec![x()])),
+        (1, op("aten::bernoulli_.float", vec![x()], &[], vec![x()])),
+        (1, op("aten::div_.Scalar", vec![x()], &[], vec![x()])),
+        (2, op("aten::div_.Tensor", vec![x(), scalar()], &[], vec![x()])),
+        (3, op("aten::to.dtype", vec![scalar()], &[], vec![scalar()])),
+        (4, op("aten::_to_copy", vec![scalar()], &[], vec![scalar()])),
+        (5, op("aten::empty_strided", vec![], &[], vec![scalar()])),
+        (5, op("aten::copy_", vec![scalar(), scalar()], &[], vec![scalar()])),
+        (0, op("autograd::engine::evaluate_function: ConvolutionBackward0", vec![], &[], vec![])),
+        (
+            1,
+            op(
+                "aten::convolution_backward",
+                vec![f32(&[1, 4, 8, 8]), f32(&[1, 4, 8, 8]), f32(&[4, 4, 3, 3])],
+                &[],
+                vec![f32(&[1, 4, 8, 8]), f32(&[4, 4, 3, 3]), None],
+            ),
+        ),
+        (2, op("aten::contiguous", vec![f32(&[1, 4, 8, 8])], &[], vec![f32(&[1, 4, 8, 8])])),
+        (3, op("aten::copy_", vec![f32(&[1, 4, 8, 8]), f32(&[1, 4, 8, 8])], &[], vec![f32(&[1, 4, 8, 8])])),
+        (0, op("aten::ones", vec![], &[], vec![x()])),
+        (1, op("aten::empty.memory_format", vec![], &[], vec![x()])),
+        (1, op("aten::fill_.Scalar", vec![x()], &[], vec![x()])),
+    ]);
+    let names: Vec<&str> = counted(&trace, &mut traits_of)
+        .iter()
+        .map(|c| trace[c.index].name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "aten::addmm",
+            "aten::bernoulli_.float",
+            "aten::copy_",
+            "aten::div_.Tensor",
+            "aten::convolution_backward",
+            "aten::fill_.Scalar"
+        ]
+    );
+    // One dispatcher overhead per call the step or a node makes, and per node.
+    let calls: Vec<&str> = calls(&trace).iter().map(|&i| trace[i].name.as_str()).collect();
+    assert_eq!(
+        calls,
+        [
+            "aten::linear",
+            "aten::dropout",
+            "autograd::engine::evaluate_function: ConvolutionBackward0",
+            "aten::convolution_backward",
+            "aten::ones"
+        ]
+    );
+}

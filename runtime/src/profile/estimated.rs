@@ -1,0 +1,94 @@
+//! Times from the cost model (docs/cost-model.md) instead of timed steps: one step with every
+//! candidate checkpointed is traced (on the meta device, a fake session computes nothing), and
+//! each operator's work over a device's rates gives each block's no-grad forward (its recompute
+//! estimate), the whole step (with everything checkpointed) and, less those forwards, the step
+//! with nothing checkpointed — the same decomposition [`super::profile`] measures.
+
+use std::time::Instant;
+
+use ckptune_solver::profile::{BlockEstimate, Contention, Estimate, Stats};
+use ckptune_solver::rates::DeviceRates;
+
+use super::StepTimes;
+use crate::cost::{self, PhaseSeconds};
+use crate::error::Result;
+use crate::exec::Session;
+
+/// Estimates `session`'s times over `rates` from a trace of one step with every candidate
+/// checkpointed (after a step that creates the optimizer's state). `recompute_class` is the
+/// profile's: per unit (blocks, then groups), the first unit doing the same work; units of a
+/// class share one estimate, as measured ones do. A group's recompute is its blocks' no-grad
+/// forwards. The estimate says where the operators were traced (`meta` for a fake session) and
+/// over which rates, with each block's forward, no-grad forward and backward.
+pub fn times_from_fake_step(
+    session: &mut Session,
+    recompute_class: &[usize],
+    rates: &DeviceRates,
+) -> Result<(StepTimes, Estimate)> {
+    let t0 = Instant::now();
+    let all = session.chain.every_candidate();
+    let events = session.op_trace(&all)?;
+    let phases = cost::phase_seconds(&events, session.chain.blocks.len(), rates);
+    let times = step_times(session, recompute_class, &phases, t0.elapsed().as_secs_f64());
+    let chain = &session.chain;
+    let blocks = (0..chain.blocks.len())
+        .map(|i| {
+            let candidate = chain.blocks[i].candidate;
+            BlockEstimate {
+                // A checkpointed block's grad-mode forward is its recompute.
+                forward: if candidate {
+                    phases.recompute[i]
+                } else {
+                    phases.forward[i]
+                },
+                nograd_forward: if candidate { phases.forward[i] } else { 0.0 },
+                backward: phases.backward[i],
+            }
+        })
+        .collect();
+    let estimate = Estimate {
+        traced_on: if session.is_fake() { "meta" } else { "cpu" }.into(),
+        rates: rates.clone(),
+        blocks,
+    };
+    Ok((times, estimate))
+}
+
+/// The profile's times from a step's estimated parts (every candidate block checkpointed).
+fn step_times(session: &Session, recompute_class: &[usize], phases: &PhaseSeconds, wall_seconds: f64) -> StepTimes {
+    let chain = &session.chain;
+    let n = chain.blocks.len();
+    let unit_seconds: Vec<Option<f64>> = (0..chain.units())
+        .map(|u| match chain.blocks.get(u) {
+            Some(b) => b.candidate.then(|| phases.forward[u]),
+            None => {
+                let g = &chain.groups[u - n];
+                Some(phases.forward[g.first..=g.last].iter().sum())
+            }
+        })
+        .collect();
+    let class = |u: usize| recompute_class.get(u).copied().unwrap_or(u);
+    let recompute_spread = (0..unit_seconds.len())
+        .map(|u| {
+            if unit_seconds[u].is_none() {
+                return Stats::default();
+            }
+            let pooled: Vec<f64> = (0..unit_seconds.len())
+                .filter(|&v| class(v) == class(u))
+                .filter_map(|v| unit_seconds[v])
+                .collect();
+            Stats::of(&pooled)
+        })
+        .collect();
+    let all = phases.total();
+    let forwards: f64 = (0..n).filter_map(|u| unit_seconds[u]).sum();
+    StepTimes {
+        seconds_none: Stats::of(&[all - forwards]),
+        seconds_all: Stats::of(&[all]),
+        recompute_spread,
+        contention: Contention::default(),
+        // Nothing was timed.
+        steps_run: 0,
+        wall_seconds,
+    }
+}
