@@ -105,6 +105,21 @@ pub struct DeviceRates {
     pub bandwidth: Vec<Curve>,
     /// Seconds every operator costs besides its work (dispatch, and on a GPU the launch).
     pub overhead_seconds: f64,
+    /// Memory-bound operators whose kernels stream slower than an elementwise add (windowed,
+    /// reducing, transcendental: batch norm, max pooling, softmax, GELU), each with its own
+    /// measured rate in bytes/s of the bytes it reads and writes. Empty for a GPU of the table.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub ops: Vec<OpRate>,
+}
+
+/// One operator's own streaming rate.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct OpRate {
+    /// The operator without its overload (`aten::native_batch_norm`).
+    pub op: String,
+    pub dtype: String,
+    pub bytes_per_second: f64,
 }
 
 impl DeviceRates {
@@ -112,6 +127,19 @@ impl DeviceRates {
     /// streaming rate, plus the per-operator overhead.
     pub fn seconds(&self, work: &Work) -> f64 {
         self.work_seconds(work) + self.overhead_seconds
+    }
+
+    /// Seconds operator `op` (its name without the overload) takes for `work`, without the
+    /// per-operator overhead: at its own rate where it has one, else [`Self::work_seconds`].
+    pub fn op_seconds(&self, op: &str, work: &Work) -> f64 {
+        let own = self
+            .ops
+            .iter()
+            .find(|r| r.op == op && r.dtype == work.dtype.name() && r.bytes_per_second > 0.0);
+        match own {
+            Some(r) if work.engine == Engine::Memory => work.bytes / r.bytes_per_second,
+            _ => self.work_seconds(work),
+        }
     }
 
     /// Seconds `work` takes without the per-operator overhead: the slower of its FLOPs on its
@@ -302,6 +330,7 @@ impl GpuSpec {
             ],
             bandwidth: vec![flat(Dtype::Fp32, self.memory_gbps * 1e9 * GPU_MEMORY_EFFICIENCY)],
             overhead_seconds: GPU_OVERHEAD_SECONDS,
+            ops: Vec::new(),
         }
     }
 }
@@ -335,6 +364,11 @@ mod tests {
             conv: vec![Curve::flat(Dtype::Fp32, 5e8)],
             bandwidth: vec![Curve::flat(Dtype::Fp32, 1e9), Curve::flat(Dtype::Bf16, 2e9)],
             overhead_seconds: 1e-6,
+            ops: vec![OpRate {
+                op: "aten::gelu".into(),
+                dtype: "fp32".into(),
+                bytes_per_second: 1e8,
+            }],
         };
         let work = |engine, dtype, flops, bytes| Work {
             engine,
@@ -352,6 +386,12 @@ mod tests {
         assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
         let t = r.seconds(&work(Engine::Memory, Dtype::Fp16, 1e12, 4e6));
         assert!((t - (4e-3 + 1e-6)).abs() < 1e-12, "{t}");
+        // An operator with its own rate streams at it, in its dtype only.
+        let gelu = work(Engine::Memory, Dtype::Fp32, 0.0, 1e6);
+        assert!((r.op_seconds("aten::gelu", &gelu) - 1e-2).abs() < 1e-12);
+        assert!((r.op_seconds("aten::add", &gelu) - 1e-3).abs() < 1e-12);
+        let bf16 = work(Engine::Memory, Dtype::Bf16, 0.0, 1e6);
+        assert!((r.op_seconds("aten::gelu", &bf16) - 5e-4).abs() < 1e-12);
         assert_eq!(r.check(), Ok(()));
     }
 

@@ -1,20 +1,23 @@
 //! The CPU's rates, measured: matrix products per dtype over sizes, 3×3 convolutions over
-//! ResNet-like shapes, elementwise streaming per dtype over sizes, and the time of an operator
-//! that does nothing (the dispatcher's overhead, paid by every call). Each point is the fastest
+//! ResNet-like shapes, elementwise streaming per dtype over sizes, the kernels that stream
+//! slower than an add forward and backward ([`PROBES`]), and the time per call of a tiny
+//! training step (the dispatcher's and autograd's overhead, paid by every call). Each point is the fastest
 //! of a few batches of calls (a shared machine only ever slows a batch down), its work rate the
 //! work over the time less one call's overhead, so that work plus overhead gives the call back.
 //! The whole run stops adding points after [`BUDGET_SECONDS`].
 
 use std::time::Instant;
 
-use ckptune_solver::rates::{Curve, DeviceRates, Dtype};
+use ckptune_kernels::{autograd, optrace};
+use ckptune_solver::rates::{Curve, DeviceRates, Dtype, Engine, OpRate};
 use tch::{Device, Kind, Tensor};
 
+use super::work;
 use crate::error::{torch, Result};
 
 /// Bumped whenever what is measured changes: cached calibrations of another version are
 /// measured again.
-pub const CALIBRATION_VERSION: u32 = 1;
+pub const CALIBRATION_VERSION: u32 = 2;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured).
@@ -23,7 +26,7 @@ pub const BUDGET_SECONDS: f64 = 16.0;
 /// Each timed batch runs at least this long.
 const BATCH_SECONDS: f64 = 0.015;
 /// Batches per point; the fastest counts.
-const BATCHES: usize = 3;
+const BATCHES: usize = 5;
 
 /// Square matrix sides.
 const MATMUL_SIDES: [i64; 8] = [8, 16, 32, 64, 128, 256, 512, 1024];
@@ -33,9 +36,9 @@ const CONVS: [(i64, i64, i64); 7] = [
     (2, 8, 16),
     (2, 16, 32),
     (2, 32, 32),
-    (2, 64, 56),
-    (2, 128, 28),
-    (2, 256, 14),
+    (8, 64, 28),
+    (8, 128, 28),
+    (8, 256, 14),
 ];
 /// Elements of an elementwise add's operands.
 const STREAM_ELEMENTS: [i64; 7] = [64, 1024, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
@@ -120,6 +123,7 @@ impl Run {
             points.push([(m * k * n).cbrt(), self.rate(2.0 * m * k * n, t)]);
         }
         points.sort_by(|a, b| a[0].total_cmp(&b[0]));
+        points.dedup_by(|a, b| a[0] == b[0]);
         Ok(Curve {
             dtype: dtype.name().into(),
             points,
@@ -144,6 +148,105 @@ impl Run {
     }
 }
 
+/// A probe: the input's shape and a forward over it in grad mode.
+type Probe = (&'static [i64], fn(&Tensor) -> Result<Tensor>);
+
+/// Kernels that stream slower than an add, each timed forward and backward on a typical shape
+/// (ResNet-50's and BERT-base's at batch 8).
+const PROBES: [Probe; 7] = [
+    (&[8, 64, 56, 56], |x| {
+        let c = Tensor::f_ones([64], (Kind::Float, Device::Cpu)).map_err(torch("calibration: ones"))?;
+        x.f_batch_norm(Some(&c), Some(&c), Some(&c.copy()), Some(&c.copy()), true, 0.1, 1e-5, false)
+            .map_err(torch("calibration: batch_norm"))
+    }),
+    (&[8, 64, 56, 56], |x| {
+        x.f_max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false)
+            .map_err(torch("calibration: max_pool2d"))
+    }),
+    (&[1024, 768], |x| {
+        x.f_layer_norm([768], None::<&Tensor>, None::<&Tensor>, 1e-12, false)
+            .map_err(torch("calibration: layer_norm"))
+    }),
+    (&[8, 12, 128, 128], |x| x.f_softmax(-1, Kind::Float).map_err(torch("calibration: softmax"))),
+    (&[256, 8192], |x| x.f_log_softmax(-1, Kind::Float).map_err(torch("calibration: log_softmax"))),
+    (&[1024, 3072], |x| x.f_gelu("none").map_err(torch("calibration: gelu"))),
+    (&[1024, 2048], |x| x.f_silu().map_err(torch("calibration: silu"))),
+];
+
+/// The operators a call of `f` runs that do work, traced once: their names, what they do, and
+/// how many calls pay the overhead.
+fn traced(f: &mut dyn FnMut() -> Result<Tensor>) -> Result<(Vec<(String, work::Counted)>, usize)> {
+    optrace::start()?;
+    let out = f();
+    let events = optrace::stop()?;
+    drop(out?);
+    let counted = work::counted(&events, &mut work::traits)
+        .into_iter()
+        .map(|c| (work::base(&events[c.index].name).to_owned(), c))
+        .collect();
+    Ok((counted, work::calls(&events).len()))
+}
+
+impl Run {
+    /// The time per call of a tiny training step: a chain of elementwise operators on one
+    /// element, forward and backward, over the calls that pay the overhead.
+    fn overhead(&mut self) -> Result<()> {
+        let x = randn(&[1], Dtype::Fp32)?.set_requires_grad(true);
+        let mut step = || -> Result<Tensor> {
+            let mut y = x.shallow_clone();
+            for _ in 0..4 {
+                y = y.f_mul_scalar(1.5).and_then(|y| y.f_add_scalar(0.5)).map_err(torch("calibration: mul"))?;
+            }
+            autograd::backward(y, Tensor::f_ones([1], (Kind::Float, Device::Cpu)).map_err(torch("calibration"))?)?;
+            Ok(x.grad())
+        };
+        let (_, calls) = traced(&mut step)?;
+        self.overhead = time_call(step)? / calls.max(1) as f64;
+        Ok(())
+    }
+
+    /// Each probe's forward and backward operator, at its own rate.
+    fn op_rates(&self) -> Result<Vec<OpRate>> {
+        let mut out = Vec::new();
+        for (shape, forward) in PROBES {
+            if self.over() {
+                break;
+            }
+            let x = randn(shape, Dtype::Fp32)?.set_requires_grad(true);
+            let mut fwd = || forward(&x);
+            let mut both = || -> Result<Tensor> {
+                let y = forward(&x)?;
+                let g = y.f_ones_like().map_err(torch("calibration: ones_like"))?;
+                autograd::backward(y, g)?;
+                Ok(x.grad())
+            };
+            let (f_ops, f_calls) = traced(&mut fwd)?;
+            let (b_ops, b_calls) = traced(&mut both)?;
+            let t_f = time_call(&mut fwd)?;
+            let t_b = time_call(&mut both)? - t_f;
+            let main = |ops: &[(String, work::Counted)], skip: Option<&str>| {
+                ops.iter()
+                    .filter(|(n, c)| c.work.engine == Engine::Memory && Some(n.as_str()) != skip)
+                    .max_by(|a, b| a.1.work.bytes.total_cmp(&b.1.work.bytes))
+                    .map(|(n, c)| (n.clone(), c.work.bytes))
+            };
+            let f_main = main(&f_ops, None);
+            let b_main = main(&b_ops, f_main.as_ref().map(|(n, _)| n.as_str()));
+            for (found, t, calls) in [(f_main, t_f, f_calls), (b_main, t_b, b_calls.saturating_sub(f_calls))] {
+                if let Some((op, bytes)) = found {
+                    let own = (t - self.overhead * calls as f64).max(0.2 * t);
+                    out.push(OpRate {
+                        op,
+                        dtype: Dtype::Fp32.name().into(),
+                        bytes_per_second: bytes / own,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// Measures this CPU's rates with `threads` intra-op threads (restored afterwards). Takes at
 /// most about [`BUDGET_SECONDS`].
 pub fn calibrate(threads: i32, identity: &str) -> Result<DeviceRates> {
@@ -155,13 +258,13 @@ pub fn calibrate(threads: i32, identity: &str) -> Result<DeviceRates> {
 }
 
 fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
-    let _no_grad = tch::no_grad_guard();
     let mut run = Run {
         t0: Instant::now(),
         overhead: 0.0,
     };
-    let (a, b) = (randn(&[1], Dtype::Fp32)?, randn(&[1], Dtype::Fp32)?);
-    run.overhead = time_call(|| a.f_add(&b).map_err(torch("calibration: add")))?;
+    run.overhead()?;
+    let ops = run.op_rates()?;
+    let _no_grad = tch::no_grad_guard();
     let matmul = vec![run.matmul(Dtype::Fp32)?, run.matmul(Dtype::Bf16)?];
     let bandwidth = vec![run.bandwidth(Dtype::Fp32)?, run.bandwidth(Dtype::Bf16)?];
     let conv = vec![run.conv(Dtype::Fp32)?, run.conv(Dtype::Bf16)?];
@@ -172,12 +275,15 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
         measured: true,
         source: format!(
             "calibration run (version {CALIBRATION_VERSION}) with {threads} threads, {seconds:.1} s: mm, conv2d \
-             3×3 and add timed over sizes, each point the fastest of {BATCHES} batches"
+             3×3 and add over sizes, {} slow kernels forward and backward, a tiny training step's overhead per \
+             call; each point the fastest of {BATCHES} batches",
+            PROBES.len()
         ),
         threads: Some(threads),
         matmul: matmul.into_iter().filter(|c| !c.points.is_empty()).collect(),
         conv: conv.into_iter().filter(|c| !c.points.is_empty()).collect(),
         bandwidth: bandwidth.into_iter().filter(|c| !c.points.is_empty()).collect(),
         overhead_seconds: run.overhead,
+        ops,
     })
 }

@@ -118,7 +118,7 @@ pub fn event_seconds(events: &[OpEvent], rates: &DeviceRates) -> Vec<f64> {
     let mut traits = |name: &str| *known.entry(name.to_owned()).or_insert_with(|| work::traits(name));
     let mut seconds = vec![0.0; events.len()];
     for c in work::counted(events, &mut traits) {
-        seconds[c.index] += rates.work_seconds(&c.work);
+        seconds[c.index] += rates.op_seconds(work::base(&events[c.index].name), &c.work);
     }
     for i in work::calls(events) {
         seconds[i] += rates.overhead_seconds;

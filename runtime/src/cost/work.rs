@@ -36,8 +36,12 @@ const OVERWRITES: &[&str] = &[
     "aten::exponential_",
 ];
 
+/// Parts that only initialize what an operator then computes (`max_pool2d_with_indices_backward`
+/// zeroes its gradient, then scatters into it): never the operator's work.
+const INITIALIZES: &[&str] = &["aten::fill_", "aten::zero_"];
+
 /// The operator's name without its overload (`aten::add` of `aten::add.Tensor`).
-fn base(name: &str) -> &str {
+pub fn base(name: &str) -> &str {
     let after = name.find("::").map_or(0, |i| i + 2);
     name[after..].find('.').map_or(name, |d| &name[..after + d])
 }
@@ -334,9 +338,10 @@ fn count_range(events: &[OpEvent], lo: usize, hi: usize, traits: &mut dyn FnMut(
                 // work (`_to_copy`'s `copy_`, `embedding`'s `index_select`); a smaller one is
                 // its own (`div_.Tensor` first casts its scalar with `to`).
                 let size = elements_written(e);
-                let done_by_parts = out[first_part..]
-                    .iter()
-                    .any(|c| 2.0 * elements_written(&events[c.index]) >= size);
+                let done_by_parts = out[first_part..].iter().any(|c| {
+                    let part = &events[c.index];
+                    !INITIALIZES.contains(&base(&part.name)) && 2.0 * elements_written(part) >= size
+                });
                 let done_by_parts = done_by_parts || (t.decomposition && out.len() > first_part);
                 let bookkeeping = BOOKKEEPING.contains(&base(&e.name)) || t.view;
                 if !done_by_parts && !bookkeeping && (formula || !t.decomposition) {

@@ -229,6 +229,8 @@ fn counting_takes_each_piece_of_work_once() {
         ),
         (2, op("aten::contiguous", vec![f32(&[1, 4, 8, 8])], &[], vec![f32(&[1, 4, 8, 8])])),
         (3, op("aten::copy_", vec![f32(&[1, 4, 8, 8]), f32(&[1, 4, 8, 8])], &[], vec![f32(&[1, 4, 8, 8])])),
+        (0, op("aten::max_pool2d_with_indices_backward", vec![x(), x()], &[], vec![x()])),
+        (1, op("aten::zero_", vec![x()], &[], vec![x()])),
         (0, op("aten::ones", vec![], &[], vec![x()])),
         (1, op("aten::empty.memory_format", vec![], &[], vec![x()])),
         (1, op("aten::fill_.Scalar", vec![x()], &[], vec![x()])),
@@ -245,6 +247,8 @@ fn counting_takes_each_piece_of_work_once() {
             "aten::copy_",
             "aten::div_.Tensor",
             "aten::convolution_backward",
+            "aten::zero_",
+            "aten::max_pool2d_with_indices_backward",
             "aten::fill_.Scalar"
         ]
     );
@@ -257,6 +261,7 @@ fn counting_takes_each_piece_of_work_once() {
             "aten::dropout",
             "autograd::engine::evaluate_function: ConvolutionBackward0",
             "aten::convolution_backward",
+            "aten::max_pool2d_with_indices_backward",
             "aten::ones"
         ]
     );

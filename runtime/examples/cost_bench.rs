@@ -1,0 +1,407 @@
+//! The cost model against measured times on this CPU (issue #31 item 3): for each model, the
+//! estimate from a fake step's trace over this CPU's calibrated rates, and real steps of the
+//! same config timed in interleaved rounds (every model once per round, so a busy spell of the
+//! shared machine hits them all alike). Per block its no-grad forward (the recompute estimate,
+//! pooled by work class as the profiler pools it), per step the times with nothing and with
+//! everything checkpointed, as medians over the rounds; and whether the candidates rank in the
+//! same order by bytes saved per second of recompute. Writes `results/cost/<cpu>/results.json`
+//! and its `README.md` table:
+//!
+//!     cargo run --release -p ckptune-runtime --example cost_bench -- [--rounds 5] [--threads 2]
+//!         [--models tiny-resnet,resnet18] [--out results/cost] [--diagnose MODEL]
+//!
+//! `--diagnose MODEL` prints, for one real traced step of MODEL, measured and estimated seconds
+//! per operator name, largest gap first (what to improve in the model), and writes nothing.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use ckptune_kernels::meter;
+use ckptune_models::{builtin, Granularity, ModelOptions};
+use ckptune_runtime::cost::{self, work};
+use ckptune_runtime::profile::estimated::times_from_fake_step;
+use ckptune_runtime::profile::{profile, ProfileSettings, RetimePolicy};
+use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, StepTrace, TrainConfig};
+use ckptune_solver::profile::Stats;
+use ckptune_solver::rates::DeviceRates;
+use serde_json::json;
+use tch::Device;
+
+/// A model of the benchmark with its options and micro-batch.
+struct Case {
+    model: &'static str,
+    seq: Option<i64>,
+    image: Option<i64>,
+    batch: i64,
+}
+
+const CASES: [Case; 6] = [
+    Case { model: "tiny-resnet", seq: None, image: Some(32), batch: 8 },
+    Case { model: "resnet18", seq: None, image: Some(224), batch: 8 },
+    Case { model: "resnet50", seq: None, image: Some(224), batch: 8 },
+    Case { model: "bert-base-uncased", seq: Some(128), image: None, batch: 8 },
+    Case { model: "gpt2", seq: Some(128), image: None, batch: 8 },
+    Case { model: "tiny-llama", seq: Some(128), image: None, batch: 8 },
+];
+
+impl Case {
+    fn label(&self) -> String {
+        match (self.seq, self.image) {
+            (Some(s), _) => format!("{} seq {s} batch {}", self.model, self.batch),
+            (_, Some(i)) => format!("{} {i}px batch {}", self.model, self.batch),
+            _ => format!("{} batch {}", self.model, self.batch),
+        }
+    }
+
+    fn build(&self) -> Result<ckptune_models::Chain, RuntimeError> {
+        let opts = ModelOptions {
+            seq: self.seq,
+            image: self.image,
+            granularity: Granularity::Layer,
+            ..Default::default()
+        };
+        builtin(self.model, &opts).map_err(|e| RuntimeError::Invalid(e.to_string()))
+    }
+
+    fn config(&self) -> TrainConfig {
+        TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, self.batch)
+    }
+}
+
+/// What the cost model says of one case, and what a fake profile says of its memory.
+struct Estimated {
+    candidates: Vec<usize>,
+    names: Vec<String>,
+    /// Per block: bytes checkpointing it saves (kept in grad mode less kept under no-grad).
+    saved: Vec<i64>,
+    class: Vec<usize>,
+    nograd_forward: Vec<f64>,
+    seconds_none: f64,
+    seconds_all: f64,
+}
+
+fn estimate(case: &Case, rates: &DeviceRates) -> Result<Estimated, RuntimeError> {
+    tch::manual_seed(0);
+    let mut fake = Session::new_fake(|| case.build(), case.config(), Device::Cpu)?;
+    let memory = profile(
+        &mut fake,
+        &ProfileSettings {
+            repeats: 1,
+            quiet: true,
+            retime: RetimePolicy::never(),
+        },
+    )?;
+    let (times, est) = times_from_fake_step(&mut fake, &memory.recompute_class, rates)?;
+    let chain = &fake.chain;
+    let regime = &memory.regimes[0];
+    Ok(Estimated {
+        candidates: (0..chain.blocks.len()).filter(|&i| chain.blocks[i].candidate).collect(),
+        names: chain.blocks.iter().map(|b| b.name.clone()).collect(),
+        saved: regime.blocks.iter().map(|b| b.kept_grad - b.kept_nograd).collect(),
+        class: memory.recompute_class.clone(),
+        nograd_forward: est.blocks.iter().map(|b| b.nograd_forward).collect(),
+        seconds_none: times.seconds_none.median,
+        seconds_all: times.seconds_all.median,
+    })
+}
+
+/// Real steps of one case: samples of step A (nothing checkpointed), step B (every candidate)
+/// and each block's no-grad forward in B.
+struct Measured {
+    session: Session,
+    none: Vec<f64>,
+    all: Vec<f64>,
+    forward: Vec<Vec<f64>>,
+}
+
+impl Measured {
+    fn new(case: &Case) -> Result<Measured, RuntimeError> {
+        tch::manual_seed(0);
+        let mut session = Session::new(case.build()?, case.config(), Device::Cpu)?;
+        let (none, all) = masks(&session);
+        // Warm-up: optimizer state, lazily allocated gradients, oneDNN's primitive caches.
+        session.step(&none, None)?;
+        session.step(&all, None)?;
+        let blocks = session.chain.blocks.len();
+        Ok(Measured {
+            session,
+            none: Vec::new(),
+            all: Vec::new(),
+            forward: vec![Vec::new(); blocks],
+        })
+    }
+
+    /// One round: step A, then step B, timed.
+    fn round(&mut self) -> Result<(), RuntimeError> {
+        let (none, all) = masks(&self.session);
+        self.none.push(self.session.step(&none, None)?.seconds);
+        let mut trace = StepTrace::default();
+        self.all.push(self.session.step(&all, Some(&mut trace))?.seconds);
+        for (i, f) in self.forward.iter_mut().enumerate() {
+            f.push(trace.micro.iter().map(|m| m.blocks[i].fwd_seconds).sum());
+        }
+        Ok(())
+    }
+}
+
+fn masks(s: &Session) -> (Vec<bool>, Vec<bool>) {
+    (vec![false; s.chain.units()], s.chain.every_candidate())
+}
+
+fn median(xs: &[f64]) -> f64 {
+    Stats::of(xs).median
+}
+
+/// Candidates in the order a planner prefers them: most bytes saved per second of recompute
+/// first (ties by position).
+fn ranking(candidates: &[usize], saved: &[i64], seconds: &[f64]) -> Vec<usize> {
+    let mut order = candidates.to_vec();
+    let value = |i: usize| saved[i] as f64 / seconds[i].max(1e-12);
+    order.sort_by(|&a, &b| value(b).total_cmp(&value(a)).then(a.cmp(&b)));
+    order
+}
+
+/// Kendall's tau between two orders of the same items.
+fn kendall(a: &[usize], b: &[usize]) -> f64 {
+    let pos = |o: &[usize], x: usize| o.iter().position(|&y| y == x).unwrap_or(0);
+    let (mut agree, mut pairs) = (0i64, 0i64);
+    for i in 0..a.len() {
+        for j in i + 1..a.len() {
+            let (x, y) = (a[i], a[j]);
+            pairs += 1;
+            agree += if (pos(b, x) < pos(b, y)) == (i < j) { 1 } else { -1 };
+        }
+    }
+    if pairs == 0 {
+        1.0
+    } else {
+        agree as f64 / pairs as f64
+    }
+}
+
+/// The comparison of one case.
+fn compare(case: &Case, est: &Estimated, m: &Measured) -> serde_json::Value {
+    // Measured per block as the profiler pools it: the median of its class's samples.
+    let measured: Vec<f64> = (0..est.names.len())
+        .map(|i| {
+            let pooled: Vec<f64> = (0..est.names.len())
+                .filter(|&j| est.class.get(j) == est.class.get(i))
+                .flat_map(|j| m.forward[j].iter().copied())
+                .collect();
+            median(&pooled)
+        })
+        .collect();
+    let blocks: Vec<serde_json::Value> = est
+        .candidates
+        .iter()
+        .map(|&i| {
+            json!({
+                "block": est.names[i],
+                "estimated_s": est.nograd_forward[i],
+                "measured_s": measured[i],
+                "error": est.nograd_forward[i] / measured[i] - 1.0,
+                "saved_bytes": est.saved[i],
+            })
+        })
+        .collect();
+    let errors: Vec<f64> = blocks.iter().map(|b| b["error"].as_f64().unwrap_or(0.0).abs()).collect();
+    let (none, all) = (median(&m.none), median(&m.all));
+    let order_est = ranking(&est.candidates, &est.saved, &est.nograd_forward);
+    let order_real = ranking(&est.candidates, &est.saved, &measured);
+    json!({
+        "case": case.label(),
+        "rounds": m.none.len(),
+        "step_none": { "estimated_s": est.seconds_none, "measured_s": none, "error": est.seconds_none / none - 1.0 },
+        "step_all": { "estimated_s": est.seconds_all, "measured_s": all, "error": est.seconds_all / all - 1.0 },
+        "block_error_median": median(&errors),
+        "block_error_max": errors.iter().copied().fold(0.0, f64::max),
+        "blocks_within_15pct": errors.iter().filter(|&&e| e <= 0.15).count(),
+        "candidates": est.candidates.len(),
+        "same_ranking": order_est == order_real,
+        "kendall_tau": kendall(&order_est, &order_real),
+        "blocks": blocks,
+    })
+}
+
+fn pct(v: &serde_json::Value) -> String {
+    format!("{:+.1}%", v.as_f64().unwrap_or(f64::NAN) * 100.0)
+}
+
+/// The README's table of the cases.
+fn readme(rates: &DeviceRates, rounds: usize, threads: i32, rows: &[serde_json::Value]) -> String {
+    let mut s = format!(
+        "# Cost model against measured times\n\n\
+         CPU: {}, {threads} threads. Rates: {}.\n\n\
+         Written by `cargo run --release -p ckptune-runtime --example cost_bench -- --rounds {rounds} \
+         --threads {threads}`: estimates from a fake (meta) step's operator trace over this CPU's \
+         calibrated rates; measured: real steps of the same config (fp32, AdamW, layer granularity), \
+         {rounds} interleaved rounds, medians. Per block: the no-grad forward (recompute estimate), \
+         pooled by work class as the profiler pools it. Targets: 15% per block, 10% per step \
+         (docs/cost-model.md).\n\n\
+         | case | step, none ckpt (est / measured) | step, all ckpt (est / measured) | blocks within 15% | median / max block error | same ranking (Kendall τ) |\n\
+         |---|---|---|---|---|---|\n",
+        rates.name, rates.source
+    );
+    for r in rows {
+        let step = |k: &str| {
+            format!(
+                "{:.3} / {:.3} s ({})",
+                r[k]["estimated_s"].as_f64().unwrap_or(0.0),
+                r[k]["measured_s"].as_f64().unwrap_or(0.0),
+                pct(&r[k]["error"])
+            )
+        };
+        s += &format!(
+            "| {} | {} | {} | {} of {} | {:.1}% / {:.1}% | {} ({:.2}) |\n",
+            r["case"].as_str().unwrap_or(""),
+            step("step_none"),
+            step("step_all"),
+            r["blocks_within_15pct"],
+            r["candidates"],
+            r["block_error_median"].as_f64().unwrap_or(0.0) * 100.0,
+            r["block_error_max"].as_f64().unwrap_or(0.0) * 100.0,
+            if r["same_ranking"].as_bool() == Some(true) { "yes" } else { "no" },
+            r["kendall_tau"].as_f64().unwrap_or(0.0),
+        );
+    }
+    s += "\nPer block figures are in `results.json`.\n";
+    s
+}
+
+/// Measured and estimated seconds per operator name over one real traced step of `case`.
+fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
+    tch::manual_seed(0);
+    let mut s = Session::new(case.build()?, case.config(), Device::Cpu)?;
+    let all = s.chain.every_candidate();
+    let events = s.op_trace(&all)?;
+    let est = cost::event_seconds(&events, rates);
+    // Measured: each call's own time (the step's calls, and autograd's nodes, less the calls
+    // inside them), under the name of the operator that did the work inside it.
+    let mut by_name: BTreeMap<String, (f64, f64, usize)> = BTreeMap::new();
+    let calls = work::calls(&events);
+    for (k, &i) in calls.iter().enumerate() {
+        let inner: f64 = calls[k + 1..]
+            .iter()
+            .take_while(|&&j| j < events[i].end)
+            .filter(|&&j| work::is_operator(&events[j]))
+            .map(|&j| events[j].seconds)
+            .sum();
+        let own = events[i].seconds - if work::is_operator(&events[i]) { 0.0 } else { inner };
+        let estimated: f64 = if work::is_operator(&events[i]) {
+            est[i..events[i].end.max(i + 1)].iter().sum()
+        } else {
+            est[i]
+        };
+        let e = by_name.entry(events[i].name.clone()).or_default();
+        e.0 += own;
+        e.1 += estimated;
+        e.2 += 1;
+    }
+    let mut rows: Vec<_> = by_name.into_iter().collect();
+    rows.sort_by(|a, b| (b.1 .0 - b.1 .1).abs().total_cmp(&(a.1 .0 - a.1 .1).abs()));
+    let (m, e): (f64, f64) = rows.iter().fold((0.0, 0.0), |(m, e), r| (m + r.1 .0, e + r.1 .1));
+    println!("{}: measured {m:.4} s, estimated {e:.4} s over calls", case.label());
+    for (name, (m, e, n)) in rows.iter().take(30) {
+        println!("{name:<70} {n:>6} calls  measured {m:>9.5} s  estimated {e:>9.5} s");
+    }
+    Ok(())
+}
+
+struct Args {
+    rounds: usize,
+    threads: i32,
+    models: Option<Vec<String>>,
+    out: PathBuf,
+    diagnose: Option<String>,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        rounds: 5,
+        threads: 2,
+        models: None,
+        out: PathBuf::from("results/cost"),
+        diagnose: None,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    for w in argv.chunks(2) {
+        let v = w.get(1).cloned().unwrap_or_default();
+        match w[0].as_str() {
+            "--rounds" => a.rounds = v.parse().expect("--rounds N"),
+            "--threads" => a.threads = v.parse().expect("--threads N"),
+            "--models" => a.models = Some(v.split(',').map(str::to_owned).collect()),
+            "--out" => a.out = PathBuf::from(v),
+            "--diagnose" => a.diagnose = Some(v),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a
+}
+
+fn slug(s: &str) -> String {
+    let name = s.split(" [").next().unwrap_or(s).to_lowercase();
+    let words: Vec<String> = name
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty() && *w != "r" && *w != "tm")
+        .map(str::to_owned)
+        .collect();
+    words.join("-")
+}
+
+fn main() -> Result<(), RuntimeError> {
+    let a = args();
+    tch::set_num_threads(a.threads);
+    meter::install()?;
+    let rates = cost::cpu_rates(a.threads)?;
+    let cases: Vec<&Case> = CASES
+        .iter()
+        .filter(|c| a.models.as_ref().is_none_or(|m| m.iter().any(|n| n == c.model)))
+        .collect();
+    if let Some(model) = &a.diagnose {
+        let case = CASES.iter().find(|c| c.model == model).expect("a model of the benchmark");
+        return diagnose(case, &rates);
+    }
+    let mut estimated = Vec::new();
+    let mut measured = Vec::new();
+    for c in &cases {
+        eprintln!("estimating and warming up {}", c.label());
+        estimated.push(estimate(c, &rates)?);
+        measured.push(Measured::new(c)?);
+    }
+    for r in 0..a.rounds {
+        eprintln!("round {} of {}", r + 1, a.rounds);
+        for m in measured.iter_mut() {
+            m.round()?;
+        }
+    }
+    let rows: Vec<serde_json::Value> = cases
+        .iter()
+        .zip(&estimated)
+        .zip(&measured)
+        .map(|((c, e), m)| compare(c, e, m))
+        .collect();
+    let dir = a.out.join(slug(&rates.name));
+    std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::Invalid(format!("creating {}: {e}", dir.display())))?;
+    let doc = json!({ "cpu": rates.name, "threads": a.threads, "rounds": a.rounds, "rates": rates_json(&rates), "cases": rows });
+    let write = |name: &str, text: String| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(|e| RuntimeError::Invalid(format!("writing {}: {e}", p.display())))
+    };
+    write("results.json", serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n")?;
+    let text = readme(&rates, a.rounds, a.threads, &rows);
+    print!("{text}");
+    write("README.md", text)
+}
+
+fn rates_json(r: &DeviceRates) -> serde_json::Value {
+    let curves = |cs: &[ckptune_solver::rates::Curve]| -> serde_json::Value {
+        cs.iter().map(|c| (c.dtype.clone(), json!(c.points))).collect::<serde_json::Map<_, _>>().into()
+    };
+    json!({
+        "source": r.source,
+        "matmul_flops": curves(&r.matmul),
+        "conv_flops": curves(&r.conv),
+        "bandwidth_bytes": curves(&r.bandwidth),
+        "overhead_seconds": r.overhead_seconds,
+    })
+}

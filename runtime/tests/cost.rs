@@ -1,0 +1,107 @@
+//! The cost model over a fake (meta) step: an estimate for every block, consistent with its
+//! parts, and over flat rates exactly the sum by hand over the step's trace. Nothing here is
+//! timed: the rates are given, and a fake step computes nothing.
+
+use ckptune_kernels::meter;
+use ckptune_models::{builtin, Granularity, ModelOptions};
+use ckptune_runtime::cost::{self, work};
+use ckptune_runtime::profile::estimated::times_from_fake_step;
+use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, TrainConfig};
+use ckptune_solver::rates::{gpu, Curve, DeviceRates, Dtype, Engine};
+use tch::Device;
+
+/// Flat rates of the size a CPU measures: 100 GFLOP/s products, 50 GFLOP/s convolutions,
+/// 20 GB/s streaming, 2 µs per call.
+fn flat() -> DeviceRates {
+    DeviceRates {
+        device: "cpu".into(),
+        name: "flat".into(),
+        measured: true,
+        source: "test".into(),
+        threads: Some(1),
+        matmul: vec![Curve::flat(Dtype::Fp32, 1e11)],
+        conv: vec![Curve::flat(Dtype::Fp32, 5e10)],
+        bandwidth: vec![Curve::flat(Dtype::Fp32, 2e10)],
+        overhead_seconds: 2e-6,
+        ops: Vec::new(),
+    }
+}
+
+fn fake(model: &str) -> Session {
+    meter::install().expect("meter");
+    let resnet = model.contains("resnet");
+    let opts = ModelOptions {
+        seq: (!resnet).then_some(16),
+        image: resnet.then_some(32),
+        granularity: Granularity::Layer,
+        ..Default::default()
+    };
+    let cfg = TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, 2);
+    tch::manual_seed(0);
+    Session::new_fake(
+        || builtin(model, &opts).map_err(|e| RuntimeError::Invalid(e.to_string())),
+        cfg,
+        Device::Cpu,
+    )
+    .expect("fake session")
+}
+
+/// The step by hand: each counted operator's FLOPs or bytes, whichever is slower, at the flat
+/// rates, and 2 µs per call.
+fn by_hand(events: &[ckptune_kernels::optrace::OpEvent]) -> f64 {
+    let counted = work::counted(events, &mut work::traits);
+    let work: f64 = counted
+        .iter()
+        .map(|c| {
+            let w = c.work;
+            let bytes = w.bytes / 2e10;
+            match w.engine {
+                Engine::Memory => bytes,
+                Engine::Matmul => (w.flops / 1e11).max(bytes),
+                Engine::Conv => (w.flops / 5e10).max(bytes),
+            }
+        })
+        .sum();
+    work + 2e-6 * work::calls(events).len() as f64
+}
+
+#[test]
+fn a_fake_step_gives_every_block_a_time_and_flat_rates_give_the_sum_by_hand() {
+    for model in ["tiny-bert", "tiny-resnet"] {
+        let mut s = fake(model);
+        let units = s.chain.units();
+        let (times, est) = times_from_fake_step(&mut s, &[], &flat()).expect("estimate");
+        assert_eq!(est.traced_on, "meta");
+        let all = times.seconds_all.median;
+        let none = times.seconds_none.median;
+        assert!(0.0 < none && none < all, "{model}: none {none} all {all}");
+        assert_eq!(times.recompute_spread.len(), units);
+        assert_eq!(est.blocks.len(), s.chain.blocks.len());
+        for (b, e) in s.chain.blocks.iter().zip(&est.blocks) {
+            assert!(e.forward > 0.0 && e.backward > 0.0, "{model} {}: {e:?}", b.name);
+            if b.candidate {
+                assert!(e.nograd_forward > 0.0, "{model} {}: {e:?}", b.name);
+            }
+        }
+        let recompute: f64 = times.recompute_spread.iter().map(|r| r.median).sum();
+        assert!((all - none - recompute).abs() <= 1e-12 * all, "{model}");
+        // The same step traced again, summed by hand.
+        let events = s.op_trace(&s.chain.every_candidate()).expect("trace");
+        let hand = by_hand(&events);
+        assert!((all - hand).abs() <= 1e-9 * hand, "{model}: estimate {all} s, by hand {hand} s");
+        // The parts add up to the whole.
+        let phases = cost::phase_seconds(&events, s.chain.blocks.len(), &flat());
+        assert!((phases.total() - hand).abs() <= 1e-9 * hand, "{model}");
+    }
+}
+
+#[test]
+fn a_gpu_of_the_table_is_faster_than_flat_cpu_rates_and_labelled_unmeasured() {
+    let mut s = fake("tiny-bert");
+    let h100 = gpu("h100").expect("h100").rates();
+    let (gpu_times, est) = times_from_fake_step(&mut s, &[], &h100).expect("estimate");
+    let (cpu_times, _) = times_from_fake_step(&mut s, &[], &flat()).expect("estimate");
+    assert!(!est.rates.measured && est.rates.device == "cuda:h100");
+    assert!(gpu_times.seconds_all.median > 0.0);
+    assert!(gpu_times.seconds_all.median < cpu_times.seconds_all.median);
+}
