@@ -1,15 +1,16 @@
-//! The CPU's rates, measured: matrix products per dtype over sizes, 3×3 convolutions over
-//! ResNet-like shapes, elementwise streaming per dtype over sizes, the kernels that stream
-//! slower than an add forward and backward ([`PROBES`]), and the time per call of a tiny
-//! training step (the dispatcher's and autograd's overhead, paid by every call). Each point is the fastest
-//! of a few batches of calls (a shared machine only ever slows a batch down), its work rate the
-//! work over the time less one call's overhead, so that work plus overhead gives the call back.
+//! The CPU's rates, measured: matrix products per dtype over sizes, convolutions over small and
+//! ResNet-50 shapes, elementwise streaming per dtype over sizes, the kernels that run slower
+//! than their bytes at an add's rate ([`PROBES`], forward and backward), and the time per call
+//! of a tiny training step (the dispatcher's and autograd's overhead, paid by every call). Each
+//! point is the median of a few batches of calls writing into fresh memory as a step does
+//! ([`KEEP`]), its work rate the work over the time less the calls' overhead, so that work plus
+//! overhead gives the call back.
 //! The whole run stops adding points after [`BUDGET_SECONDS`].
 
 use std::time::Instant;
 
 use ckptune_kernels::{autograd, optrace};
-use ckptune_solver::rates::{Curve, DeviceRates, Dtype, Engine, OpRate};
+use ckptune_solver::rates::{Curve, DeviceRates, Dtype, OpRate};
 use tch::{Device, Kind, Tensor};
 
 use super::work;
@@ -17,7 +18,7 @@ use crate::error::{torch, Result};
 
 /// Bumped whenever what is measured changes: cached calibrations of another version are
 /// measured again.
-pub const CALIBRATION_VERSION: u32 = 2;
+pub const CALIBRATION_VERSION: u32 = 3;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured).
@@ -25,40 +26,58 @@ pub const BUDGET_SECONDS: f64 = 16.0;
 
 /// Each timed batch runs at least this long.
 const BATCH_SECONDS: f64 = 0.015;
-/// Batches per point; the fastest counts.
+/// Batches per point; the median counts, as a profile's times are medians (docs/timing.md).
 const BATCHES: usize = 5;
+/// Results kept alive while timing: a training step keeps its activations, so its operators
+/// write into fresh memory (first-touch page faults included), not into the buffer the
+/// previous call just freed. Measured here: an fp32 multiply over 12.6 MB took 1.0 ms writing
+/// into a reused buffer, 1.8 ms with the last 16 results alive.
+const KEEP: usize = 16;
 
 /// Square matrix sides.
 const MATMUL_SIDES: [i64; 8] = [8, 16, 32, 64, 128, 256, 512, 1024];
-/// Convolutions `(batch, channels in = out, side)`, 3×3, stride 1, padding 1.
-const CONVS: [(i64, i64, i64); 7] = [
-    (1, 4, 8),
-    (2, 8, 16),
-    (2, 16, 32),
-    (2, 32, 32),
-    (8, 64, 28),
-    (8, 128, 28),
-    (8, 256, 14),
+/// Convolutions `(batch, channels in, channels out, side, kernel)`, stride 1, padding `kernel /
+/// 2`: small ones, then ResNet-50's at batch 8 (activations beyond the caches, 1×1 and 3×3).
+const CONVS: [(i64, i64, i64, i64, i64); 9] = [
+    (1, 4, 4, 8, 3),
+    (2, 8, 8, 16, 3),
+    (2, 16, 16, 32, 3),
+    (8, 512, 128, 28, 1),
+    (8, 256, 64, 56, 1),
+    (8, 512, 512, 7, 3),
+    (8, 256, 256, 14, 3),
+    (8, 128, 128, 28, 3),
+    (8, 64, 64, 56, 3),
 ];
 /// Elements of an elementwise add's operands.
 const STREAM_ELEMENTS: [i64; 7] = [64, 1024, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
 
-/// Seconds per call of `f`: the fastest of [`BATCHES`] batches, each long enough to time.
+/// Seconds per call of `f`: the median of [`BATCHES`] batches, each long enough to time, the
+/// last [`KEEP`] results alive.
 fn time_call(mut f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
-    drop(f()?);
+    let mut kept = std::collections::VecDeque::with_capacity(KEEP + 1);
+    let mut call = || -> Result<()> {
+        kept.push_back(f()?);
+        if kept.len() > KEEP {
+            kept.pop_front();
+        }
+        Ok(())
+    };
+    call()?;
     let t = Instant::now();
-    drop(f()?);
+    call()?;
     let once = t.elapsed().as_secs_f64().max(1e-7);
     let calls = ((BATCH_SECONDS / once).ceil() as usize).clamp(1, 100_000);
-    let mut best = f64::INFINITY;
+    let mut batches = Vec::with_capacity(BATCHES);
     for _ in 0..BATCHES {
         let t = Instant::now();
         for _ in 0..calls {
-            drop(f()?);
+            call()?;
         }
-        best = best.min(t.elapsed().as_secs_f64() / calls as f64);
+        batches.push(t.elapsed().as_secs_f64() / calls as f64);
     }
-    Ok(best)
+    batches.sort_by(f64::total_cmp);
+    Ok(batches[BATCHES / 2])
 }
 
 fn kind(dtype: Dtype) -> Kind {
@@ -108,22 +127,30 @@ impl Run {
 
     fn conv(&self, dtype: Dtype) -> Result<Curve> {
         let mut points = Vec::new();
-        for (batch, c, side) in CONVS {
+        for (batch, cin, cout, side, kernel) in CONVS {
             if self.over() {
                 break;
             }
-            let x = randn(&[batch, c, side, side], dtype)?;
-            let w = randn(&[c, c, 3, 3], dtype)?;
+            let x = randn(&[batch, cin, side, side], dtype)?;
+            let w = randn(&[cout, cin, kernel, kernel], dtype)?;
+            let pad = kernel / 2;
             let t = time_call(|| {
-                x.f_conv2d(&w, None::<&Tensor>, [1, 1], [1, 1], [1, 1], 1)
+                x.f_conv2d(&w, None::<&Tensor>, [1, 1], [pad, pad], [1, 1], 1)
                     .map_err(torch("calibration: conv2d"))
             })?;
-            // The implicit product: batch·side² rows, c·9 deep, c columns.
-            let (m, k, n) = ((batch * side * side) as f64, (c * 9) as f64, c as f64);
+            // The implicit product: batch·side² rows, cin·kernel² deep, cout columns.
+            let (m, k, n) = ((batch * side * side) as f64, (cin * kernel * kernel) as f64, cout as f64);
             points.push([(m * k * n).cbrt(), self.rate(2.0 * m * k * n, t)]);
         }
         points.sort_by(|a, b| a[0].total_cmp(&b[0]));
-        points.dedup_by(|a, b| a[0] == b[0]);
+        // Shapes of one size: the slower.
+        points.dedup_by(|later, kept| {
+            let same = later[0] == kept[0];
+            if same {
+                kept[1] = kept[1].min(later[1]);
+            }
+            same
+        });
         Ok(Curve {
             dtype: dtype.name().into(),
             points,
@@ -148,34 +175,83 @@ impl Run {
     }
 }
 
-/// A probe: the input's shape and a forward over it in grad mode.
-type Probe = (&'static [i64], fn(&Tensor) -> Result<Tensor>);
+/// A probe: an input's shape, a forward over it in grad mode, and the operators whose rates
+/// its forward and backward measure.
+struct Probe {
+    shape: &'static [i64],
+    forward: fn(&Tensor) -> Result<Tensor>,
+    ops: &'static [&'static str],
+}
 
-/// Kernels that stream slower than an add, each timed forward and backward on a typical shape
-/// (ResNet-50's and BERT-base's at batch 8).
-const PROBES: [Probe; 7] = [
-    (&[8, 64, 56, 56], |x| {
-        let c = Tensor::f_ones([64], (Kind::Float, Device::Cpu)).map_err(torch("calibration: ones"))?;
-        x.f_batch_norm(Some(&c), Some(&c), Some(&c.copy()), Some(&c.copy()), true, 0.1, 1e-5, false)
-            .map_err(torch("calibration: batch_norm"))
-    }),
-    (&[8, 64, 56, 56], |x| {
-        x.f_max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false)
-            .map_err(torch("calibration: max_pool2d"))
-    }),
-    (&[1024, 768], |x| {
-        x.f_layer_norm([768], None::<&Tensor>, None::<&Tensor>, 1e-12, false)
-            .map_err(torch("calibration: layer_norm"))
-    }),
-    (&[8, 12, 128, 128], |x| x.f_softmax(-1, Kind::Float).map_err(torch("calibration: softmax"))),
-    (&[256, 8192], |x| x.f_log_softmax(-1, Kind::Float).map_err(torch("calibration: log_softmax"))),
-    (&[1024, 3072], |x| x.f_gelu("none").map_err(torch("calibration: gelu"))),
-    (&[1024, 2048], |x| x.f_silu().map_err(torch("calibration: silu"))),
+/// Kernels that run slower than their bytes at an add's rate (windowed, reducing, random,
+/// transcendental), each timed forward and backward on a typical shape (ResNet-50's, BERT's and
+/// GPT-2's at batch 8).
+const PROBES: [Probe; 9] = [
+    Probe {
+        shape: &[8, 128, 56, 56],
+        forward: |x| {
+            let c = Tensor::f_ones([128], (Kind::Float, Device::Cpu)).map_err(torch("calibration: ones"))?;
+            x.f_batch_norm(Some(&c), Some(&c), Some(&c.copy()), Some(&c.copy()), true, 0.1, 1e-5, false)
+                .map_err(torch("calibration: batch_norm"))
+        },
+        ops: &["aten::native_batch_norm", "aten::native_batch_norm_backward"],
+    },
+    Probe {
+        shape: &[8, 64, 112, 112],
+        forward: |x| {
+            x.f_max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false)
+                .map_err(torch("calibration: max_pool2d"))
+        },
+        ops: &["aten::max_pool2d_with_indices", "aten::max_pool2d_with_indices_backward"],
+    },
+    Probe {
+        shape: &[1024, 768],
+        forward: |x| {
+            x.f_layer_norm([768], None::<&Tensor>, None::<&Tensor>, 1e-5, false)
+                .map_err(torch("calibration: layer_norm"))
+        },
+        ops: &["aten::native_layer_norm", "aten::native_layer_norm_backward"],
+    },
+    Probe {
+        shape: &[8, 12, 128, 128],
+        forward: |x| x.f_softmax(-1, Kind::Float).map_err(torch("calibration: softmax")),
+        ops: &["aten::_softmax", "aten::_softmax_backward_data"],
+    },
+    Probe {
+        shape: &[1024, 8192],
+        forward: |x| x.f_log_softmax(-1, Kind::Float).map_err(torch("calibration: log_softmax")),
+        ops: &["aten::_log_softmax", "aten::_log_softmax_backward_data"],
+    },
+    Probe {
+        shape: &[1024, 3072],
+        forward: |x| x.f_gelu("none").map_err(torch("calibration: gelu")),
+        ops: &["aten::gelu", "aten::gelu_backward"],
+    },
+    Probe {
+        shape: &[1024, 3072],
+        forward: |x| x.f_tanh().map_err(torch("calibration: tanh")),
+        ops: &["aten::tanh", "aten::tanh_backward"],
+    },
+    Probe {
+        shape: &[1024, 2048],
+        forward: |x| x.f_silu().map_err(torch("calibration: silu")),
+        ops: &["aten::silu", "aten::silu_backward"],
+    },
+    Probe {
+        shape: &[1024, 3072],
+        forward: |x| x.f_dropout(0.1, true).map_err(torch("calibration: dropout")),
+        ops: &["aten::bernoulli_"],
+    },
 ];
 
-/// The operators a call of `f` runs that do work, traced once: their names, what they do, and
-/// how many calls pay the overhead.
-fn traced(f: &mut dyn FnMut() -> Result<Tensor>) -> Result<(Vec<(String, work::Counted)>, usize)> {
+/// What one call of a probe runs, traced once: the operators that do work and how many calls
+/// pay the overhead.
+struct Traced {
+    counted: Vec<(String, work::Counted)>,
+    calls: usize,
+}
+
+fn traced(f: &mut dyn FnMut() -> Result<Tensor>) -> Result<Traced> {
     optrace::start()?;
     let out = f();
     let events = optrace::stop()?;
@@ -184,7 +260,10 @@ fn traced(f: &mut dyn FnMut() -> Result<Tensor>) -> Result<(Vec<(String, work::C
         .into_iter()
         .map(|c| (work::base(&events[c.index].name).to_owned(), c))
         .collect();
-    Ok((counted, work::calls(&events).len()))
+    Ok(Traced {
+        counted,
+        calls: work::calls(&events).len(),
+    })
 }
 
 impl Run {
@@ -195,55 +274,61 @@ impl Run {
         let mut step = || -> Result<Tensor> {
             let mut y = x.shallow_clone();
             for _ in 0..4 {
-                y = y.f_mul_scalar(1.5).and_then(|y| y.f_add_scalar(0.5)).map_err(torch("calibration: mul"))?;
+                y = y
+                    .f_mul_scalar(1.5)
+                    .and_then(|y| y.f_add_scalar(0.5))
+                    .map_err(torch("calibration: mul"))?;
             }
-            autograd::backward(y, Tensor::f_ones([1], (Kind::Float, Device::Cpu)).map_err(torch("calibration"))?)?;
+            let g = Tensor::f_ones([1], (Kind::Float, Device::Cpu)).map_err(torch("calibration: ones"))?;
+            autograd::backward(y, g)?;
             Ok(x.grad())
         };
-        let (_, calls) = traced(&mut step)?;
+        let calls = traced(&mut step)?.calls;
         self.overhead = time_call(step)? / calls.max(1) as f64;
         Ok(())
     }
 
-    /// Each probe's forward and backward operator, at its own rate.
-    fn op_rates(&self) -> Result<Vec<OpRate>> {
-        let mut out = Vec::new();
-        for (shape, forward) in PROBES {
-            if self.over() {
-                break;
-            }
-            let x = randn(shape, Dtype::Fp32)?.set_requires_grad(true);
-            let mut fwd = || forward(&x);
-            let mut both = || -> Result<Tensor> {
-                let y = forward(&x)?;
-                let g = y.f_ones_like().map_err(torch("calibration: ones_like"))?;
-                autograd::backward(y, g)?;
-                Ok(x.grad())
+    /// The rates of a probe's operators: each one's bytes over the time of the calls it ran in
+    /// (forward; forward and backward less forward), less the overhead and the other
+    /// operators' work at `generic` rates.
+    fn probe(&self, p: &Probe, generic: &DeviceRates, out: &mut Vec<OpRate>) -> Result<()> {
+        let x0 = randn(p.shape, Dtype::Fp32)?;
+        // A fresh leaf per call: its gradient is taken, never accumulated into the last one.
+        let leaf = || x0.detach().set_requires_grad(true);
+        let g = (p.forward)(&leaf())?
+            .f_ones_like()
+            .map_err(torch("calibration: ones_like"))?;
+        let mut fwd = || (p.forward)(&leaf());
+        let mut both = || -> Result<Tensor> {
+            let x = leaf();
+            autograd::backward((p.forward)(&x)?, g.shallow_clone())?;
+            Ok(x.grad())
+        };
+        let (f, b) = (traced(&mut fwd)?, traced(&mut both)?);
+        let (t_f, t_fb) = (time_call(&mut fwd)?, time_call(&mut both)?);
+        let in_forward = |name: &str| f.counted.iter().any(|(n, _)| n == name);
+        for &op in p.ops {
+            let (ops, t, calls, skip_forward) = if in_forward(op) {
+                (&f.counted, t_f, f.calls, false)
+            } else {
+                (&b.counted, t_fb - t_f, b.calls.saturating_sub(f.calls), true)
             };
-            let (f_ops, f_calls) = traced(&mut fwd)?;
-            let (b_ops, b_calls) = traced(&mut both)?;
-            let t_f = time_call(&mut fwd)?;
-            let t_b = time_call(&mut both)? - t_f;
-            let main = |ops: &[(String, work::Counted)], skip: Option<&str>| {
-                ops.iter()
-                    .filter(|(n, c)| c.work.engine == Engine::Memory && Some(n.as_str()) != skip)
-                    .max_by(|a, b| a.1.work.bytes.total_cmp(&b.1.work.bytes))
-                    .map(|(n, c)| (n.clone(), c.work.bytes))
-            };
-            let f_main = main(&f_ops, None);
-            let b_main = main(&b_ops, f_main.as_ref().map(|(n, _)| n.as_str()));
-            for (found, t, calls) in [(f_main, t_f, f_calls), (b_main, t_b, b_calls.saturating_sub(f_calls))] {
-                if let Some((op, bytes)) = found {
-                    let own = (t - self.overhead * calls as f64).max(0.2 * t);
-                    out.push(OpRate {
-                        op,
-                        dtype: Dtype::Fp32.name().into(),
-                        bytes_per_second: bytes / own,
-                    });
-                }
+            let mine: f64 = ops.iter().filter(|(n, _)| n == op).map(|(_, c)| c.work.bytes).sum();
+            let others: f64 = ops
+                .iter()
+                .filter(|(n, _)| n != op && !(skip_forward && in_forward(n)))
+                .map(|(_, c)| generic.work_seconds(&c.work))
+                .sum();
+            if mine > 0.0 {
+                let own = (t - self.overhead * calls as f64 - others).max(0.2 * t);
+                out.push(OpRate {
+                    op: op.into(),
+                    dtype: Dtype::Fp32.name().into(),
+                    bytes_per_second: mine / own,
+                });
             }
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -263,10 +348,31 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
         overhead: 0.0,
     };
     run.overhead()?;
-    let ops = run.op_rates()?;
+    let bandwidth = {
+        let _no_grad = tch::no_grad_guard();
+        vec![run.bandwidth(Dtype::Fp32)?, run.bandwidth(Dtype::Bf16)?]
+    };
+    let generic = DeviceRates {
+        device: "cpu".into(),
+        name: identity.into(),
+        measured: true,
+        source: String::new(),
+        threads: Some(threads),
+        matmul: vec![Curve::flat(Dtype::Fp32, 1e11)],
+        conv: vec![Curve::flat(Dtype::Fp32, 1e11)],
+        bandwidth: bandwidth.clone(),
+        overhead_seconds: run.overhead,
+        ops: Vec::new(),
+    };
+    let mut ops = Vec::new();
+    for p in &PROBES {
+        if run.over() {
+            break;
+        }
+        run.probe(p, &generic, &mut ops)?;
+    }
     let _no_grad = tch::no_grad_guard();
     let matmul = vec![run.matmul(Dtype::Fp32)?, run.matmul(Dtype::Bf16)?];
-    let bandwidth = vec![run.bandwidth(Dtype::Fp32)?, run.bandwidth(Dtype::Bf16)?];
     let conv = vec![run.conv(Dtype::Fp32)?, run.conv(Dtype::Bf16)?];
     let seconds = run.t0.elapsed().as_secs_f64();
     Ok(DeviceRates {
@@ -276,7 +382,7 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
         source: format!(
             "calibration run (version {CALIBRATION_VERSION}) with {threads} threads, {seconds:.1} s: mm, conv2d \
              3×3 and add over sizes, {} slow kernels forward and backward, a tiny training step's overhead per \
-             call; each point the fastest of {BATCHES} batches",
+             call; each point the median of {BATCHES} batches",
             PROBES.len()
         ),
         threads: Some(threads),
