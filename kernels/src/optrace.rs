@@ -99,10 +99,10 @@ impl Scope {
             op: "opening a trace scope",
             message: format!("the name {name:?} holds a NUL byte"),
         })?;
-        ffi::check("opening a trace scope", |e| unsafe { ffi::ckpt_scope_enter(c.as_ptr(), e) })?;
-        Ok(Scope {
-            _not_send: PhantomData,
-        })
+        ffi::check("opening a trace scope", |e| unsafe {
+            ffi::ckpt_scope_enter(c.as_ptr(), e)
+        })?;
+        Ok(Scope { _not_send: PhantomData })
     }
 }
 

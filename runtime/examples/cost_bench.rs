@@ -36,12 +36,42 @@ struct Case {
 }
 
 const CASES: [Case; 6] = [
-    Case { model: "tiny-resnet", seq: None, image: Some(32), batch: 8 },
-    Case { model: "resnet18", seq: None, image: Some(224), batch: 8 },
-    Case { model: "resnet50", seq: None, image: Some(224), batch: 8 },
-    Case { model: "bert-base-uncased", seq: Some(128), image: None, batch: 8 },
-    Case { model: "gpt2", seq: Some(128), image: None, batch: 8 },
-    Case { model: "tiny-llama", seq: Some(128), image: None, batch: 8 },
+    Case {
+        model: "tiny-resnet",
+        seq: None,
+        image: Some(32),
+        batch: 8,
+    },
+    Case {
+        model: "resnet18",
+        seq: None,
+        image: Some(224),
+        batch: 8,
+    },
+    Case {
+        model: "resnet50",
+        seq: None,
+        image: Some(224),
+        batch: 8,
+    },
+    Case {
+        model: "bert-base-uncased",
+        seq: Some(128),
+        image: None,
+        batch: 8,
+    },
+    Case {
+        model: "gpt2",
+        seq: Some(128),
+        image: None,
+        batch: 8,
+    },
+    Case {
+        model: "tiny-llama",
+        seq: Some(128),
+        image: None,
+        batch: 8,
+    },
 ];
 
 impl Case {
@@ -68,41 +98,61 @@ impl Case {
     }
 }
 
-/// What the cost model says of one case, and what a fake profile says of its memory.
+/// What the cost model says of one case, round by round (each round over that round's
+/// calibration), and what a fake profile says of its memory.
 struct Estimated {
     candidates: Vec<usize>,
     names: Vec<String>,
     /// Per block: bytes checkpointing it saves (kept in grad mode less kept under no-grad).
     saved: Vec<i64>,
     class: Vec<usize>,
-    nograd_forward: Vec<f64>,
-    seconds_none: f64,
-    seconds_all: f64,
+    /// Per block, per round.
+    nograd_forward: Vec<Vec<f64>>,
+    none: Vec<f64>,
+    all: Vec<f64>,
 }
 
-fn estimate(case: &Case, rates: &DeviceRates) -> Result<Estimated, RuntimeError> {
+/// A fake session of `case`. Fake mode is on for its thread while it lives: it must be dropped
+/// before a real step runs.
+fn fake(case: &Case) -> Result<Session, RuntimeError> {
     tch::manual_seed(0);
-    let mut fake = Session::new_fake(|| case.build(), case.config(), Device::Cpu)?;
-    let memory = profile(
-        &mut fake,
-        &ProfileSettings {
-            repeats: 1,
-            quiet: true,
-            retime: RetimePolicy::never(),
-        },
-    )?;
-    let (times, est) = times_from_fake_step(&mut fake, &memory.recompute_class, rates)?;
-    let chain = &fake.chain;
-    let regime = &memory.regimes[0];
-    Ok(Estimated {
-        candidates: (0..chain.blocks.len()).filter(|&i| chain.blocks[i].candidate).collect(),
-        names: chain.blocks.iter().map(|b| b.name.clone()).collect(),
-        saved: regime.blocks.iter().map(|b| b.kept_grad - b.kept_nograd).collect(),
-        class: memory.recompute_class.clone(),
-        nograd_forward: est.blocks.iter().map(|b| b.nograd_forward).collect(),
-        seconds_none: times.seconds_none.median,
-        seconds_all: times.seconds_all.median,
-    })
+    Session::new_fake(|| case.build(), case.config(), Device::Cpu)
+}
+
+impl Estimated {
+    fn new(case: &Case) -> Result<Estimated, RuntimeError> {
+        let mut fake = fake(case)?;
+        let memory = profile(
+            &mut fake,
+            &ProfileSettings {
+                repeats: 1,
+                quiet: true,
+                retime: RetimePolicy::never(),
+            },
+        )?;
+        let chain = &fake.chain;
+        let regime = &memory.regimes[0];
+        Ok(Estimated {
+            candidates: (0..chain.blocks.len()).filter(|&i| chain.blocks[i].candidate).collect(),
+            names: chain.blocks.iter().map(|b| b.name.clone()).collect(),
+            saved: regime.blocks.iter().map(|b| b.kept_grad - b.kept_nograd).collect(),
+            class: memory.recompute_class.clone(),
+            nograd_forward: vec![Vec::new(); chain.blocks.len()],
+            none: Vec::new(),
+            all: Vec::new(),
+        })
+    }
+
+    /// One round's estimate, over that round's rates, from a fresh fake session's step.
+    fn round(&mut self, case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
+        let (times, est) = times_from_fake_step(&mut fake(case)?, &self.class, rates)?;
+        self.none.push(times.seconds_none.median);
+        self.all.push(times.seconds_all.median);
+        for (f, b) in self.nograd_forward.iter_mut().zip(&est.blocks) {
+            f.push(b.nograd_forward);
+        }
+        Ok(())
+    }
 }
 
 /// Real steps of one case: samples of step A (nothing checkpointed), step B (every candidate)
@@ -180,39 +230,65 @@ fn ranking(candidates: &[usize], saved: &[i64], estimated: &[f64], measured: &[f
     }
 }
 
+/// Per round, each block's measured no-grad forward as the profiler pools it: the median of
+/// its work class's samples in that round.
+fn pooled(est: &Estimated, m: &Measured) -> Vec<Vec<f64>> {
+    let n = est.names.len();
+    (0..n)
+        .map(|i| {
+            (0..m.none.len())
+                .map(|r| {
+                    let class: Vec<f64> = (0..n)
+                        .filter(|&j| est.class.get(j) == est.class.get(i))
+                        .map(|j| m.forward[j][r])
+                        .collect();
+                    median(&class)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The median over rounds of estimated over measured, less one.
+fn error(est: &[f64], measured: &[f64]) -> f64 {
+    let ratios: Vec<f64> = est.iter().zip(measured).map(|(e, m)| e / m).collect();
+    median(&ratios) - 1.0
+}
+
 /// The comparison of one case.
 fn compare(case: &Case, est: &Estimated, m: &Measured) -> serde_json::Value {
-    // Measured per block as the profiler pools it: the median of its class's samples.
-    let measured: Vec<f64> = (0..est.names.len())
-        .map(|i| {
-            let pooled: Vec<f64> = (0..est.names.len())
-                .filter(|&j| est.class.get(j) == est.class.get(i))
-                .flat_map(|j| m.forward[j].iter().copied())
-                .collect();
-            median(&pooled)
-        })
-        .collect();
+    let measured = pooled(est, m);
     let blocks: Vec<serde_json::Value> = est
         .candidates
         .iter()
         .map(|&i| {
             json!({
                 "block": est.names[i],
-                "estimated_s": est.nograd_forward[i],
-                "measured_s": measured[i],
-                "error": est.nograd_forward[i] / measured[i] - 1.0,
+                "estimated_s": median(&est.nograd_forward[i]),
+                "measured_s": median(&measured[i]),
+                "error": error(&est.nograd_forward[i], &measured[i]),
                 "saved_bytes": est.saved[i],
             })
         })
         .collect();
-    let errors: Vec<f64> = blocks.iter().map(|b| b["error"].as_f64().unwrap_or(0.0).abs()).collect();
-    let (none, all) = (median(&m.none), median(&m.all));
-    let (tau, same) = ranking(&est.candidates, &est.saved, &est.nograd_forward, &measured);
+    let errors: Vec<f64> = blocks
+        .iter()
+        .map(|b| b["error"].as_f64().unwrap_or(0.0).abs())
+        .collect();
+    let medians = |v: &[Vec<f64>]| -> Vec<f64> { v.iter().map(|x| median(x)).collect() };
+    let (tau, same) = ranking(
+        &est.candidates,
+        &est.saved,
+        &medians(&est.nograd_forward),
+        &medians(&measured),
+    );
+    let step =
+        |e: &[f64], m: &[f64]| json!({ "estimated_s": median(e), "measured_s": median(m), "error": error(e, m) });
     json!({
         "case": case.label(),
         "rounds": m.none.len(),
-        "step_none": { "estimated_s": est.seconds_none, "measured_s": none, "error": est.seconds_none / none - 1.0 },
-        "step_all": { "estimated_s": est.seconds_all, "measured_s": all, "error": est.seconds_all / all - 1.0 },
+        "step_none": step(&est.none, &m.none),
+        "step_all": step(&est.all, &m.all),
         "block_error_median": median(&errors),
         "block_error_max": errors.iter().copied().fold(0.0, f64::max),
         "blocks_within_15pct": errors.iter().filter(|&&e| e <= 0.15).count(),
@@ -228,19 +304,22 @@ fn pct(v: &serde_json::Value) -> String {
 }
 
 /// The README's table of the cases.
-fn readme(rates: &DeviceRates, rounds: usize, threads: i32, rows: &[serde_json::Value]) -> String {
+fn readme(cpu: &str, rounds: usize, threads: i32, load: (f64, f64), rows: &[serde_json::Value]) -> String {
     let mut s = format!(
         "# Cost model against measured times\n\n\
-         CPU: {}, {threads} threads. Rates: {}.\n\n\
-         Written by `cargo run --release -p ckptune-runtime --example cost_bench -- --rounds {rounds} \
-         --threads {threads}`: estimates from a fake (meta) step's operator trace over this CPU's \
-         calibrated rates; measured: real steps of the same config (fp32, AdamW, layer granularity), \
-         {rounds} interleaved rounds, medians. Per block: the no-grad forward (recompute estimate), \
+         CPU: {cpu}, {threads} intra-op thread(s).\n\n\
+         Written by `nice -n -15 cargo run --release -p ckptune-runtime --example cost_bench -- --rounds {rounds} \
+         --threads {threads}`. Estimated: a fake (meta) step's operator trace over this CPU's rates; \
+         measured: real steps of the same config (fp32, AdamW, layer granularity). The machine has 2 cores \
+         shared with other builds (1-minute load average {:.1} to {:.1} at the rounds' starts), so every round calibrates the rates \
+         afresh (about 8 s), then estimates and times every case: {rounds} rounds, each error the median \
+         over rounds of estimated / measured − 1. Per block: the no-grad forward (the recompute estimate), \
          pooled by work class as the profiler pools it. Targets: 15% per block, 10% per step \
          (docs/cost-model.md).\n\n\
          | case | step, none ckpt (est / measured) | step, all ckpt (est / measured) | blocks within 15% | median / max block error | same ranking (Kendall τ over pairs the estimate orders) |\n\
          |---|---|---|---|---|---|\n",
-        rates.name, rates.source
+        load.0,
+        load.1
     );
     for r in rows {
         let step = |k: &str| {
@@ -260,7 +339,11 @@ fn readme(rates: &DeviceRates, rounds: usize, threads: i32, rows: &[serde_json::
             r["candidates"],
             r["block_error_median"].as_f64().unwrap_or(0.0) * 100.0,
             r["block_error_max"].as_f64().unwrap_or(0.0) * 100.0,
-            if r["same_ranking"].as_bool() == Some(true) { "yes" } else { "no" },
+            if r["same_ranking"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            },
             r["kendall_tau"].as_f64().unwrap_or(0.0),
         );
     }
@@ -352,27 +435,38 @@ fn main() -> Result<(), RuntimeError> {
     let a = args();
     tch::set_num_threads(a.threads);
     meter::install()?;
-    let rates = cost::cpu_rates(a.threads)?;
+    if let Some(model) = &a.diagnose {
+        let case = CASES
+            .iter()
+            .find(|c| c.model == model)
+            .expect("a model of the benchmark");
+        return diagnose(case, &cost::cpu_rates(a.threads)?);
+    }
     let cases: Vec<&Case> = CASES
         .iter()
         .filter(|c| a.models.as_ref().is_none_or(|m| m.iter().any(|n| n == c.model)))
         .collect();
-    if let Some(model) = &a.diagnose {
-        let case = CASES.iter().find(|c| c.model == model).expect("a model of the benchmark");
-        return diagnose(case, &rates);
-    }
     let mut estimated = Vec::new();
     let mut measured = Vec::new();
     for c in &cases {
-        eprintln!("estimating and warming up {}", c.label());
-        estimated.push(estimate(c, &rates)?);
+        eprintln!("tracing and warming up {}", c.label());
+        estimated.push(Estimated::new(c)?);
         measured.push(Measured::new(c)?);
     }
+    // Each round calibrates, then estimates and measures every case: the rates and the steps
+    // they are compared with see the same machine.
+    let identity = cost::cpu_identity();
+    let mut rates = Vec::new();
+    let mut loads = Vec::new();
     for r in 0..a.rounds {
         eprintln!("round {} of {}", r + 1, a.rounds);
-        for m in measured.iter_mut() {
+        loads.push(load_average());
+        let round_rates = cost::calibrate(a.threads, &identity)?;
+        for ((c, e), m) in cases.iter().zip(estimated.iter_mut()).zip(measured.iter_mut()) {
+            e.round(c, &round_rates)?;
             m.round()?;
         }
+        rates.push(round_rates);
     }
     let rows: Vec<serde_json::Value> = cases
         .iter()
@@ -380,22 +474,46 @@ fn main() -> Result<(), RuntimeError> {
         .zip(&measured)
         .map(|((c, e), m)| compare(c, e, m))
         .collect();
-    let dir = a.out.join(slug(&rates.name));
+    let dir = a.out.join(slug(&identity));
     std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::Invalid(format!("creating {}: {e}", dir.display())))?;
-    let doc = json!({ "cpu": rates.name, "threads": a.threads, "rounds": a.rounds, "rates": rates_json(&rates), "cases": rows });
+    let doc = json!({
+        "cpu": identity,
+        "threads": a.threads,
+        "rounds": a.rounds,
+        "load_average_by_round": loads,
+        "rates_by_round": rates.iter().map(rates_json).collect::<Vec<_>>(),
+        "cases": rows,
+    });
     let write = |name: &str, text: String| {
         let p = dir.join(name);
         std::fs::write(&p, text).map_err(|e| RuntimeError::Invalid(format!("writing {}: {e}", p.display())))
     };
-    write("results.json", serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n")?;
-    let text = readme(&rates, a.rounds, a.threads, &rows);
+    write(
+        "results.json",
+        serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n",
+    )?;
+    let load = loads
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), &l| (lo.min(l), hi.max(l)));
+    let text = readme(&identity, a.rounds, a.threads, load, &rows);
     print!("{text}");
     write("README.md", text)
 }
 
+/// The 1-minute load average (0 where /proc cannot be read).
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next().and_then(|w| w.parse().ok()))
+        .unwrap_or(0.0)
+}
+
 fn rates_json(r: &DeviceRates) -> serde_json::Value {
     let curves = |cs: &[ckptune_solver::rates::Curve]| -> serde_json::Value {
-        cs.iter().map(|c| (c.dtype.clone(), json!(c.points))).collect::<serde_json::Map<_, _>>().into()
+        cs.iter()
+            .map(|c| (c.dtype.clone(), json!(c.points)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
     };
     json!({
         "source": r.source,

@@ -88,7 +88,10 @@ fn a_fake_step_gives_every_block_a_time_and_flat_rates_give_the_sum_by_hand() {
         // The same step traced again, summed by hand.
         let events = s.op_trace(&s.chain.every_candidate()).expect("trace");
         let hand = by_hand(&events);
-        assert!((all - hand).abs() <= 1e-9 * hand, "{model}: estimate {all} s, by hand {hand} s");
+        assert!(
+            (all - hand).abs() <= 1e-9 * hand,
+            "{model}: estimate {all} s, by hand {hand} s"
+        );
         // The parts add up to the whole.
         let phases = cost::phase_seconds(&events, s.chain.blocks.len(), &flat());
         assert!((phases.total() - hand).abs() <= 1e-9 * hand, "{model}");

@@ -169,7 +169,11 @@ impl DeviceRates {
                 return Err(format!("rates of {}: no fp32 {what} rate", self.device));
             }
             for c in curves {
-                if let Some(p) = c.points.iter().find(|p| !(p[0] > 0.0 && p[1] > 0.0 && p[1].is_finite())) {
+                if let Some(p) = c
+                    .points
+                    .iter()
+                    .find(|p| !(p[0] > 0.0 && p[1] > 0.0 && p[1].is_finite()))
+                {
                     return Err(format!(
                         "rates of {}: {what} {} has the point {:?}; sizes and rates must be positive",
                         self.device, c.dtype, p
@@ -349,7 +353,14 @@ mod tests {
         assert_eq!(c.at(1e6), Some(100.0));
         // Halfway in log size: the geometric mean of the rates.
         assert!((c.at(100.0).unwrap() - 10.0).abs() < 1e-9);
-        assert_eq!(Curve { dtype: "fp32".into(), points: vec![] }.at(5.0), None);
+        assert_eq!(
+            Curve {
+                dtype: "fp32".into(),
+                points: vec![]
+            }
+            .at(5.0),
+            None
+        );
     }
 
     #[test]
@@ -408,7 +419,11 @@ mod tests {
                 bytes: 0.0,
                 size: 4096.0,
             };
-            assert!(r.seconds(&work(Dtype::Bf16)) < r.seconds(&work(Dtype::Fp32)), "{}", g.key);
+            assert!(
+                r.seconds(&work(Dtype::Bf16)) < r.seconds(&work(Dtype::Fp32)),
+                "{}",
+                g.key
+            );
             assert_eq!(gpu(&g.key.to_uppercase()), Some(g));
         }
         assert_eq!(gpu_names(), ["h100", "h200", "a100-80gb", "l40s", "rtx4090"]);

@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use ckptune_models::{Attention, Chain, Granularity, ModelOptions};
+/// The CPU's identity (model name and vector extensions): the runtime's, which keys the cost
+/// model's calibration cache as it keys the profile cache here.
+pub use ckptune_runtime::cost::cpu_identity;
 use ckptune_runtime::{OptimizerImpl, OptimizerKind, Precision, Session, TrainConfig};
 use ckptune_solver::formats::{BlockJson, DeviceJson, GroupJson, ModelJson};
 use ckptune_solver::shard::Parameter;
@@ -484,27 +487,6 @@ pub fn model_json(chain: &Chain) -> ModelJson {
             .collect(),
         attention: chain.attention.map(|a| a.hf_name().to_owned()),
     }
-}
-
-/// The CPU's model name and the vector extensions libtorch's kernels dispatch on, from
-/// `/proc/cpuinfo` ("unknown" where it cannot be read).
-pub fn cpu_identity() -> String {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |key: &str| {
-        info.lines()
-            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))
-            .and_then(|l| l.split_once(':'))
-            .map(|(_, v)| v.trim().to_owned())
-    };
-    let Some(model) = field("model name") else {
-        return "unknown".into();
-    };
-    let flags = field("flags").unwrap_or_default();
-    let simd: Vec<&str> = flags
-        .split_whitespace()
-        .filter(|f| f.starts_with("avx") || f.starts_with("amx") || f.starts_with("fma"))
-        .collect();
-    format!("{model} [{}]", simd.join(" "))
 }
 
 pub fn fnv1a(s: &str) -> u64 {

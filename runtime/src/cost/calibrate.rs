@@ -139,7 +139,11 @@ impl Run {
                     .map_err(torch("calibration: conv2d"))
             })?;
             // The implicit product: batch·side² rows, cin·kernel² deep, cout columns.
-            let (m, k, n) = ((batch * side * side) as f64, (cin * kernel * kernel) as f64, cout as f64);
+            let (m, k, n) = (
+                (batch * side * side) as f64,
+                (cin * kernel * kernel) as f64,
+                cout as f64,
+            );
             points.push([(m * k * n).cbrt(), self.rate(2.0 * m * k * n, t)]);
         }
         points.sort_by(|a, b| a[0].total_cmp(&b[0]));
@@ -191,8 +195,17 @@ const PROBES: [Probe; 9] = [
         shape: &[8, 128, 56, 56],
         forward: |x| {
             let c = Tensor::f_ones([128], (Kind::Float, Device::Cpu)).map_err(torch("calibration: ones"))?;
-            x.f_batch_norm(Some(&c), Some(&c), Some(&c.copy()), Some(&c.copy()), true, 0.1, 1e-5, false)
-                .map_err(torch("calibration: batch_norm"))
+            x.f_batch_norm(
+                Some(&c),
+                Some(&c),
+                Some(&c.copy()),
+                Some(&c.copy()),
+                true,
+                0.1,
+                1e-5,
+                false,
+            )
+            .map_err(torch("calibration: batch_norm"))
         },
         ops: &["aten::native_batch_norm", "aten::native_batch_norm_backward"],
     },
@@ -202,7 +215,10 @@ const PROBES: [Probe; 9] = [
             x.f_max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false)
                 .map_err(torch("calibration: max_pool2d"))
         },
-        ops: &["aten::max_pool2d_with_indices", "aten::max_pool2d_with_indices_backward"],
+        ops: &[
+            "aten::max_pool2d_with_indices",
+            "aten::max_pool2d_with_indices_backward",
+        ],
     },
     Probe {
         shape: &[1024, 768],
@@ -219,7 +235,10 @@ const PROBES: [Probe; 9] = [
     },
     Probe {
         shape: &[1024, 8192],
-        forward: |x| x.f_log_softmax(-1, Kind::Float).map_err(torch("calibration: log_softmax")),
+        forward: |x| {
+            x.f_log_softmax(-1, Kind::Float)
+                .map_err(torch("calibration: log_softmax"))
+        },
         ops: &["aten::_log_softmax", "aten::_log_softmax_backward_data"],
     },
     Probe {

@@ -52,8 +52,9 @@ fn cache_dir() -> PathBuf {
 }
 
 fn fnv1a(s: &str) -> u64 {
-    s.bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// This CPU's rates with `threads` intra-op threads: the cached calibration of this CPU

@@ -130,26 +130,45 @@ fn matmul_macs(a: &[i64], b: &[i64]) -> Option<(f64, [f64; 3])> {
     Some((batch * m * k * n, [m, k, n]))
 }
 
-/// Matrix products: `mm`, `addmm`, `bmm`, `baddbmm`, `addbmm`, `matmul`, `linear`, `mv`,
-/// `addmv`, `dot` and their fused forms.
+/// Matrix products, with the index of their first operand (`addmm`'s first argument is what
+/// it adds).
+const PRODUCTS: &[(&str, usize)] = &[
+    ("aten::mm", 0),
+    ("aten::bmm", 0),
+    ("aten::matmul", 0),
+    ("aten::mv", 0),
+    ("aten::dot", 0),
+    ("aten::vdot", 0),
+    ("aten::addmm", 1),
+    ("aten::_addmm_activation", 1),
+    ("aten::baddbmm", 1),
+    ("aten::addbmm", 1),
+    ("aten::addmv", 1),
+];
+
+/// Products of an input `[…, k]` by a weight `[n, k]`.
+const LINEARS: &[&str] = &["aten::linear", "aten::mkldnn_linear"];
+
+/// Matrix products ([`PRODUCTS`], [`LINEARS`]).
 fn matmul_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
+    let name = base(&e.name);
     let shape = |i| tensor(e, i).map(|t| t.1.as_slice());
-    let (a, b) = match base(&e.name) {
-        "aten::mm" | "aten::bmm" | "aten::matmul" | "aten::mv" | "aten::dot" | "aten::vdot" => (shape(0)?, shape(1)?),
-        "aten::addmm" | "aten::_addmm_activation" | "aten::baddbmm" | "aten::addbmm" | "aten::addmv" => {
-            (shape(1)?, shape(2)?)
-        }
-        "aten::linear" | "aten::mkldnn_linear" => {
-            let (x, w) = (shape(0)?, shape(1)?);
-            let k = *x.last()? as f64;
-            let n = if w.len() == 2 { w[0] as f64 } else { 1.0 };
-            let m = elements(x) / k.max(1.0);
-            return Some(product(Engine::Matmul, e, m * k * n, [m, k, n], writes_input));
-        }
-        _ => return None,
-    };
-    let (macs, mkn) = matmul_macs(a, b)?;
+    if LINEARS.contains(&name) {
+        let (x, w) = (shape(0)?, shape(1)?);
+        let k = *x.last()? as f64;
+        let n = if w.len() == 2 { w[0] as f64 } else { 1.0 };
+        let m = elements(x) / k.max(1.0);
+        return Some(product(Engine::Matmul, e, m * k * n, [m, k, n], writes_input));
+    }
+    let &(_, first) = PRODUCTS.iter().find(|(n, _)| *n == name)?;
+    let (macs, mkn) = matmul_macs(shape(first)?, shape(first + 1)?)?;
     Some(product(Engine::Matmul, e, macs, mkn, writes_input))
+}
+
+/// Convolutions, each backend's and their backwards (`convolution`, `mkldnn_convolution`,
+/// `_slow_conv2d_forward`, `convolution_backward`, …), not conversions.
+fn is_conv(name: &str) -> bool {
+    name.contains("conv") && !name.contains("convert")
 }
 
 /// The index of `transposed` among a convolution operator's arguments, where it has one.
@@ -182,7 +201,7 @@ fn conv_macs(input: &[i64], weight: &[i64], output: &[i64], transposed: bool) ->
 /// computes (input, weight).
 fn conv_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
     let name = base(&e.name);
-    if !name.contains("conv") || name.contains("depthwise_backward_") {
+    if !is_conv(name) {
         return None;
     }
     let transposed = name.contains("transpose") || transposed_index(name).and_then(|i| number(e, i)) == Some(1.0);
@@ -257,22 +276,9 @@ pub fn work_of(e: &OpEvent, writes_input: bool) -> Work {
 /// Whether [`work_of`] has a FLOP formula for the operator.
 pub fn has_flops(name: &str) -> bool {
     let b = base(name);
-    matches!(
-        b,
-        "aten::mm"
-            | "aten::bmm"
-            | "aten::matmul"
-            | "aten::mv"
-            | "aten::dot"
-            | "aten::vdot"
-            | "aten::addmm"
-            | "aten::_addmm_activation"
-            | "aten::baddbmm"
-            | "aten::addbmm"
-            | "aten::addmv"
-            | "aten::linear"
-            | "aten::mkldnn_linear"
-    ) || (b.contains("conv") && !b.contains("depthwise_backward_"))
+    PRODUCTS.iter().any(|(n, _)| *n == b)
+        || LINEARS.contains(&b)
+        || is_conv(b)
         || ATTENTION.iter().any(|(n, _)| *n == b)
 }
 
@@ -316,7 +322,13 @@ pub fn counted(events: &[OpEvent], traits: &mut dyn FnMut(&str) -> Traits) -> Ve
 }
 
 /// [`counted`] over events `lo..hi`, siblings in order.
-fn count_range(events: &[OpEvent], lo: usize, hi: usize, traits: &mut dyn FnMut(&str) -> Traits, out: &mut Vec<Counted>) {
+fn count_range(
+    events: &[OpEvent],
+    lo: usize,
+    hi: usize,
+    traits: &mut dyn FnMut(&str) -> Traits,
+    out: &mut Vec<Counted>,
+) {
     let mut i = lo;
     while i < hi {
         let e = &events[i];

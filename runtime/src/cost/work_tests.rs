@@ -36,7 +36,12 @@ fn flops(e: &OpEvent) -> f64 {
 
 #[test]
 fn matrix_products_count_two_flops_per_multiply_add() {
-    let mm = op("aten::mm", vec![f32(&[64, 32]), f32(&[32, 16])], &[], vec![f32(&[64, 16])]);
+    let mm = op(
+        "aten::mm",
+        vec![f32(&[64, 32]), f32(&[32, 16])],
+        &[],
+        vec![f32(&[64, 16])],
+    );
     assert_eq!(flops(&mm), 2.0 * 64.0 * 32.0 * 16.0);
     // Bytes: both operands read, the product written.
     assert_eq!(work_of(&mm, false).bytes, ((64 * 32 + 32 * 16 + 64 * 16) * 4) as f64);
@@ -48,7 +53,12 @@ fn matrix_products_count_two_flops_per_multiply_add() {
         vec![f32(&[64, 16])],
     );
     assert_eq!(flops(&addmm), 65536.0);
-    let bmm = op("aten::bmm", vec![f32(&[4, 8, 16]), f32(&[4, 16, 2])], &[], vec![f32(&[4, 8, 2])]);
+    let bmm = op(
+        "aten::bmm",
+        vec![f32(&[4, 8, 16]), f32(&[4, 16, 2])],
+        &[],
+        vec![f32(&[4, 8, 2])],
+    );
     assert_eq!(flops(&bmm), 2.0 * 4.0 * 8.0 * 16.0 * 2.0);
     let baddbmm = op(
         "aten::baddbmm",
@@ -58,7 +68,12 @@ fn matrix_products_count_two_flops_per_multiply_add() {
     );
     assert_eq!(flops(&baddbmm), 2048.0);
     // matmul broadcasts its batch dimensions: [2, 1] against [3] is 6 products.
-    let matmul = op("aten::matmul", vec![f32(&[2, 1, 8, 16]), f32(&[3, 16, 4])], &[], vec![f32(&[2, 3, 8, 4])]);
+    let matmul = op(
+        "aten::matmul",
+        vec![f32(&[2, 1, 8, 16]), f32(&[3, 16, 4])],
+        &[],
+        vec![f32(&[2, 3, 8, 4])],
+    );
     assert_eq!(flops(&matmul), 2.0 * 6.0 * 8.0 * 16.0 * 4.0);
     let mv = op("aten::matmul", vec![f32(&[8, 16]), f32(&[16])], &[], vec![f32(&[8])]);
     assert_eq!(flops(&mv), 2.0 * 8.0 * 16.0);
@@ -85,7 +100,17 @@ fn convolutions_count_each_output_elements_window_per_group() {
     // Groups: 8 channels in 4 groups, each output reads 2 channels' 3×3 windows.
     let grouped = op(
         "aten::convolution",
-        vec![f32(&[1, 8, 10, 10]), f32(&[8, 2, 3, 3]), None, None, None, None, None, None, None],
+        vec![
+            f32(&[1, 8, 10, 10]),
+            f32(&[8, 2, 3, 3]),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        ],
         &[(6, 0.0), (8, 4.0)],
         vec![f32(&[1, 8, 8, 8])],
     );
@@ -93,7 +118,17 @@ fn convolutions_count_each_output_elements_window_per_group() {
     // Transposed: weight [in 4, out/groups 2, 3, 3]; each input element scatters 2·9.
     let transposed = op(
         "aten::convolution",
-        vec![f32(&[1, 4, 5, 5]), f32(&[4, 2, 3, 3]), None, None, None, None, None, None, None],
+        vec![
+            f32(&[1, 4, 5, 5]),
+            f32(&[4, 2, 3, 3]),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        ],
         &[(6, 1.0), (8, 1.0)],
         vec![f32(&[1, 2, 7, 7])],
     );
@@ -147,17 +182,40 @@ fn attention_counts_two_products_forward_five_backward_and_halves_when_causal() 
 
 #[test]
 fn other_operators_count_the_bytes_they_read_and_write() {
-    let add = op("aten::add.Tensor", vec![f32(&[2, 3]), f32(&[2, 3]), None], &[(2, 1.0)], vec![f32(&[2, 3])]);
+    let add = op(
+        "aten::add.Tensor",
+        vec![f32(&[2, 3]), f32(&[2, 3]), None],
+        &[(2, 1.0)],
+        vec![f32(&[2, 3])],
+    );
     let w = work_of(&add, false);
-    assert_eq!((w.engine, w.dtype, w.flops, w.bytes), (Engine::Memory, Dtype::Fp32, 0.0, 72.0));
+    assert_eq!(
+        (w.engine, w.dtype, w.flops, w.bytes),
+        (Engine::Memory, Dtype::Fp32, 0.0, 72.0)
+    );
     // copy_ overwrites its destination: the source read, the destination written.
-    let copy = op("aten::copy_", vec![f32(&[4]), f32(&[4]), None], &[(2, 0.0)], vec![f32(&[4])]);
+    let copy = op(
+        "aten::copy_",
+        vec![f32(&[4]), f32(&[4]), None],
+        &[(2, 0.0)],
+        vec![f32(&[4])],
+    );
     assert_eq!(work_of(&copy, true).bytes, 32.0);
     // add_ reads what it writes into.
-    let add_ = op("aten::add_.Tensor", vec![f32(&[4]), f32(&[4]), None], &[], vec![f32(&[4])]);
+    let add_ = op(
+        "aten::add_.Tensor",
+        vec![f32(&[4]), f32(&[4]), None],
+        &[],
+        vec![f32(&[4])],
+    );
     assert_eq!(work_of(&add_, true).bytes, 48.0);
     // An out= argument is written, not read.
-    let out = op("aten::add.out", vec![f32(&[4]), f32(&[4]), None, f32(&[4])], &[], vec![f32(&[4])]);
+    let out = op(
+        "aten::add.out",
+        vec![f32(&[4]), f32(&[4]), None, f32(&[4])],
+        &[],
+        vec![f32(&[4])],
+    );
     assert_eq!(work_of(&out, true).bytes, 48.0);
     // The dtype is the largest operand's: a bf16 cast of an fp32 tensor moves 6 bytes each.
     let bf = op(
@@ -217,7 +275,15 @@ fn counting_takes_each_piece_of_work_once() {
         (4, op("aten::_to_copy", vec![scalar()], &[], vec![scalar()])),
         (5, op("aten::empty_strided", vec![], &[], vec![scalar()])),
         (5, op("aten::copy_", vec![scalar(), scalar()], &[], vec![scalar()])),
-        (0, op("autograd::engine::evaluate_function: ConvolutionBackward0", vec![], &[], vec![])),
+        (
+            0,
+            op(
+                "autograd::engine::evaluate_function: ConvolutionBackward0",
+                vec![],
+                &[],
+                vec![],
+            ),
+        ),
         (
             1,
             op(
@@ -227,9 +293,28 @@ fn counting_takes_each_piece_of_work_once() {
                 vec![f32(&[1, 4, 8, 8]), f32(&[4, 4, 3, 3]), None],
             ),
         ),
-        (2, op("aten::contiguous", vec![f32(&[1, 4, 8, 8])], &[], vec![f32(&[1, 4, 8, 8])])),
-        (3, op("aten::copy_", vec![f32(&[1, 4, 8, 8]), f32(&[1, 4, 8, 8])], &[], vec![f32(&[1, 4, 8, 8])])),
-        (0, op("aten::max_pool2d_with_indices_backward", vec![x(), x()], &[], vec![x()])),
+        (
+            2,
+            op(
+                "aten::contiguous",
+                vec![f32(&[1, 4, 8, 8])],
+                &[],
+                vec![f32(&[1, 4, 8, 8])],
+            ),
+        ),
+        (
+            3,
+            op(
+                "aten::copy_",
+                vec![f32(&[1, 4, 8, 8]), f32(&[1, 4, 8, 8])],
+                &[],
+                vec![f32(&[1, 4, 8, 8])],
+            ),
+        ),
+        (
+            0,
+            op("aten::max_pool2d_with_indices_backward", vec![x(), x()], &[], vec![x()]),
+        ),
         (1, op("aten::zero_", vec![x()], &[], vec![x()])),
         (0, op("aten::ones", vec![], &[], vec![x()])),
         (1, op("aten::empty.memory_format", vec![], &[], vec![x()])),

@@ -72,7 +72,10 @@ mod tests {
 
     #[test]
     fn names_parse_back() {
-        assert_eq!(parse("ckptune::forward#3:encoder.layer.0"), Some((Phase::Forward, Some(3))));
+        assert_eq!(
+            parse("ckptune::forward#3:encoder.layer.0"),
+            Some((Phase::Forward, Some(3)))
+        );
         assert_eq!(parse("ckptune::backward#12:h.1.mlp"), Some((Phase::Backward, Some(12))));
         assert_eq!(parse("ckptune::loss"), Some((Phase::Loss, None)));
         assert_eq!(parse("ckptune::optimizer"), Some((Phase::Optimizer, None)));

@@ -35,11 +35,11 @@ pub use plan::{
 };
 pub use profile::{BlockJson, DeviceJson, GroupJson, ModelJson, ModelListing, ProfileJson};
 pub use python::python_literal;
-pub use rates::CachedRates;
 pub use pytorch::{
     FsdpParamJson, FsdpRankJson, FsdpRunJson, PytorchRunJson, RankVerifyJson, VerifyPytorchJson, VerifyShardJson,
     FSDP_RUN_FORMAT, VERIFY_SHARD_FORMAT,
 };
+pub use rates::CachedRates;
 pub use run::{MeasuredRun, MismatchJson, PredictedRun, TrainJson, TrainStepJson, VerifyJson};
 pub use sweep::{SweepConfigJson, SweepJson, SweepPointJson};
 
