@@ -36,8 +36,9 @@ const OVERWRITES: &[&str] = &[
     "aten::exponential_",
 ];
 
-/// Parts that only initialize what an operator then computes (`max_pool2d_with_indices_backward`
-/// zeroes its gradient, then scatters into it): never the operator's work.
+/// Parts that only initialize what an operator then computes from inputs of other shapes
+/// (`max_pool2d_with_indices_backward` zeroes its gradient, then scatters into it): the
+/// operator's work is its own. A factory's fill (`ones`, `zeros_like`) is its work.
 const INITIALIZES: &[&str] = &["aten::fill_", "aten::zero_"];
 
 /// The operator's name without its overload (`aten::add` of `aten::add.Tensor`).
@@ -76,10 +77,20 @@ fn bytes_of((kind, shape): &(Kind, Vec<i64>)) -> f64 {
     elements(shape) * kind.elt_size_in_bytes() as f64
 }
 
+/// Operators that read only the rows they select from their first input: it counts as many
+/// bytes as they return (an embedding reads its batch's rows, not the vocabulary).
+const GATHERS: &[&str] = &["aten::index_select", "aten::gather", "aten::index", "aten::take", "aten::embedding"];
+
 /// The bytes an operator reads and writes: its tensor inputs and outputs, less an input it
 /// writes without reading (the destination of `copy_`, `fill_`, an `out=` argument), which
-/// its output already counts.
+/// its output already counts, and of a gather's source only what it returns.
 fn bytes_moved(e: &OpEvent, writes_input: bool) -> f64 {
+    let returned: f64 = e.outputs.iter().flatten().map(bytes_of).sum();
+    if GATHERS.contains(&base(&e.name)) {
+        let source = e.inputs.first().and_then(Option::as_ref).map_or(0.0, |t| bytes_of(t).min(returned));
+        let rest: f64 = e.inputs.iter().skip(1).flatten().map(bytes_of).sum();
+        return source + rest + returned;
+    }
     let mut inputs: Vec<&(Kind, Vec<i64>)> = e.inputs.iter().flatten().collect();
     if writes_input {
         let overload = e.name.rsplit_once('.').map_or("", |(_, o)| o);
@@ -89,7 +100,7 @@ fn bytes_moved(e: &OpEvent, writes_input: bool) -> f64 {
             inputs.remove(0);
         }
     }
-    inputs.into_iter().chain(e.outputs.iter().flatten()).map(bytes_of).sum()
+    inputs.into_iter().map(bytes_of).sum::<f64>() + returned
 }
 
 /// The dtype of the largest tensor an operator touches (fp32 when it touches none).
@@ -350,9 +361,11 @@ fn count_range(
                 // work (`_to_copy`'s `copy_`, `embedding`'s `index_select`); a smaller one is
                 // its own (`div_.Tensor` first casts its scalar with `to`).
                 let size = elements_written(e);
+                let computes = reads_other_shapes(e);
                 let done_by_parts = out[first_part..].iter().any(|c| {
                     let part = &events[c.index];
-                    !INITIALIZES.contains(&base(&part.name)) && 2.0 * elements_written(part) >= size
+                    let init = INITIALIZES.contains(&base(&part.name));
+                    (!init || !computes) && 2.0 * elements_written(part) >= size
                 });
                 let done_by_parts = done_by_parts || (t.decomposition && out.len() > first_part);
                 let bookkeeping = BOOKKEEPING.contains(&base(&e.name)) || t.view;
@@ -366,6 +379,17 @@ fn count_range(
         }
         i = end;
     }
+}
+
+/// Whether an operator reads a tensor of another shape than the largest it returns.
+fn reads_other_shapes(e: &OpEvent) -> bool {
+    let out = e
+        .outputs
+        .iter()
+        .flatten()
+        .max_by(|a, b| elements(&a.1).total_cmp(&elements(&b.1)))
+        .map(|t| t.1.as_slice());
+    e.inputs.iter().flatten().any(|t| Some(t.1.as_slice()) != out)
 }
 
 /// The elements an operator writes: its largest output, or where it returns none (in-place

@@ -217,6 +217,14 @@ fn other_operators_count_the_bytes_they_read_and_write() {
         vec![f32(&[4])],
     );
     assert_eq!(work_of(&out, true).bytes, 48.0);
+    // A gather reads the rows it returns, not its whole source: 32 rows of a 1000-row table.
+    let lookup = op(
+        "aten::index_select",
+        vec![f32(&[1000, 8]), None, Some((Kind::Int64, vec![32]))],
+        &[(1, 0.0)],
+        vec![f32(&[32, 8])],
+    );
+    assert_eq!(work_of(&lookup, false).bytes, (32 * 8 * 4 + 32 * 8 + 32 * 8 * 4) as f64);
     // The dtype is the largest operand's: a bf16 cast of an fp32 tensor moves 6 bytes each.
     let bf = op(
         "aten::copy_",
@@ -313,7 +321,7 @@ fn counting_takes_each_piece_of_work_once() {
         ),
         (
             0,
-            op("aten::max_pool2d_with_indices_backward", vec![x(), x()], &[], vec![x()]),
+            op("aten::max_pool2d_with_indices_backward", vec![f32(&[16, 16]), x()], &[], vec![x()]),
         ),
         (1, op("aten::zero_", vec![x()], &[], vec![x()])),
         (0, op("aten::ones", vec![], &[], vec![x()])),
