@@ -127,6 +127,9 @@ pub fn event_seconds(events: &[OpEvent], rates: &DeviceRates) -> Vec<f64> {
     seconds
 }
 
+/// What a scope of the step covers: its phase and, for a block's, the block.
+type ScopeName = (Phase, Option<usize>);
+
 /// A trace of a step of a chain of `blocks` blocks, timed over `rates` and summed by the
 /// scope each event ran in (`exec::scope`).
 pub fn phase_seconds(events: &[OpEvent], blocks: usize, rates: &DeviceRates) -> PhaseSeconds {
@@ -138,7 +141,7 @@ pub fn phase_seconds(events: &[OpEvent], blocks: usize, rates: &DeviceRates) -> 
         ..PhaseSeconds::default()
     };
     // The scopes open at each event, innermost last: (its end, what it is).
-    let mut open: Vec<(usize, Option<(Phase, Option<usize>)>)> = Vec::new();
+    let mut open: Vec<(usize, Option<ScopeName>)> = Vec::new();
     for (i, e) in events.iter().enumerate() {
         while open.last().is_some_and(|&(end, _)| end <= i) {
             open.pop();
