@@ -380,6 +380,23 @@ fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
         e.1 += estimated;
         e.2 += 1;
     }
+    // Per part of the step: the scopes' measured seconds against the estimate's.
+    let phases = cost::phase_seconds(&events, s.chain.blocks.len(), rates);
+    let mut scoped: BTreeMap<String, f64> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.scope) {
+        let word = e.name.split(['#', ':']).nth(2).unwrap_or(&e.name).to_owned();
+        *scoped.entry(word).or_default() += e.seconds;
+    }
+    let total = |v: &[f64]| v.iter().sum::<f64>();
+    println!(
+        "scopes measured {scoped:?}; estimated forward {:.4} recompute {:.4} backward {:.4} loss {:.4} optimizer {:.4} other {:.4}",
+        total(&phases.forward),
+        total(&phases.recompute),
+        total(&phases.backward),
+        phases.loss,
+        phases.optimizer,
+        phases.other
+    );
     let mut rows: Vec<_> = by_name.into_iter().collect();
     rows.sort_by(|a, b| (b.1 .0 - b.1 .1).abs().total_cmp(&(a.1 .0 - a.1 .1).abs()));
     let (m, e): (f64, f64) = rows.iter().fold((0.0, 0.0), |(m, e), r| (m + r.1 .0, e + r.1 .1));
