@@ -51,12 +51,6 @@ fn cache_dir() -> PathBuf {
         .join("rates")
 }
 
-fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// This CPU's rates with `threads` intra-op threads: the cached calibration of this CPU
 /// ([`cpu_identity`]) and thread count, else a calibration run ([`calibrate`], at most about
 /// [`BUDGET_SECONDS`]) whose result is cached. A cache that cannot be written is not an error.
@@ -68,7 +62,9 @@ pub fn cpu_rates(threads: i32) -> Result<DeviceRates> {
     }
     let identity = cpu_identity();
     let key = format!("{identity} | threads {threads} | calibration {CALIBRATION_VERSION}");
-    let file = cache_dir().join(format!("{:016x}.json", fnv1a(&key)));
+    // One file per thread count; the key inside says which CPU it was measured on (a home
+    // shared by several machines recalibrates when it moves between them).
+    let file = cache_dir().join(format!("cpu-{threads}-threads.json"));
     if let Ok(cached) = formats::read_tagged::<CachedRates>(&file, formats::RATES_FORMAT) {
         if cached.key == key && cached.rates.check().is_ok() {
             return Ok(cached.rates);

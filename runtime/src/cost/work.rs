@@ -2,6 +2,7 @@
 //! matrix products, convolutions and attention from their shapes, the bytes every other
 //! operator reads and writes, and which operators of a nested trace do the work at all.
 
+pub use ckptune_kernels::optrace::is_operator;
 use ckptune_kernels::optrace::{self, OpEvent};
 use ckptune_solver::rates::{Dtype, Engine, Work};
 use tch::Kind;
@@ -47,12 +48,6 @@ pub fn base(name: &str) -> &str {
     name[after..].find('.').map_or(name, |d| &name[..after + d])
 }
 
-/// Whether an event is a dispatcher operator: not a scope, not an autograd node's evaluation
-/// (`autograd::engine::evaluate_function: …`), not autograd's own `detach`.
-pub fn is_operator(e: &OpEvent) -> bool {
-    !e.scope && e.name.contains("::") && !e.name.starts_with("autograd::")
-}
-
 fn elements(shape: &[i64]) -> f64 {
     shape.iter().map(|&s| s.max(0) as f64).product()
 }
@@ -79,7 +74,13 @@ fn bytes_of((kind, shape): &(Kind, Vec<i64>)) -> f64 {
 
 /// Operators that read only the rows they select from their first input: it counts as many
 /// bytes as they return (an embedding reads its batch's rows, not the vocabulary).
-const GATHERS: &[&str] = &["aten::index_select", "aten::gather", "aten::index", "aten::take", "aten::embedding"];
+const GATHERS: &[&str] = &[
+    "aten::index_select",
+    "aten::gather",
+    "aten::index",
+    "aten::take",
+    "aten::embedding",
+];
 
 /// The bytes an operator reads and writes: its tensor inputs and outputs, less an input it
 /// writes without reading (the destination of `copy_`, `fill_`, an `out=` argument), which
@@ -87,7 +88,11 @@ const GATHERS: &[&str] = &["aten::index_select", "aten::gather", "aten::index", 
 fn bytes_moved(e: &OpEvent, writes_input: bool) -> f64 {
     let returned: f64 = e.outputs.iter().flatten().map(bytes_of).sum();
     if GATHERS.contains(&base(&e.name)) {
-        let source = e.inputs.first().and_then(Option::as_ref).map_or(0.0, |t| bytes_of(t).min(returned));
+        let source = e
+            .inputs
+            .first()
+            .and_then(Option::as_ref)
+            .map_or(0.0, |t| bytes_of(t).min(returned));
         let rest: f64 = e.inputs.iter().skip(1).flatten().map(bytes_of).sum();
         return source + rest + returned;
     }

@@ -25,6 +25,7 @@ fn op(name: &str, inputs: Vec<T>, numbers: &[(usize, f64)], outputs: Vec<T>) -> 
         inputs,
         numbers: nums,
         outputs,
+        codes: Vec::new(),
     }
 }
 
@@ -321,7 +322,12 @@ fn counting_takes_each_piece_of_work_once() {
         ),
         (
             0,
-            op("aten::max_pool2d_with_indices_backward", vec![f32(&[16, 16]), x()], &[], vec![x()]),
+            op(
+                "aten::max_pool2d_with_indices_backward",
+                vec![f32(&[16, 16]), x()],
+                &[],
+                vec![x()],
+            ),
         ),
         (1, op("aten::zero_", vec![x()], &[], vec![x()])),
         (0, op("aten::ones", vec![], &[], vec![x()])),
