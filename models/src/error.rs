@@ -86,8 +86,9 @@ pub enum ModelError {
     /// A program exported on the meta device, asked for its weights: it has none.
     #[error(
         "torch.export program {} was exported on the meta device: it holds no weights, only their \
-         shapes, so it cannot run on real tensors; ckptune measures it on the meta device \
-         (--measure meta), which needs no weights",
+         shapes, so no step of it can run for real (train, verify, --measure run or meta); ckptune \
+         plans it from the meta device with times estimated by the cost model (--measure auto or \
+         estimate), and running it needs a program exported with its weights",
         path.display()
     )]
     ExportedOnMeta { path: PathBuf },

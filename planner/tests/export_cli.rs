@@ -112,8 +112,28 @@ fn bad_programs_exit_2_naming_the_node_and_the_fix() {
             vec!["torch.ops.higher_order.cond", "data-dependent control flow"],
         ),
         (
-            vec!["plan", "--budget", "1GiB", &meta, "--output", plan],
-            vec!["exported on the meta device", "holds no weights", "--measure meta"],
+            vec!["plan", "--budget", "1GiB", &meta, "--measure", "run", "--output", plan],
+            vec![
+                "exported on the meta device",
+                "holds no weights",
+                "--measure auto or estimate",
+            ],
+        ),
+        (
+            vec!["plan", "--budget", "1GiB", &meta, "--measure", "meta", "--output", plan],
+            vec![
+                "exported on the meta device",
+                "no real step can time it",
+                "--measure auto or estimate",
+            ],
+        ),
+        (
+            vec!["plan", "--budget", "90%", &meta, "--verify", "--output", plan],
+            vec![
+                "exported on the meta device",
+                "holds no weights",
+                "exported with its weights",
+            ],
         ),
         (
             vec!["plan", "--budget", "1GiB", &moe, "--output", plan],
@@ -311,4 +331,38 @@ fn cached_profiles_are_keyed_on_the_candidates() {
         profile(Some(r"layer[23]|fc"), "chosen.json"),
         ["layer2", "layer3", "fc"]
     );
+}
+
+/// A program exported on the meta device plans as its twin exported with weights does: the same
+/// memory (the peak and the checkpoint set under a byte budget), with times from the cost model,
+/// said so.
+#[test]
+fn a_program_exported_on_the_meta_device_plans_with_estimated_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan_of = |file: &str| {
+        let out = dir.path().join(format!("{file}.json"));
+        let mut args = vec![
+            "plan",
+            "--budget",
+            "90%",
+            "--measure",
+            "estimate",
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        let model = fixture(file);
+        args.push(&model);
+        args.extend(["--precision", "fp32", "--batch", "2"]);
+        args.extend(COMMON);
+        ok(&args);
+        common::read(&out)
+    };
+    // The meta fixtures were exported with eager attention, as their twins `hf_*_eager.pt2`.
+    let (meta, real) = (plan_of("hf_bert_meta.pt2"), plan_of("hf_bert_eager.pt2"));
+    for key in ["budget_bytes", "checkpoint"] {
+        assert_eq!(meta[key], real[key], "{key}");
+    }
+    assert_eq!(meta["predicted"]["peak_bytes"], real["predicted"]["peak_bytes"]);
+    let how = meta["predicted"]["step_seconds_estimated"].as_str().unwrap_or_default();
+    assert!(how.contains("cost model over cpu"), "{meta}");
 }

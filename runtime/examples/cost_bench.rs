@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use ckptune_kernels::meter;
 use ckptune_models::{builtin, Granularity, ModelOptions};
 use ckptune_runtime::cost::{self, work};
-use ckptune_runtime::profile::estimated::times_from_fake_step;
+use ckptune_runtime::profile::times_from_fake_step;
 use ckptune_runtime::profile::{profile, ProfileSettings, RetimePolicy};
 use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, StepTrace, TrainConfig};
 use ckptune_solver::profile::Stats;

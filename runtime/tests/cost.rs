@@ -5,7 +5,7 @@
 use ckptune_kernels::meter;
 use ckptune_models::{builtin, Granularity, ModelOptions};
 use ckptune_runtime::cost::{self, work};
-use ckptune_runtime::profile::estimated::times_from_fake_step;
+use ckptune_runtime::profile::times_from_fake_step;
 use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, TrainConfig};
 use ckptune_solver::rates::{gpu, Curve, DeviceRates, Dtype, Engine, GPU_OVERHEAD_SECONDS};
 use tch::Device;

@@ -378,3 +378,13 @@ impl ConfigProfile {
         self.estimated.is_some()
     }
 }
+
+impl Estimate {
+    /// How the times were estimated, for plans, plots and notes: "estimated by the cost model
+    /// over cuda:h100 (NVIDIA H100 SXM5 80GB)".
+    pub fn describe(&self) -> String {
+        // A CPU's name carries its vector extensions, which the profile's device names already.
+        let name = self.rates.name.split(" [").next().unwrap_or_default();
+        format!("estimated by the cost model over {} ({name})", self.rates.device)
+    }
+}

@@ -124,8 +124,12 @@ pub struct ModelArgs {
     /// How the step is measured: `run` trains it here for real (memory and times); `meta`
     /// measures memory on the meta device (exact, nothing allocated) and times real steps with
     /// every candidate checkpointed (each block's recompute and both step times at once),
-    /// refusing a model whose step does not fit in this machine's available memory; `auto` is
-    /// `meta`, or `run` where the meta device cannot run the model, and says which it did.
+    /// refusing a model whose step does not fit in this machine's available memory; `estimate`
+    /// measures memory on the meta device and estimates times with the cost model
+    /// (docs/cost-model.md: this CPU's calibrated rates, or the GPU `--target cuda:NAME`
+    /// names), running nothing; `auto` is `meta`, `estimate` where the step does not fit here,
+    /// the program has no weights or `--target` names a GPU, or `run` where the meta device
+    /// cannot run the model, and says which it did.
     #[arg(long, value_enum, default_value_t = Measure::Auto)]
     pub measure: Measure,
     /// Timed repeats per measured step.
@@ -152,6 +156,10 @@ pub struct ProfileArgs {
     /// Print the profile JSON on stdout instead of a summary.
     #[arg(long)]
     pub json: bool,
+    /// `cuda:NAME` (h100, h200, a100-80gb, l40s, rtx4090, ...): estimate the step times for that
+    /// GPU with the cost model instead of timing them on this CPU; `cpu` (default) for this one.
+    #[arg(long)]
+    pub target: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -195,7 +203,9 @@ pub struct PlanArgs {
     #[arg(long)]
     pub verify: bool,
     /// The device the plan is for, when it differs from the one measured on: a CUDA budget
-    /// planned from a CPU profile keeps a reserve for what a CPU cannot see.
+    /// planned from a CPU profile keeps a reserve for what a CPU cannot see. `cuda:NAME` (h100,
+    /// h200, a100-80gb, l40s, rtx4090, ...) also estimates the step times for that GPU with the
+    /// cost model (docs/cost-model.md).
     #[arg(long)]
     pub target: Option<String>,
     /// Plan for N ranks running PyTorch FSDP2: every unit and then the root wrapped with
@@ -333,6 +343,7 @@ pub enum Measure {
     Auto,
     Meta,
     Run,
+    Estimate,
 }
 
 /// The trainers `--emit` writes snippets for.

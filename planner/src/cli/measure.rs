@@ -1,14 +1,18 @@
-//! How profiles are measured (`--measure`): for real (`run`), or memory on the meta device with
-//! times from real steps where the step fits in this machine's memory (`auto`, `meta`); a step
-//! that does not fit is refused, since times without a real step need a cost model this build
-//! does not have. Cached per config: an interrupted run resumes where it stopped.
+//! How profiles are measured (`--measure`): for real (`run`); memory on the meta device with
+//! times from real steps where the step fits in this machine's memory (`meta`, and `auto`'s
+//! first choice); or memory on the meta device with times from the cost model over this CPU's
+//! rates or a named GPU's (`estimate`, and `auto` where no real step can run here or the times
+//! are for a GPU). Cached per config: an interrupted run resumes where it stopped.
 
 use anyhow::{Context, Result};
 use ckptune_kernels::{fake, optrace};
-use ckptune_runtime::profile::{profile, times_from_steps, ConfigProfile, ProfileSettings, RetimePolicy};
+use ckptune_runtime::profile::{
+    profile, times_from_fake_step, times_from_steps, ConfigProfile, ProfileSettings, RetimePolicy,
+};
 use ckptune_runtime::TrainConfig;
 use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, CachedConfig, ModelJson, ProfileJson};
+use ckptune_solver::rates::DeviceRates;
 
 use super::args::Measure;
 use super::error::{is_bad_input_error, message, UsageError};
@@ -23,26 +27,48 @@ enum How {
     Run,
     /// Memory on the meta device, times from real steps with every candidate checkpointed.
     MetaTimed,
-    /// Memory on the meta device; no step can run here for times (refused).
-    TooLarge,
+    /// Memory on the meta device, times from the cost model over `Setup::rates_device`'s rates.
+    Estimated,
 }
 
 impl How {
     /// Appended to the cache key: a profile measured one way is not another's.
-    fn key(self) -> &'static str {
+    fn key(self, setup: &Setup) -> String {
         match self {
-            How::Run => "",
-            How::MetaTimed => "|measure=meta+steps-b",
-            How::TooLarge => "|measure=meta+untimed",
+            How::Run => String::new(),
+            How::MetaTimed => "|measure=meta+steps-b".into(),
+            How::Estimated => format!("|measure=meta+estimated:{}", rates_device(setup)),
         }
     }
 
-    fn describe(self) -> &'static str {
+    fn describe(self, setup: &Setup) -> String {
         match self {
-            How::Run => "memory and times from real steps",
-            How::MetaTimed => "memory on the meta device, times from real steps with every candidate checkpointed",
-            How::TooLarge => "memory on the meta device; too large to time here",
+            How::Run => "memory and times from real steps".into(),
+            How::MetaTimed => {
+                "memory on the meta device, times from real steps with every candidate checkpointed".into()
+            }
+            How::Estimated => format!(
+                "memory on the meta device, times estimated by the cost model over {} (docs/cost-model.md)",
+                match setup.gpu {
+                    Some(g) => format!("the {}'s rates", g.name),
+                    None => "this CPU's rates".into(),
+                }
+            ),
         }
+    }
+}
+
+/// The device whose rates estimate times: `cuda:NAME` for `--target cuda:NAME`, else `cpu`.
+fn rates_device(setup: &Setup) -> String {
+    setup.gpu.map_or("cpu".into(), |g| format!("cuda:{}", g.key))
+}
+
+/// The rates `How::Estimated` times over: the GPU `--target` names (its table row), else this
+/// CPU's at the setup's threads (calibrated once per CPU and thread count, then cached).
+fn rates(setup: &Setup) -> Result<DeviceRates> {
+    match setup.gpu {
+        Some(g) => Ok(g.rates()),
+        None => Ok(ckptune_runtime::cost::cpu_rates(setup.threads)?),
     }
 }
 
@@ -52,19 +78,31 @@ pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
     ckptune_kernels::meter::install()?;
     let mut model = None;
     let mut configs = Vec::new();
+    if let (Some(g), Measure::Run | Measure::Meta) = (setup.gpu, setup.measure) {
+        return Err(UsageError(format!(
+            "--target cuda:{} estimates step times for that GPU with the cost model, and --measure {} \
+             times real steps on this CPU; drop one of them (--measure auto or estimate, with the target)",
+            g.key,
+            if setup.measure == Measure::Run { "run" } else { "meta" }
+        ))
+        .into());
+    }
     let (how, mut unlearned) = match setup.measure {
         Measure::Run => (How::Run, Vec::new()),
-        Measure::Meta => decide(setup, false)?,
-        Measure::Auto => decide(setup, true)?,
+        _ => decide(setup)?,
     };
     unlearned.resize(setup.configs.len(), None);
+    let rates = match how {
+        How::Estimated => Some(rates(setup)?),
+        _ => None,
+    };
     for (cfg, unlearned) in setup.configs.iter().zip(unlearned) {
-        let (mj, p) = cached_or_measured(setup, cfg, how, unlearned)?;
+        let (mj, p) = cached_or_measured(setup, cfg, how, unlearned, rates.as_ref())?;
         model.get_or_insert(mj);
         configs.push(p);
     }
     let mut device = setup.device_json();
-    device.measured = how.describe().into();
+    device.measured = how.describe(setup);
     Ok(ProfileJson {
         format: formats::PROFILE_FORMAT.into(),
         ckptune_version: env!("CARGO_PKG_VERSION").into(),
@@ -75,19 +113,21 @@ pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
     })
 }
 
-/// `auto` and `meta`: memory on the meta device; times from real steps when every config's
-/// step fits in the memory this machine has available (else refused: this build has no cost
-/// model to estimate them). Said either way. Where the meta device cannot run the model, `auto`
-/// (`may_run`) measures every step for real and `meta` says why not. Also returns, per config,
-/// the meta profile it measured (none where a cached profile said enough), which the
-/// measurement then starts from.
-fn decide(setup: &Setup, may_run: bool) -> Result<(How, Vec<Option<ConfigProfile>>)> {
-    let available = available_memory();
+/// `auto`, `meta` and `estimate`: memory on the meta device; times from real steps where every
+/// config's step fits in the memory this machine has available, else from the cost model
+/// (`meta` refuses instead); from the cost model always for `estimate`, a GPU `--target` and a
+/// program without weights. Said either way. Where the meta device cannot run the model, `auto`
+/// measures every step for real and the others say why not. Also returns, per config, the meta
+/// profile it measured (none where a cached profile said enough), which the measurement then
+/// starts from.
+fn decide(setup: &Setup) -> Result<(How, Vec<Option<ConfigProfile>>)> {
     let mut largest = 0;
     let mut unlearned = Vec::with_capacity(setup.configs.len());
     for cfg in &setup.configs {
-        let key = setup.cache_key(cfg) + How::MetaTimed.key();
-        if let Some(cached) = read_cache(setup, &key) {
+        let cached = [How::MetaTimed, How::Estimated]
+            .into_iter()
+            .find_map(|how| read_cache(setup, &(setup.cache_key(cfg) + &how.key(setup))));
+        if let Some(cached) = cached {
             largest = largest.max(cached.profile.peak_all);
             unlearned.push(None);
             continue;
@@ -100,7 +140,7 @@ fn decide(setup: &Setup, may_run: bool) -> Result<(How, Vec<Option<ConfigProfile
             // What the meta device cannot run (an operator without a meta kernel, a
             // TorchScript module's storages) is run for real, as `--measure run` would; a bad
             // file fails there with its own error.
-            Err(e) if !may_run || !meta_cannot_run(&e) => return Err(e),
+            Err(e) if setup.measure != Measure::Auto || !meta_cannot_run(&e) => return Err(e),
             Err(e) => {
                 if !setup.quiet {
                     let why = message(&e);
@@ -114,32 +154,72 @@ fn decide(setup: &Setup, may_run: bool) -> Result<(How, Vec<Option<ConfigProfile
             }
         }
     }
-    let needed = with_process_overhead(largest);
-    let how = match available {
-        Some(free) if needed <= free => How::MetaTimed,
-        _ => How::TooLarge,
-    };
+    let (how, why) = choose(setup, with_process_overhead(largest))?;
     if !setup.quiet {
-        let why = match available {
-            Some(free) if how == How::MetaTimed => format!(
-                "its step needs {} and {} is available here",
-                format_size(needed as u64),
-                format_size(free as u64)
-            ),
-            Some(free) => format!(
-                "its step needs {}, more than the {} available here",
-                format_size(needed as u64),
-                format_size(free as u64)
-            ),
-            None => "this machine's available memory cannot be read".into(),
-        };
-        eprintln!(
-            "note: measuring {}: {} ({why}; --measure run runs every step for real)",
-            setup.model,
-            how.describe()
-        );
+        eprintln!("note: measuring {}: {} ({why})", setup.model, how.describe(setup));
     }
     Ok((how, unlearned))
+}
+
+/// How `decide` times a model whose largest step needs `needed` bytes here, and why.
+fn choose(setup: &Setup, needed: i64) -> Result<(How, String)> {
+    let weightless = ckptune_models::load::needs_meta(&setup.model);
+    if setup.measure == Measure::Estimate {
+        return Ok((How::Estimated, "--measure estimate".into()));
+    }
+    if let Some(g) = setup.gpu {
+        return Ok((How::Estimated, format!("the times are for --target cuda:{}", g.key)));
+    }
+    if weightless && setup.measure == Measure::Meta {
+        return Err(UsageError(format!(
+            "{} was exported on the meta device and has no weights, so no real step can time it \
+             (--measure meta); estimate its times with the cost model (--measure auto or estimate)",
+            setup.model
+        ))
+        .into());
+    }
+    if weightless {
+        return Ok((
+            How::Estimated,
+            "the program was exported on the meta device and has no weights to run".into(),
+        ));
+    }
+    let available = available_memory();
+    let size = |b: i64| format_size(b as u64);
+    match available {
+        Some(free) if needed <= free => Ok((
+            How::MetaTimed,
+            format!(
+                "its step needs {} and {} is available here; --measure run runs every step for real",
+                size(needed),
+                size(free)
+            ),
+        )),
+        _ if setup.measure == Measure::Meta => Err(UsageError(format!(
+            "{} needs about {} to run a step, and --measure meta times real steps: {}; estimate its \
+             times with the cost model (--measure auto or estimate), or time it on a machine with that \
+             much memory available",
+            setup.model,
+            size(needed),
+            available.map_or("this machine's available memory cannot be read".into(), |a| format!(
+                "{} is available here",
+                size(a)
+            ))
+        ))
+        .into()),
+        Some(free) => Ok((
+            How::Estimated,
+            format!(
+                "its step needs {}, more than the {} available here",
+                size(needed),
+                size(free)
+            ),
+        )),
+        None => Ok((
+            How::Estimated,
+            "this machine's available memory cannot be read, so no step is run here".into(),
+        )),
+    }
 }
 
 /// Whether measuring on the meta device failed for want of the meta device (an operator it
@@ -165,8 +245,9 @@ fn cached_or_measured(
     cfg: &TrainConfig,
     how: How,
     unlearned: Option<ConfigProfile>,
+    rates: Option<&DeviceRates>,
 ) -> Result<(ModelJson, ConfigProfile)> {
-    let key = setup.cache_key(cfg) + how.key();
+    let key = setup.cache_key(cfg) + &how.key(setup);
     if let Some(cached) = read_cache(setup, &key) {
         if !cached.profile.contention.contended() {
             return Ok((cached.model, cached.profile));
@@ -182,36 +263,22 @@ fn cached_or_measured(
             );
         }
     }
-    let (mj, p) = match how {
-        How::Run => {
+    let (mj, p) = match (how, rates) {
+        (How::Run, _) => {
             // Judged on the meta device first where it can be (a step it cannot run is run
             // as asked).
             if let Ok((_, meta)) = meta_profile(setup, cfg) {
                 check_fits_here(
                     meta.peak_none,
                     &format!("running {} under {} for real", setup.model, cfg.label()),
-                    "measure it on the meta device with --measure meta (or auto)",
+                    "measure it on the meta device with --measure auto",
                 )?;
             }
             real_profile(setup, cfg)?
         }
-        How::MetaTimed => meta_timed_profile(setup, cfg, unlearned)?,
-        How::TooLarge => {
-            let p = given_or_meta(setup, cfg, unlearned)?;
-            return Err(UsageError(format!(
-                "{} under {} needs about {} to run a step, and its times come from a real step: \
-                 time it on a machine with that much memory available ({}); this build has no \
-                 cost model to estimate them",
-                setup.model,
-                cfg.label(),
-                format_size(with_process_overhead(p.peak_none) as u64),
-                available_memory().map_or("this machine's cannot be read".into(), |a| format!(
-                    "this one has {}",
-                    format_size(a as u64)
-                ))
-            ))
-            .into());
-        }
+        (How::MetaTimed, _) => meta_timed_profile(setup, cfg, unlearned)?,
+        (How::Estimated, Some(rates)) => estimated_profile(setup, cfg, unlearned, rates)?,
+        (How::Estimated, None) => anyhow::bail!("estimating {}: no rates to estimate over", cfg.label()),
     };
     if let Some(f) = cache_file(setup, &key) {
         formats::write_atomic(
@@ -291,6 +358,25 @@ fn meta_timed_profile(
     fake::set_scratch(&[])?;
     let (mj, mut p) = measured?;
     times.apply(&mut p);
+    Ok((mj, p))
+}
+
+/// Memory on the meta device and times from the cost model over `rates`: one more fake step
+/// with every candidate checkpointed is traced, and its operators' work is timed over the rates.
+/// Nothing runs for real.
+fn estimated_profile(
+    setup: &Setup,
+    cfg: &TrainConfig,
+    unlearned: Option<ConfigProfile>,
+    rates: &DeviceRates,
+) -> Result<(ModelJson, ConfigProfile)> {
+    let mut p = given_or_meta(setup, cfg, unlearned)?;
+    let mut session = setup.fake_session(cfg)?;
+    let mj = model_json(&session.chain);
+    let (times, estimate) = times_from_fake_step(&mut session, &p.recompute_class, rates)
+        .with_context(|| format!("estimating the times of {} under {}", setup.model, cfg.label()))?;
+    times.apply(&mut p);
+    p.estimated = Some(estimate);
     Ok((mj, p))
 }
 

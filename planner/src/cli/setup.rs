@@ -10,6 +10,7 @@ use ckptune_models::{Attention, Chain, Granularity, ModelOptions};
 pub use ckptune_runtime::cost::cpu_identity;
 use ckptune_runtime::{OptimizerImpl, OptimizerKind, Precision, Session, TrainConfig};
 use ckptune_solver::formats::{BlockJson, DeviceJson, GroupJson, ModelJson};
+use ckptune_solver::rates::{self, GpuSpec};
 use ckptune_solver::shard::Parameter;
 use tch::Device;
 
@@ -32,6 +33,8 @@ pub struct Setup {
     pub measure: Measure,
     /// `--threads` was not given: [`Setup::fit_threads_to_load`] may lower `threads`.
     pub threads_auto: bool,
+    /// `--target cuda:NAME`: the GPU whose rates the cost model estimates step times over.
+    pub gpu: Option<&'static GpuSpec>,
 }
 
 fn usage(msg: String) -> anyhow::Error {
@@ -113,6 +116,7 @@ impl Setup {
             quiet: a.quiet,
             measure: a.measure,
             threads_auto: a.threads.is_none(),
+            gpu: None,
         })
     }
 
@@ -486,6 +490,26 @@ pub fn model_json(chain: &Chain) -> ModelJson {
             })
             .collect(),
         attention: chain.attention.map(|a| a.hf_name().to_owned()),
+    }
+}
+
+/// `--target`: the device kind a plan is for (`cpu` or `cuda`) and, for `cuda:NAME`, the GPU
+/// of the cost model's table whose rates estimate its step times.
+pub fn parse_target(target: &str) -> Result<(String, Option<&'static GpuSpec>)> {
+    let known = || rates::gpu_names().join(", ");
+    match target.split_once(':') {
+        None if target == "cpu" || target == "cuda" => Ok((target.to_owned(), None)),
+        Some(("cuda", name)) => match rates::gpu(name) {
+            Some(g) => Ok(("cuda".into(), Some(g))),
+            None => Err(usage(format!(
+                "--target {target:?}: the cost model has no rates for a GPU called {name:?}; known: {}",
+                known()
+            ))),
+        },
+        _ => Err(usage(format!(
+            "--target {target:?}: expected cpu, cuda, or cuda:NAME with NAME one of {}",
+            known()
+        ))),
     }
 }
 

@@ -39,22 +39,43 @@ fn unrecorded(what: &str) -> String {
 /// The notes for a profile: one per config whose timing could not get quiet samples, and one
 /// naming the configs whose load was not recorded.
 pub fn profile_notes(profile: &ProfileJson, source: &str) -> Vec<String> {
-    let unrecorded_labels: Vec<String> = profile
-        .configs
-        .iter()
+    let timed = || profile.configs.iter().filter(|c| !c.is_estimated());
+    let unrecorded_labels: Vec<String> = timed()
         .filter(|c| !c.contention.recorded())
         .map(|c| c.config.label())
         .collect();
-    let mut notes: Vec<String> = profile
-        .configs
-        .iter()
-        .filter(|c| c.contention.recorded())
-        .filter_map(|c| contention_note(&format!("{source} of {}", c.config.label()), &c.contention))
-        .collect();
+    let mut notes: Vec<String> = estimate_notes(profile, source);
+    notes.extend(
+        timed()
+            .filter(|c| c.contention.recorded())
+            .filter_map(|c| contention_note(&format!("{source} of {}", c.config.label()), &c.contention)),
+    );
     if !unrecorded_labels.is_empty() {
         notes.push(unrecorded(&format!("{source} of {}", unrecorded_labels.join(", "))));
     }
     notes
+}
+
+/// One note per way the profile's times were estimated, naming the configs: their times are the
+/// cost model's, not measurements.
+fn estimate_notes(profile: &ProfileJson, source: &str) -> Vec<String> {
+    let mut ways: Vec<(String, Vec<String>)> = Vec::new();
+    for c in &profile.configs {
+        let Some(e) = &c.estimated else { continue };
+        let way = e.describe();
+        match ways.iter_mut().find(|(w, _)| *w == way) {
+            Some((_, labels)) => labels.push(c.config.label()),
+            None => ways.push((way, vec![c.config.label()])),
+        }
+    }
+    ways.into_iter()
+        .map(|(way, labels)| {
+            format!(
+                "the step times of {source} of {} are {way}, not measured (docs/cost-model.md)",
+                labels.join(", ")
+            )
+        })
+        .collect()
 }
 
 /// `[lo, hi]` as `0.512–0.534 s`.

@@ -340,9 +340,11 @@ impl Scatter<'_> {
             y += row;
         }
         y += row / 2;
-        area.draw(&marker((18, y), Shape::Circle, 7.0, GREY.into(), false))?;
-        area.draw(&Text::new("filled: measured", (36, y), text.clone()))?;
-        y += row;
+        if self.points.iter().any(|p| p.measured.is_some()) {
+            area.draw(&marker((18, y), Shape::Circle, 7.0, GREY.into(), false))?;
+            area.draw(&Text::new("filled: measured", (36, y), text.clone()))?;
+            y += row;
+        }
         if any_predicted {
             area.draw(&marker((18, y), Shape::Circle, 11.0, GREY.stroke_width(2), true))?;
             area.draw(&Text::new("hollow: predicted from profile", (36, y), text.clone()))?;

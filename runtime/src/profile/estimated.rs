@@ -9,7 +9,7 @@ use std::time::Instant;
 use ckptune_solver::profile::{BlockEstimate, Contention, Estimate, Stats};
 use ckptune_solver::rates::DeviceRates;
 
-use super::StepTimes;
+use super::{pooled_by_class, StepTimes};
 use crate::cost::{self, PhaseSeconds};
 use crate::error::Result;
 use crate::exec::Session;
@@ -67,19 +67,8 @@ fn step_times(session: &Session, recompute_class: &[usize], phases: &PhaseSecond
             }
         })
         .collect();
-    let class = |u: usize| recompute_class.get(u).copied().unwrap_or(u);
-    let recompute_spread = (0..unit_seconds.len())
-        .map(|u| {
-            if unit_seconds[u].is_none() {
-                return Stats::default();
-            }
-            let pooled: Vec<f64> = (0..unit_seconds.len())
-                .filter(|&v| class(v) == class(u))
-                .filter_map(|v| unit_seconds[v])
-                .collect();
-            Stats::of(&pooled)
-        })
-        .collect();
+    let samples: Vec<Option<Vec<f64>>> = unit_seconds.iter().map(|s| s.map(|x| vec![x])).collect();
+    let recompute_spread = pooled_by_class(&samples, recompute_class);
     let all = phases.total();
     let forwards: f64 = (0..n).filter_map(|u| unit_seconds[u]).sum();
     StepTimes {

@@ -24,12 +24,13 @@ use crate::error::Result;
 use crate::exec::{Session, StepTrace};
 use crate::progress::progress_bar;
 
-pub mod estimated;
+mod estimated;
 mod moments;
 mod one_step;
 mod terms;
 pub mod timing;
 
+pub use estimated::times_from_fake_step;
 pub use moments::measured_moments;
 pub use one_step::{times_from_steps, StepTimes};
 pub use timing::RetimePolicy;

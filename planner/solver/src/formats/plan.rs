@@ -23,6 +23,10 @@ pub struct PredictedJson {
     pub throughput_loss: f64,
     /// The moment of the step where the peak occurs.
     pub peak_moment: String,
+    /// Set when the step times are the cost model's estimate, not measurements: how they were
+    /// estimated (`Estimate::describe`). Absent for measured times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_seconds_estimated: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -211,7 +211,10 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     for c in &p.configs {
         let name = config_name(&p.model.name, &c.config);
-        let source = format!("profile: {} timed steps per measurement", p.repeats);
+        let source = match &c.estimated {
+            Some(e) => format!("profile: times predicted, {} (no step timed)", e.describe()),
+            None => format!("profile: {} timed steps per measurement", p.repeats),
+        };
         let m = meta(&p.model.name, &p.device, &c.config, source);
         let Some(regime) = c.regimes.first() else {
             return Err(UsageError(format!("the profile of {name} has no measured regime")).into());
@@ -246,6 +249,7 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
             cost_range_pct: c
                 .recompute_spread
                 .get(u)
+                .filter(|_| !c.is_estimated())
                 .map(|s| (100.0 * s.min / t0, 100.0 * s.max / t0)),
         };
         // In execution order, a group just before its blocks. A block saves what it keeps plain
@@ -268,11 +272,17 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
         };
         // The spread the profile's samples allow, relative to the median with nothing
         // checkpointed (the whisker of the reference itself shows that median's own spread).
-        let spread = |mask: &[bool]| seconds_range_at(c, mask).map(|(lo, hi)| (lost_pct(pt0, lo), lost_pct(pt0, hi)));
+        // An estimate has no samples to spread over.
+        let spread = |mask: &[bool]| {
+            seconds_range_at(c, mask)
+                .filter(|_| !c.is_estimated())
+                .map(|(lo, hi)| (lost_pct(pt0, lo), lost_pct(pt0, hi)))
+        };
         let mut points = vec![TradeoffPoint {
             label: plot::subset_label(&[]),
             baseline: true,
-            measured: Some(Tradeoff {
+            // The reference; an estimated profile measured no step to put there.
+            measured: (!c.is_estimated()).then_some(Tradeoff {
                 throughput_lost_pct: 0.0,
                 memory_saved_pct: 0.0,
             }),
@@ -301,7 +311,8 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
         }
         let all: Vec<bool> = (0..units).map(|i| i < n && candidate(i)).collect();
         if all.iter().filter(|x| **x).count() > 1 {
-            let measured = (c.peak_all > 0 && c.seconds_all.median > 0.0).then(|| Tradeoff {
+            let timed = !c.is_estimated() && c.peak_all > 0 && c.seconds_all.median > 0.0;
+            let measured = timed.then(|| Tradeoff {
                 throughput_lost_pct: lost_pct(t0, c.seconds_all.median),
                 memory_saved_pct: saved_pct(c.peak_none as f64, c.peak_all as f64),
             });

@@ -8,13 +8,26 @@ use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, ProfileJson};
 
 use crate::cli::args::ProfileArgs;
+use crate::cli::error::UsageError;
 use crate::cli::measure::measure_profile;
 use crate::cli::output::{group_digits, outln, print_json};
-use crate::cli::setup::Setup;
+use crate::cli::setup::{parse_target, Setup};
 use crate::cli::timing::contention_note;
 
 pub fn profile_cmd(a: ProfileArgs) -> Result<ExitCode> {
     let mut setup = Setup::resolve(&a.model, &[Precision::Fp32])?;
+    setup.gpu = match a.target.as_deref().map(parse_target).transpose()? {
+        // A profile's target matters only for the rates its times are estimated over.
+        Some((kind, None)) if kind == "cuda" => {
+            return Err(UsageError(
+                "profile --target cuda: name the GPU whose rates estimate the times (--target \
+                 cuda:h100, ...)"
+                    .into(),
+            )
+            .into())
+        }
+        target => target.and_then(|t| t.1),
+    };
     setup.fit_threads_to_load_announced();
     let p = measure_profile(&setup)?;
     if let Some(out) = &a.output {
@@ -43,7 +56,7 @@ fn print_profile(p: &ProfileJson) {
         let cfg = &c.config;
         outln!(
             "\n{} / {} / micro-batch {} × {} / {}: peak {} with nothing checkpointed, {} with everything; \
-             step {:.3} s (median of {}, {:.3}–{:.3})",
+             step {:.3} s ({})",
             cfg.precision,
             cfg.optimizer_label(),
             cfg.micro_batch,
@@ -52,11 +65,19 @@ fn print_profile(p: &ProfileJson) {
             format_size(c.peak_none as u64),
             format_size(c.peak_all as u64),
             c.seconds_none.median,
-            c.seconds_none.n,
-            c.seconds_none.min,
-            c.seconds_none.max
+            match &c.estimated {
+                Some(e) => e.describe(),
+                None => format!(
+                    "median of {}, {:.3}–{:.3}",
+                    c.seconds_none.n, c.seconds_none.min, c.seconds_none.max
+                ),
+            }
         );
-        if let Some(n) = contention_note("this profile", &c.contention) {
+        let note = match c.is_estimated() {
+            true => None,
+            false => contention_note("this profile", &c.contention),
+        };
+        if let Some(n) = note {
             outln!("  note: {n}");
         }
         outln!(

@@ -86,6 +86,7 @@ pub(super) fn reserve_bytes(
     budget: i64,
     target: &str,
     measured_on: &str,
+    times: &str,
     notes: &mut Vec<String>,
 ) -> Result<i64> {
     // What a CPU profile cannot see of a CUDA step: the CUDA context and cuBLAS/cuDNN
@@ -113,7 +114,7 @@ pub(super) fn reserve_bytes(
         notes.push(format!(
             "planned for {target} from a {measured_on} profile: tensor bytes carry over between devices, but \
              {} of the budget is kept in reserve for the CUDA context, library workspaces and allocator \
-             fragmentation (--reserve to change it); step times are {measured_on} times",
+             fragmentation (--reserve to change it); step times are {times}",
             format_size(reserve as u64)
         ));
     }

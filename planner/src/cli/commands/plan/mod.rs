@@ -24,12 +24,14 @@ use crate::cli::error::UsageError;
 use crate::cli::measure::{check_fits_here, measure_profile};
 use crate::cli::output::{outln, print_json};
 use crate::cli::plan_run::{print_verify, verify_plan};
-use crate::cli::setup::Setup;
+use crate::cli::setup::{parse_target, Setup};
 use crate::cli::timing::profile_notes;
 
 pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
     let requested = parse_budget(&a.budget).context("--budget")?;
     let mut setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
+    let target = a.target.as_deref().map(parse_target).transpose()?;
+    setup.gpu = target.as_ref().and_then(|t| t.1);
     let mut notes = Vec::new();
     if ckptune_models::hf::is_config_only(std::path::Path::new(&setup.model)) {
         notes.push(format!(
@@ -41,12 +43,19 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
     let mut profile: ProfileJson = match &a.profile {
         Some(p) => read_profile(p, &setup, &mut notes)?,
         None => {
-            // Only a profile measured here runs the model: threads matter to it alone.
-            notes.extend(setup.fit_threads_to_load());
+            // Only a profile measured here runs the model: threads matter to it alone (and
+            // not to times estimated for a GPU).
+            if setup.gpu.is_none() {
+                notes.extend(setup.fit_threads_to_load());
+            }
             measure_profile(&setup)?
         }
     };
-    if !profile.device.measured.is_empty() {
+    if let Some(g) = setup.gpu {
+        check_estimated_for(&profile, &format!("cuda:{}", g.key))?;
+    }
+    // Estimated times are said per way of estimating, below.
+    if !profile.device.measured.is_empty() && !profile.configs.iter().all(|c| c.is_estimated()) {
         notes.push(format!("measured: {}", profile.device.measured));
     }
     // Step times from a busy machine: said, not silently used (a cached profile was re-timed
@@ -54,10 +63,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
     // same profile read the same wherever it lies.
     notes.extend(profile_notes(&profile, "the profile"));
     let measured_on = profile.device.device.split(':').next().unwrap_or("cpu").to_owned();
-    let target = a.target.clone().unwrap_or_else(|| measured_on.clone());
-    if target != "cpu" && target != "cuda" {
-        return Err(UsageError(format!("--target {target:?}: expected cpu or cuda")).into());
-    }
+    let target = target.map_or_else(|| measured_on.clone(), |t| t.0);
     let shard = match a.shard {
         None => None,
         Some(ranks) => Some(shard_request(&a, ranks, &target, &mut profile, &mut notes)?),
@@ -82,7 +88,11 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         Some(s) => requested.resolve(s.smallest_peak_bytes, s.unconstrained_peak_bytes),
         None => requested.resolve(0, 0),
     };
-    let reserve = reserve_bytes(&a, budget, &target, &measured_on, &mut notes)?;
+    let times = match profile.configs.first().and_then(|c| c.estimated.as_ref()) {
+        Some(e) => format!("estimated for {}", e.rates.device),
+        None => format!("{measured_on} times"),
+    };
+    let reserve = reserve_bytes(&a, budget, &target, &measured_on, &times, &mut notes)?;
     let mut plan = match plan_from_profile(&profile, budget - reserve, shape.clone(), shard.as_ref()) {
         Ok(p) => p,
         Err(e) => {
@@ -244,6 +254,25 @@ fn write_and_print(a: &PlanArgs, plan: &PlanJson, report: Option<&VerifyJson>) -
         }
         if let Some(out) = &a.output {
             outln!("\nwrote {}", out.display());
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a profile given with `--profile` whose times are not the cost model's for `device`
+/// (`--target cuda:NAME`): a plan for that GPU would otherwise rank configs by another device's
+/// times.
+fn check_estimated_for(profile: &ProfileJson, device: &str) -> Result<()> {
+    for c in &profile.configs {
+        let over = c.estimated.as_ref().map(|e| e.rates.device.as_str());
+        if over != Some(device) {
+            return Err(UsageError(format!(
+                "--target {device}: the profile's times of {} are {}, not estimated for {device}; \
+                 profile with --target {device} (or plan without --profile)",
+                c.config.label(),
+                over.map_or("measured".into(), |d| format!("estimated for {d}"))
+            ))
+            .into());
         }
     }
     Ok(())

@@ -33,7 +33,7 @@ pub(super) fn eight_bit_note(p: &PlanJson) -> Option<String> {
         )
     };
     Some(format!(
-        "{} chosen over {name} (measured): with nothing checkpointed it peaks {} lower (8-bit moments); \
+        "{} chosen over {name}: with nothing checkpointed it peaks {} lower (8-bit moments); \
          its plan runs at {:.3} s per step, and {other}",
         p.config.optimizer,
         format_size(saved.max(0) as u64),
@@ -65,7 +65,14 @@ pub(super) fn print_plan(p: &PlanJson) {
         "config",
         "fits",
         "peak",
-        "step",
+        if p.alternatives
+            .iter()
+            .any(|a| a.predicted.step_seconds_estimated.is_some())
+        {
+            "step (est.)"
+        } else {
+            "step"
+        },
         "slowdown"
     );
     let chosen_raf = p.shard.as_ref().map(|s| s.reshard_after_forward);
@@ -122,13 +129,14 @@ pub(super) fn print_plan(p: &PlanJson) {
         format_size(p.margin_bytes.max(0) as u64),
         p.predicted.peak_moment
     );
+    let how = match (&p.predicted.step_seconds_estimated, p.predicted.step_seconds_range) {
+        (Some(e), _) => format!("{e}; "),
+        (None, Some(r)) => format!("{} over the profile's samples; ", range_text(r)),
+        (None, None) => String::new(),
+    };
     outln!(
-        "  predicted step:   {:.3} s ({}{:.1}% throughput lost to recompute)",
+        "  predicted step:   {:.3} s ({how}{:.1}% throughput lost to recompute)",
         p.predicted.step_seconds,
-        p.predicted
-            .step_seconds_range
-            .map(|r| format!("{} over the profile's samples; ", range_text(r)))
-            .unwrap_or_default(),
         100.0 * p.predicted.throughput_loss
     );
     outln!(

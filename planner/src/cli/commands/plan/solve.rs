@@ -169,13 +169,17 @@ pub(super) fn plan_from_profile(
             predicted: PredictedJson {
                 peak_bytes: sol.peak,
                 step_seconds: sol.seconds,
-                step_seconds_range: seconds_range_at(c, &sol.x).map(|(lo, hi)| [lo, hi]),
+                // An estimate has no samples to spread over.
+                step_seconds_range: seconds_range_at(c, &sol.x)
+                    .filter(|_| !c.is_estimated())
+                    .map(|(lo, hi)| [lo, hi]),
                 throughput_loss: if sol.seconds > 0.0 {
                     1.0 - base / sol.seconds
                 } else {
                     0.0
                 },
                 peak_moment: sol.binding.clone(),
+                step_seconds_estimated: c.estimated.as_ref().map(|e| e.describe()),
             },
             baseline_peak_bytes: match &cand.shard {
                 Some((step, spec)) => rank_max(step, *spec, &vec![false; sol.x.len()]).0,
