@@ -123,7 +123,7 @@ pub struct ModelArgs {
     pub threads: Option<i32>,
     /// How the step is measured: `run` trains it here for real (memory and times); `meta`
     /// measures memory on the meta device (exact, nothing allocated) and times real steps with
-    /// every candidate checkpointed (each block's recompute and both step times at once),
+    /// nothing and with every candidate checkpointed (each block's recompute from the latter),
     /// refusing a model whose step does not fit in this machine's available memory; `estimate`
     /// measures memory on the meta device and estimates times with the cost model
     /// (docs/cost-model.md: this CPU's calibrated rates, or the GPU `--target cuda:NAME`

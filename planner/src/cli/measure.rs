@@ -25,7 +25,7 @@ use ckptune_runtime::RuntimeError;
 enum How {
     /// Every step for real: memory and times.
     Run,
-    /// Memory on the meta device, times from real steps with every candidate checkpointed.
+    /// Memory on the meta device, times from real steps A and B.
     MetaTimed,
     /// Memory on the meta device, times from the cost model over `Setup::rates_device`'s rates.
     Estimated,
@@ -36,7 +36,7 @@ impl How {
     fn key(self, setup: &Setup) -> String {
         match self {
             How::Run => String::new(),
-            How::MetaTimed => "|measure=meta+steps-b".into(),
+            How::MetaTimed => "|measure=meta+steps-ab".into(),
             How::Estimated => format!("|measure=meta+estimated:{}", rates_device(setup)),
         }
     }
@@ -45,7 +45,8 @@ impl How {
         match self {
             How::Run => "memory and times from real steps".into(),
             How::MetaTimed => {
-                "memory on the meta device, times from real steps with every candidate checkpointed".into()
+                "memory on the meta device, times from real steps with nothing and with every candidate checkpointed"
+                    .into()
             }
             How::Estimated => format!(
                 "memory on the meta device, times estimated by the cost model over {} (docs/cost-model.md)",

@@ -33,6 +33,11 @@ impl Figure for Candidates<'_> {
                 "activation memory freed (% of the peak with nothing checkpointed)",
                 "recompute time (% of the step with nothing checkpointed)",
             ),
+            CandidateBasis::Estimated => (
+                "what checkpointing each candidate frees and costs (time predicted)",
+                "activation memory freed (% of the peak with nothing checkpointed)",
+                "recompute time, predicted (% of the predicted step with nothing checkpointed)",
+            ),
         };
         let body = titled(
             root,

@@ -109,6 +109,8 @@ pub enum CandidateBasis {
     /// From a profile: the activation bytes the block stops keeping (its peak effect can be
     /// smaller, because the peak may move to another moment) and its recompute time.
     Profiled,
+    /// As `Profiled`, with the recompute time the cost model's estimate.
+    Estimated,
 }
 
 /// A legend label for a set of module names: names that differ only after their last dot are

@@ -1,10 +1,13 @@
-//! Times from step B alone, for a profile whose memory was measured on the meta device: the step
-//! with every candidate checkpointed gives, at once, the step's time with everything
-//! checkpointed, each block's no-grad forward (what checkpointing it adds: its recompute
-//! estimate) and, less those forwards, the step's time with nothing checkpointed. Its first run
-//! warms the session up (optimizer state, oneDNN's primitives) and is traced; `repeats` more are
-//! timed and re-timed as the profiler's are (docs/timing.md). Units doing the same work share one
-//! estimate over all their samples, so a model of identical layers is timed as one class.
+//! Times from real steps, for a profile whose memory was measured on the meta device: step B
+//! (every candidate checkpointed) gives the step's time with everything checkpointed and each
+//! block's no-grad forward (what checkpointing it adds: its recompute estimate); step A (nothing
+//! checkpointed) the step's time with nothing checkpointed. That one is timed rather than taken
+//! as B less its no-grad forwards: a step keeping every activation faults in fresh pages for
+//! them and streams more memory, and BERT-large's came out 15-27% above B's difference. A first
+//! step B warms the session up (optimizer state, oneDNN's primitives) and is traced; then A and B
+//! alternate, timed and re-timed as the profiler's are, until each settles (docs/timing.md).
+//! Units doing the same work share one estimate over all their samples, so a model of identical
+//! layers is timed as one class.
 
 use std::time::Instant;
 
@@ -56,12 +59,26 @@ pub fn times_from_steps(
     let first = step_b(session, &all);
     let ops = optrace::stop()?;
     first?;
+    // Steps A (nothing checkpointed) and B alternate, so a drift of the machine falls on both,
+    // until each kind has settled or run `repeats` times.
+    let none_mask = vec![false; session.chain.units()];
     let repeats = settings.repeats.max(1);
-    let mut samples = Vec::with_capacity(repeats);
-    for _ in 0..repeats {
-        samples.push(step_b(session, &all)?.0);
+    let (mut samples_a, mut samples) = (Vec::with_capacity(repeats), Vec::with_capacity(repeats));
+    loop {
+        let more_a = samples_a.len() < repeats && !settled(&samples_a);
+        let more_b = samples.len() < repeats && !settled(&samples);
+        if !more_a && !more_b {
+            break;
+        }
+        if more_a {
+            samples_a.push(Sample::of(&session.step(&none_mask, None)?, ()));
+        }
+        if more_b {
+            samples.push(step_b(session, &all)?.0);
+        }
     }
     let mut retimer = Retimer::new(settings.retime);
+    retimer.retime(&mut samples_a, || Ok(Sample::of(&session.step(&none_mask, None)?, ())))?;
     retimer.retime(&mut samples, || Ok(step_b(session, &all)?.0))?;
     let used = timing::used(&samples);
     let chain = &session.chain;
@@ -78,24 +95,76 @@ pub fn times_from_steps(
         })
         .collect();
     let recompute_spread = pooled_by_class(&unit_seconds, recompute_class);
-    let none: Vec<f64> = used.iter().map(|s| (s.seconds - forwards(s, chain)).max(0.0)).collect();
     let mut tally = ContentionTally::default();
+    tally.add(&samples_a);
     tally.add(&samples);
     let times = StepTimes {
-        seconds_none: Stats::of(&none),
+        seconds_none: timing::seconds(&samples_a),
         seconds_all: timing::seconds(&samples),
         recompute_spread,
         contention: tally.finish(retimer.retimed),
-        steps_run: 1 + repeats + retimer.retimed,
+        steps_run: 1 + samples_a.len() + samples.len() + retimer.retimed,
         wall_seconds: t0.elapsed().as_secs_f64(),
     };
     Ok((times, ops))
 }
 
-/// The candidate blocks' no-grad forward seconds of one step B.
-fn forwards(sample: &Sample<Vec<f64>>, chain: &ckptune_models::Chain) -> f64 {
-    (0..chain.blocks.len())
-        .filter(|&i| chain.blocks[i].candidate)
-        .map(|i| sample.extra[i])
-        .sum()
+/// Steps at least this long settle early: two agreeing samples are the statistic's median.
+const LONG_STEP_SECONDS: f64 = 2.0;
+/// How close two long steps must be to settle: a third step could move the median of the three
+/// by at most half their difference, 2%, inside the few percent by which the fastest of three
+/// steps lies below their median (docs/timing.md, "The statistic").
+const AGREEMENT: f64 = 0.04;
+
+/// Whether the last two quiet samples are long steps agreeing within [`AGREEMENT`], so that more
+/// steps would not move the median: a step of tens of seconds is timed twice, not `repeats`
+/// times (its recompute estimates pool every identical layer's samples of those two steps).
+fn settled<T>(samples: &[Sample<T>]) -> bool {
+    let quiet: Vec<f64> = samples.iter().filter(|s| !s.contended()).map(|s| s.seconds).collect();
+    let [.., a, b] = quiet[..] else {
+        return false;
+    };
+    let shorter = a.min(b);
+    shorter >= LONG_STEP_SECONDS && (a - b).abs() <= AGREEMENT * shorter
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quiet(seconds: &[f64]) -> Vec<Sample<Vec<f64>>> {
+        seconds
+            .iter()
+            .map(|&seconds| Sample {
+                seconds,
+                load: None,
+                extra: Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_long_steps_that_agree_settle_early() {
+        assert!(!settled(&quiet(&[])));
+        assert!(!settled(&quiet(&[30.0])));
+        // Long and within 2%: a third step would not move the median.
+        assert!(settled(&quiet(&[30.0, 31.0])));
+        assert!(!settled(&quiet(&[30.0, 31.5])));
+        // Short steps are timed `repeats` times, however close.
+        assert!(!settled(&quiet(&[0.5, 0.5])));
+        // The last two decide.
+        assert!(settled(&quiet(&[40.0, 30.0, 30.2])));
+        // A contended sample does not count.
+        let mut busy = quiet(&[30.0, 30.1]);
+        // The rest of the machine took both of 2 CPUs for the whole 30 s step of 1 thread.
+        busy[1].load = Some(crate::load::Load {
+            wall_seconds: 30.1,
+            other_cpu_seconds: 60.2,
+            own_cpu_seconds: 30.1,
+            cpus: 2,
+            threads: 1,
+        });
+        assert!(busy[1].contended());
+        assert!(!settled(&busy));
+    }
 }

@@ -212,7 +212,10 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
     for c in &p.configs {
         let name = config_name(&p.model.name, &c.config);
         let source = match &c.estimated {
-            Some(e) => format!("profile: times predicted, {} (no step timed)", e.describe()),
+            Some(e) => format!(
+                "times predicted by the cost model over {}, no step timed",
+                e.rates.device
+            ),
             None => format!("profile: {} timed steps per measurement", p.repeats),
         };
         let m = meta(&p.model.name, &p.device, &c.config, source);
@@ -330,8 +333,11 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
         plot::scatter(&points, &m, &svg, &png).with_context(|| format!("plotting {name}"))?;
         written.extend([svg, png]);
         let (svg, png) = chart_paths(out_dir, &m, "candidates");
-        plot::candidates_chart(&bars, CandidateBasis::Profiled, &m, &svg, &png)
-            .with_context(|| format!("plotting {name}"))?;
+        let basis = match c.is_estimated() {
+            true => CandidateBasis::Estimated,
+            false => CandidateBasis::Profiled,
+        };
+        plot::candidates_chart(&bars, basis, &m, &svg, &png).with_context(|| format!("plotting {name}"))?;
         written.extend([svg, png]);
     }
     Ok(written)
