@@ -157,7 +157,7 @@ fn a_program_exported_on_the_meta_device_is_refused_outside_fake_mode() {
         assert!(matches!(e, ModelError::ExportedOnMeta { .. }), "{name}: {e:?}");
         let msg = e.to_string();
         assert!(
-            msg.contains("exported on the meta device") && msg.contains("--measure meta"),
+            msg.contains("exported on the meta device") && msg.contains("--measure auto or estimate"),
             "{name}: {msg}"
         );
     }
