@@ -3,6 +3,7 @@
 //  - an exact CPU tensor-memory meter (a counting allocator in libtorch's CPU allocator slot);
 //  - CPU/CUDA autocast state (enable, dtype, nesting, cache);
 //  - backward with an explicit output gradient that does not keep the caller's handles alive;
+//  - a non-leaf alias of a leaf, which in-place operators may write under grad mode;
 //  - the default CPU generator's state (dropout must replay bitwise under recompute);
 //  - TorchScript modules: load, named children, forward, parameters, train/eval;
 //  - one generic boxed call of any dispatcher operator (the torch.export interpreter).
@@ -21,6 +22,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/node.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -193,6 +195,26 @@ int ckpt_backward_seeded(at::Tensor* out, at::Tensor* grad, const at::Tensor* le
 // `param.grad = None`, as zero_grad(set_to_none=True) does.
 int ckpt_clear_grad(at::Tensor* t, char** err) {
   return guarded(err, [&] { t->mutable_grad().reset(); });
+}
+
+// A handle on `t` that an in-place operator may write as PyTorch lets it write the previous
+// layer's output (a non-leaf there). Under grad mode, for a leaf that requires grad (which
+// PyTorch refuses to write in place, as it does a view of one): a detached alias (same storage
+// and version counter, not a view) whose gradient edge is an `Identity` node feeding the leaf's
+// gradient accumulator; the identity passes the gradient through by move, so backward
+// allocates nothing more. Otherwise (no grad mode, or no leaf) `t` itself.
+int ckpt_writable_alias(const at::Tensor* t, at::Tensor** out, char** err) {
+  return guarded(err, [&] {
+    if (!torch::autograd::GradMode::is_enabled() || !t->requires_grad() || !t->is_leaf()) {
+      *out = new at::Tensor(*t);
+      return;
+    }
+    at::Tensor alias = t->detach();
+    auto identity = c10::make_intrusive<torch::autograd::Identity>();
+    identity->add_next_edge(torch::autograd::impl::gradient_edge(*t));
+    torch::autograd::create_gradient_edge(alias, std::move(identity));
+    *out = new at::Tensor(std::move(alias));
+  });
 }
 
 // ---- RNG ------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-//! Backward with an explicit output gradient (a vector-Jacobian product), which tch lacks.
+//! Backward with an explicit output gradient (a vector-Jacobian product), which tch lacks, and
+//! a non-leaf alias of a leaf for in-place writes.
 
 use tch::Tensor;
 
@@ -44,4 +45,20 @@ pub fn backward_seeded(output: Tensor, grad_output: Tensor, leaf: &Tensor) -> Re
 pub fn clear_grad(t: &Tensor) -> Result<(), KernelError> {
     let p = t.as_ptr() as ffi::CTensor;
     ffi::check("clearing a gradient", |e| unsafe { ffi::ckpt_clear_grad(p, e) })
+}
+
+/// A handle on `t` that an in-place operator may write: under grad mode, for a leaf that
+/// requires grad, a non-leaf alias whose gradient flows unchanged into `t`'s `.grad`; otherwise
+/// `t` itself. PyTorch refuses an in-place operator on a leaf that requires grad (or on a view
+/// of one) but not on the previous layer's output, which is what a block's input leaf stands
+/// for; a block that writes its input in place (`nn.ReLU(inplace=True)` first) writes this
+/// alias instead. It shares `t`'s storage and version counter (a write bumps it, as a write of
+/// the previous output does in PyTorch) and allocates nothing, in forward or backward.
+pub fn writable_alias(t: &Tensor) -> Result<Tensor, KernelError> {
+    let p = t.as_ptr() as ffi::CTensor;
+    let mut out: ffi::CTensor = std::ptr::null_mut();
+    ffi::check("making a writable alias of a block input", |e| unsafe {
+        ffi::ckpt_writable_alias(p, &mut out, e)
+    })?;
+    Ok(ffi::from_raw(out))
 }

@@ -102,6 +102,7 @@ extern "C" {
     ) -> c_int;
 
     pub(crate) fn ckpt_clear_grad(t: CTensor, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_writable_alias(t: CTensor, out: *mut CTensor, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_rng_get_state(out: *mut CTensor, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_rng_set_state(state: CTensor, err: *mut *mut c_char) -> c_int;
 

@@ -287,6 +287,22 @@ fn exported_bert_with_its_mask_sweeps_byte_exact_nested() {
     }
 }
 
+/// A layer that writes its input in place (`nn.ReLU(inplace=True)` as a layer of its own, as
+/// torchvision's AlexNet, VGG and SqueezeNet `features` have it) runs as PyTorch runs it, and
+/// the profile predicts its peak exactly under every subset, the `relu_` layers' included.
+#[test]
+fn exported_inplace_relu_layers_sweep_byte_exact_on_every_subset() {
+    sweep_is_exact("inplace_relu.pt2", "layer", "fp32", &[]);
+}
+
+/// A symbolic size torch.export hoists ahead of the first layer (`sym_size(x, 0)`, read by
+/// stochastic depth in later layers, as in torchvision's ConvNeXt and EfficientNet) is no block
+/// of its own: the model plans, exactly under every subset.
+#[test]
+fn exported_symbolic_size_sweeps_byte_exact_on_every_subset() {
+    sweep_is_exact("sym_size.pt2", "layer", "fp32", &[]);
+}
+
 /// A profile cached for one choice of candidates is not reused for another: `--candidates`
 /// is part of the cache key.
 #[test]

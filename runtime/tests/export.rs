@@ -179,6 +179,55 @@ fn exported_stack_with_dropout_checkpoints_bitwise_at_every_level() {
     }
 }
 
+/// The parameter gradients of one micro-step of `file` at batch 4, with the candidate blocks `i`
+/// for which `ckpt(i)` holds checkpointed (seeded: two calls draw the same batch and dropout).
+fn micro_step_grads(
+    file: &str,
+    opts: &ModelOptions,
+    precision: Precision,
+    ckpt: &dyn Fn(usize) -> bool,
+) -> Vec<(String, tch::Tensor)> {
+    let chain = chain_from_export(&fixture(file), opts).unwrap();
+    let mut s = session(chain, precision, 4);
+    let n = s.chain.blocks.len();
+    let mask: Vec<bool> = (0..s.chain.units())
+        .map(|i| i < n && s.chain.blocks[i].candidate && ckpt(i))
+        .collect();
+    tch::manual_seed(5);
+    let batch = s.make_batch();
+    tch::manual_seed(9);
+    s.micro_step(&batch, &mask, None).unwrap();
+    s.named_grads()
+}
+
+#[test]
+fn exported_inplace_input_and_symbolic_size_checkpoint_bitwise() {
+    // A layer writing its input in place (`relu_` of the previous layer's output) writes a
+    // non-leaf alias of its input leaf; a symbolic size hoisted ahead of the first layer runs
+    // with that layer. Gradients with each candidate checkpointed alone, and with all of them,
+    // equal the plain step's.
+    let _lock = meter::exclusive();
+    tch::set_num_threads(1);
+    for (file, block) in [("inplace_relu.pt2", "features.1"), ("sym_size.pt2", "inp")] {
+        let chain = chain_from_export(&fixture(file), &ModelOptions::default()).unwrap();
+        assert!(chain.blocks.iter().any(|b| b.name == block), "{file}: no block {block}");
+        let n = chain.blocks.len();
+        for precision in [Precision::Fp32, Precision::Bf16] {
+            let grads =
+                |ckpt: &dyn Fn(usize) -> bool| micro_step_grads(file, &ModelOptions::default(), precision, ckpt);
+            let plain = grads(&|_| false);
+            assert!(!plain.is_empty());
+            for k in (0..n).map(Some).chain([None]) {
+                let ckpt = grads(&|i| k.is_none_or(|k| k == i));
+                for ((name, a), (_, b)) in plain.iter().zip(&ckpt) {
+                    assert!(a.defined() && b.defined(), "{file}: {name} got no gradient");
+                    assert!(a.equal(b), "{file} {precision} block {k:?}: gradient of {name} differs");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn exported_transformers_checkpoint_bitwise() {
     // Values every layer reads but no layer makes (a mask from the batch or from the sizes,
@@ -204,18 +253,7 @@ fn exported_transformers_checkpoint_bitwise() {
             ..Default::default()
         };
         for precision in [Precision::Fp32, Precision::Bf16] {
-            let grads = |all: bool| {
-                let chain = chain_from_export(&fixture(file), &opts).unwrap();
-                let mut s = session(chain, precision, 4);
-                let mask: Vec<bool> = (0..s.chain.units())
-                    .map(|i| all && i < s.chain.blocks.len() && s.chain.blocks[i].candidate)
-                    .collect();
-                tch::manual_seed(5);
-                let batch = s.make_batch();
-                tch::manual_seed(9);
-                s.micro_step(&batch, &mask, None).unwrap();
-                s.named_grads()
-            };
+            let grads = |all: bool| micro_step_grads(file, &opts, precision, &|_| all);
             let plain = grads(false);
             let ckpt = grads(true);
             assert!(!plain.is_empty());

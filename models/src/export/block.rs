@@ -57,6 +57,9 @@ pub(super) struct ExportBlock {
     /// `(cast, source)`: no-op casts made in an earlier block that this block's nodes read; they
     /// read the source (see `alias_src` in `chain_from_export`).
     pub aliases: Vec<(usize, usize)>,
+    /// Values among its input and skips that its nodes write in place: it takes each as a
+    /// writable alias (see [`ExportBlock::handle`]).
+    pub writes: Vec<usize>,
 }
 
 impl Block for ExportBlock {
@@ -68,10 +71,10 @@ impl Block for ExportBlock {
             syms: &p.syms,
         };
         if let Some(v) = self.input {
-            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(xs.shallow_clone()));
+            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(self.handle(v, xs)));
         }
         for (k, &v) in self.skips.iter().enumerate() {
-            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(ctx.skip(k).shallow_clone()));
+            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(self.handle(v, ctx.skip(k))));
         }
         for &(cast, src) in &self.aliases {
             if let Some(ckptune_kernels::ops::Value::Tensor(t)) = &env.local[src] {
@@ -122,6 +125,23 @@ impl Block for ExportBlock {
 }
 
 impl ExportBlock {
+    /// The block's handle on `t`, what an earlier block handed it for value `v`: a writable alias
+    /// where its nodes write `v` in place. The runtime hands a block a leaf that requires grad
+    /// (its input gradient collects there), which PyTorch refuses to write in place under grad
+    /// mode; in the model the block reads the previous layer's output, a non-leaf it may write.
+    /// The alias is that non-leaf: same storage, gradient passed through unchanged.
+    fn handle(&self, v: usize, t: &Tensor) -> Tensor {
+        if !self.writes.contains(&v) {
+            return t.shallow_clone();
+        }
+        ckptune_kernels::autograd::writable_alias(t).unwrap_or_else(|e| {
+            panic!(
+                "block {}: {} written in place: {e}",
+                self.name, self.prog.graph.names[v]
+            )
+        })
+    }
+
     /// Runs node `k`. Load-time checks covered every operator and argument kind; what fails here
     /// is a shape or dtype the exported example did not cover, reported with the node.
     fn run(&self, k: usize, env: &mut Env<'_>, keep: &dyn Fn(usize) -> bool) {

@@ -76,11 +76,66 @@ pub(super) fn cut_into_units(path: &Path, graph: &Graph, opts: &ModelOptions, si
     }
 
     units.retain(|u| (u.first..=u.last).any(|k| !side_nodes[k]));
+    let units = fold_tensor_free(units, &mut group_units, graph, side_nodes);
     Ok(Cut {
         units,
         groups: group_units,
         modules,
     })
+}
+
+/// Folds each unit whose nodes make no tensor into a neighbour: a symbolic size alone
+/// (`sym_size(x, 0)`, which torch.export hoists ahead of the first layer when the batch is
+/// dynamic and a layer reads it, as torchvision's stochastic depth does) would be a block that
+/// hands nothing on. Its values are symbolic, shared by every block (`Program::syms`) once
+/// computed, so it runs with the unit before it, or with the one after it where it is the first
+/// unit or starts a group (the group keeps its own units). `groups` are remapped.
+fn fold_tensor_free(
+    units: Vec<Unit>,
+    groups: &mut [(String, usize, usize)],
+    g: &Graph,
+    side_nodes: &[bool],
+) -> Vec<Unit> {
+    let makes_tensor =
+        |u: &Unit| (u.first..=u.last).any(|k| !side_nodes[k] && g.nodes[k].defines().iter().any(|&v| g.is_tensor[v]));
+    let n = units.len();
+    let mut out: Vec<Unit> = Vec::with_capacity(n);
+    // Old unit index -> new; units folded forward take the index of the unit they join.
+    let mut index = vec![0usize; n];
+    let mut forward: Vec<usize> = Vec::new();
+    let mut carried: Option<usize> = None;
+    for (i, mut u) in units.into_iter().enumerate() {
+        if !makes_tensor(&u) {
+            let starts_group = groups.iter().any(|grp| grp.1 == i);
+            match out.last_mut() {
+                Some(prev) if !(starts_group && i + 1 < n) => {
+                    prev.last = u.last;
+                    index[i] = out.len() - 1;
+                    continue;
+                }
+                _ if i + 1 < n => {
+                    carried.get_or_insert(u.first);
+                    forward.push(i);
+                    continue;
+                }
+                // A lone unit that makes no tensor: left for the dataflow to report.
+                _ => {}
+            }
+        }
+        if let Some(first) = carried.take() {
+            u.first = first;
+        }
+        for f in forward.drain(..) {
+            index[f] = out.len();
+        }
+        index[i] = out.len();
+        out.push(u);
+    }
+    for grp in groups.iter_mut() {
+        grp.1 = index.get(grp.1).copied().unwrap_or(grp.1);
+        grp.2 = index.get(grp.2).copied().unwrap_or(grp.2);
+    }
+    out
 }
 
 /// Every module with the node range it covers, if its nodes form one contiguous run.

@@ -10,6 +10,7 @@ use super::archive::Archive;
 use super::block::{ExportBlock, Program};
 use super::candidates::Unit;
 use super::graph::{Graph, Input, Target};
+use super::inplace;
 use super::io::sizes_of;
 use super::side::Side;
 use super::signature::Signature;
@@ -233,6 +234,21 @@ fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, inpu
             skip_vals.push(v);
         }
     }
+    // What it writes in place of what earlier blocks hand it (`nn.ReLU(inplace=True)` first).
+    let written: BTreeSet<usize> = runs
+        .iter()
+        .flat_map(|&k| {
+            inplace::written(&g.nodes[k])
+                .into_iter()
+                .map(move |v| flow.read_as(v, k))
+        })
+        .collect();
+    let writes = block_input
+        .iter()
+        .chain(&skip_vals)
+        .copied()
+        .filter(|v| written.contains(v))
+        .collect();
     let mut cb = ChainBlock::new(
         u.name.clone(),
         u.candidate,
@@ -245,6 +261,7 @@ fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, inpu
             runs,
             side_reads,
             aliases: aliases.into_iter().collect(),
+            writes,
         }),
     );
     cb.skips = skips;

@@ -17,6 +17,7 @@ mod candidates;
 mod dataflow;
 mod errors;
 mod graph;
+mod inplace;
 mod interpret;
 mod io;
 mod side;

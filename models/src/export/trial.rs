@@ -57,17 +57,22 @@ fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // A guard, not `tch::no_grad`: it puts grad mode back when a failing node unwinds
-        // through it too (no_grad's closure form left a thread without grad mode after a
-        // failed trial, so every later step of that thread failed in its backward).
-        let _no_grad = tch::no_grad_guard();
+        // As the runtime runs a block (in the caller's grad mode, training's), on leaves that
+        // require grad detached from earlier outputs: a node that fails only there (an in-place
+        // write of such a leaf did, under no-grad on the outputs themselves it passed) fails here,
+        // as bad input naming it, not as a panic in the middle of profiling.
+        let leaf = |t: &Tensor| t.detach().set_requires_grad(t.is_floating_point());
         // Chain::forward_all, with the batch's raw mask in the context.
         let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref(), sample.padded);
         let mut outs: Vec<Tensor> = Vec::with_capacity(chain.blocks.len());
         for (i, b) in chain.blocks.iter().enumerate() {
-            let x = if i == 0 { &sample.input } else { &outs[i - 1] };
-            let skips: Vec<Tensor> = b.skips.iter().map(|&s| outs[s].shallow_clone()).collect();
-            let out = b.block.forward(x, &ctx.with_skips(&skips));
+            let x = if i == 0 {
+                sample.input.shallow_clone()
+            } else {
+                leaf(&outs[i - 1])
+            };
+            let skips: Vec<Tensor> = b.skips.iter().map(|&s| leaf(&outs[s])).collect();
+            let out = b.block.forward(&x, &ctx.with_skips(&skips));
             outs.push(out);
         }
     }))
