@@ -62,7 +62,9 @@ fn profile(dir: &Path, name: &str, model: &[&str], measure: &str) -> Value {
 fn memory_on_the_meta_device_equals_the_cpus_term_for_term() {
     let dir = tempfile::tempdir().unwrap();
     for (name, model) in [
-        ("tiny-resnet", &["tiny-resnet", "--batch", "4"][..]),
+        // Batch 8 at 64 px: batch norm over 16 values in the last stage (batch 4 at 32 px normalizes
+        // 4 values, which bf16 can drive to NaN within the extra steps a busy machine re-times).
+        ("tiny-resnet", &["tiny-resnet", "--batch", "8", "--image", "64"][..]),
         ("tiny-bert", &["tiny-bert", "--batch", "4", "--seq", "16"][..]),
     ] {
         let run = profile(dir.path(), name, model, "run");
