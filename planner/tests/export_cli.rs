@@ -95,6 +95,7 @@ fn bad_programs_exit_2_naming_the_node_and_the_fix() {
     let cond = fixture("cond.pt2");
     let meta = fixture("hf_bert_meta.pt2");
     let moe = fixture("moe_nonzero.pt2");
+    let llama = fixture("hf_llama.pt2");
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("plan.json");
     let plan = plan.to_str().unwrap();
@@ -138,6 +139,23 @@ fn bad_programs_exit_2_naming_the_node_and_the_fix() {
         (
             vec!["plan", "--budget", "1GiB", &moe, "--output", plan],
             vec!["node nonzero", "depends on tensor values"],
+        ),
+        (
+            vec![
+                "plan",
+                "--budget",
+                "1GiB",
+                &llama,
+                "--precision",
+                "bf16-pure",
+                "--output",
+                plan,
+            ],
+            vec![
+                "--precision bf16-pure",
+                "traced with fp32 parameters",
+                "model.to(torch.bfloat16)",
+            ],
         ),
         (
             vec!["plan", "--budget", "1GiB", "/nonexistent/model.pt2"],

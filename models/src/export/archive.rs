@@ -204,6 +204,21 @@ fn entry_of(path: &Path, dir: &'static str, fqn: &str, entry: &Json) -> Result<E
     })
 }
 
+/// Whether the program at `path` was traced with fp32 parameters and asserts its tensors' dtypes
+/// (`_assert_tensor_metadata`, which torch.export writes where the traced code cast with
+/// `.to(dtype)`: RMSNorm's upcast, rotary cos/sin): its graph then runs only with the dtypes it
+/// was traced with, not with bf16 parameters, as PyTorch's `ep.module().to(torch.bfloat16)`
+/// cannot either. `false` for anything that is not such a readable archive.
+pub fn pins_fp32(path: &Path) -> bool {
+    let Ok(mut z) = Zip::open(path) else {
+        return false;
+    };
+    let asserts = z
+        .read(path, "models/model.json")
+        .is_ok_and(|raw| raw.windows(23).any(|w| w == b"_assert_tensor_metadata"));
+    asserts && z.entries(path).is_ok_and(|e| e.iter().any(|e| e.kind == Kind::Float))
+}
+
 /// Whether the program at `path` was exported on the meta device (`with torch.device("meta")`):
 /// its weights are recorded as shapes with no bytes, so it can only be measured in fake mode
 /// (a step on the meta device). `false` for anything that is not such a readable archive.

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value as Json;
 
-pub use archive::{exported_on_meta, is_export_archive};
+pub use archive::{exported_on_meta, is_export_archive, pins_fp32};
 pub use candidates::layers;
 
 use crate::chain::{Chain, ChainGroup};

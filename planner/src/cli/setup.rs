@@ -368,6 +368,16 @@ fn precisions(a: &ModelArgs, default_precisions: &[Precision], device: Device) -
     for p in &precisions {
         p.check_device(device).context("--precision")?;
     }
+    let program = Path::new(&a.model);
+    if precisions.contains(&Precision::Bf16Pure) && ckptune_models::export::pins_fp32(program) {
+        return Err(usage(format!(
+            "--precision bf16-pure: the torch.export program {} was traced with fp32 parameters and \
+             fixes the dtypes of its casts (it asserts them: _assert_tensor_metadata), so it cannot run \
+             with bf16 parameters, as PyTorch's ep.module().to(torch.bfloat16) cannot; plan fp32 or bf16 \
+             (autocast), or export the model after model.to(torch.bfloat16) to plan bf16-pure",
+            program.display()
+        )));
+    }
     Ok(precisions)
 }
 
