@@ -9,7 +9,7 @@ use std::time::Instant;
 use ckptune_solver::profile::{BlockEstimate, Contention, Estimate, Stats};
 use ckptune_solver::rates::DeviceRates;
 
-use super::{pooled_by_class, StepTimes};
+use super::{pooled_by_class, unit_forwards, StepTimes};
 use crate::cost::{self, PhaseSeconds};
 use crate::error::Result;
 use crate::exec::Session;
@@ -56,21 +56,11 @@ pub fn times_from_fake_step(
 
 /// The profile's times from a step's estimated parts (every candidate block checkpointed).
 fn step_times(session: &Session, recompute_class: &[usize], phases: &PhaseSeconds, wall_seconds: f64) -> StepTimes {
-    let chain = &session.chain;
-    let n = chain.blocks.len();
-    let unit_seconds: Vec<Option<f64>> = (0..chain.units())
-        .map(|u| match chain.blocks.get(u) {
-            Some(b) => b.candidate.then(|| phases.forward[u]),
-            None => {
-                let g = &chain.groups[u - n];
-                Some(phases.forward[g.first..=g.last].iter().sum())
-            }
-        })
-        .collect();
-    let samples: Vec<Option<Vec<f64>>> = unit_seconds.iter().map(|s| s.map(|x| vec![x])).collect();
-    let recompute_spread = pooled_by_class(&samples, recompute_class);
+    let unit_seconds = unit_forwards(&session.chain, &[&phases.forward]);
+    let recompute_spread = pooled_by_class(&unit_seconds, recompute_class);
     let all = phases.total();
-    let forwards: f64 = (0..n).filter_map(|u| unit_seconds[u]).sum();
+    let blocks = session.chain.blocks.len();
+    let forwards: f64 = unit_seconds[..blocks].iter().flatten().flatten().sum();
     StepTimes {
         seconds_none: Stats::of(&[all - forwards]),
         seconds_all: Stats::of(&[all]),

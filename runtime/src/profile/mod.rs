@@ -259,6 +259,23 @@ fn recompute_estimates(session: &Session, steps: &MeasuredSteps, recompute_class
     pooled_by_class(&unit_samples, recompute_class)
 }
 
+/// Per unit (blocks, then groups), its no-grad forward seconds in each of `samples`, each a step
+/// with every candidate block checkpointed given as its blocks' no-grad forward seconds; `None`
+/// for a block that is not a candidate. Such a step runs no group as one piece, so a group's is
+/// its blocks' sum.
+fn unit_forwards(chain: &ckptune_models::Chain, samples: &[&[f64]]) -> Vec<Option<Vec<f64>>> {
+    let n = chain.blocks.len();
+    (0..chain.units())
+        .map(|u| match chain.blocks.get(u) {
+            Some(b) => b.candidate.then(|| samples.iter().map(|s| s[u]).collect()),
+            None => {
+                let g = &chain.groups[u - n];
+                Some(samples.iter().map(|s| s[g.first..=g.last].iter().sum()).collect())
+            }
+        })
+        .collect()
+}
+
 /// Per unit, the spread of its class's samples pooled (units of one `class` share one estimate);
 /// an empty spread for a unit without samples (a block that is not a candidate).
 fn pooled_by_class(unit_samples: &[Option<Vec<f64>>], class: &[usize]) -> Vec<Stats> {

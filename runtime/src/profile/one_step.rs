@@ -15,7 +15,7 @@ use ckptune_kernels::optrace::{self, OpEvent};
 use ckptune_solver::profile::{Contention, Stats};
 
 use super::timing::{self, ContentionTally, Retimer, Sample};
-use super::{pooled_by_class, step_b, ConfigProfile, ProfileSettings};
+use super::{pooled_by_class, step_b, unit_forwards, ConfigProfile, ProfileSettings};
 use crate::error::Result;
 use crate::exec::Session;
 
@@ -80,20 +80,8 @@ pub fn times_from_steps(
     let mut retimer = Retimer::new(settings.retime);
     retimer.retime(&mut samples_a, || Ok(Sample::of(&session.step(&none_mask, None)?, ())))?;
     retimer.retime(&mut samples, || Ok(step_b(session, &all)?.0))?;
-    let used = timing::used(&samples);
-    let chain = &session.chain;
-    let n = chain.blocks.len();
-    // Per unit and used sample, its no-grad forward seconds; `None` for a block that is not a
-    // candidate.
-    let unit_seconds: Vec<Option<Vec<f64>>> = (0..chain.units())
-        .map(|u| match chain.blocks.get(u) {
-            Some(b) => b.candidate.then(|| used.iter().map(|s| s.extra[u]).collect()),
-            None => {
-                let g = &chain.groups[u - n];
-                Some(used.iter().map(|s| s.extra[g.first..=g.last].iter().sum()).collect())
-            }
-        })
-        .collect();
+    let used: Vec<&[f64]> = timing::used(&samples).iter().map(|s| s.extra.as_slice()).collect();
+    let unit_seconds = unit_forwards(&session.chain, &used);
     let recompute_spread = pooled_by_class(&unit_seconds, recompute_class);
     let mut tally = ContentionTally::default();
     tally.add(&samples_a);
