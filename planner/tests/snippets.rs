@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use ckptune::cli::args::EmitKind;
 use ckptune::cli::snippets::snippet;
-use ckptune_solver::formats::{self, PlanJson};
+use ckptune_solver::formats::{self, CudaMemoryJson, PlanJson};
 use expect_test::expect_file;
 
 fn results() -> PathBuf {
@@ -74,4 +74,54 @@ fn lightning() {
 #[test]
 fn torchtitan() {
     check("torchtitan-tinyllama", TINYLLAMA, EmitKind::Torchtitan);
+}
+
+/// How a CUDA plan was judged, as `plan --target cuda` records it, recommending `conf`.
+fn cuda_memory(conf: &str) -> CudaMemoryJson {
+    CudaMemoryJson {
+        gpu: "h100".into(),
+        context_bytes: 512 << 20,
+        workspace_bytes: vec![32 << 20; 2],
+        traced_on: "meta".into(),
+        trace_events: 1000,
+        alloc_conf: conf.into(),
+        predicted_allocated_peak_bytes: 1_100_000_000,
+        predicted_reserved_peak_bytes: 1_300_000_000,
+        candidates: Vec::new(),
+        rounds: Vec::new(),
+    }
+}
+
+/// A CUDA plan sets the allocator setting its reserved peak was simulated with, before the
+/// snippet imports torch; PyTorch's default is left unset.
+#[test]
+fn a_cuda_plan_sets_its_allocator_setting() {
+    for (name, path, kind, conf) in [
+        (
+            "python-resnet152-cuda",
+            RESNET152,
+            EmitKind::Python,
+            "expandable_segments:True",
+        ),
+        (
+            "hf-bert-layers-cuda",
+            BERT_LAYERS,
+            EmitKind::Hf,
+            "roundup_power2_divisions:4",
+        ),
+        ("lightning-resnet152-cuda-default", RESNET152, EmitKind::Lightning, ""),
+    ] {
+        let mut p = plan(path);
+        p.cuda_memory = Some(cuda_memory(conf));
+        let text = snippet(&p, kind).unwrap_or_else(|e| panic!("{name}: {e}"));
+        expect_file![format!("snapshots/{name}.py")].assert_eq(&text);
+        let set = text.find("os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"]");
+        match conf {
+            "" => assert_eq!(set, None, "{name}"),
+            _ => assert!(
+                set.unwrap() < text.find("import torch").unwrap(),
+                "{name}: set after torch is imported"
+            ),
+        }
+    }
 }

@@ -2,6 +2,7 @@
 //! exactly over a profile (measured here, or given with `--profile`), optionally verified by
 //! running it.
 
+mod cuda;
 mod flags;
 mod print;
 mod solve;
@@ -11,10 +12,13 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use ckptune_runtime::Precision;
 use ckptune_solver::budget::{format_size, parse_budget, Budget};
+use ckptune_solver::cuda_overheads::{cuda_overheads, CudaOverheads};
 use ckptune_solver::formats::{
-    self, BudgetShareJson, CorrectionJson, PlanFailureJson, PlanJson, ProfileJson, ShapeJson, VerifyJson,
+    self, BudgetShareJson, CorrectionJson, CudaMemoryJson, PlanFailureJson, PlanJson, ProfileJson, ShapeJson,
+    VerifyJson,
 };
 
+use cuda::plan_within_reserved;
 use flags::{budget_share, read_profile, reserve_bytes, shard_request};
 use print::{eight_bit_note, print_plan};
 use solve::{plan_from_profile, PlanFailure, ShardRequest};
@@ -29,6 +33,7 @@ use crate::cli::timing::profile_notes;
 
 pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
     let requested = parse_budget(&a.budget).context("--budget")?;
+    check_alloc_trace_flag(&a)?;
     let mut setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
     let target = a.target.as_deref().map(parse_target).transpose()?;
     setup.gpu = target.as_ref().and_then(|t| t.1);
@@ -92,8 +97,20 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         Some(e) => format!("estimated for {}", e.rates.device),
         None => format!("{measured_on} times"),
     };
-    let reserve = reserve_bytes(&a, budget, &target, &measured_on, &times, &mut notes)?;
-    let mut plan = match plan_from_profile(&profile, budget - reserve, shape.clone(), shard.as_ref()) {
+    let cuda = simulated_gpu(&a, &target, &measured_on, shard.is_some())?;
+    let reserve = match cuda {
+        Some(ov) => {
+            notes.push(cuda_note(ov, &measured_on, &times));
+            ov.context_bytes as i64
+        }
+        None => reserve_bytes(&a, budget, &target, &measured_on, &times, &mut notes)?,
+    };
+    let solved = match cuda {
+        Some(ov) => plan_within_reserved(&profile, budget, ov, &shape, setup.quiet, a.alloc_trace.as_deref())
+            .map(|(p, c)| (p, Some(c))),
+        None => plan_from_profile(&profile, budget - reserve, shape.clone(), shard.as_ref()).map(|p| (p, None)),
+    };
+    let (mut plan, cuda_memory) = match solved {
         Ok(p) => p,
         Err(e) => {
             // With --json, scripts get the failure as data too (stdout), not only as text.
@@ -120,6 +137,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         reserve,
         target,
         notes,
+        cuda: cuda_memory,
     };
     plan = facts.finish(plan);
     let report = if a.verify && verifiable_here(&mut plan) {
@@ -141,6 +159,8 @@ struct PlanFacts {
     reserve: i64,
     target: String,
     notes: Vec<String>,
+    /// A CUDA plan judged on simulated reserved memory: how (for the plan it was made for).
+    cuda: Option<CudaMemoryJson>,
 }
 
 impl PlanFacts {
@@ -152,8 +172,66 @@ impl PlanFacts {
         plan.reserve_bytes = self.reserve;
         plan.notes = self.notes.clone();
         plan.notes.extend(eight_bit_note(&plan));
+        // The simulation holds for the plan it replayed (a `--verify` correction may choose another).
+        let replayed = self.cuda.as_ref().filter(|c| {
+            c.rounds
+                .last()
+                .is_some_and(|r| r.regex == plan.checkpoint.regex && r.config == plan.config.label())
+        });
+        if let Some(c) = replayed {
+            plan.margin_bytes = self.budget - self.reserve - c.predicted_reserved_peak_bytes;
+            plan.cuda_memory = Some(c.clone());
+        }
         plan
     }
+}
+
+/// The GPU whose caching allocator a plan is judged on: a CUDA target planned from another
+/// device's profile, unless `--reserve` fixes the reserve or the plan is sharded (FSDP's step
+/// is not recorded here).
+fn simulated_gpu(a: &PlanArgs, target: &str, measured_on: &str, sharded: bool) -> Result<Option<CudaOverheads>> {
+    let simulated = target == "cuda" && measured_on != "cuda" && a.reserve.is_none() && !sharded;
+    if a.alloc_trace.is_some() && !simulated {
+        return Err(UsageError(format!(
+            "--alloc-trace: the profile was measured on {measured_on}, where reserved memory is measured, not simulated"
+        ))
+        .into());
+    }
+    let gpu = a.target.as_deref().and_then(|t| t.strip_prefix("cuda:"));
+    Ok(simulated.then(|| cuda_overheads(gpu)))
+}
+
+/// `--alloc-trace` asks for what only a simulated CUDA plan has: refused before any profiling.
+fn check_alloc_trace_flag(a: &PlanArgs) -> Result<()> {
+    let cuda = a
+        .target
+        .as_deref()
+        .is_some_and(|t| t == "cuda" || t.starts_with("cuda:"));
+    if a.alloc_trace.is_some() && (!cuda || a.reserve.is_some() || a.shard.is_some()) {
+        return Err(UsageError(
+            "--alloc-trace: only a plan for --target cuda[:NAME] without --reserve or --shard has a simulated \
+             step trace to write"
+                .into(),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+fn cuda_note(ov: CudaOverheads, measured_on: &str, times: &str) -> String {
+    format!(
+        "planned for {} from a {measured_on} profile: judged on the CUDA caching allocator's reserved peak, \
+         simulated on the plan's step trace (recorded on the meta device, with two cuBLAS workspaces of {}), \
+         plus {} of CUDA context (an estimate: docs/cuda-allocator.md; --reserve to give a measured figure \
+         instead); step times are {times}",
+        if ov.key == "cuda" {
+            "cuda".to_string()
+        } else {
+            format!("cuda:{}", ov.key)
+        },
+        format_size(ov.workspace_bytes),
+        format_size(ov.context_bytes)
+    )
 }
 
 /// `plan --verify`: runs the plan, and while the run peaks above the budget, plans again with

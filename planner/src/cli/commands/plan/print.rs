@@ -2,7 +2,7 @@
 //! optimizer was chosen.
 
 use ckptune_solver::budget::format_size;
-use ckptune_solver::formats::PlanJson;
+use ckptune_solver::formats::{CudaMemoryJson, PlanJson};
 use ckptune_solver::profile::ConfigSpec;
 
 use super::solve::shard_label;
@@ -122,13 +122,16 @@ pub(super) fn print_plan(p: &PlanJson) {
         ""
     };
     outln!("  checkpoint regex: {}{meaning}", p.checkpoint.regex);
-    outln!(
-        "  predicted peak:   {} of {} ({} to spare), at {}",
-        format_size(p.predicted.peak_bytes as u64),
-        format_size(p.budget_bytes as u64),
-        format_size(p.margin_bytes.max(0) as u64),
-        p.predicted.peak_moment
-    );
+    match &p.cuda_memory {
+        Some(c) => print_cuda_memory(p, c),
+        None => outln!(
+            "  predicted peak:   {} of {} ({} to spare), at {}",
+            format_size(p.predicted.peak_bytes as u64),
+            format_size(p.budget_bytes as u64),
+            format_size(p.margin_bytes.max(0) as u64),
+            p.predicted.peak_moment
+        ),
+    }
     let how = match (&p.predicted.step_seconds_estimated, p.predicted.step_seconds_range) {
         (Some(e), _) => format!("{e}; "),
         (None, Some(r)) => format!("{} over the profile's samples; ", range_text(r)),
@@ -147,6 +150,54 @@ pub(super) fn print_plan(p: &PlanJson) {
         p.config.grad_accum,
         p.config.set_to_none
     );
+}
+
+/// A CUDA plan's memory: allocated and reserved peaks of its simulated step, the context, the
+/// allocator setting recommended, and the plans tightened on the way.
+fn print_cuda_memory(p: &PlanJson, c: &CudaMemoryJson) {
+    outln!(
+        "  predicted peak:   {} allocated, {} reserved + {} CUDA context = {} of {} ({} to spare); tensors peak at {}",
+        format_size(c.predicted_allocated_peak_bytes as u64),
+        format_size(c.predicted_reserved_peak_bytes as u64),
+        format_size(c.context_bytes as u64),
+        format_size((c.predicted_reserved_peak_bytes + c.context_bytes) as u64),
+        format_size(p.budget_bytes as u64),
+        format_size(p.margin_bytes.max(0) as u64),
+        p.predicted.peak_moment
+    );
+    let others: Vec<String> = c
+        .candidates
+        .iter()
+        .map(|k| {
+            format!(
+                "{} {}",
+                conf_name(&k.alloc_conf),
+                format_size(k.reserved_peak_bytes as u64)
+            )
+        })
+        .collect();
+    outln!(
+        "  allocator:        PYTORCH_CUDA_ALLOC_CONF={} (simulated reserved peaks: {})",
+        conf_name(&c.alloc_conf),
+        others.join(", ")
+    );
+    for r in c.rounds.iter().take(c.rounds.len().saturating_sub(1)) {
+        outln!(
+            "  tightened:        {} checkpointing {} allocates {} but reserves {}: planned again below it",
+            r.config,
+            r.regex,
+            format_size(r.allocated_peak_bytes as u64),
+            format_size(r.reserved_peak_bytes as u64)
+        );
+    }
+}
+
+fn conf_name(conf: &str) -> &str {
+    if conf.is_empty() {
+        "(default)"
+    } else {
+        conf
+    }
 }
 
 /// The optimizer as the user builds it: `adamw (foreach=False)`, naming the torch.optim

@@ -231,6 +231,7 @@ pub(super) fn plan_from_profile(
         reserve_bytes: 0,
         notes: Vec::new(),
         shard: shard_json,
+        cuda_memory: None,
     })
 }
 
