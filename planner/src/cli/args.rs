@@ -113,8 +113,9 @@ pub struct ModelArgs {
     /// Zero gradients in place instead of freeing them after each optimizer step.
     #[arg(long)]
     pub zero_grad_in_place: bool,
-    /// cpu or cuda.
-    #[arg(long, default_value = "cpu")]
+    /// auto (CUDA when a device is visible, else the CPU; the output says which), cpu or cuda
+    /// (exit 2 when no CUDA device is visible, naming what was looked for).
+    #[arg(long, default_value = "auto")]
     pub device: String,
     /// Intra-op threads (profile and run must use the same count for exact memory). Default:
     /// the CPUs this process may use, less those the rest of the machine keeps busy when the

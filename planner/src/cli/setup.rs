@@ -35,6 +35,8 @@ pub struct Setup {
     pub threads_auto: bool,
     /// `--target cuda:NAME`: the GPU whose rates the cost model estimates step times over.
     pub gpu: Option<&'static GpuSpec>,
+    /// What `--device auto` chose and why.
+    pub device_note: Option<String>,
 }
 
 fn usage(msg: String) -> anyhow::Error {
@@ -73,7 +75,11 @@ impl Setup {
 
     /// `default_precisions` applies when `--precision` is not given.
     pub fn resolve(a: &ModelArgs, default_precisions: &[Precision]) -> Result<Setup> {
-        let device = device(&a.device)?;
+        let resolved = super::device::resolve(&a.device)?;
+        let device = resolved.device;
+        if let (Some(n), false) = (&resolved.note, a.quiet) {
+            eprintln!("note: {n}");
+        }
         let granularity = granularity(&a.granularity)?;
         let space = ConfigSpace::resolve(a, default_precisions, device)?;
         let configs = space.configs()?;
@@ -117,6 +123,7 @@ impl Setup {
             measure: a.measure,
             threads_auto: a.threads.is_none(),
             gpu: None,
+            device_note: resolved.note,
         })
     }
 
@@ -250,22 +257,6 @@ impl Setup {
             self.threads,
             self.repeats
         )
-    }
-}
-
-/// `--device`: cpu, or cuda where libtorch sees a CUDA device.
-fn device(name: &str) -> Result<Device> {
-    match name {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => {
-            if !tch::Cuda::is_available() {
-                return Err(usage(
-                    "--device cuda: no CUDA device is available to libtorch on this machine; use --device cpu".into(),
-                ));
-            }
-            Ok(Device::Cuda(0))
-        }
-        other => Err(usage(format!("--device {other:?}: expected cpu or cuda"))),
     }
 }
 

@@ -53,6 +53,8 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
             if setup.gpu.is_none() {
                 notes.extend(setup.fit_threads_to_load());
             }
+            // What --device auto chose is the profile's device: said where it is measured.
+            notes.extend(setup.device_note.clone());
             measure_profile(&setup)?
         }
     };
