@@ -360,6 +360,7 @@ fn profile_plots_predicted_singles_and_the_candidates() {
         recompute_class: Vec::new(),
         contention: Contention::default(),
         estimated: None,
+        reserved: None,
     };
     let p = ProfileJson {
         format: formats::PROFILE_FORMAT.into(),

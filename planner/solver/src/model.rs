@@ -259,6 +259,7 @@ mod tests {
             recompute_class: Vec::new(),
             contention: Contention::default(),
             estimated: None,
+            reserved: None,
         }
     }
 

@@ -342,6 +342,19 @@ pub struct ConfigProfile {
     /// measured profiles and the plans made from them read back unchanged.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub estimated: Option<Estimate>,
+    /// Measured on a CUDA device: the caching allocator's reserved peaks of the steps whose
+    /// allocated peaks are `peak_none` and `peak_all`. Absent for other devices.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub reserved: Option<ReservedPeaks>,
+}
+
+/// `torch.cuda.max_memory_reserved()` of a profile's steps with nothing and with everything
+/// checkpointed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ReservedPeaks {
+    pub none: i64,
+    pub all: i64,
 }
 
 /// How a config's times were estimated: the cost model over an operator trace of its steps.
@@ -373,6 +386,13 @@ pub struct BlockEstimate {
 }
 
 impl ConfigProfile {
+    /// How far the caching allocator's reserved bytes rose above the allocated peak in the
+    /// measured steps (the larger of the two), when the profile was measured on CUDA.
+    pub fn reserved_excess(&self) -> Option<i64> {
+        self.reserved
+            .map(|r| (r.none - self.peak_none).max(r.all - self.peak_all).max(0))
+    }
+
     /// Whether the times are the cost model's estimate, not measurements.
     pub fn is_estimated(&self) -> bool {
         self.estimated.is_some()

@@ -105,7 +105,7 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
             notes.push(cuda_note(ov, &measured_on, &times));
             ov.context_bytes as i64
         }
-        None => reserve_bytes(&a, budget, &target, &measured_on, &times, &mut notes)?,
+        None => reserve_bytes(&a, budget, &target, &measured_on, &times, &profile, &mut notes)?,
     };
     let solved = match cuda {
         Some(ov) => plan_within_reserved(&profile, budget, ov, &shape, setup.quiet, a.alloc_trace.as_deref())
@@ -258,8 +258,13 @@ fn verified(
             return Ok((plan, r));
         }
         // The model's error at this plan; planning `error` below the budget makes a plan
-        // with the same error fit. If a round repeats an error, step down again.
-        let error = (r.measured.peak_bytes - r.predicted.peak_bytes).max(1);
+        // with the same error fit. If a round repeats an error, step down again. On CUDA the
+        // budget holds the allocator's reserved bytes, of which the reserve was planned for.
+        let error = match r.measured.reserved_peak_bytes {
+            Some(reserved) => reserved - r.predicted.peak_bytes - facts.reserve,
+            None => r.measured.peak_bytes - r.predicted.peak_bytes,
+        }
+        .max(1);
         let next = (budget - error).min(planning_budget);
         planning_budget = if next < planning_budget {
             next
