@@ -50,8 +50,10 @@ def predict(ckptune, name, work):
     trace = os.path.join(work, "model-traces", f"{name}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     os.makedirs(os.path.dirname(trace), exist_ok=True)
+    # Memory on the meta device; times from the cost model, as no step runs here (the plan
+    # checkpoints nothing, so they choose nothing).
     ckptune_json([ckptune, "plan", *MODELS[name], *COMMON, "--device", "cpu", "--target", "cuda",
-                  "--alloc-trace", trace, "-o", out])
+                  "--measure", "estimate", "--alloc-trace", trace, "-o", out])
     with open(out) as f:
         return json.load(f), trace
 
