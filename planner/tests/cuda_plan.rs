@@ -127,3 +127,37 @@ fn an_allocation_trace_needs_a_simulated_cuda_plan() {
     refused(&args, &["--alloc-trace", "--reserve"]);
     assert!(!trace.exists());
 }
+
+/// A model only a real run measures (a value read in its forward) cannot be recorded on the
+/// meta device: its CUDA plan keeps the fixed reserve and says why.
+#[test]
+fn a_step_the_meta_device_cannot_record_keeps_the_fixed_reserve() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plan.json");
+    let model = common::fixture("meta_item.pt2");
+    ok(&[
+        "plan",
+        "--budget",
+        "4GiB",
+        &model,
+        "--batch",
+        "4",
+        "--precision",
+        "fp32",
+        "--measure",
+        "run",
+        "--threads",
+        "1",
+        "--target",
+        "cuda",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let p = read(&out);
+    assert!(p.get("cuda_memory").is_none(), "{p}");
+    let budget = int(&p["budget_bytes"]);
+    assert_eq!(int(&p["reserve_bytes"]), (1 << 30) + budget / 10);
+    let notes = p["notes"].to_string();
+    assert!(notes.contains("could not be recorded on the meta device"), "{notes}");
+    assert!(notes.contains("kept in reserve"), "{notes}");
+}

@@ -204,7 +204,7 @@ impl Setup {
             threads: self.threads,
             memory: match self.device {
                 Device::Cpu => "exact CPU tensor bytes (counting allocator)".into(),
-                _ => "CUDA caching allocator, allocated bytes".into(),
+                _ => "CUDA caching allocator, allocated bytes (reserved bytes beside them)".into(),
             },
             cpu: cpu_identity(),
             measured: String::new(),

@@ -28,6 +28,12 @@ use crate::cli::plan_run::setup_for_plan;
 /// lowers the allocated peak by at least the last excess, or tries the smallest one).
 const MAX_ROUNDS: usize = 8;
 
+/// The plan's step could not be recorded on the meta device (a model only `--measure run`
+/// measures): the caller keeps a fixed reserve instead.
+#[derive(Debug, thiserror::Error)]
+#[error("the plan's step could not be recorded on the meta device to simulate the CUDA caching allocator: {0}")]
+pub(super) struct NotRecorded(String);
+
 /// The chosen plan's trace and its peaks under each candidate setting.
 struct Simulated {
     events: Vec<TraceEvent>,
@@ -65,7 +71,7 @@ pub(super) fn plan_within_reserved(
         if rounds.iter().any(seen) {
             break;
         }
-        let sim = simulate(&plan, &workspaces, quiet)?;
+        let sim = simulate(&plan, &workspaces, quiet).map_err(|e| NotRecorded(format!("{e:#}")))?;
         let best = &sim.peaks[sim.best];
         rounds.push(CudaRoundJson {
             planning_budget_bytes: planning,

@@ -18,7 +18,7 @@ use ckptune_solver::formats::{
     VerifyJson,
 };
 
-use cuda::plan_within_reserved;
+use cuda::{plan_within_reserved, NotRecorded};
 use flags::{budget_share, read_profile, reserve_bytes, shard_request};
 use print::{eight_bit_note, print_plan};
 use solve::{plan_from_profile, PlanFailure, ShardRequest};
@@ -100,17 +100,27 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         None => format!("{measured_on} times"),
     };
     let cuda = simulated_gpu(&a, &target, &measured_on, shard.is_some())?;
-    let reserve = match cuda {
-        Some(ov) => {
-            notes.push(cuda_note(ov, &measured_on, &times));
-            ov.context_bytes as i64
+    let mut reserve = 0;
+    let mut simulated = None;
+    if let Some(ov) = cuda {
+        match plan_within_reserved(&profile, budget, ov, &shape, setup.quiet, a.alloc_trace.as_deref()) {
+            // A step the meta device cannot run keeps the fixed reserve, said in the notes.
+            Err(e) if a.alloc_trace.is_none() && e.downcast_ref::<NotRecorded>().is_some() => {
+                notes.push(format!("{e:#}"));
+            }
+            solved => {
+                notes.push(cuda_note(ov, &measured_on, &times));
+                reserve = ov.context_bytes as i64;
+                simulated = Some(solved.map(|(p, c)| (p, Some(c))));
+            }
         }
-        None => reserve_bytes(&a, budget, &target, &measured_on, &times, &profile, &mut notes)?,
-    };
-    let solved = match cuda {
-        Some(ov) => plan_within_reserved(&profile, budget, ov, &shape, setup.quiet, a.alloc_trace.as_deref())
-            .map(|(p, c)| (p, Some(c))),
-        None => plan_from_profile(&profile, budget - reserve, shape.clone(), shard.as_ref()).map(|p| (p, None)),
+    }
+    let solved = match simulated {
+        Some(solved) => solved,
+        None => {
+            reserve = reserve_bytes(&a, budget, &target, &measured_on, &times, &profile, &mut notes)?;
+            plan_from_profile(&profile, budget - reserve, shape.clone(), shard.as_ref()).map(|p| (p, None))
+        }
     };
     let (mut plan, cuda_memory) = match solved {
         Ok(p) => p,

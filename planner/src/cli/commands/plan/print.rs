@@ -4,6 +4,7 @@
 use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{CudaMemoryJson, PlanJson};
 use ckptune_solver::profile::ConfigSpec;
+use ckptune_solver::regex_emit::MATCH_NOTHING;
 
 use super::solve::shard_label;
 use crate::cli::output::outln;
@@ -185,7 +186,7 @@ fn print_cuda_memory(p: &PlanJson, c: &CudaMemoryJson) {
         outln!(
             "  tightened:        {} checkpointing {} allocates {} but reserves {}: planned again below it",
             r.config,
-            r.regex,
+            if r.regex == MATCH_NOTHING { "nothing" } else { &r.regex },
             format_size(r.allocated_peak_bytes as u64),
             format_size(r.reserved_peak_bytes as u64)
         );
