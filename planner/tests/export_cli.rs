@@ -384,6 +384,14 @@ fn exported_symbolic_size_sweeps_byte_exact_on_every_subset() {
     sweep_is_exact("sym_size.pt2", "layer", "fp32", &[]);
 }
 
+/// A tensor computed from a layer's own parameter and read by every later layer (T5's relative
+/// position bias) is recomputed by each layer that reads it, as a side value: the model plans,
+/// exactly under every subset.
+#[test]
+fn exported_parameter_bias_read_by_every_layer_sweeps_byte_exact_on_every_subset() {
+    sweep_is_exact("position_bias.pt2", "layer", "fp32", &[]);
+}
+
 /// A profile cached for one choice of candidates is not reused for another: `--candidates`
 /// is part of the cache key.
 #[test]
