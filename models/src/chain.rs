@@ -80,6 +80,26 @@ impl<'a> Ctx<'a> {
 /// relies on getting bitwise the same result after restoring the RNG state.
 pub trait Block: Send {
     fn forward(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Tensor;
+
+    /// [`Block::forward`], with a failure as an error naming the node at fault. The runtime
+    /// calls this one. A block ckptune built (a zoo model) fails only by a bug, so it keeps the
+    /// default; a block that runs the user's graph (a `torch.export` program) can meet inputs
+    /// its operators reject (a dtype or batch the program was not traced with) and reports them.
+    fn try_forward(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Result<Tensor, BlockFailure> {
+        Ok(self.forward(xs, ctx))
+    }
+}
+
+/// A node of a block's graph that failed on the tensors the step gave it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("node {node} ({target}): {why}")]
+pub struct BlockFailure {
+    /// The node's name in the program's graph (`relu_`, `linear_3`).
+    pub node: String,
+    /// Its operator as the program names it (`torch.ops.aten.relu_.default`).
+    pub target: String,
+    /// libtorch's (or the interpreter's) words.
+    pub why: String,
 }
 
 /// A block with its PyTorch name.

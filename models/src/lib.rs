@@ -32,7 +32,7 @@ pub mod zoo;
 
 pub use architecture::{Architecture, Family};
 pub use assemble::Loaded;
-pub use chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
+pub use chain::{Batch, Block, BlockFailure, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 pub use error::ModelError;
 pub use layers::Activation;
 pub use load::{from_file, needs_meta};

@@ -108,11 +108,12 @@ impl Session {
                 .transpose()?;
             let bctx = ctx.with_skips(&skips);
             if seg.is_some() {
-                tch::no_grad(|| block.block.forward(&x, &bctx))
+                tch::no_grad(|| block.block.try_forward(&x, &bctx))
             } else {
-                block.block.forward(&x, &bctx)
+                block.block.try_forward(&x, &bctx)
             }
-        };
+        }
+        .map_err(|failure| self.block_failed(i, failure))?;
         drop((x, skips));
         acts.outputs[i] = Some(out);
         if let Some((first, last)) = seg.or(fused) {

@@ -44,6 +44,15 @@ pub fn nbytes(t: &Tensor) -> i64 {
 }
 
 impl Session {
+    /// Block `i`'s failure in this step as the runtime reports it.
+    pub(super) fn block_failed(&self, i: usize, failure: ckptune_models::BlockFailure) -> RuntimeError {
+        RuntimeError::Block {
+            model: self.chain.name.clone(),
+            block: self.chain.blocks[i].name.clone(),
+            failure,
+        }
+    }
+
     pub fn new(mut chain: Chain, cfg: TrainConfig, device: Device) -> Result<Self> {
         cfg.validate(device)?;
         chain

@@ -21,11 +21,11 @@ use ckptune_solver::formats::{
 use cuda::{plan_within_reserved, NotRecorded};
 use flags::{budget_share, read_profile, reserve_bytes, shard_request};
 use print::{eight_bit_note, print_plan};
-use solve::{plan_from_profile, PlanFailure, ShardRequest};
+use solve::{fastest_per_config, plan_from_profile, PlanFailure, ShardRequest};
 
 use crate::cli::args::PlanArgs;
 use crate::cli::error::UsageError;
-use crate::cli::measure::{check_fits_here, measure_profile};
+use crate::cli::measure::{check_fits_here, measure_profile, measure_profile_for_plan};
 use crate::cli::output::{outln, print_json};
 use crate::cli::plan_run::{print_verify, verify_plan};
 use crate::cli::setup::{parse_target, Setup};
@@ -55,7 +55,19 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
             }
             // What --device auto chose is the profile's device: said where it is measured.
             notes.extend(setup.device_note.clone());
-            measure_profile(&setup)?
+            if a.shard.is_none() {
+                let target = target.as_ref().map(|t| t.0.clone());
+                let rank = |p: &ProfileJson| {
+                    fastest_per_config(
+                        p,
+                        usable_bytes(&a, &requested, p, target.as_deref())?,
+                        shape_json(&a, &setup, p),
+                    )
+                };
+                measure_profile_for_plan(&setup, &rank)?
+            } else {
+                measure_profile(&setup)?
+            }
         }
     };
     if let Some(g) = setup.gpu {
@@ -75,30 +87,9 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
         None => None,
         Some(ranks) => Some(shard_request(&a, ranks, &target, &mut profile, &mut notes)?),
     };
-    let shape = ShapeJson {
-        model: setup.model.clone(),
-        image: setup.opts.image,
-        seq: setup.opts.seq,
-        classes: setup.opts.classes,
-        granularity: a.model.granularity.clone(),
-        repeats: setup.repeats,
-        candidates: a.model.candidates.clone(),
-        state_dict_key: a.model.state_dict_key.clone(),
-        heads: a.model.heads,
-        attention: profile.model.attention.clone(),
-    };
-    let share = match requested {
-        Budget::Bytes(_) => None,
-        Budget::Percent(percent) => Some(budget_share(percent, &profile, shard.as_ref())?),
-    };
-    let budget = match &share {
-        Some(s) => requested.resolve(s.smallest_peak_bytes, s.unconstrained_peak_bytes),
-        None => requested.resolve(0, 0),
-    };
-    let times = match profile.configs.first().and_then(|c| c.estimated.as_ref()) {
-        Some(e) => format!("estimated for {}", e.rates.device),
-        None => format!("{measured_on} times"),
-    };
+    let shape = shape_json(&a, &setup, &profile);
+    let (budget, share) = resolve_budget(&requested, &profile, shard.as_ref())?;
+    let times = times_label(&profile, &measured_on);
     let cuda = simulated_gpu(&a, &target, &measured_on, shard.is_some())?;
     let mut reserve = 0;
     let mut simulated = None;
@@ -161,6 +152,62 @@ pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
     };
     write_and_print(&a, &plan, report.as_ref())?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `plan` was asked to plan for: the model's shapes and how it was cut.
+fn shape_json(a: &PlanArgs, setup: &Setup, profile: &ProfileJson) -> ShapeJson {
+    ShapeJson {
+        model: setup.model.clone(),
+        image: setup.opts.image,
+        seq: setup.opts.seq,
+        classes: setup.opts.classes,
+        granularity: a.model.granularity.clone(),
+        repeats: setup.repeats,
+        candidates: a.model.candidates.clone(),
+        state_dict_key: a.model.state_dict_key.clone(),
+        heads: a.model.heads,
+        attention: profile.model.attention.clone(),
+    }
+}
+
+/// The budget in bytes, and its share of the profile's peaks where it was given as a share.
+fn resolve_budget(
+    requested: &Budget,
+    profile: &ProfileJson,
+    shard: Option<&ShardRequest>,
+) -> Result<(i64, Option<BudgetShareJson>)> {
+    let share = match requested {
+        Budget::Bytes(_) => None,
+        Budget::Percent(percent) => Some(budget_share(*percent, profile, shard)?),
+    };
+    let budget = match &share {
+        Some(s) => requested.resolve(s.smallest_peak_bytes, s.unconstrained_peak_bytes),
+        None => requested.resolve(0, 0),
+    };
+    Ok((budget, share))
+}
+
+/// Whose times a profile's are, for the reserve's note.
+fn times_label(profile: &ProfileJson, measured_on: &str) -> String {
+    match profile.configs.first().and_then(|c| c.estimated.as_ref()) {
+        Some(e) => format!("estimated for {}", e.rates.device),
+        None => format!("{measured_on} times"),
+    }
+}
+
+/// The bytes an unsharded plan from `profile` may use: the budget less the reserve (the
+/// reserve's notes are the main solve's to make).
+fn usable_bytes(a: &PlanArgs, requested: &Budget, profile: &ProfileJson, target: Option<&str>) -> Result<i64> {
+    let (budget, _) = resolve_budget(requested, profile, None)?;
+    let measured_on = profile.device.device.split(':').next().unwrap_or("cpu");
+    let target = target.unwrap_or(measured_on);
+    // A simulated CUDA plan's tensors share the budget with the context and cuBLAS's workspaces.
+    if let Some(ov) = simulated_gpu(a, target, measured_on, false)? {
+        let workspaces = ov.workspace_bytes as i64 * ckptune_solver::cuda_overheads::WORKSPACES_PER_STEP as i64;
+        return Ok(budget - ov.context_bytes as i64 - workspaces);
+    }
+    let times = times_label(profile, measured_on);
+    Ok(budget - reserve_bytes(a, budget, target, measured_on, &times, profile, &mut Vec::new())?)
 }
 
 /// What every plan of this command states besides the solve: the user's budget (the solve may
