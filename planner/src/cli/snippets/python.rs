@@ -37,6 +37,6 @@ fn loss_helper(plan: &PlanJson) -> String {
         1 => String::new(),
         n => Template::new(include_str!("templates/lm_loss.py"))
             .set("chunks", n.to_string())
-            .fill_part(),
+            .fill(),
     }
 }
