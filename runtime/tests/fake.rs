@@ -153,6 +153,25 @@ fn transformers_measured_on_meta_equal_the_cpu_to_the_byte() {
     }
 }
 
+/// The chunked loss (its gradients computed in the loss window, chunk by chunk) measured on the
+/// meta device equals the CPU's, term for term, for an untied and a tied head.
+#[test]
+fn a_chunked_loss_measured_on_meta_equals_the_cpu_to_the_byte() {
+    let _lock = setup();
+    for model in ["tiny-gpt2", "tiny-llama", "tiny-qwen2"] {
+        let mut case = Case::new(model, Granularity::Layer, Precision::Fp32).sdpa(16);
+        case.cfg.loss_chunks = 3;
+        assert_eq!(case.scratch(), vec![], "{}", case.label());
+        let differ: Vec<_> = case.terms().into_iter().filter(|(_, _, a, b)| a != b).collect();
+        assert!(
+            differ.is_empty(),
+            "{}: the meta profile differs in:\n{}",
+            case.label(),
+            report(&differ)
+        );
+    }
+}
+
 /// Under bf16 (oneDNN's matrix products on CPUs with AVX-512-BF16 or AMX) and in convolutions,
 /// the bytes kept are equal and transients are short by at most the listed scratch.
 #[test]

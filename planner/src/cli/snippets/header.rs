@@ -133,8 +133,8 @@ pub(super) fn loss_note(plan: &PlanJson, unexpressed: Option<&str>) -> String {
         ),
         Some(instead) => format!(
             "# NOT EXPRESSED: the plan computes the loss in {n} chunks of tokens \
-             (`ckptune.chunked_causal_lm_loss`); {instead}, so its peak is above the plan's by the \
-             [tokens, vocab] logits and their gradient, less one chunk's.\n"
+             (`ckptune.chunked_causal_lm_loss`); {instead}, holding the [tokens, vocab] logits and \
+             their gradient at once, so it can peak above the plan's prediction.\n"
         ),
     }
 }
