@@ -743,3 +743,32 @@ fn verify_pytorch_reports_both_runs_and_fails_over_budget() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("PyTorch's peak"), "{err}");
 }
+
+/// A plan whose loss is chunked is run in PyTorch with `ckptune.chunked_causal_lm_loss` (the
+/// harness says which loss it ran), and the python snippet of the plan computes it the same way.
+#[test]
+fn a_chunked_loss_plan_runs_the_companions_loss_in_pytorch() {
+    let p = make_plan("tiny-llama", &["--batch", "2", "--seq", "16", "--loss-chunks", "4"]);
+    assert_eq!(p.doc["config"]["loss_chunks"], 4);
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.json");
+    ok(&[
+        "verify",
+        p.plan.to_str().unwrap(),
+        "--pytorch",
+        "--steps",
+        "2",
+        "-o",
+        report.to_str().unwrap(),
+        "--quiet",
+    ]);
+    let r = read(&report);
+    assert_eq!(r["pytorch"]["loss_chunks"], 4);
+    assert_eq!(
+        r["ckptune"]["mismatches"],
+        serde_json::json!([]),
+        "ckptune's run is the model's"
+    );
+    let snippet = emit("python", &p.plan);
+    assert!(snippet.contains("ckptune.chunked_causal_lm_loss(hidden, model.get_output_embeddings().weight, labels, 4)"));
+}
