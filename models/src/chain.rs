@@ -155,6 +155,21 @@ impl std::fmt::Debug for ChainBlock {
 /// Turns the chain's final output and the batch's targets into a scalar loss.
 pub trait LossHead: Send {
     fn loss(&self, output: &Tensor, batch: &Batch) -> Tensor;
+
+    /// A language model's head, which the loss can also be computed from in chunks of tokens.
+    fn causal_lm(&self) -> Option<&dyn LmHead> {
+        None
+    }
+}
+
+/// What the chunked loss needs of a language model's head (`crate::causal_lm`).
+pub trait LmHead {
+    /// The head's weight, `[vocab, hidden]`.
+    fn weight(&self) -> &Tensor;
+    /// One label per token, flattened as the logits are, -100 where no token follows.
+    fn shift_labels(&self, batch: &Batch) -> Tensor;
+    /// The summed cross entropy of `rows` (`[tokens, hidden]`) against `labels` (`[tokens]`).
+    fn chunk_loss(&self, rows: &Tensor, labels: &Tensor) -> Tensor;
 }
 
 /// What a batch of the model's input looks like.

@@ -9,6 +9,7 @@
 pub mod architecture;
 mod assemble;
 pub mod bert;
+pub mod causal_lm;
 pub mod chain;
 mod decoder;
 pub mod error;

@@ -23,6 +23,7 @@ fn config() -> ConfigSpec {
         micro_batch: 4,
         grad_accum: 1,
         set_to_none: true,
+        loss_chunks: None,
     }
 }
 

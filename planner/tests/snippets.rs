@@ -33,6 +33,15 @@ const TINYLLAMA: &str = "tinyllama/plans/plan-19367044016.json";
 const RESNET152: &str = "resnet152/plans/plan-1096590090.json";
 const BERT_SHARDED: &str = "fsdp/avx512-bf16/bert-base-n2.plan.json";
 const RESNET50_SHARDED: &str = "fsdp/avx512-bf16/resnet50-n4.plan.json";
+const TINYLLAMA_LOSS16: &str = "loss-chunks/plan-16.json";
+
+/// A plan whose loss is chunked: `--emit python` computes it with the companion, the trainers
+/// that compute the loss from the logits say they do not.
+#[test]
+fn a_chunked_loss_is_emitted_or_declined() {
+    check("python-tinyllama-loss16", TINYLLAMA_LOSS16, EmitKind::Python);
+    check("hf-tinyllama-loss16", TINYLLAMA_LOSS16, EmitKind::Hf);
+}
 
 #[test]
 fn plain_pytorch() {

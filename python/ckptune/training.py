@@ -45,7 +45,10 @@ class TrainingConfig:
     and loss under `torch.autocast(device_type, dtype=autocast_dtype)` when `autocast_dtype` is
     not None, keep parameters in `param_dtype`, feed `micro_batch` samples per forward, step
     after `grad_accum` micro-batches, and call `zero_grad(set_to_none=set_to_none)`. For fp16,
-    `grad_scaler` is True: scale the loss with `torch.amp.GradScaler`, as ckptune did.
+    `grad_scaler` is True: scale the loss with `torch.amp.GradScaler`, as ckptune did. When
+    `loss_chunks` is above 1, compute a language model's loss with
+    `ckptune.chunked_causal_lm_loss(hidden, lm_head.weight, labels, loss_chunks)` from the
+    model's last hidden states instead of from its logits.
     """
 
     precision: str
@@ -59,6 +62,7 @@ class TrainingConfig:
     grad_accum: int
     set_to_none: bool
     grad_scaler: bool
+    loss_chunks: int = 1
 
 
 def training_config(plan: PlanLike) -> TrainingConfig:
@@ -74,9 +78,12 @@ def training_config(plan: PlanLike) -> TrainingConfig:
         precision, optimizer = config["precision"], config["optimizer"]
         micro_batch, grad_accum = int(config["micro_batch"]), int(config["grad_accum"])
         set_to_none = bool(config["set_to_none"])
-    except (KeyError, TypeError) as e:
+        loss_chunks = int(config.get("loss_chunks", 1))
+    except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"plan's config lacks {e}; re-plan with this ckptune") from None
 
+    if loss_chunks < 1:
+        raise ValueError(f"loss_chunks {loss_chunks} in the plan must be at least 1")
     if precision not in _PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} in the plan; expected one of "
                          f"{', '.join(_PRECISIONS)}")
@@ -108,4 +115,5 @@ def training_config(plan: PlanLike) -> TrainingConfig:
         grad_accum=grad_accum,
         set_to_none=set_to_none,
         grad_scaler=precision == "fp16",
+        loss_chunks=loss_chunks,
     )

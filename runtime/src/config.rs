@@ -1,4 +1,5 @@
-//! Training configs: precision × optimizer × micro-batch × gradient accumulation × set_to_none.
+//! Training configs: precision × optimizer × micro-batch × gradient accumulation × set_to_none ×
+//! loss chunks.
 
 use ckptune_solver::profile::ConfigSpec;
 use std::fmt;
@@ -232,6 +233,9 @@ pub struct TrainConfig {
     /// `zero_grad(set_to_none=true)`: gradients are freed after the optimizer step (and
     /// re-allocated by the next backward) instead of zeroed in place.
     pub set_to_none: bool,
+    /// A language model's loss in this many chunks of tokens (1: whole), each chunk's logits
+    /// and their gradient freed before the next (`exec/chunked_loss.rs`).
+    pub loss_chunks: i64,
     pub lr: f64,
 }
 
@@ -244,6 +248,7 @@ impl TrainConfig {
             micro_batch,
             grad_accum: 1,
             set_to_none: true,
+            loss_chunks: 1,
             lr: 1e-3,
         }
     }
@@ -265,15 +270,16 @@ impl TrainConfig {
             micro_batch: self.micro_batch,
             grad_accum: self.grad_accum,
             set_to_none: self.set_to_none,
+            loss_chunks: (self.loss_chunks > 1).then_some(self.loss_chunks),
         }
     }
 
     /// The config a format names; an unknown precision or optimizer, or sizes below 1, are
     /// errors naming the value.
     pub fn from_spec(c: &ConfigSpec) -> Result<Self, RuntimeError> {
-        if c.micro_batch < 1 || c.grad_accum < 1 {
+        if c.micro_batch < 1 || c.grad_accum < 1 || c.chunks() < 1 {
             return Err(RuntimeError::Config(format!(
-                "config {}: micro_batch and grad_accum must be at least 1",
+                "config {}: micro_batch, grad_accum and loss_chunks must be at least 1",
                 c.label()
             )));
         }
@@ -291,13 +297,18 @@ impl TrainConfig {
         }
         t.grad_accum = c.grad_accum;
         t.set_to_none = c.set_to_none;
+        t.loss_chunks = c.chunks();
         Ok(t)
     }
 
     /// A stable label, used as a cache key and in reports.
     pub fn label(&self) -> String {
+        let chunks = match self.loss_chunks {
+            1 => String::new(),
+            n => format!("/loss{n}"),
+        };
         format!(
-            "{}/{}/mb{}x{}/{}",
+            "{}/{}/mb{}x{}/{}{chunks}",
             self.precision,
             self.spec().optimizer_label(),
             self.micro_batch,
@@ -318,6 +329,12 @@ impl TrainConfig {
             return Err(RuntimeError::Config(format!(
                 "gradient accumulation steps {} must be at least 1",
                 self.grad_accum
+            )));
+        }
+        if self.loss_chunks < 1 {
+            return Err(RuntimeError::Config(format!(
+                "loss chunks {} must be at least 1 (1 computes the loss whole)",
+                self.loss_chunks
             )));
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {

@@ -244,6 +244,7 @@ mod tests {
                 micro_batch: 1,
                 grad_accum: 1,
                 set_to_none: true,
+                loss_chunks: None,
             },
             fixed: FixedBytes::default(),
             regimes: Vec::new(),

@@ -21,9 +21,19 @@ pub struct ConfigSpec {
     pub micro_batch: i64,
     pub grad_accum: i64,
     pub set_to_none: bool,
+    /// A language model's loss computed in this many chunks of tokens, each chunk's logits
+    /// and their gradient freed before the next (ckptune's chunked loss); absent for the whole
+    /// loss at once, as in documents written before the choice existed.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub loss_chunks: Option<i64>,
 }
 
 impl ConfigSpec {
+    /// Chunks of the loss: 1 when the loss is computed whole.
+    pub fn chunks(&self) -> i64 {
+        self.loss_chunks.unwrap_or(1)
+    }
+
     /// The same config, where a document written before the implementations were a choice
     /// (`optimizer_impl` absent) stands for the single-tensor loop, the one it measured.
     pub fn same_as(&self, other: &ConfigSpec) -> bool {
@@ -33,11 +43,14 @@ impl ConfigSpec {
         };
         ConfigSpec {
             optimizer_impl: None,
+            loss_chunks: None,
             ..self.clone()
         } == ConfigSpec {
             optimizer_impl: None,
+            loss_chunks: None,
             ..other.clone()
         } && imp(self) == imp(other)
+            && self.chunks() == other.chunks()
     }
 
     /// The `torch.optim` keyword that selects the implementation (`foreach=False` for the
@@ -60,15 +73,20 @@ impl ConfigSpec {
         }
     }
 
-    /// `bf16/adamw/mb8x1`, with `/zero` when gradients are zeroed in place.
+    /// `bf16/adamw/mb8x1`, with `/zero` when gradients are zeroed in place and `/loss4` when
+    /// the loss runs in 4 chunks.
     pub fn label(&self) -> String {
         format!(
-            "{}/{}/mb{}x{}{}",
+            "{}/{}/mb{}x{}{}{}",
             self.precision,
             self.optimizer_label(),
             self.micro_batch,
             self.grad_accum,
-            if self.set_to_none { "" } else { "/zero" }
+            if self.set_to_none { "" } else { "/zero" },
+            match self.chunks() {
+                1 => String::new(),
+                n => format!("/loss{n}"),
+            }
         )
     }
 }

@@ -113,6 +113,12 @@ pub struct ModelArgs {
     /// Zero gradients in place instead of freeing them after each optimizer step.
     #[arg(long)]
     pub zero_grad_in_place: bool,
+    /// A language model's loss in this many chunks of tokens, each chunk's logits and their
+    /// gradient freed before the next (`ckptune.chunked_causal_lm_loss` in the training loop).
+    /// Several comma-separated counts let the planner choose; 1 computes the loss whole.
+    /// Default: 1. GPT-2 and the Llama family only.
+    #[arg(long, value_delimiter = ',')]
+    pub loss_chunks: Vec<i64>,
     /// auto (CUDA when a device is visible, else the CPU; the output says which), cpu or cuda
     /// (exit 2 when no CUDA device is visible, naming what was looked for).
     #[arg(long, default_value = "auto")]

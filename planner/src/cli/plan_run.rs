@@ -35,6 +35,7 @@ pub fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfi
         optimizer: vec![plan.config.optimizer.clone()],
         optimizer_impl: plan.config.optimizer_impl.iter().cloned().collect(),
         zero_grad_in_place: !plan.config.set_to_none,
+        loss_chunks: vec![plan.config.chunks()],
         allow_8bit: false,
         device: plan.device.device.split(':').next().unwrap_or("cpu").to_owned(),
         threads: Some(plan.device.threads),
@@ -147,12 +148,16 @@ pub fn verify_plan(plan: &PlanJson, steps: usize, quiet: bool) -> Result<VerifyJ
 
 pub fn print_verify(r: &VerifyJson) {
     outln!(
-        "verify {} ({} / {} / micro-batch {} × {}), checkpoint {}",
+        "verify {} ({} / {} / micro-batch {} × {}{}), checkpoint {}",
         r.model,
         r.config.precision,
         r.config.optimizer,
         r.config.micro_batch,
         r.config.grad_accum,
+        match r.config.chunks() {
+            1 => String::new(),
+            n => format!(" / loss in {n} chunks"),
+        },
         r.regex
     );
     outln!(

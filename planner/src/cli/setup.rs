@@ -285,6 +285,7 @@ struct ConfigSpace {
     batches: Vec<i64>,
     global_batch: i64,
     set_to_none: bool,
+    loss_chunks: Vec<i64>,
 }
 
 impl ConfigSpace {
@@ -304,10 +305,12 @@ impl ConfigSpace {
             batches,
             global_batch,
             set_to_none: !a.zero_grad_in_place,
+            loss_chunks: loss_chunks(a)?,
         })
     }
 
-    /// Every precision × optimizer × micro-batch whose micro-batch divides the global batch.
+    /// Every precision × optimizer × micro-batch × loss chunks whose micro-batch divides the
+    /// global batch.
     fn configs(&self) -> Result<Vec<TrainConfig>> {
         let mut configs = Vec::new();
         for &p in &self.precisions {
@@ -323,11 +326,14 @@ impl ConfigSpace {
                         }
                         continue;
                     }
-                    let mut c = TrainConfig::new(p, o, mb);
-                    c.optimizer_impl = imp;
-                    c.grad_accum = self.global_batch / mb;
-                    c.set_to_none = self.set_to_none;
-                    configs.push(c);
+                    for &chunks in &self.loss_chunks {
+                        let mut c = TrainConfig::new(p, o, mb);
+                        c.optimizer_impl = imp;
+                        c.grad_accum = self.global_batch / mb;
+                        c.set_to_none = self.set_to_none;
+                        c.loss_chunks = chunks;
+                        configs.push(c);
+                    }
                 }
             }
         }
@@ -431,19 +437,32 @@ fn micro_batches(a: &ModelArgs) -> Result<Vec<i64>> {
     } else {
         8
     };
-    let mut batches = if a.batch.is_empty() {
-        vec![default_batch]
+    positive_counts(&a.batch, default_batch, |b| {
+        format!("--batch {b}: a micro-batch must hold at least one sample")
+    })
+}
+
+/// `--loss-chunks`: counts of at least 1, sorted; default 1 (the loss whole).
+fn loss_chunks(a: &ModelArgs) -> Result<Vec<i64>> {
+    positive_counts(&a.loss_chunks, 1, |c| {
+        format!("--loss-chunks {c}: the loss needs at least one chunk (1 computes it whole)")
+    })
+}
+
+/// A list flag's values sorted without repeats (`default` when none is given); a value below 1
+/// is the error `below` words.
+fn positive_counts(given: &[i64], default: i64, below: impl Fn(i64) -> String) -> Result<Vec<i64>> {
+    let mut values = if given.is_empty() {
+        vec![default]
     } else {
-        a.batch.clone()
+        given.to_vec()
     };
-    batches.sort_unstable();
-    batches.dedup();
-    if let Some(b) = batches.iter().find(|b| **b < 1) {
-        return Err(usage(format!(
-            "--batch {b}: a micro-batch must hold at least one sample"
-        )));
+    values.sort_unstable();
+    values.dedup();
+    match values.iter().find(|v| **v < 1) {
+        Some(&v) => Err(usage(below(v))),
+        None => Ok(values),
     }
-    Ok(batches)
 }
 
 fn default_cache_dir() -> PathBuf {

@@ -149,6 +149,26 @@ pub(super) fn shard_header(shard: &ShardJson, micro_batch: i64) -> String {
     s
 }
 
+/// For a plan whose loss is chunked: how the snippet computes it, or, where `unexpressed` names
+/// what the trainer does instead, that it does not.
+pub(super) fn loss_note(plan: &PlanJson, unexpressed: Option<&str>) -> String {
+    let n = plan.config.chunks();
+    if n == 1 {
+        return String::new();
+    }
+    match unexpressed {
+        None => format!(
+            "# The plan computes the loss in {n} chunks of tokens (`ckptune.chunked_causal_lm_loss`); \
+             `lm_loss` below does, pass it as `loss_fn`.\n"
+        ),
+        Some(instead) => format!(
+            "# NOT EXPRESSED: the plan computes the loss in {n} chunks of tokens \
+             (`ckptune.chunked_causal_lm_loss`); {instead}, holding the [tokens, vocab] logits and \
+             their gradient at once, so it can peak above the plan's prediction.\n"
+        ),
+    }
+}
+
 /// For the one-process snippets of a sharded plan: what they leave out.
 pub(super) fn one_process_note(plan: &PlanJson) -> &'static str {
     if plan.shard.is_some() {

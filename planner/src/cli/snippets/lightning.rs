@@ -4,7 +4,7 @@
 use ckptune_solver::formats::PlanJson;
 
 use super::facts::Facts;
-use super::header::{header, one_process_note};
+use super::header::{header, loss_note, one_process_note};
 use super::literals::{plan_literal, py_str};
 use super::template::Template;
 
@@ -27,7 +27,12 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
         )
     };
     Template::new(include_str!("templates/lightning.py"))
-        .set("header", header(plan, "Lightning") + one_process_note(plan))
+        .set(
+            "header",
+            header(plan, "Lightning")
+                + one_process_note(plan)
+                + &loss_note(plan, Some("this module computes it whole from the model's logits")),
+        )
         .set("plan", plan_literal(plan))
         .set("whose", whose)
         .set("backbone", py_str(&prefix))

@@ -3,7 +3,7 @@
 use ckptune_solver::formats::PlanJson;
 
 use super::facts::Facts;
-use super::header::{backbone_comment, header, one_process_note};
+use super::header::{backbone_comment, header, loss_note, one_process_note};
 use super::literals::{plan_literal, py_str};
 use super::template::Template;
 
@@ -11,8 +11,9 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
     Template::new(include_str!("templates/python.py"))
         .set(
             "header",
-            header(plan, "Plain PyTorch training") + one_process_note(plan),
+            header(plan, "Plain PyTorch training") + one_process_note(plan) + &loss_note(plan, None),
         )
+        .set("loss_helper", loss_helper(plan))
         .set("plan", plan_literal(plan))
         .set("backbone_comment", backbone_comment(f))
         .set("backbone", py_str(f.backbone))
@@ -28,4 +29,14 @@ pub(super) fn training_loop(device_type: &str, loss: &str) -> String {
         .set("device_type", device_type)
         .set("loss", loss)
         .fill_part()
+}
+
+/// For a plan whose loss is chunked, `lm_loss`: the companion's chunked loss as a `loss_fn`.
+fn loss_helper(plan: &PlanJson) -> String {
+    match plan.config.chunks() {
+        1 => String::new(),
+        n => Template::new(include_str!("templates/lm_loss.py"))
+            .set("chunks", n.to_string())
+            .fill(),
+    }
 }

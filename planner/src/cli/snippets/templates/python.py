@@ -4,7 +4,7 @@ import torch
 import ckptune
 
 ${plan}${backbone_comment}BACKBONE = ${backbone}
-
+${loss_helper}
 
 def train(model, loader, loss_fn, lr=1e-3, device="cpu"):
     """Trains `model` as the plan was measured: the plan's modules checkpointed, its precision,
