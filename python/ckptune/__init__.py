@@ -6,9 +6,9 @@ wraps the chosen modules in `torch.utils.checkpoint`, `training_config` gives th
 optimizer and batch settings the plan's memory prediction assumed.
 """
 
-from .checkpointing import apply
+from .checkpointing import apply, plan_root
 from .plan import FORMAT, load_plan
 from .training import TrainingConfig, training_config
 
-__all__ = ["FORMAT", "TrainingConfig", "apply", "load_plan", "training_config"]
+__all__ = ["FORMAT", "TrainingConfig", "apply", "load_plan", "plan_root", "training_config"]
 __version__ = "0.1.0"

@@ -46,6 +46,9 @@ class TrainingConfig:
     not None, keep parameters in `param_dtype`, feed `micro_batch` samples per forward, step
     after `grad_accum` micro-batches, and call `zero_grad(set_to_none=set_to_none)`. For fp16,
     `grad_scaler` is True: scale the loss with `torch.amp.GradScaler`, as ckptune did.
+    `autocast_cache` is the `cache_enabled` of that autocast region: True for a plan made for a
+    trainer that keeps autocast's weight-cast cache on (the Hugging Face `Trainer`),
+    whose peak counts the cached casts; False otherwise.
     """
 
     precision: str
@@ -59,6 +62,7 @@ class TrainingConfig:
     grad_accum: int
     set_to_none: bool
     grad_scaler: bool
+    autocast_cache: bool = False
 
 
 def training_config(plan: PlanLike) -> TrainingConfig:
@@ -74,6 +78,7 @@ def training_config(plan: PlanLike) -> TrainingConfig:
         precision, optimizer = config["precision"], config["optimizer"]
         micro_batch, grad_accum = int(config["micro_batch"]), int(config["grad_accum"])
         set_to_none = bool(config["set_to_none"])
+        autocast_cache = bool(config.get("autocast_cache", False))
     except (KeyError, TypeError) as e:
         raise ValueError(f"plan's config lacks {e}; re-plan with this ckptune") from None
 
@@ -108,4 +113,5 @@ def training_config(plan: PlanLike) -> TrainingConfig:
         grad_accum=grad_accum,
         set_to_none=set_to_none,
         grad_scaler=precision == "fp16",
+        autocast_cache=autocast_cache and autocast_dtype is not None,
     )

@@ -294,6 +294,7 @@ struct ConfigSpace {
     batches: Vec<i64>,
     global_batch: i64,
     set_to_none: bool,
+    autocast_cache: bool,
 }
 
 impl ConfigSpace {
@@ -313,6 +314,7 @@ impl ConfigSpace {
             batches,
             global_batch,
             set_to_none: !a.zero_grad_in_place,
+            autocast_cache: a.autocast_cache,
         })
     }
 
@@ -336,6 +338,7 @@ impl ConfigSpace {
                     c.optimizer_impl = imp;
                     c.grad_accum = self.global_batch / mb;
                     c.set_to_none = self.set_to_none;
+                    c.autocast_cache = self.autocast_cache && p.autocast().is_some();
                     configs.push(c);
                 }
             }
@@ -500,6 +503,10 @@ pub fn model_json(chain: &Chain) -> ModelJson {
             })
             .collect(),
         attention: chain.attention.map(|a| a.hf_name().to_owned()),
+        prefix: Some(match ckptune_solver::formats::backbone_of(&chain.modules) {
+            "" => String::new(),
+            b => format!("{b}."),
+        }),
     }
 }
 

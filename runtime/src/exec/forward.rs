@@ -98,20 +98,23 @@ impl Session {
         if seg.is_some_and(|(first, _)| first == i) {
             acts.rng_states[i] = Some(rng::cpu_state()?);
         }
-        let out = {
+        let (out, open) = {
             let _scope = scope::open(Phase::Forward, Some((i, &block.name)))?;
-            let _ac = self
+            let ac = self
                 .cfg
                 .precision
                 .autocast()
                 .map(|k| AutocastGuard::new(self.device, k, true))
                 .transpose()?;
             let bctx = ctx.with_skips(&skips);
-            if seg.is_some() {
+            let out = if seg.is_some() {
                 tch::no_grad(|| block.block.forward(&x, &bctx))
             } else {
                 block.block.forward(&x, &bctx)
-            }
+            };
+            let open = self.probe.current();
+            drop(ac);
+            (out, open)
         };
         drop((x, skips));
         acts.outputs[i] = Some(out);
@@ -127,6 +130,7 @@ impl Session {
             let b = &mut t.blocks[i];
             b.fwd_peak = self.probe.window_peak();
             b.fwd_after = self.probe.current();
+            b.fwd_open = open;
             b.fwd_seconds = t0.elapsed().as_secs_f64();
         }
         Ok(())

@@ -25,7 +25,17 @@ pub(super) struct LossStep {
 }
 
 impl Session {
-    pub(super) fn loss(&self, acts: &Activations, batch: &Batch, mut tr: Option<&mut MicroTrace>) -> Result<LossStep> {
+    /// `held` is the region a loop that keeps autocast's cache on opened around the forward
+    /// ([`Session::cast_region`]): it closes once the scaled loss exists, as
+    /// `with torch.autocast(...): loss = loss_fn(model(x), y) / grad_accum` ends there, freeing
+    /// the casts only the cache held before backward starts.
+    pub(super) fn loss(
+        &self,
+        acts: &Activations,
+        batch: &Batch,
+        held: Option<AutocastGuard>,
+        mut tr: Option<&mut MicroTrace>,
+    ) -> Result<LossStep> {
         let n = self.chain.blocks.len();
         let y = acts.outputs[n - 1]
             .as_ref()
@@ -55,11 +65,18 @@ impl Session {
             };
             let scale = self.loss_scale() / self.cfg.grad_accum as f64;
             let scaled = if scale == 1.0 { loss } else { loss * scale };
+            if let Some(t) = tr.as_deref_mut() {
+                t.loss_fwd_peak = self.probe.window_peak();
+                t.casts_held = held.is_some();
+            }
+            drop(held);
+            if tr.is_some() {
+                self.probe.reset_window();
+            }
             // `loss.backward()` seeds the engine with `ones_like(loss)`, alive until the whole
             // backward returns.
             let seed = scaled.f_ones_like().map_err(torch("loss backward"))?;
             if let Some(t) = tr.as_deref_mut() {
-                t.loss_fwd_peak = self.probe.window_peak();
                 t.loss_seeded = self.probe.current();
             }
             autograd::backward(scaled.shallow_clone(), seed.shallow_clone())?;
@@ -77,7 +94,8 @@ impl Session {
         let grad = y.grad();
         drop(y);
         if let Some(t) = tr {
-            t.loss_peak = self.probe.window_peak();
+            t.loss_bwd_peak = self.probe.window_peak();
+            t.loss_peak = t.loss_fwd_peak.max(t.loss_bwd_peak);
             t.loss_after = self.probe.current();
         }
         Ok(LossStep { value, var, seed, grad })
