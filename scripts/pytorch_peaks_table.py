@@ -85,8 +85,8 @@ def _cache_section(doc, w):
       f"which keeps autocast's cache on, as these PyTorch runs do): each block's weight casts that only "
       f"the cache holds are kept until the loss is made (docs/memory-model.md, \"Autocast's cache\"). "
       f"Added by `{doc.get('cache_rows_command', doc['command'])}` ({doc.get('cache_rows_minutes', '?')} min, "
-      f"load average at start and end {doc.get('cache_rows_load_average_start_end')}); the PyTorch "
-      f"peaks are the runs above. *Mask* and *scalars* as above:\n")
+      f"load average at start and end {doc.get('cache_rows_load_average_start_end')}), PyTorch run "
+      f"again beside them. *Mask* and *scalars* as above:\n")
     w("| model | optimizer | checkpointed | predicted peak | at | ckptune | PyTorch | PyTorch − predicted | mask | scalars | left |")
     w("|---|---|---|---|---|---|---|---|---|---|---|")
     exact = explained = 0
