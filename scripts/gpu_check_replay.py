@@ -6,13 +6,15 @@ each event's allocated, reserved and active bytes and segment count with the sim
 (PyTorch reads the variable when CUDA initializes). `scripts/gpu_check` is its front door.
 
     .venv/bin/python scripts/gpu_check_replay.py run [--out results/gpu] [--traces DIR]
-        [--phase all|measure|compare] [--backend torch|fake] [--ckptune BIN]
+        [--phase all|measure|compare] [--backend torch|fake] [--ckptune BIN] [--models LIST]
 
 Phases: `measure` needs the GPU (writes OUT/work/measured-K.json per config K); `compare` needs
 the ckptune binary (simulates each trace under each config with the measured device's capacity,
 writes OUT/replay.json and OUT/replay.md); `all` does both. `--backend fake` replaces the GPU by
 a stand-in allocator with made-up statistics, to test the pipeline on a CPU: its results say so
-and mean nothing about PyTorch. The subcommand `measure` is what each fresh process runs.
+and mean nothing about PyTorch. The subcommand `measure` is what each fresh process runs. With
+`--phase all`, `--models` (scripts/gpu_check_models.py) are first planned here for the GPU, their
+step traces replayed with the others, then measured on the GPU (OUT/models.{json,md}).
 """
 
 import argparse
@@ -28,6 +30,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import alloc_traces  # noqa: E402
+import gpu_check_models  # noqa: E402
 
 MEASURED_FORMAT = "ckptune.gpu-replay-measured/1"
 RESULT_FORMAT = "ckptune.gpu-replay/1"
@@ -334,6 +337,15 @@ def run(args):
     trace_dir = args.traces or os.path.join(work, "traces")
     if not args.traces:
         alloc_traces.write_all(trace_dir)
+    models = args.models
+    ckptune = None
+    if args.phase == "all" and models:
+        # Planned here from the meta device first, so their traces are replayed with the others.
+        ckptune = find_ckptune(args.ckptune)
+        model_doc = gpu_check_models.run_models(ckptune, models, work, None if args.traces else trace_dir,
+                                                on_gpu=args.backend == "torch")
+        write_atomic(os.path.join(args.out, "models.json"), json.dumps(model_doc, indent=1) + "\n")
+        write_atomic(os.path.join(args.out, "models.md"), gpu_check_models.markdown(model_doc))
     if args.phase in ("all", "measure"):
         for k, conf in enumerate(alloc_traces.CONFIGS):
             out = os.path.join(work, f"measured-{k}.json")
@@ -343,7 +355,7 @@ def run(args):
             print(f"gpu_check: measuring PYTORCH_CUDA_ALLOC_CONF={conf!r}", file=sys.stderr)
             subprocess.run(cmd, env=env, check=True, timeout=MEASURE_TIMEOUT_S)
     if args.phase in ("all", "compare"):
-        doc = compare(work, trace_dir, find_ckptune(args.ckptune))
+        doc = compare(work, trace_dir, ckptune or find_ckptune(args.ckptune))
         write_atomic(os.path.join(args.out, "replay.json"), json.dumps(doc, indent=1) + "\n")
         write_atomic(os.path.join(args.out, "replay.md"), markdown(doc))
         s = doc["summary"]
@@ -369,6 +381,9 @@ def parse_args(argv):
     r.add_argument("--backend", choices=sorted(BACKENDS), default="torch",
                    help="torch: the GPU; fake: a stand-in to test the pipeline without one")
     r.add_argument("--ckptune", help="the ckptune binary (default $CKPTUNE_BIN, else target/release/ckptune)")
+    r.add_argument("--models", type=gpu_check_models.parse_models, default=gpu_check_models.DEFAULT_MODELS,
+                   help=f"with --phase all: models to plan here and measure on the GPU, comma-separated, or '' "
+                        f"(default {gpu_check_models.DEFAULT_MODELS}; known: {', '.join(gpu_check_models.MODELS)})")
     m = sub.add_parser("measure", help="(one fresh process per config) replay every trace, record the stats")
     m.add_argument("--traces", required=True)
     m.add_argument("--conf", required=True, help="the PYTORCH_CUDA_ALLOC_CONF this process was started with")

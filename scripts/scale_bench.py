@@ -163,7 +163,10 @@ def fits_here(args, out_dir):
             row.update(config=p["config"], regex=p["checkpoint"]["regex"],
                        peak_bytes=p["predicted"]["peak_bytes"], step_seconds=p["predicted"]["step_seconds"],
                        step_seconds_range=p["predicted"].get("step_seconds_range"),
-                       steps_run=p["profile"]["steps_run"])
+                       steps_run=p["profile"]["steps_run"],
+                       configs=len(p["alternatives"]),
+                       configs_timed=sum(1 for a in p["alternatives"]
+                                         if not a["predicted"].get("step_seconds_estimated")))
         rows.append(row)
         print(f"bert-large --measure {measure}: rc {stats['rc']}, {stats['wall']:.1f} s", file=sys.stderr)
     return rows

@@ -63,17 +63,18 @@ def tracker_rows(plans, tracked):
 
 
 def fits_rows(fits):
-    yield from header("--measure", "wall", "peak RSS", "steps run", "plan", "checkpoint regex", "predicted peak",
-                      "predicted step (spread)")
+    yield from header("--measure", "wall", "peak RSS", "configs timed", "steps run", "plan", "checkpoint regex",
+                      "predicted peak", "predicted step (spread)")
     for f in fits:
         cost = usage(f)
         if f["rc"] != 0:
-            yield f"| {f['measure']} | {cost} | | failed (exit {f['rc']}) | | | |"
+            yield f"| {f['measure']} | {cost} | | | failed (exit {f['rc']}) | | | |"
             continue
         c = f["config"]
         r = f.get("step_seconds_range")
         spread = f" ({r[0]:.3f}–{r[1]:.3f} s)" if r else ""
-        yield (f"| {f['measure']} | {cost} | {f['steps_run']} | {c['precision']}/{c['optimizer']} | "
+        timed = f"{f['configs_timed']} of {f['configs']}" if "configs" in f else ""
+        yield (f"| {f['measure']} | {cost} | {timed} | {f['steps_run']} | {c['precision']}/{c['optimizer']} | "
                f"`{f['regex']}` | {gib(f['peak_bytes'])} | {f['step_seconds']:.3f} s{spread} |")
 
 
@@ -88,15 +89,25 @@ def fits_summary(fits):
         f"planned {'the same config, checkpoint set and peak' if same else 'differently'}; its predicted "
         f"step is {100 * (a['step_seconds'] / r['step_seconds'] - 1):+.1f}% from `run`'s. The two commands "
         "ran minutes apart on a shared 2-core machine, not interleaved, so their times differ by what the "
-        "machine did meanwhile as well. Issue #31's target of 120 s is not met: each config takes a "
-        "warm-up step and at least two timed steps of each kind (nothing and everything checkpointed), "
-        "and a step here takes the predicted times above. Measuring the step with nothing checkpointed "
-        "rather than deriving it from the step with everything checkpointed less its no-grad forwards is "
-        "what costs the extra steps: derived, it came out far below the measured one for BERT-large (a "
-        "step keeping every activation faults in fresh pages for them), and the plan's prediction with it.",
+        "machine did meanwhile as well. " + target_sentence(a),
         "",
     ]
 
+
+
+def target_sentence(a):
+    """Issue #31's target for this line (120 s), met or not, and where `auto`'s time goes."""
+    untimed = a.get("configs", 0) - a.get("configs_timed", 0)
+    skipped = (f"It timed {a['configs_timed']} of its {a['configs']} configs for real: the cost model put "
+               f"the other{'s' if untimed > 1 else ''} over 1.25x the fastest measured step, so "
+               f"{'they keep their' if untimed > 1 else 'it keeps its'} estimated times. ") if untimed > 0 else ""
+    verdict = "met" if a["wall"] <= 120 else "not met"
+    return (f"{skipped}Issue #31's target of 120 s is {verdict} ({a['wall']:.0f} s): each config timed takes a "
+            "warm-up step and at least two timed steps of each kind (nothing and everything checkpointed), "
+            "and a step here takes the predicted times above. Measuring the step with nothing checkpointed "
+            "rather than deriving it from the step with everything checkpointed less its no-grad forwards is "
+            "what costs the extra steps: derived, it came out far below the measured one for BERT-large (a "
+            "step keeping every activation faults in fresh pages for them), and the plan's prediction with it.")
 
 def main():
     doc = json.load(open(sys.argv[1]))
@@ -138,7 +149,7 @@ def main():
         "`ckptune plan --budget 12GiB bert-large-uncased --batch 4 --seq 512 --no-cache` (fp32 and bf16, "
         "AdamW), measured both ways on this machine in the same run: `auto` measures memory on the "
         "meta device and times real steps with nothing and with every candidate checkpointed, "
-        "alternating, two of each kind once they agree (docs/timing.md); `run` runs every profiling step for real. Steps run counts "
+        "alternating, two of each kind once they agree (docs/timing.md), for the configs that can win (the others keep the cost model's estimates); `run` runs every profiling step for real. Steps run counts "
         "the chosen config's profile steps, on the meta device and for real.",
         "",
         *fits_rows(doc.get("fits", [])),

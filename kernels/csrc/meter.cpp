@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <vector>
 
 #include "common.h"
 #include "meter.h"
@@ -45,7 +46,20 @@ void raise_max(std::atomic<int64_t>& target, int64_t value) {
   }
 }
 
-void count_alloc(int64_t n) {
+// The allocation log (`ckpt_meter_log_*`): while it records, every counted allocation and free
+// is appended in the order the counters saw it, keyed by what identifies the allocation while it
+// lives (a CPU data pointer, a meta context). When it does not record, counting costs one
+// relaxed load more; when it does, counting and appending happen under one lock, so the log's
+// order is the counters' order even when oneDNN's threads allocate.
+struct LogEvent {
+  int64_t bytes;  // >= 0: an allocation of `bytes`, < 0: a free of `~bytes` (zero-byte ones too)
+  uint64_t key;
+};
+std::atomic<bool> g_logging{false};
+std::mutex g_log_lock;
+std::vector<LogEvent> g_log;
+
+void count_alloc_unlogged(int64_t n) {
   int64_t now = g_current.fetch_add(n, std::memory_order_relaxed) + n;
   g_allocs.fetch_add(1, std::memory_order_relaxed);
   raise_max(g_peak, now);
@@ -54,12 +68,27 @@ void count_alloc(int64_t n) {
   raise_max(g_call_peak, now);
 }
 
-void count_free(int64_t n) { g_current.fetch_sub(n, std::memory_order_relaxed); }
+void count_alloc(int64_t n, const void* key) {
+  if (!g_logging.load(std::memory_order_relaxed)) return count_alloc_unlogged(n);
+  std::lock_guard<std::mutex> lock(g_log_lock);
+  count_alloc_unlogged(n);
+  g_log.push_back({n, reinterpret_cast<uint64_t>(key)});
+}
+
+void count_free(int64_t n, const void* key) {
+  if (!g_logging.load(std::memory_order_relaxed)) {
+    g_current.fetch_sub(n, std::memory_order_relaxed);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_log_lock);
+  g_current.fetch_sub(n, std::memory_order_relaxed);
+  g_log.push_back({~n, reinterpret_cast<uint64_t>(key)});
+}
 
 void counting_delete(void* data) {
   if (data == nullptr) return;
   char* base = static_cast<char*>(data) - kHeader;
-  count_free(*reinterpret_cast<int64_t*>(base));
+  count_free(*reinterpret_cast<int64_t*>(base), data);
   g_inner_raw_deleter(base);
 }
 
@@ -68,7 +97,7 @@ struct CountingAllocator final : c10::Allocator {
     void* base = g_inner->raw_allocate(n + kHeader);
     *reinterpret_cast<int64_t*>(base) = static_cast<int64_t>(n);
     void* data = static_cast<char*>(base) + kHeader;
-    count_alloc(static_cast<int64_t>(n));
+    count_alloc(static_cast<int64_t>(n), data);
     return {data, data, &counting_delete, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &counting_delete; }
@@ -85,14 +114,15 @@ std::once_flag g_install_once;
 // context holds the size for the deleter; the data pointer stays null, as meta tensors have.
 void meta_delete(void* ctx) {
   auto* n = static_cast<int64_t*>(ctx);
-  count_free(*n);
+  count_free(*n, ctx);
   delete n;
 }
 
 struct CountingMetaAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
-    count_alloc(static_cast<int64_t>(n));
-    return {nullptr, new int64_t(static_cast<int64_t>(n)), &meta_delete, c10::Device(c10::DeviceType::Meta)};
+    auto* ctx = new int64_t(static_cast<int64_t>(n));
+    count_alloc(static_cast<int64_t>(n), ctx);
+    return {nullptr, ctx, &meta_delete, c10::Device(c10::DeviceType::Meta)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* /*dest*/, const void* /*src*/, std::size_t /*count*/) const override {}
@@ -107,16 +137,19 @@ namespace ckpt {
 
 int64_t meter_current() { return g_current.load(std::memory_order_relaxed); }
 void meter_mark_backward_start() { g_backward_start.store(meter_current(), std::memory_order_relaxed); }
-void meter_alloc(int64_t n) { count_alloc(n); }
-void meter_free(int64_t n) { count_free(n); }
+// Keyed 0: a learned scratch is freed right after it is counted, before any other key-0 event.
+void meter_alloc(int64_t n) { count_alloc(n, nullptr); }
+void meter_free(int64_t n) { count_free(n, nullptr); }
 void meter_meta_resized(c10::StorageImpl* storage) {
   const c10::DataPtr& data = storage->data_ptr();
   if (data.get_deleter() != &meta_delete) return;
   auto* counted = static_cast<int64_t*>(data.get_context());
   const auto now = static_cast<int64_t>(storage->nbytes());
   if (now <= *counted) return;
-  count_alloc(now);
-  count_free(*counted);
+  // Logged as the CPU does it: the new bytes, then the old freed, both under the storage's key
+  // (a reader pairs a key's frees with its allocations oldest first).
+  count_alloc(now, counted);
+  count_free(*counted, counted);
   *counted = now;
 }
 int64_t meter_op_peak() { return g_op_peak.load(std::memory_order_relaxed); }
@@ -154,6 +187,32 @@ int64_t ckpt_meter_backward_start() { return g_backward_start.load(std::memory_o
 void ckpt_meter_reset_peak() { g_peak.store(g_current.load(std::memory_order_relaxed)); }
 int64_t ckpt_meter_window_peak() { return g_window_peak.load(std::memory_order_relaxed); }
 void ckpt_meter_reset_window() { g_window_peak.store(g_current.load(std::memory_order_relaxed)); }
+
+// The allocation log: `start` clears it and records from now on, `stop` stops recording,
+// `len` is the number of events so far, and `read` copies up to `cap` events from `from` into
+// `bytes`/`keys` (an allocation as its bytes, a free as `~bytes`) and returns how many it copied.
+void ckpt_meter_log_start() {
+  std::lock_guard<std::mutex> lock(g_log_lock);
+  g_log.clear();
+  g_logging.store(true, std::memory_order_relaxed);
+}
+void ckpt_meter_log_stop() {
+  std::lock_guard<std::mutex> lock(g_log_lock);
+  g_logging.store(false, std::memory_order_relaxed);
+}
+int64_t ckpt_meter_log_len() {
+  std::lock_guard<std::mutex> lock(g_log_lock);
+  return static_cast<int64_t>(g_log.size());
+}
+int64_t ckpt_meter_log_read(int64_t from, int64_t cap, int64_t* bytes, uint64_t* keys) {
+  std::lock_guard<std::mutex> lock(g_log_lock);
+  int64_t n = 0;
+  for (auto i = static_cast<size_t>(from); i < g_log.size() && n < cap; ++i, ++n) {
+    bytes[n] = g_log[i].bytes;
+    keys[n] = g_log[i].key;
+  }
+  return n;
+}
 
 
 // Installs the counting meta allocator: every storage a meta (or fake) tensor gets is counted.

@@ -64,6 +64,18 @@ pub fn device_facts(ordinal: usize) -> Result<DeviceFacts, KernelError> {
     })
 }
 
+/// How many CUDA devices libtorch's CUDA runtime sees (an error when libcuda cannot be loaded).
+pub fn device_count() -> Result<usize, KernelError> {
+    if !driver_present() {
+        return Err(no_gpu(
+            "counting CUDA devices",
+            "libcuda (the NVIDIA driver library) is not present",
+        ));
+    }
+    // SAFETY: c10::cuda::device_count catches CUDA's errors and returns 0 for them.
+    Ok(unsafe { ckpt_cuda_device_count() }.max(0) as usize)
+}
+
 fn check_device(op: &'static str, device: usize) -> Result<(), KernelError> {
     if !driver_present() {
         return Err(no_gpu(op, "libcuda (the NVIDIA driver library) is not present"));

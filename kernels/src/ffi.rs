@@ -58,6 +58,10 @@ extern "C" {
     pub(crate) fn ckpt_meter_window_peak() -> i64;
     pub(crate) fn ckpt_meter_reset_window();
     pub(crate) fn ckpt_meter_install_meta(err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_meter_log_start();
+    pub(crate) fn ckpt_meter_log_stop();
+    pub(crate) fn ckpt_meter_log_len() -> i64;
+    pub(crate) fn ckpt_meter_log_read(from: i64, cap: i64, bytes: *mut i64, keys: *mut u64) -> i64;
 
     pub(crate) fn ckpt_fake_enter(err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_fake_exit();

@@ -1,9 +1,10 @@
 //! ckptune's native code: a C++ shim over libtorch for what `tch` does not expose (an exact
-//! CPU memory meter, autocast, backward with an explicit output gradient, RNG state,
+//! CPU memory meter and its allocation log, autocast, backward with an explicit output gradient, RNG state,
 //! TorchScript children, a generic boxed call of any dispatcher operator), and behind the `cuda` feature the CUDA allocator's statistics and
 //! device facts. This is the only crate of the workspace with native code.
 
 pub mod adam8bit;
+pub mod alloc_log;
 pub mod autocast;
 pub mod autograd;
 mod error;

@@ -80,6 +80,26 @@ impl<'a> Ctx<'a> {
 /// relies on getting bitwise the same result after restoring the RNG state.
 pub trait Block: Send {
     fn forward(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Tensor;
+
+    /// [`Block::forward`], with a failure as an error naming the node at fault. The runtime
+    /// calls this one. A block ckptune built (a zoo model) fails only by a bug, so it keeps the
+    /// default; a block that runs the user's graph (a `torch.export` program) can meet inputs
+    /// its operators reject (a dtype or batch the program was not traced with) and reports them.
+    fn try_forward(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Result<Tensor, BlockFailure> {
+        Ok(self.forward(xs, ctx))
+    }
+}
+
+/// A node of a block's graph that failed on the tensors the step gave it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("node {node} ({target}): {why}")]
+pub struct BlockFailure {
+    /// The node's name in the program's graph (`relu_`, `linear_3`).
+    pub node: String,
+    /// Its operator as the program names it (`torch.ops.aten.relu_.default`).
+    pub target: String,
+    /// libtorch's (or the interpreter's) words.
+    pub why: String,
 }
 
 /// A block with its PyTorch name.
@@ -135,6 +155,21 @@ impl std::fmt::Debug for ChainBlock {
 /// Turns the chain's final output and the batch's targets into a scalar loss.
 pub trait LossHead: Send {
     fn loss(&self, output: &Tensor, batch: &Batch) -> Tensor;
+
+    /// A language model's head, which the loss can also be computed from in chunks of tokens.
+    fn causal_lm(&self) -> Option<&dyn LmHead> {
+        None
+    }
+}
+
+/// What the chunked loss needs of a language model's head (`crate::causal_lm`).
+pub trait LmHead {
+    /// The head's weight, `[vocab, hidden]`.
+    fn weight(&self) -> &Tensor;
+    /// One label per token, flattened as the logits are, -100 where no token follows.
+    fn shift_labels(&self, batch: &Batch) -> Tensor;
+    /// The summed cross entropy of `rows` (`[tokens, hidden]`) against `labels` (`[tokens]`).
+    fn chunk_loss(&self, rows: &Tensor, labels: &Tensor) -> Tensor;
 }
 
 /// What a batch of the model's input looks like.

@@ -26,7 +26,8 @@
 
 use tch::{nn, Kind, Tensor};
 
-use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
+use crate::causal_lm::CausalLm;
+use crate::chain::{Block, Chain, ChainBlock, Ctx, InputSpec, TokenTargets};
 use crate::decoder::{push_layer, PreNormLayer};
 use crate::error::{ModelError, Result};
 use crate::layers::{dropout, finfo_min, Activation, Conv1D, Embedding, LayerNorm, Spec};
@@ -449,29 +450,6 @@ impl Block for FinalNorm {
     }
 }
 
-/// `GPT2LMHeadModel`'s `lm_head` (tied to `wte.weight`) and `ForCausalLMLoss`.
-struct CausalLm {
-    wte: Tensor,
-    vocab_size: i64,
-}
-
-impl LossHead for CausalLm {
-    fn loss(&self, hidden_states: &Tensor, batch: &Batch) -> Tensor {
-        const IGNORE_INDEX: i64 = -100;
-        // `lm_logits` stays alive in GPT2LMHeadModel.forward while the loss function runs.
-        let lm_logits = hidden_states.linear(&self.wte, None::<&Tensor>);
-        // ForCausalLMLoss(logits, labels, vocab_size): `logits.float()` is the same tensor
-        // for fp32 logits and an fp32 copy for bf16/fp16 ones.
-        let mut logits = lm_logits.to_kind(Kind::Float);
-        let mut labels = batch.target.to_device(logits.device());
-        labels = labels.pad([0, 1], "constant", IGNORE_INDEX as f64);
-        let mut shift_labels = labels.slice(-1, 1, None, 1).contiguous();
-        logits = logits.view([-1, self.vocab_size]);
-        shift_labels = shift_labels.view([-1]);
-        logits.cross_entropy_loss(&shift_labels, None::<&Tensor>, tch::Reduction::Mean, IGNORE_INDEX, 0.0)
-    }
-}
-
 /// Builds `cfg` as a chain named `name` for sequences of `opts.seq` tokens (default 1024,
 /// capped at `n_positions`).
 pub fn build(name: &str, cfg: &Config, opts: &ModelOptions) -> Result<Chain> {
@@ -590,10 +568,7 @@ fn build_chain(
         vs,
         blocks,
         groups,
-        head: Box::new(CausalLm {
-            wte: tied,
-            vocab_size: cfg.vocab_size,
-        }),
+        head: Box::new(CausalLm::new(tied, cfg.vocab_size)),
         modules: cfg.module_names(),
         input: InputSpec::Tokens {
             seq,

@@ -7,7 +7,7 @@ use std::path::Path;
 use ckptune_kernels::jit::JitModule;
 use tch::{nn, Kind, Tensor};
 
-use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
+use crate::chain::{Batch, Block, BlockFailure, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
 use crate::error::{ModelError, Result};
 use crate::options::{Granularity, ModelOptions};
 
@@ -16,13 +16,18 @@ struct JitBlock {
 }
 
 impl Block for JitBlock {
-    fn forward(&self, xs: &Tensor, _ctx: &Ctx<'_>) -> Tensor {
-        // The chain was validated at load time by running every child on a sample batch; a
-        // failure now is a shape or dtype the sample did not cover, reported as libtorch does.
-        match self.module.forward(&[xs]) {
-            Ok(t) => t,
-            Err(e) => panic!("TorchScript block forward failed: {e}"),
-        }
+    fn forward(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Tensor {
+        self.try_forward(xs, ctx).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The chain was validated at load time by running every child on a sample batch; a failure
+    /// now is a shape or dtype the sample did not cover, reported as libtorch does.
+    fn try_forward(&self, xs: &Tensor, _ctx: &Ctx<'_>) -> std::result::Result<Tensor, BlockFailure> {
+        self.module.forward(&[xs]).map_err(|e| BlockFailure {
+            node: "forward".into(),
+            target: "a TorchScript child module".into(),
+            why: e.to_string(),
+        })
     }
 }
 
@@ -201,13 +206,7 @@ fn classes_of(out: &Tensor) -> i64 {
 }
 
 fn chained_forward(b: &ChainBlock, h: &Tensor) -> std::result::Result<Tensor, String> {
-    let ctx = Ctx::new(None, false);
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.block.forward(h, &ctx))).map_err(|p| {
-        p.downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default()
-    })
+    b.block.try_forward(h, &Ctx::new(None, false)).map_err(|e| e.why)
 }
 
 fn infer_input(params: &[(String, Tensor)], opts: &ModelOptions) -> Option<InputSpec> {

@@ -9,6 +9,7 @@
 pub mod architecture;
 mod assemble;
 pub mod bert;
+pub mod causal_lm;
 pub mod chain;
 mod decoder;
 pub mod error;
@@ -32,7 +33,7 @@ pub mod zoo;
 
 pub use architecture::{Architecture, Family};
 pub use assemble::Loaded;
-pub use chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
+pub use chain::{Batch, Block, BlockFailure, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 pub use error::ModelError;
 pub use layers::Activation;
 pub use load::{from_file, needs_meta};

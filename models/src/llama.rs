@@ -30,7 +30,8 @@
 
 use tch::{nn, Kind, Tensor};
 
-use crate::chain::{Batch, Block, Chain, ChainBlock, Ctx, InputSpec, LossHead, TokenTargets};
+use crate::causal_lm::CausalLm;
+use crate::chain::{Block, Chain, ChainBlock, Ctx, InputSpec, TokenTargets};
 use crate::decoder::{push_layer, PreNormLayer};
 use crate::error::{ModelError, Result};
 use crate::layers::{dropout, finfo_min, param, Embedding, Init, Linear, Spec};
@@ -588,28 +589,6 @@ impl Block for ResidualAdd {
     }
 }
 
-/// `LlamaForCausalLM`'s `lm_head` and `ForCausalLMLoss`.
-struct CausalLm {
-    lm_head: Tensor,
-    vocab_size: i64,
-}
-
-impl LossHead for CausalLm {
-    fn loss(&self, hidden_states: &Tensor, batch: &Batch) -> Tensor {
-        const IGNORE_INDEX: i64 = -100;
-        // `logits` stays alive in LlamaForCausalLM.forward while the loss function runs.
-        let lm_logits = hidden_states.linear(&self.lm_head, None::<&Tensor>);
-        let mut logits = lm_logits.to_kind(Kind::Float);
-        let labels = batch
-            .target
-            .to_device(logits.device())
-            .pad([0, 1], "constant", IGNORE_INDEX as f64);
-        let shift_labels = labels.slice(-1, 1, None, 1).contiguous().view([-1]);
-        logits = logits.view([-1, self.vocab_size]);
-        logits.cross_entropy_loss(&shift_labels, None::<&Tensor>, tch::Reduction::Mean, IGNORE_INDEX, 0.0)
-    }
-}
-
 /// Builds `cfg` as a chain named `name` for sequences of `opts.seq` tokens (default 2048,
 /// capped at `max_position_embeddings`).
 pub fn build(name: &str, cfg: &Config, opts: &ModelOptions) -> Result<Chain> {
@@ -733,10 +712,7 @@ fn build_chain(
         vs,
         blocks,
         groups,
-        head: Box::new(CausalLm {
-            lm_head,
-            vocab_size: cfg.vocab_size,
-        }),
+        head: Box::new(CausalLm::new(lm_head, cfg.vocab_size)),
         modules: cfg.module_names(),
         input: InputSpec::Tokens {
             seq,

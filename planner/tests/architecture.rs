@@ -262,3 +262,50 @@ fn files_and_functions_can_be_read_whole() {
         long.join("\n  ")
     );
 }
+
+/// Every repository path ARCHITECTURE.md and the docs it points to name in backticks or links
+/// (those starting at a top-level folder: `runtime/src/exec/`, `docs/export.md`) exists, so
+/// the map cannot point a newcomer at a file that was moved or removed.
+#[test]
+fn the_map_names_only_files_that_exist() {
+    let tops = [
+        "kernels/", "models/", "runtime/", "planner/", "python/", "scripts/", "docs/",
+    ];
+    let docs = [
+        "ARCHITECTURE.md",
+        "docs/memory-model.md",
+        "docs/meta-device.md",
+        "docs/export.md",
+    ];
+    let mut missing = Vec::new();
+    for doc in docs {
+        let text = std::fs::read_to_string(root().join(doc)).unwrap();
+        for path in named_paths(&text) {
+            if tops.iter().any(|t| path.starts_with(t)) && !root().join(&path).exists() {
+                missing.push(format!("{doc}: {path}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "paths that do not exist:\n  {}",
+        missing.join("\n  ")
+    );
+}
+
+/// The path-like words of a markdown text: backticked spans and link targets, cut at the first
+/// character no path of this repository has (`exec.rs::step`, `fake.rs`)`).
+fn named_paths(text: &str) -> Vec<String> {
+    let backticked = text.split('`').skip(1).step_by(2);
+    let linked = text.split("](").skip(1).filter_map(|s| s.split(')').next());
+    backticked
+        .chain(linked)
+        .map(|s| {
+            s.split(|c: char| !(c.is_alphanumeric() || "/._-".contains(c)))
+                .next()
+                .unwrap_or("")
+        })
+        .filter(|s| s.contains('/') && !s.contains("//"))
+        .map(str::to_string)
+        .collect()
+}

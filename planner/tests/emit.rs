@@ -703,23 +703,11 @@ fn verify_pytorch_refuses_a_model_whose_names_differ_from_the_plans() {
 #[test]
 fn verify_pytorch_reports_both_runs_and_fails_over_budget() {
     let p = planned("tiny-bert");
-    let dir = tempfile::tempdir().unwrap();
-    let report = dir.path().join("report.json");
-    let out = ok(&[
-        "verify",
-        p.plan.to_str().unwrap(),
-        "--pytorch",
-        "--steps",
-        "2",
-        "-o",
-        report.to_str().unwrap(),
-        "--quiet",
-    ]);
+    let (out, r) = verify_pytorch(&p.plan);
     let text = String::from_utf8_lossy(&out.stdout);
     for row in ["predicted", "ckptune run", "PyTorch eager"] {
         assert!(text.contains(row), "{row} missing from:\n{text}");
     }
-    let r = read(&report);
     assert_eq!(r["format"], "ckptune.verify-pytorch/1");
     assert_eq!(r["predicted"]["peak_bytes"], p.doc["predicted"]["peak_bytes"]);
     let torch = &r["pytorch"];
@@ -749,6 +737,7 @@ fn verify_pytorch_reports_both_runs_and_fails_over_budget() {
     );
 
     // The same plan with a budget one byte below PyTorch's peak: exit 1, naming PyTorch's peak.
+    let dir = tempfile::tempdir().unwrap();
     let tight = edited(dir.path(), "tight.json", &p.doc, |d| {
         d["budget_bytes"] = (torch_peak - 1).into()
     });
@@ -763,4 +752,38 @@ fn verify_pytorch_reports_both_runs_and_fails_over_budget() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("PyTorch's peak"), "{err}");
+}
+
+/// A plan whose loss is chunked is run in PyTorch with `ckptune.chunked_causal_lm_loss` (the
+/// harness says which loss it ran), and the python snippet of the plan computes it the same way.
+#[test]
+fn a_chunked_loss_plan_runs_the_companions_loss_in_pytorch() {
+    let p = make_plan("tiny-llama", &["--batch", "2", "--seq", "16", "--loss-chunks", "4"]);
+    assert_eq!(p.doc["config"]["loss_chunks"], 4);
+    let (_, r) = verify_pytorch(&p.plan);
+    assert_eq!(r["pytorch"]["loss_chunks"], 4);
+    assert_eq!(
+        r["ckptune"]["mismatches"],
+        serde_json::json!([]),
+        "ckptune's run is the model's"
+    );
+    let snippet = emit("python", &p.plan);
+    assert!(snippet.contains("ckptune.chunked_causal_lm_loss(hidden, model.get_output_embeddings().weight, labels, 4)"));
+}
+
+/// `verify --pytorch` of `plan` with two timed steps: its output and its report.
+fn verify_pytorch(plan: &Path) -> (Output, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.json");
+    let out = ok(&[
+        "verify",
+        plan.to_str().unwrap(),
+        "--pytorch",
+        "--steps",
+        "2",
+        "-o",
+        report.to_str().unwrap(),
+        "--quiet",
+    ]);
+    (out, read(&report))
 }

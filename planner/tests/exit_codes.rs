@@ -183,4 +183,19 @@ fn common_mistakes_name_the_real_problem_once() {
     ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     // A share outside 0..=100%.
     says_once(&["plan", "--budget", "150%", "tiny-resnet"], "outside 0% to 100%");
+    // The chunked loss needs a language model's head, and at least one chunk.
+    says_once(
+        &[
+            "profile",
+            "tiny-bert",
+            "--seq",
+            "8",
+            "--batch",
+            "2",
+            "--loss-chunks",
+            "4",
+        ],
+        "tiny-bert's loss head is not a language model's",
+    );
+    says_once(&["profile", "tiny-gpt2", "--loss-chunks", "0"], "--loss-chunks 0");
 }

@@ -171,6 +171,69 @@ fn bad_programs_exit_2_naming_the_node_and_the_fix() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
 }
 
+/// Every export fixture, profiled under what a step may do differently from the load-time trial
+/// (fp32 at the exported batch): bf16 parameters, autocast, another batch, a step on the meta
+/// device. Each profiles or is refused with exit 2 and a message, never a panic (exit 101) or a
+/// C++ traceback; a node that fails in the step is named with its block, its operator and what
+/// to do (`fixed_dtype.pt2` fails so under bf16 parameters, `hf_bert_eager.pt2` too).
+#[test]
+fn every_export_fixture_fails_only_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("profile.json");
+    let out = out.to_str().unwrap();
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/fixtures");
+    let mut programs: Vec<String> = std::fs::read_dir(&fixtures)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pt2"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    programs.sort();
+    assert!(programs.len() > 20, "{programs:?}");
+    let mut step_failures = Vec::new();
+    for program in &programs {
+        for setting in [
+            ["--precision", "bf16-pure"],
+            ["--precision", "bf16"],
+            ["--batch", "3"],
+            ["--measure", "meta"],
+        ] {
+            let mut args = vec!["profile", program.as_str(), "--repeats", "1", "-o", out];
+            args.extend(setting);
+            args.extend(COMMON);
+            let run = common::ckptune(&args);
+            let err = String::from_utf8_lossy(&run.stderr).into_owned();
+            match run.status.code() {
+                Some(0) => {}
+                Some(2) => {
+                    assert!(err.starts_with("error: "), "{args:?}: {err}");
+                    for bad in ["panicked", "Exception raised from", "RUST_BACKTRACE"] {
+                        assert!(!err.contains(bad), "{args:?}: {err}");
+                    }
+                    if err.contains("the program ran on a sample batch") {
+                        step_failures.push((program.rsplit('/').next().unwrap().to_string(), setting, err));
+                    }
+                }
+                code => panic!("{args:?} exited {code:?}: {err}"),
+            }
+        }
+    }
+    let fixed = step_failures
+        .iter()
+        .find(|(p, s, _)| p == "fixed_dtype.pt2" && s[1] == "bf16-pure")
+        .map(|(_, _, err)| err)
+        .expect("fixed_dtype.pt2 fails in a bf16-pure step");
+    for needle in [
+        "block mix",
+        "node matmul",
+        "torch.ops.aten.matmul.default",
+        "same dtype",
+        "plan another --precision",
+    ] {
+        assert!(fixed.contains(needle), "{needle:?} not in {fixed}");
+    }
+}
+
 #[test]
 fn exported_residual_stack_sweeps_byte_exact_with_nested_groups_and_dropout() {
     let dir = tempfile::tempdir().unwrap();
@@ -319,6 +382,14 @@ fn exported_inplace_relu_layers_sweep_byte_exact_on_every_subset() {
 #[test]
 fn exported_symbolic_size_sweeps_byte_exact_on_every_subset() {
     sweep_is_exact("sym_size.pt2", "layer", "fp32", &[]);
+}
+
+/// A tensor computed from a layer's own parameter and read by every later layer (T5's relative
+/// position bias) is recomputed by each layer that reads it, as a side value: the model plans,
+/// exactly under every subset.
+#[test]
+fn exported_parameter_bias_read_by_every_layer_sweeps_byte_exact_on_every_subset() {
+    sweep_is_exact("position_bias.pt2", "layer", "fp32", &[]);
 }
 
 /// A profile cached for one choice of candidates is not reused for another: `--candidates`

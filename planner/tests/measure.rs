@@ -210,3 +210,71 @@ fn a_step_this_machine_cannot_hold_is_planned_with_estimated_times_and_never_run
         assert!(a["predicted"]["step_seconds_estimated"].is_string(), "{a}");
     }
 }
+
+/// `plan --measure auto` times for real only the configs that can win: a config whose fastest
+/// estimated step within the budget is over 1.25x the fastest measured one keeps its estimate,
+/// labelled, and is never the plan; a config that cannot fit is never timed. Which configs
+/// those are depends on this CPU, so the test holds the rule, not a choice; `--measure meta`
+/// times every config.
+#[test]
+fn plan_times_only_the_configs_that_can_win() {
+    let dir = tempfile::tempdir().unwrap();
+    for (budget, measure) in [("100GiB", "auto"), ("0%", "auto"), ("100GiB", "meta")] {
+        let out = dir
+            .path()
+            .join(format!("plan-{measure}-{}.json", budget.replace('%', "pct")));
+        let mut args = vec![
+            "plan",
+            "--budget",
+            budget,
+            "tiny-bert",
+            "--measure",
+            measure,
+            "--threads",
+            "1",
+        ];
+        args.extend(["--no-cache", "--json", "-o", out.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&ok(&args).stderr).into_owned();
+        let plan = read(&out);
+        let alternatives = plan["alternatives"].as_array().unwrap();
+        let estimated = |a: &Value| !a["predicted"]["step_seconds_estimated"].is_null();
+        let seconds = |a: &Value| a["predicted"]["step_seconds"].as_f64().unwrap();
+        assert!(
+            plan["predicted"]["step_seconds_estimated"].is_null(),
+            "{budget}: the plan's step was timed"
+        );
+        let fastest = alternatives
+            .iter()
+            .filter(|a| !estimated(a) && a["feasible"] == true)
+            .map(seconds)
+            .fold(f64::INFINITY, f64::min);
+        assert_eq!(
+            plan["predicted"]["step_seconds"].as_f64(),
+            Some(fastest),
+            "{budget}: the fastest timed config"
+        );
+        for a in alternatives.iter().filter(|a| estimated(a)) {
+            assert_eq!(measure, "auto", "--measure meta times every config");
+            let config = a["config"]["precision"].as_str().unwrap();
+            if a["feasible"] == true {
+                assert!(
+                    seconds(a) > 1.25 * fastest,
+                    "{budget}: {config} may win and was not timed"
+                );
+                assert!(
+                    stderr.contains("not timed for real, as the cost model puts them over 1.25x"),
+                    "{stderr}"
+                );
+            } else {
+                assert!(
+                    stderr.contains("not timed for real, as no checkpoint set fits"),
+                    "{stderr}"
+                );
+            }
+            assert!(
+                stderr.contains(&format!("{config}/")),
+                "{budget}: {config} not named in {stderr}"
+            );
+        }
+    }
+}

@@ -24,6 +24,7 @@ fn config() -> ConfigSpec {
         grad_accum: 1,
         set_to_none: true,
         autocast_cache: false,
+        loss_chunks: None,
     }
 }
 
@@ -365,6 +366,7 @@ fn profile_plots_predicted_singles_and_the_candidates() {
         recompute_class: Vec::new(),
         contention: Contention::default(),
         estimated: None,
+        reserved: None,
     };
     let p = ProfileJson {
         format: formats::PROFILE_FORMAT.into(),

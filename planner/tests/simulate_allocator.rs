@@ -178,6 +178,8 @@ fn gpu_check_pipeline_runs_without_a_gpu() {
             out.to_str().unwrap(),
             "--ckptune",
             env!("CARGO_BIN_EXE_ckptune"),
+            "--models",
+            "tiny-resnet,tiny-bert",
         ])
         .output()
         .expect("runs scripts/gpu_check");
@@ -195,4 +197,33 @@ fn gpu_check_pipeline_runs_without_a_gpu() {
     }
     let md = std::fs::read_to_string(out.join("replay.md")).unwrap();
     assert!(md.contains("FAKE BACKEND"), "{md}");
+    // The models, planned here for a GPU: their traces replayed with the others, their plans'
+    // predictions in models.json, nothing measured on the stand-in.
+    let models = read(&out.join("models.json"));
+    assert_eq!(models["fake_backend"], true);
+    for (row, name) in models["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(["tiny-resnet", "tiny-bert"])
+    {
+        assert_eq!(row["model"], name);
+        assert!(out.join(format!("work/traces/model-{name}.json")).exists());
+        let replayed: Vec<_> = doc["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["trace"] == format!("model-{name}").as_str())
+            .collect();
+        assert_eq!(replayed.len(), configs, "{name}");
+        let allocated = row["predicted_allocated_bytes"].as_i64().unwrap();
+        assert!(row["predicted_reserved_bytes"].as_i64().unwrap() >= allocated, "{row}");
+        assert!(
+            row["measured_reserved_bytes"].is_null() && row["not_measured"].is_string(),
+            "{row}"
+        );
+    }
+    assert!(std::fs::read_to_string(out.join("models.md"))
+        .unwrap()
+        .contains("FAKE BACKEND"));
 }

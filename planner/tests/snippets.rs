@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use ckptune::cli::args::EmitKind;
 use ckptune::cli::snippets::snippet;
-use ckptune_solver::formats::{self, PlanJson};
+use ckptune_solver::formats::{self, CudaMemoryJson, PlanJson};
 use expect_test::expect_file;
 
 fn results() -> PathBuf {
@@ -19,13 +19,19 @@ fn plan(path: &str) -> PlanJson {
     formats::read_tagged(&results().join(path), formats::PLAN_FORMAT).unwrap()
 }
 
-/// `name` rendered for `kind`, against its snapshot. The trainers that keep autocast's cache on
-/// get the plan as `plan --emit hf|lightning` makes it: with the cache counted.
-fn check(name: &str, plan_path: &str, kind: EmitKind) {
-    let mut p = plan(plan_path);
+/// The plan at `path` as `plan --emit KIND` makes it: for the trainers that keep autocast's cache
+/// on, with the cache counted.
+fn plan_for(path: &str, kind: EmitKind) -> PlanJson {
+    let mut p = plan(path);
     if kind == EmitKind::Hf {
         p.config.autocast_cache = p.config.precision == "bf16";
     }
+    p
+}
+
+/// `name` rendered for `kind`, against its snapshot.
+fn check(name: &str, plan_path: &str, kind: EmitKind) {
+    let p = plan_for(plan_path, kind);
     let text = snippet(&p, kind).unwrap_or_else(|e| panic!("{name}: {e}"));
     expect_file![format!("snapshots/{name}.py")].assert_eq(&text);
 }
@@ -38,6 +44,15 @@ const TINYLLAMA: &str = "tinyllama/plans/plan-19367044016.json";
 const RESNET152: &str = "resnet152/plans/plan-1096590090.json";
 const BERT_SHARDED: &str = "fsdp/avx512-bf16/bert-base-n2.plan.json";
 const RESNET50_SHARDED: &str = "fsdp/avx512-bf16/resnet50-n4.plan.json";
+const TINYLLAMA_LOSS16: &str = "loss-chunks/plan-16.json";
+
+/// A plan whose loss is chunked: `--emit python` computes it with the companion, the trainers
+/// that compute the loss from the logits say they do not.
+#[test]
+fn a_chunked_loss_is_emitted_or_declined() {
+    check("python-tinyllama-loss16", TINYLLAMA_LOSS16, EmitKind::Python);
+    check("hf-tinyllama-loss16", TINYLLAMA_LOSS16, EmitKind::Hf);
+}
 
 #[test]
 fn plain_pytorch() {
@@ -97,4 +112,54 @@ fn lightning() {
 #[test]
 fn torchtitan() {
     check("torchtitan-tinyllama", TINYLLAMA, EmitKind::Torchtitan);
+}
+
+/// How a CUDA plan was judged, as `plan --target cuda` records it, recommending `conf`.
+fn cuda_memory(conf: &str) -> CudaMemoryJson {
+    CudaMemoryJson {
+        gpu: "h100".into(),
+        context_bytes: 512 << 20,
+        workspace_bytes: vec![32 << 20; 2],
+        traced_on: "meta".into(),
+        trace_events: 1000,
+        alloc_conf: conf.into(),
+        predicted_allocated_peak_bytes: 1_100_000_000,
+        predicted_reserved_peak_bytes: 1_300_000_000,
+        candidates: Vec::new(),
+        rounds: Vec::new(),
+    }
+}
+
+/// A CUDA plan sets the allocator setting its reserved peak was simulated with, before the
+/// snippet imports torch; PyTorch's default is left unset.
+#[test]
+fn a_cuda_plan_sets_its_allocator_setting() {
+    for (name, path, kind, conf) in [
+        (
+            "python-resnet152-cuda",
+            RESNET152,
+            EmitKind::Python,
+            "expandable_segments:True",
+        ),
+        (
+            "hf-bert-layers-cuda",
+            BERT_LAYERS,
+            EmitKind::Hf,
+            "roundup_power2_divisions:4",
+        ),
+        ("lightning-resnet152-cuda-default", RESNET152, EmitKind::Lightning, ""),
+    ] {
+        let mut p = plan_for(path, kind);
+        p.cuda_memory = Some(cuda_memory(conf));
+        let text = snippet(&p, kind).unwrap_or_else(|e| panic!("{name}: {e}"));
+        expect_file![format!("snapshots/{name}.py")].assert_eq(&text);
+        let set = text.find("os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"]");
+        match conf {
+            "" => assert_eq!(set, None, "{name}"),
+            _ => assert!(
+                set.unwrap() < text.find("import torch").unwrap(),
+                "{name}: set after torch is imported"
+            ),
+        }
+    }
 }

@@ -3,12 +3,22 @@
 The planner chose which modules to checkpoint and the training configuration on measurements of
 the same module names PyTorch uses; this package turns that plan back into PyTorch: `apply`
 wraps the chosen modules in `torch.utils.checkpoint`, `training_config` gives the dtypes,
-optimizer and batch settings the plan's memory prediction assumed.
+optimizer and batch settings the plan's memory prediction assumed, and
+`chunked_causal_lm_loss` computes a language model's loss in the chunks a plan may choose.
 """
 
 from .checkpointing import apply, plan_root
+from .loss import chunked_causal_lm_loss
 from .plan import FORMAT, load_plan
 from .training import TrainingConfig, training_config
 
-__all__ = ["FORMAT", "TrainingConfig", "apply", "load_plan", "plan_root", "training_config"]
+__all__ = [
+    "FORMAT",
+    "TrainingConfig",
+    "apply",
+    "chunked_causal_lm_loss",
+    "load_plan",
+    "plan_root",
+    "training_config",
+]
 __version__ = "0.1.0"

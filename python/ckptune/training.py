@@ -48,7 +48,10 @@ class TrainingConfig:
     `grad_scaler` is True: scale the loss with `torch.amp.GradScaler`, as ckptune did.
     `autocast_cache` is the `cache_enabled` of that autocast region: True for a plan made for a
     trainer that keeps autocast's weight-cast cache on (the Hugging Face `Trainer`),
-    whose peak counts the cached casts; False otherwise.
+    whose peak counts the cached casts; False otherwise. When `loss_chunks` is above 1, compute
+    a language model's loss with
+    `ckptune.chunked_causal_lm_loss(hidden, lm_head.weight, labels, loss_chunks)` from the
+    model's last hidden states instead of from its logits, inside that same region.
     """
 
     precision: str
@@ -63,6 +66,7 @@ class TrainingConfig:
     set_to_none: bool
     grad_scaler: bool
     autocast_cache: bool = False
+    loss_chunks: int = 1
 
 
 def training_config(plan: PlanLike) -> TrainingConfig:
@@ -79,9 +83,12 @@ def training_config(plan: PlanLike) -> TrainingConfig:
         micro_batch, grad_accum = int(config["micro_batch"]), int(config["grad_accum"])
         set_to_none = bool(config["set_to_none"])
         autocast_cache = bool(config.get("autocast_cache", False))
-    except (KeyError, TypeError) as e:
+        loss_chunks = int(config.get("loss_chunks", 1))
+    except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"plan's config lacks {e}; re-plan with this ckptune") from None
 
+    if loss_chunks < 1:
+        raise ValueError(f"loss_chunks {loss_chunks} in the plan must be at least 1")
     if precision not in _PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} in the plan; expected one of "
                          f"{', '.join(_PRECISIONS)}")
@@ -114,4 +121,5 @@ def training_config(plan: PlanLike) -> TrainingConfig:
         set_to_none=set_to_none,
         grad_scaler=precision == "fp16",
         autocast_cache=autocast_cache and autocast_dtype is not None,
+        loss_chunks=loss_chunks,
     )

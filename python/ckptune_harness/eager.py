@@ -95,7 +95,8 @@ def _build(ref, model_name, doc, cfg, image, seq, attention, lr):
     model.to(cfg.param_dtype).train()
 
     gen = torch.Generator().manual_seed(1234)  # the batch's own generator: dropout is untouched
-    make_batch, loss_of = reference.batches(ref, model, backbone, cfg.micro_batch, image, seq, gen)
+    make_batch, loss_of = reference.batches(ref, model, backbone, cfg.micro_batch, image, seq, gen,
+                                            cfg.loss_chunks)
     opt = cfg.optimizer_class(model.parameters(), lr=lr, **cfg.optimizer_kwargs)
     return _Training(model, backbone, wrapped, make_batch, loss_of, opt)
 
@@ -148,6 +149,7 @@ def _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
         "set_to_none": cfg.set_to_none,
+        "loss_chunks": cfg.loss_chunks,
         "image": image if resnet else None,
         "seq": None if resnet else reference.default_seq(t.model, t.backbone, seq),
         "regex": doc["checkpoint"]["regex"],

@@ -12,6 +12,8 @@ import re
 import torch
 from torch import nn
 
+from ckptune import chunked_causal_lm_loss
+
 from . import meter
 
 
@@ -39,12 +41,13 @@ def default_seq(model, backbone, seq=None):
     return seq or min(128, getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None))
 
 
-def batches(ref, model, backbone, batch, image, seq, gen):
+def batches(ref, model, backbone, batch, image, seq, gen, loss_chunks=1):
     """(make_batch, loss_of) for the reference `model`, as ckptune's chain makes batches:
-    `make_batch()` draws a micro-batch of `batch` samples from `gen`, `loss_of(b)` is its loss."""
+    `make_batch()` draws a micro-batch of `batch` samples from `gen`, `loss_of(b)` is its loss
+    (a language model's in `loss_chunks` chunks, `ckptune.chunked_causal_lm_loss`, above 1)."""
     if isinstance(model, ref.ResNet):
         return _image_batches(model, batch, image or 224, gen)
-    return _token_batches(ref, model, backbone, batch, default_seq(model, backbone, seq), gen)
+    return _token_batches(ref, model, backbone, batch, default_seq(model, backbone, seq), gen, loss_chunks)
 
 
 def _image_batches(model, batch, image, gen):
@@ -61,7 +64,7 @@ def _image_batches(model, batch, image, gen):
     return make_batch, loss_of
 
 
-def _token_batches(ref, model, backbone, batch, seq, gen):
+def _token_batches(ref, model, backbone, batch, seq, gen, loss_chunks=1):
     cfg = config_of(model, backbone)
     classifier = isinstance(model, ref.BertForSequenceClassification)
 
@@ -83,6 +86,15 @@ def _token_batches(ref, model, backbone, batch, seq, gen):
             _, pooled = model.bert(ids, mask)
             logits = model.classifier(model.dropout(pooled))
             return nn.functional.cross_entropy(logits.view(-1, cfg.num_labels), y.view(-1))
+    elif loss_chunks > 1:
+        # The model's forward up to its last hidden states (GPT-2's `transformer`, Llama's
+        # `model`), then the chunked head and loss in place of `lm_head` and `ForCausalLMLoss`.
+        base = getattr(model, "transformer", None) or model.model
+
+        def loss_of(b):
+            ids, y, mask = b
+            hidden = base(ids, mask)
+            return chunked_causal_lm_loss(hidden, model.lm_head.weight, y, loss_chunks)
     else:
         # GPT-2's eager reference ignores the mask (it always has); its SDPA path uses it.
         def loss_of(b):

@@ -153,7 +153,8 @@ class CompareTest(unittest.TestCase):
 
 class ArgumentsTest(unittest.TestCase):
     def test_bad_arguments_exit_2(self):
-        for argv in (["run", "--phase", "later"], ["run", "--backend", "cpu"], ["measure", "--traces", "d"], []):
+        for argv in (["run", "--phase", "later"], ["run", "--backend", "cpu"], ["measure", "--traces", "d"], [],
+                     ["run", "--models", "resnet50,gpt5"]):
             with self.subTest(argv=argv), self.assertRaises(SystemExit) as e:
                 with open(os.devnull, "w") as null:
                     stderr, sys.stderr = sys.stderr, null
@@ -162,6 +163,11 @@ class ArgumentsTest(unittest.TestCase):
                     finally:
                         sys.stderr = stderr
             self.assertEqual(e.exception.code, 2)
+
+    def test_models_are_parsed_by_name(self):
+        self.assertEqual(replay.parse_args(["run", "--models", "tiny-bert,resnet50"]).models, ["tiny-bert", "resnet50"])
+        self.assertEqual(replay.parse_args(["run", "--models", ""]).models, [])
+        self.assertEqual(replay.parse_args(["run"]).models, ["resnet50", "bert-base", "tinyllama"])
 
     def test_measure_needs_the_variable_set_at_start(self):
         args = replay.parse_args(["measure", "--traces", "d", "--conf", "expandable_segments:True", "--out", "o"])

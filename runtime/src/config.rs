@@ -1,4 +1,5 @@
-//! Training configs: precision × optimizer × micro-batch × gradient accumulation × set_to_none.
+//! Training configs: precision × optimizer × micro-batch × gradient accumulation × set_to_none ×
+//! loss chunks.
 
 use ckptune_solver::profile::ConfigSpec;
 use std::fmt;
@@ -236,6 +237,9 @@ pub struct TrainConfig {
     /// the loss (the Hugging Face `Trainer`); off, the loop passes
     /// `torch.autocast(..., cache_enabled=False)`. Only meaningful under autocast.
     pub autocast_cache: bool,
+    /// A language model's loss in this many chunks of tokens (1: whole), each chunk's logits
+    /// and their gradient freed before the next (`exec/chunked_loss.rs`).
+    pub loss_chunks: i64,
     pub lr: f64,
 }
 
@@ -249,6 +253,7 @@ impl TrainConfig {
             grad_accum: 1,
             set_to_none: true,
             autocast_cache: false,
+            loss_chunks: 1,
             lr: 1e-3,
         }
     }
@@ -271,15 +276,16 @@ impl TrainConfig {
             grad_accum: self.grad_accum,
             set_to_none: self.set_to_none,
             autocast_cache: self.autocast_cache && self.precision.autocast().is_some(),
+            loss_chunks: (self.loss_chunks > 1).then_some(self.loss_chunks),
         }
     }
 
     /// The config a format names; an unknown precision or optimizer, or sizes below 1, are
     /// errors naming the value.
     pub fn from_spec(c: &ConfigSpec) -> Result<Self, RuntimeError> {
-        if c.micro_batch < 1 || c.grad_accum < 1 {
+        if c.micro_batch < 1 || c.grad_accum < 1 || c.chunks() < 1 {
             return Err(RuntimeError::Config(format!(
-                "config {}: micro_batch and grad_accum must be at least 1",
+                "config {}: micro_batch, grad_accum and loss_chunks must be at least 1",
                 c.label()
             )));
         }
@@ -305,13 +311,18 @@ impl TrainConfig {
             )));
         }
         t.autocast_cache = c.autocast_cache;
+        t.loss_chunks = c.chunks();
         Ok(t)
     }
 
     /// A stable label, used as a cache key and in reports.
     pub fn label(&self) -> String {
+        let chunks = match self.loss_chunks {
+            1 => String::new(),
+            n => format!("/loss{n}"),
+        };
         format!(
-            "{}/{}/mb{}x{}/{}{}",
+            "{}/{}/mb{}x{}/{}{}{chunks}",
             self.precision,
             self.spec().optimizer_label(),
             self.micro_batch,
@@ -333,6 +344,12 @@ impl TrainConfig {
             return Err(RuntimeError::Config(format!(
                 "gradient accumulation steps {} must be at least 1",
                 self.grad_accum
+            )));
+        }
+        if self.loss_chunks < 1 {
+            return Err(RuntimeError::Config(format!(
+                "loss chunks {} must be at least 1 (1 computes the loss whole)",
+                self.loss_chunks
             )));
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {

@@ -32,6 +32,20 @@ pub enum RuntimeError {
          running it instead (--measure run)"
     )]
     NotMeasurableOnMeta { why: String },
+    /// A node of a block of the user's graph (a `torch.export` program) that failed in the
+    /// step, after the model ran on a sample batch when it was loaded: what the step does
+    /// differently (the precision, the micro-batch, backward) is what the program rejects.
+    #[error(
+        "{model}: block {block}, {failure}; the program ran on a sample batch in fp32 when it was \
+         loaded, so it rejects what this step does differently: plan another --precision or \
+         --batch, or export the model with the dtype and batch size you train with (a dynamic \
+         batch: dynamic_shapes with torch.export.Dim(\"batch\"))"
+    )]
+    Block {
+        model: String,
+        block: String,
+        failure: ckptune_models::BlockFailure,
+    },
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
@@ -43,6 +57,8 @@ impl RuntimeError {
         let why = match &self {
             RuntimeError::Kernel(KernelError::Torch { message, .. }) => ckptune_kernels::fake::meta_failure(message),
             RuntimeError::Torch { source, .. } => ckptune_kernels::fake::meta_failure(&source.to_string()),
+            RuntimeError::Block { failure, .. } => ckptune_kernels::fake::meta_failure(&failure.why)
+                .map(|why| format!("node {} ({}): {why}", failure.node, failure.target)),
             _ => None,
         };
         match why {

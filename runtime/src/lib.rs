@@ -1,6 +1,7 @@
 //! Everything that runs a model: checkpointed chain execution, precision and optimizer configs,
 //! the one-pass profiler, sweeps and training.
 
+pub mod alloc_trace;
 pub mod config;
 pub mod cost;
 mod error;

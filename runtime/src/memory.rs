@@ -1,6 +1,7 @@
 //! Memory probes for a step, by device: the exact CPU meter, or (feature `cuda`) the CUDA
-//! caching allocator's allocated bytes. Both give a current level, a whole-step peak and a
-//! resettable window peak; reading them allocates no tensor memory.
+//! caching allocator's allocated bytes, with its reserved bytes beside them (`memory_stats()`'s
+//! `allocated_bytes.all` and `reserved_bytes.all`). Both give a current level, a whole-step peak
+//! and a resettable window peak; reading them allocates no tensor memory.
 
 use std::cell::Cell;
 
@@ -17,6 +18,9 @@ pub struct Probe {
     /// the windows' peaks and the one still running. (Unused on CPU, whose meter has both.)
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     step_peak: Cell<i64>,
+    /// The same for the reserved bytes, which the windows' resets restart too.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    step_reserved: Cell<i64>,
 }
 
 impl Probe {
@@ -42,6 +46,7 @@ impl Probe {
         Ok(Self {
             device,
             step_peak: Cell::new(0),
+            step_reserved: Cell::new(0),
         })
     }
 
@@ -76,7 +81,9 @@ impl Probe {
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => {
                 self.cuda_reset();
-                self.step_peak.set(self.current());
+                let now = self.cuda();
+                self.step_peak.set(now.allocated_current);
+                self.step_reserved.set(now.reserved_current);
             }
             _ => meter::reset_peak(),
         }
@@ -91,12 +98,25 @@ impl Probe {
         }
     }
 
+    /// CUDA: the caching allocator's highest reserved bytes since [`Probe::reset_step`] (what
+    /// `torch.cuda.max_memory_reserved()` reports); `None` on the CPU, which reserves nothing
+    /// beyond its tensors.
+    pub fn step_reserved_peak(&self) -> Option<i64> {
+        match self.device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => Some(self.step_reserved.get().max(self.cuda().reserved_peak)),
+            _ => None,
+        }
+    }
+
     /// Starts a window: its peak restarts from the current level.
     pub fn reset_window(&self) {
         match self.device {
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => {
-                self.step_peak.set(self.step_peak.get().max(self.cuda().allocated_peak));
+                let seen = self.cuda();
+                self.step_peak.set(self.step_peak.get().max(seen.allocated_peak));
+                self.step_reserved.set(self.step_reserved.get().max(seen.reserved_peak));
                 self.cuda_reset();
             }
             _ => meter::reset_window(),

@@ -201,14 +201,19 @@ fn micro_step_grads(
 }
 
 #[test]
-fn exported_inplace_input_and_symbolic_size_checkpoint_bitwise() {
+fn exported_inplace_input_symbolic_size_and_shared_bias_checkpoint_bitwise() {
     // A layer writing its input in place (`relu_` of the previous layer's output) writes a
     // non-leaf alias of its input leaf; a symbolic size hoisted ahead of the first layer runs
-    // with that layer. Gradients with each candidate checkpointed alone, and with all of them,
-    // equal the plain step's.
+    // with that layer; a bias one layer computes from its parameter and every later layer reads
+    // is computed by each reader. Gradients with each candidate checkpointed alone, and with all
+    // of them, equal the plain step's.
     let _lock = meter::exclusive();
     tch::set_num_threads(1);
-    for (file, block) in [("inplace_relu.pt2", "features.1"), ("sym_size.pt2", "inp")] {
+    for (file, block) in [
+        ("inplace_relu.pt2", "features.1"),
+        ("sym_size.pt2", "inp"),
+        ("position_bias.pt2", "layers.2"),
+    ] {
         let chain = chain_from_export(&fixture(file), &ModelOptions::default()).unwrap();
         assert!(chain.blocks.iter().any(|b| b.name == block), "{file}: no block {block}");
         let n = chain.blocks.len();

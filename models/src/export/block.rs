@@ -7,10 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use tch::Tensor;
 
-use super::errors::describe;
 use super::graph::{Graph, GraphError};
 use super::interpret::Env;
-use crate::chain::{Block, Ctx};
+use crate::chain::{Block, BlockFailure, Ctx};
 
 /// The parsed program every block of a chain shares.
 pub(super) struct Program {
@@ -28,9 +27,6 @@ pub(super) struct Program {
     pub side_values: Vec<bool>,
     /// Per value, the node that defines it.
     pub def: Vec<Option<usize>>,
-    /// The first node that failed, as `(node, target, why)`: a block can only panic, and the
-    /// load-time trial run reports it typed from here.
-    pub failure: Mutex<Option<(String, String, String)>>,
 }
 
 // SAFETY: tensors are handles to refcounted libtorch tensors; the runtime runs blocks from one
@@ -64,6 +60,11 @@ pub(super) struct ExportBlock {
 
 impl Block for ExportBlock {
     fn forward(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Tensor {
+        self.try_forward(xs, ctx)
+            .unwrap_or_else(|e| panic!("block {}: {e}", self.name))
+    }
+
+    fn try_forward(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Result<Tensor, BlockFailure> {
         let p = &self.prog;
         let mut env = Env {
             local: (0..p.graph.names.len()).map(|_| None).collect(),
@@ -71,10 +72,14 @@ impl Block for ExportBlock {
             syms: &p.syms,
         };
         if let Some(v) = self.input {
-            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(self.handle(v, xs)));
+            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(self.handle(v, xs)?));
         }
         for (k, &v) in self.skips.iter().enumerate() {
-            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(self.handle(v, ctx.skip(k))));
+            let skip = ctx
+                .skips
+                .get(k)
+                .ok_or_else(|| self.value_failure(v, "no earlier block handed it on"))?;
+            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(self.handle(v, skip)?));
         }
         for &(cast, src) in &self.aliases {
             if let Some(ckptune_kernels::ops::Value::Tensor(t)) = &env.local[src] {
@@ -87,10 +92,10 @@ impl Block for ExportBlock {
             let reads = p.graph.nodes[k].reads();
             for &v in &reads {
                 if p.side_values[v] && env.local[v].is_none() {
-                    self.compute_side(v, k, &mut env, ctx);
+                    self.compute_side(v, k, &mut env, ctx)?;
                 }
             }
-            self.run(k, &mut env, &keep);
+            self.run(k, &mut env, &keep)?;
             for v in reads {
                 if self.side_reads.get(&v) == Some(&k) {
                     env.local[v] = None;
@@ -118,8 +123,8 @@ impl Block for ExportBlock {
             }
         }
         match env.local[out].take() {
-            Some(ckptune_kernels::ops::Value::Tensor(t)) => t,
-            other => panic!("block {} did not produce its output ({other:?})", self.name),
+            Some(ckptune_kernels::ops::Value::Tensor(t)) => Ok(t),
+            other => Err(self.value_failure(out, &format!("the block's output is {other:?}, not a tensor"))),
         }
     }
 }
@@ -130,33 +135,46 @@ impl ExportBlock {
     /// (its input gradient collects there), which PyTorch refuses to write in place under grad
     /// mode; in the model the block reads the previous layer's output, a non-leaf it may write.
     /// The alias is that non-leaf: same storage, gradient passed through unchanged.
-    fn handle(&self, v: usize, t: &Tensor) -> Tensor {
+    fn handle(&self, v: usize, t: &Tensor) -> Result<Tensor, BlockFailure> {
         if !self.writes.contains(&v) {
-            return t.shallow_clone();
+            return Ok(t.shallow_clone());
         }
-        ckptune_kernels::autograd::writable_alias(t).unwrap_or_else(|e| {
-            panic!(
-                "block {}: {} written in place: {e}",
-                self.name, self.prog.graph.names[v]
-            )
-        })
+        ckptune_kernels::autograd::writable_alias(t)
+            .map_err(|e| self.value_failure(v, &format!("written in place, but no writable alias: {e}")))
+    }
+
+    /// A failure about value `v` rather than an operator: named by the node that makes it (the
+    /// program's input placeholder where no node does).
+    fn value_failure(&self, v: usize, why: &str) -> BlockFailure {
+        let g = &self.prog.graph;
+        let (node, target) = match self.prog.def[v] {
+            Some(d) => (g.nodes[d].name.clone(), g.nodes[d].target_text.clone()),
+            None => (g.names[v].clone(), "input".to_string()),
+        };
+        BlockFailure {
+            node,
+            target,
+            why: why.to_string(),
+        }
     }
 
     /// Runs node `k`. Load-time checks covered every operator and argument kind; what fails here
     /// is a shape or dtype the exported example did not cover, reported with the node.
-    fn run(&self, k: usize, env: &mut Env<'_>, keep: &dyn Fn(usize) -> bool) {
-        if let Err(e) = self.prog.graph.run(k..k + 1, env, keep) {
-            if let (GraphError::Unsupported { node, target, why }, Ok(mut slot)) = (&e, self.prog.failure.lock()) {
-                slot.get_or_insert_with(|| (node.clone(), target.clone(), why.clone()));
-            }
-            panic!("block {}: {}", self.name, describe(&e));
-        }
+    fn run(&self, k: usize, env: &mut Env<'_>, keep: &dyn Fn(usize) -> bool) -> Result<(), BlockFailure> {
+        self.prog.graph.run(k..k + 1, env, keep).map_err(|e| match e {
+            GraphError::Unsupported { node, target, why } => BlockFailure { node, target, why },
+            GraphError::Format(why) => BlockFailure {
+                node: self.prog.graph.nodes[k].name.clone(),
+                target: self.prog.graph.nodes[k].target_text.clone(),
+                why,
+            },
+        })
     }
 
     /// Computes side value `v` and what it needs that this block does not hold yet, in program
     /// order, before node `at` reads it; the intermediates die at once unless the block's own
     /// nodes read them later.
-    fn compute_side(&self, v: usize, at: usize, env: &mut Env<'_>, ctx: &Ctx<'_>) {
+    fn compute_side(&self, v: usize, at: usize, env: &mut Env<'_>, ctx: &Ctx<'_>) -> Result<(), BlockFailure> {
         let p = &self.prog;
         let mut needed: BTreeSet<usize> = BTreeSet::new();
         let mut stack = vec![v];
@@ -170,12 +188,12 @@ impl ExportBlock {
         }
         if let Some(m) = p.mask_input {
             let Some(mask) = ctx.batch_mask else {
-                panic!("block {} reads the attention mask, but the batch has none", self.name);
+                return Err(self.value_failure(m, "the program reads an attention mask, but the batch has none"));
             };
             env.local[m] = Some(ckptune_kernels::ops::Value::Tensor(mask.shallow_clone()));
         }
         for &d in &needed {
-            self.run(d, env, &|_| true);
+            self.run(d, env, &|_| true)?;
         }
         for w in needed
             .iter()
@@ -186,5 +204,6 @@ impl ExportBlock {
                 env.local[w] = None;
             }
         }
+        Ok(())
     }
 }

@@ -6,13 +6,6 @@ use std::path::Path;
 use super::graph::GraphError;
 use crate::error::ModelError;
 
-pub(super) fn describe(e: &GraphError) -> String {
-    match e {
-        GraphError::Format(s) => s.clone(),
-        GraphError::Unsupported { node, target, why } => format!("node {node} ({target}): {why}"),
-    }
-}
-
 pub(super) fn graph_err(path: &Path) -> impl Fn(GraphError) -> ModelError + '_ {
     move |e| match e {
         GraphError::Format(reason) => ModelError::BadExport {

@@ -79,7 +79,6 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         side_nodes: side.nodes,
         side_values: side.values,
         def: flow.def.clone(),
-        failure: Mutex::new(None),
     });
     let blocks = dataflow::blocks(path, &prog, &flow, &cut.units, sig.input)?;
     let chain = Chain {
@@ -102,6 +101,6 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
     };
     chain.validate().map_err(bad)?;
     let batch = io.in_sizes.first().copied().flatten().unwrap_or(2);
-    trial::check(path, &chain, &prog, batch, ar_on_meta)?;
+    trial::check(path, &chain, batch, ar_on_meta)?;
     Ok(chain)
 }

@@ -1,9 +1,11 @@
-//! Side nodes: what a program computes without the batch's data or the parameters, from the
-//! mask input, constant buffers, sizes and literals alone (an attention bias, a causal mask,
-//! position ids, rotary cos/sin). Models compute these once and every layer reads them; here
-//! each block that reads one computes it (see `ExportBlock::forward`), so they never cross a
-//! cut. Nodes reading a buffer the program mutates are never side nodes (the value depends on
-//! when it is read).
+//! Side nodes: what a program computes without the batch's data, from the mask input,
+//! parameters, constant buffers, sizes and literals alone (an attention bias, a causal mask,
+//! position ids, rotary cos/sin, T5's relative position bias from its embedding table). Models
+//! compute these once and every layer reads them; here each block that reads one computes it
+//! (see `ExportBlock::forward`), so they never cross a cut: a cut carries one tensor, and the
+//! bias T5's first layer hands every layer would be a second. A parameter read so gets its
+//! gradient from each reading block, summed in its `.grad`. Nodes reading a buffer the program
+//! mutates are never side nodes (the value depends on when it is read).
 
 use super::graph::{Graph, Target};
 use super::signature::Signature;
@@ -47,11 +49,7 @@ pub(super) fn side_nodes(graph: &Graph, sig: &Signature) -> Side {
                 _ => false,
             };
         let free = |v: usize| {
-            side_values[v]
-                || !graph.is_tensor[v]
-                || statics[v]
-                    .as_ref()
-                    .is_some_and(|t| !t.requires_grad() && !mutated.contains(&v))
+            side_values[v] || !graph.is_tensor[v] || statics[v].as_ref().is_some_and(|_| !mutated.contains(&v))
         };
         if makes_tensors && !once && reads.into_iter().all(free) {
             side_nodes[k] = true;

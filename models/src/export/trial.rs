@@ -6,41 +6,55 @@ use std::path::Path;
 
 use tch::Tensor;
 
-use super::block::Program;
-use crate::chain::{Chain, Ctx};
+use crate::chain::{BlockFailure, Chain, Ctx};
 use crate::error::{ModelError, Result};
 
 /// [`trial_run`] with its failure as the models crate reports it. `meta_only`: the program was
 /// exported on the meta device (it has no weights to run for real).
-pub(super) fn check(path: &Path, chain: &Chain, prog: &Program, batch: i64, meta_only: bool) -> Result<()> {
-    let Err(reason) = trial_run(chain, batch) else {
-        return Ok(());
+pub(super) fn check(path: &Path, chain: &Chain, batch: i64, meta_only: bool) -> Result<()> {
+    let failure = match trial_run(chain, batch) {
+        Ok(()) => return Ok(()),
+        Err(Failed::Block(block, f)) => (block, f),
+        Err(Failed::Setup(why)) => {
+            return Err(ModelError::BadExport {
+                path: path.to_path_buf(),
+                reason: format!("running it on a sample batch of {batch}: {why}"),
+            })
+        }
     };
-    let failed = prog.failure.lock().ok().and_then(|mut f| f.take());
-    let meta = failed
-        .as_ref()
-        .filter(|_| ckptune_kernels::fake::active())
-        .and_then(|(_, _, why)| ckptune_kernels::fake::meta_failure(why));
-    Err(match (failed, meta) {
-        (Some((node, target, _)), Some(why)) => ModelError::NotMeasurableOnMeta {
+    let (block, BlockFailure { node, target, why }) = failure;
+    let meta = ckptune_kernels::fake::active()
+        .then(|| ckptune_kernels::fake::meta_failure(&why))
+        .flatten();
+    Err(match meta {
+        Some(why) => ModelError::NotMeasurableOnMeta {
             path: path.to_path_buf(),
             node,
             target,
             why,
             meta_only,
         },
-        _ => ModelError::BadExport {
+        None => ModelError::BadExport {
             path: path.to_path_buf(),
-            reason,
+            reason: format!(
+                "running it on a sample batch of {batch} failed: block {block}: node {node} ({target}): {why}"
+            ),
         },
     })
 }
 
+enum Failed {
+    /// A block's node, with the block's name.
+    Block(String, BlockFailure),
+    /// Saving or restoring the RNG state.
+    Setup(String),
+}
+
 /// Runs the chain once on a sample batch, so that a node that fails (a dtype or shape the
-/// operator rejects) is bad input at load time, named with its node, rather than a panic in
+/// operator rejects) is bad input at load time, named with its node, rather than an error in
 /// the middle of profiling. Buffers and the RNG are put back: the trial leaves no trace.
-fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
-    let rng = ckptune_kernels::rng::cpu_state().map_err(|e| e.to_string())?;
+fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), Failed> {
+    let rng = ckptune_kernels::rng::cpu_state().map_err(|e| Failed::Setup(e.to_string()))?;
     let buffers: Vec<(Tensor, Tensor)> = chain
         .vs
         .variables()
@@ -52,44 +66,35 @@ fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), String> {
         })
         .collect();
     let sample = chain.make_batch(batch, chain.vs.device(), 0);
-    // A failing node is reported as an error below; the default hook would also print it as a
-    // panic to stderr.
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // As the runtime runs a block (in the caller's grad mode, training's), on leaves that
-        // require grad detached from earlier outputs: a node that fails only there (an in-place
-        // write of such a leaf did, under no-grad on the outputs themselves it passed) fails here,
-        // as bad input naming it, not as a panic in the middle of profiling.
-        let leaf = |t: &Tensor| t.detach().set_requires_grad(t.is_floating_point());
-        // Chain::forward_all, with the batch's raw mask in the context.
-        let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref(), sample.padded);
-        let mut outs: Vec<Tensor> = Vec::with_capacity(chain.blocks.len());
-        for (i, b) in chain.blocks.iter().enumerate() {
-            let x = if i == 0 {
-                sample.input.shallow_clone()
-            } else {
-                leaf(&outs[i - 1])
-            };
-            let skips: Vec<Tensor> = b.skips.iter().map(|&s| leaf(&outs[s])).collect();
-            let out = b.block.forward(&x, &ctx.with_skips(&skips));
-            outs.push(out);
+    // As the runtime runs a block (in the caller's grad mode, training's), on leaves that
+    // require grad detached from earlier outputs: a node that fails only there (an in-place
+    // write of such a leaf did, under no-grad on the outputs themselves it passed) fails here.
+    let leaf = |t: &Tensor| t.detach().set_requires_grad(t.is_floating_point());
+    // Chain::forward_all, with the batch's raw mask in the context.
+    let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref(), sample.padded);
+    let mut outs: Vec<Tensor> = Vec::with_capacity(chain.blocks.len());
+    let mut result = Ok(());
+    for (i, b) in chain.blocks.iter().enumerate() {
+        let x = if i == 0 {
+            sample.input.shallow_clone()
+        } else {
+            leaf(&outs[i - 1])
+        };
+        let skips: Vec<Tensor> = b.skips.iter().map(|&s| leaf(&outs[s])).collect();
+        match b.block.try_forward(&x, &ctx.with_skips(&skips)) {
+            Ok(out) => outs.push(out),
+            Err(f) => {
+                result = Err(Failed::Block(b.name.clone(), f));
+                break;
+            }
         }
-    }))
-    .map_err(|p| {
-        let msg = p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default();
-        format!("running it on a sample batch of {batch} failed: {msg}")
-    });
-    std::panic::set_hook(hook);
+    }
+    drop(outs);
     tch::no_grad(|| {
         for (t, saved) in &buffers {
             t.shallow_clone().copy_(saved);
         }
     });
-    ckptune_kernels::rng::set_cpu_state(&rng).map_err(|e| e.to_string())?;
+    ckptune_kernels::rng::set_cpu_state(&rng).map_err(|e| Failed::Setup(e.to_string()))?;
     result
 }

@@ -10,6 +10,7 @@
 pub mod budget;
 pub mod caching_allocator;
 pub mod chain_model;
+pub mod cuda_overheads;
 #[cfg(feature = "serde")]
 pub mod formats;
 pub mod model;

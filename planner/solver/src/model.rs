@@ -299,6 +299,7 @@ mod tests {
                 grad_accum: 1,
                 set_to_none: true,
                 autocast_cache: false,
+                loss_chunks: None,
             },
             fixed: FixedBytes::default(),
             regimes: Vec::new(),
@@ -314,6 +315,7 @@ mod tests {
             recompute_class: Vec::new(),
             contention: Contention::default(),
             estimated: None,
+            reserved: None,
         }
     }
 

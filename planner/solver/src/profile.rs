@@ -28,9 +28,19 @@ pub struct ConfigSpec {
     /// was a choice, whose loop passes `cache_enabled=False`.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "std::ops::Not::not"))]
     pub autocast_cache: bool,
+    /// A language model's loss computed in this many chunks of tokens, each chunk's logits
+    /// and their gradient freed before the next (ckptune's chunked loss); absent for the whole
+    /// loss at once, as in documents written before the choice existed.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub loss_chunks: Option<i64>,
 }
 
 impl ConfigSpec {
+    /// Chunks of the loss: 1 when the loss is computed whole.
+    pub fn chunks(&self) -> i64 {
+        self.loss_chunks.unwrap_or(1)
+    }
+
     /// The same config, where a document written before the implementations were a choice
     /// (`optimizer_impl` absent) stands for the single-tensor loop, the one it measured.
     pub fn same_as(&self, other: &ConfigSpec) -> bool {
@@ -40,11 +50,14 @@ impl ConfigSpec {
         };
         ConfigSpec {
             optimizer_impl: None,
+            loss_chunks: None,
             ..self.clone()
         } == ConfigSpec {
             optimizer_impl: None,
+            loss_chunks: None,
             ..other.clone()
         } && imp(self) == imp(other)
+            && self.chunks() == other.chunks()
     }
 
     /// The `torch.optim` keyword that selects the implementation (`foreach=False` for the
@@ -67,17 +80,21 @@ impl ConfigSpec {
         }
     }
 
-    /// `bf16/adamw/mb8x1`, with `/zero` when gradients are zeroed in place and `/cache` when
-    /// the loop keeps autocast's cache on.
+    /// `bf16/adamw/mb8x1`, with `/zero` when gradients are zeroed in place, `/cache` when the
+    /// loop keeps autocast's cache on and `/loss4` when the loss runs in 4 chunks.
     pub fn label(&self) -> String {
         format!(
-            "{}/{}/mb{}x{}{}{}",
+            "{}/{}/mb{}x{}{}{}{}",
             self.precision,
             self.optimizer_label(),
             self.micro_batch,
             self.grad_accum,
             if self.set_to_none { "" } else { "/zero" },
-            if self.autocast_cache { "/cache" } else { "" }
+            if self.autocast_cache { "/cache" } else { "" },
+            match self.chunks() {
+                1 => String::new(),
+                n => format!("/loss{n}"),
+            }
         )
     }
 }
@@ -366,6 +383,19 @@ pub struct ConfigProfile {
     /// measured profiles and the plans made from them read back unchanged.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub estimated: Option<Estimate>,
+    /// Measured on a CUDA device: the caching allocator's reserved peaks of the steps whose
+    /// allocated peaks are `peak_none` and `peak_all`. Absent for other devices.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub reserved: Option<ReservedPeaks>,
+}
+
+/// `torch.cuda.max_memory_reserved()` of a profile's steps with nothing and with everything
+/// checkpointed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ReservedPeaks {
+    pub none: i64,
+    pub all: i64,
 }
 
 /// How a config's times were estimated: the cost model over an operator trace of its steps.
@@ -397,6 +427,13 @@ pub struct BlockEstimate {
 }
 
 impl ConfigProfile {
+    /// How far the caching allocator's reserved bytes rose above the allocated peak in the
+    /// measured steps (the larger of the two), when the profile was measured on CUDA.
+    pub fn reserved_excess(&self) -> Option<i64> {
+        self.reserved
+            .map(|r| (r.none - self.peak_none).max(r.all - self.peak_all).max(0))
+    }
+
     /// Whether the times are the cost model's estimate, not measurements.
     pub fn is_estimated(&self) -> bool {
         self.estimated.is_some()

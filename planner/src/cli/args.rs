@@ -120,8 +120,15 @@ pub struct ModelArgs {
     /// autocast precisions (bf16, fp16).
     #[arg(long)]
     pub autocast_cache: bool,
-    /// cpu or cuda.
-    #[arg(long, default_value = "cpu")]
+    /// A language model's loss in this many chunks of tokens, each chunk's logits and their
+    /// gradient freed before the next (`ckptune.chunked_causal_lm_loss` in the training loop).
+    /// Several comma-separated counts let the planner choose; 1 computes the loss whole.
+    /// Default: 1. GPT-2 and the Llama family only.
+    #[arg(long, value_delimiter = ',')]
+    pub loss_chunks: Vec<i64>,
+    /// auto (CUDA when a device is visible, else the CPU; the output says which), cpu or cuda
+    /// (exit 2 when no CUDA device is visible, naming what was looked for).
+    #[arg(long, default_value = "auto")]
     pub device: String,
     /// Intra-op threads (profile and run must use the same count for exact memory). Default:
     /// the CPUs this process may use, less those the rest of the machine keeps busy when the
@@ -209,8 +216,10 @@ pub struct PlanArgs {
     /// with the measured excess taken off the budget, until a verified plan fits.
     #[arg(long)]
     pub verify: bool,
-    /// The device the plan is for, when it differs from the one measured on: a CUDA budget
-    /// planned from a CPU profile keeps a reserve for what a CPU cannot see. `cuda:NAME` (h100,
+    /// The device the plan is for, when it differs from the one measured on. A CUDA plan made
+    /// from a CPU profile is judged on reserved memory: the chosen plan's step trace (recorded
+    /// on the meta device) replayed through the simulation of PyTorch's CUDA caching allocator,
+    /// plus the CUDA context (docs/cuda-allocator.md, "Planning for a GPU"). `cuda:NAME` (h100,
     /// h200, a100-80gb, l40s, rtx4090, ...) also estimates the step times for that GPU with the
     /// cost model (docs/cost-model.md).
     #[arg(long)]
@@ -229,10 +238,15 @@ pub struct PlanArgs {
     #[arg(long, value_name = "REGEX", requires = "shard")]
     pub shard_units: Option<String>,
     /// Memory kept out of the budget for the CUDA context, library workspaces and allocator
-    /// fragmentation when planning a CUDA budget from a CPU profile. Default: 1 GiB + 10% of
-    /// the budget.
+    /// fragmentation when planning a CUDA budget from a CPU profile, instead of simulating the
+    /// caching allocator (default for sharded plans: 1 GiB + 10% of the budget).
     #[arg(long)]
     pub reserve: Option<String>,
+    /// With a CUDA target: write the chosen plan's step trace (`ckptune.alloc-trace/1`, under
+    /// the recommended PYTORCH_CUDA_ALLOC_CONF), for `ckptune simulate-allocator` or
+    /// `scripts/gpu_check --traces`.
+    #[arg(long, value_name = "PATH")]
+    pub alloc_trace: Option<PathBuf>,
     /// Print the plan as a ready snippet for this trainer instead of the summary (the plan is
     /// still written with -o): python, fsdp2 (with --shard N: FSDP2 on N ranks under torchrun),
     /// hf, lightning or torchtitan.

@@ -47,6 +47,8 @@ fn is_bad_input(e: &(dyn std::error::Error + 'static)) -> bool {
                 | RuntimeError::Config(_)
                 // The model has an operator a step on the meta device cannot run.
                 | RuntimeError::NotMeasurableOnMeta { .. }
+                // A node of the user's program rejects what the step gives it.
+                | RuntimeError::Block { .. }
         );
     }
     if let Some(s) = e.downcast_ref::<SolveError>() {

@@ -17,8 +17,11 @@ use ckptune_solver::rates::DeviceRates;
 use super::args::Measure;
 use super::error::{is_bad_input_error, message, UsageError};
 use super::setup::{fnv1a, model_json, Setup};
+
+mod contenders;
 use ckptune_models::ModelError;
 use ckptune_runtime::RuntimeError;
+pub use contenders::Rank;
 
 /// How a config's profile is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,10 +78,18 @@ fn rates(setup: &Setup) -> Result<DeviceRates> {
 
 /// Profiles every config of `setup` as `--measure` says.
 pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
+    measure(setup, None)
+}
+
+/// As [`measure_profile`], for `plan`: where `--measure auto` times real steps, only the configs
+/// that can win under the plan's budget are timed (`contenders`); `rank` is the plan's solve.
+pub fn measure_profile_for_plan(setup: &Setup, rank: Rank<'_>) -> Result<ProfileJson> {
+    measure(setup, Some(rank))
+}
+
+fn measure(setup: &Setup, rank: Option<Rank<'_>>) -> Result<ProfileJson> {
     tch::set_num_threads(setup.threads);
     ckptune_kernels::meter::install()?;
-    let mut model = None;
-    let mut configs = Vec::new();
     if let (Some(g), Measure::Run | Measure::Meta) = (setup.gpu, setup.measure) {
         return Err(UsageError(format!(
             "--target cuda:{} estimates step times for that GPU with the cost model, and --measure {} \
@@ -93,25 +104,84 @@ pub fn measure_profile(setup: &Setup) -> Result<ProfileJson> {
         _ => decide(setup)?,
     };
     unlearned.resize(setup.configs.len(), None);
-    let rates = match how {
-        How::Estimated => Some(rates(setup)?),
-        _ => None,
+    let (model, configs) = match rank {
+        Some(rank) if how == How::MetaTimed && setup.measure == Measure::Auto && setup.configs.len() > 1 => {
+            timed_where_they_can_win(setup, unlearned, rank)?
+        }
+        _ => {
+            let rates = match how {
+                How::Estimated => Some(rates(setup)?),
+                _ => None,
+            };
+            let mut model = None;
+            let mut configs = Vec::new();
+            for (cfg, unlearned) in setup.configs.iter().zip(unlearned) {
+                let (mj, p) = cached_or_measured(setup, cfg, how, unlearned, rates.as_ref())?;
+                model.get_or_insert(mj);
+                configs.push(p);
+            }
+            (model.context("no config was profiled")?, configs)
+        }
     };
-    for (cfg, unlearned) in setup.configs.iter().zip(unlearned) {
-        let (mj, p) = cached_or_measured(setup, cfg, how, unlearned, rates.as_ref())?;
+    Ok(profile_json(setup, how, model, configs))
+}
+
+/// `plan`'s `--measure auto` with several configs: memory from the meta device (`unlearned`, per
+/// config, where `decide` measured it) and times from the cost model over this CPU's rates for
+/// every config, then from real steps for those that can win (`contenders`), each cached as it
+/// is measured; notes which were not timed and why.
+fn timed_where_they_can_win(
+    setup: &Setup,
+    unlearned: Vec<Option<ConfigProfile>>,
+    rank: Rank<'_>,
+) -> Result<(ModelJson, Vec<ConfigProfile>)> {
+    let rates = rates(setup)?;
+    let mut model = None;
+    let mut configs = Vec::with_capacity(setup.configs.len());
+    for (cfg, unlearned) in setup.configs.iter().zip(&unlearned) {
+        let (mj, p) = cached_or_measured(setup, cfg, How::Estimated, unlearned.clone(), Some(&rates))?;
         model.get_or_insert(mj);
         configs.push(p);
     }
+    let model = model.context("no config was profiled")?;
+    let configs = std::cell::RefCell::new(configs);
+    let (ranks, timed) = contenders::time_until_none_can_win(
+        setup.configs.len(),
+        || {
+            rank(&profile_json(
+                setup,
+                How::MetaTimed,
+                model.clone(),
+                configs.borrow().clone(),
+            ))
+        },
+        |c| {
+            let timed = cached_or_measured(setup, &setup.configs[c], How::MetaTimed, unlearned[c].clone(), None)?;
+            configs.borrow_mut()[c] = timed.1;
+            Ok(())
+        },
+    )?;
+    if !setup.quiet {
+        let labels: Vec<String> = setup.configs.iter().map(|c| c.label()).collect();
+        for note in contenders::untimed_notes(&labels, &ranks, &timed) {
+            eprintln!("note: {note}");
+        }
+    }
+    Ok((model, configs.into_inner()))
+}
+
+/// The profile document of `configs`, measured `how`.
+fn profile_json(setup: &Setup, how: How, model: ModelJson, configs: Vec<ConfigProfile>) -> ProfileJson {
     let mut device = setup.device_json();
     device.measured = how.describe(setup);
-    Ok(ProfileJson {
+    ProfileJson {
         format: formats::PROFILE_FORMAT.into(),
         ckptune_version: env!("CARGO_PKG_VERSION").into(),
-        model: model.context("no config was profiled")?,
+        model,
         device,
         repeats: setup.repeats,
         configs,
-    })
+    }
 }
 
 /// `auto`, `meta` and `estimate`: memory on the meta device; times from real steps where every

@@ -7,6 +7,7 @@
 pub mod args;
 pub mod commands;
 pub mod companion;
+pub mod device;
 pub mod error;
 pub mod measure;
 pub mod output;

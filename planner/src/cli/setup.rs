@@ -35,6 +35,8 @@ pub struct Setup {
     pub threads_auto: bool,
     /// `--target cuda:NAME`: the GPU whose rates the cost model estimates step times over.
     pub gpu: Option<&'static GpuSpec>,
+    /// What `--device auto` chose and why.
+    pub device_note: Option<String>,
 }
 
 fn usage(msg: String) -> anyhow::Error {
@@ -73,7 +75,11 @@ impl Setup {
 
     /// `default_precisions` applies when `--precision` is not given.
     pub fn resolve(a: &ModelArgs, default_precisions: &[Precision]) -> Result<Setup> {
-        let device = device(&a.device)?;
+        let resolved = super::device::resolve(&a.device)?;
+        let device = resolved.device;
+        if let (Some(n), false) = (&resolved.note, a.quiet) {
+            eprintln!("note: {n}");
+        }
         let granularity = granularity(&a.granularity)?;
         let space = ConfigSpace::resolve(a, default_precisions, device)?;
         let configs = space.configs()?;
@@ -117,6 +123,7 @@ impl Setup {
             measure: a.measure,
             threads_auto: a.threads.is_none(),
             gpu: None,
+            device_note: resolved.note,
         })
     }
 
@@ -197,7 +204,7 @@ impl Setup {
             threads: self.threads,
             memory: match self.device {
                 Device::Cpu => "exact CPU tensor bytes (counting allocator)".into(),
-                _ => "CUDA caching allocator, allocated bytes".into(),
+                _ => "CUDA caching allocator, allocated bytes (reserved bytes beside them)".into(),
             },
             cpu: cpu_identity(),
             measured: String::new(),
@@ -253,22 +260,6 @@ impl Setup {
     }
 }
 
-/// `--device`: cpu, or cuda where libtorch sees a CUDA device.
-fn device(name: &str) -> Result<Device> {
-    match name {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => {
-            if !tch::Cuda::is_available() {
-                return Err(usage(
-                    "--device cuda: no CUDA device is available to libtorch on this machine; use --device cpu".into(),
-                ));
-            }
-            Ok(Device::Cuda(0))
-        }
-        other => Err(usage(format!("--device {other:?}: expected cpu or cuda"))),
-    }
-}
-
 /// `--granularity`.
 fn granularity(name: &str) -> Result<Granularity> {
     match name {
@@ -295,6 +286,7 @@ struct ConfigSpace {
     global_batch: i64,
     set_to_none: bool,
     autocast_cache: bool,
+    loss_chunks: Vec<i64>,
 }
 
 impl ConfigSpace {
@@ -315,10 +307,12 @@ impl ConfigSpace {
             global_batch,
             set_to_none: !a.zero_grad_in_place,
             autocast_cache: a.autocast_cache,
+            loss_chunks: loss_chunks(a)?,
         })
     }
 
-    /// Every precision × optimizer × micro-batch whose micro-batch divides the global batch.
+    /// Every precision × optimizer × micro-batch × loss chunks whose micro-batch divides the
+    /// global batch.
     fn configs(&self) -> Result<Vec<TrainConfig>> {
         let mut configs = Vec::new();
         for &p in &self.precisions {
@@ -334,12 +328,15 @@ impl ConfigSpace {
                         }
                         continue;
                     }
-                    let mut c = TrainConfig::new(p, o, mb);
-                    c.optimizer_impl = imp;
-                    c.grad_accum = self.global_batch / mb;
-                    c.set_to_none = self.set_to_none;
-                    c.autocast_cache = self.autocast_cache && p.autocast().is_some();
-                    configs.push(c);
+                    for &chunks in &self.loss_chunks {
+                        let mut c = TrainConfig::new(p, o, mb);
+                        c.optimizer_impl = imp;
+                        c.grad_accum = self.global_batch / mb;
+                        c.set_to_none = self.set_to_none;
+                        c.autocast_cache = self.autocast_cache && p.autocast().is_some();
+                        c.loss_chunks = chunks;
+                        configs.push(c);
+                    }
                 }
             }
         }
@@ -443,19 +440,32 @@ fn micro_batches(a: &ModelArgs) -> Result<Vec<i64>> {
     } else {
         8
     };
-    let mut batches = if a.batch.is_empty() {
-        vec![default_batch]
+    positive_counts(&a.batch, default_batch, |b| {
+        format!("--batch {b}: a micro-batch must hold at least one sample")
+    })
+}
+
+/// `--loss-chunks`: counts of at least 1, sorted; default 1 (the loss whole).
+fn loss_chunks(a: &ModelArgs) -> Result<Vec<i64>> {
+    positive_counts(&a.loss_chunks, 1, |c| {
+        format!("--loss-chunks {c}: the loss needs at least one chunk (1 computes it whole)")
+    })
+}
+
+/// A list flag's values sorted without repeats (`default` when none is given); a value below 1
+/// is the error `below` words.
+fn positive_counts(given: &[i64], default: i64, below: impl Fn(i64) -> String) -> Result<Vec<i64>> {
+    let mut values = if given.is_empty() {
+        vec![default]
     } else {
-        a.batch.clone()
+        given.to_vec()
     };
-    batches.sort_unstable();
-    batches.dedup();
-    if let Some(b) = batches.iter().find(|b| **b < 1) {
-        return Err(usage(format!(
-            "--batch {b}: a micro-batch must hold at least one sample"
-        )));
+    values.sort_unstable();
+    values.dedup();
+    match values.iter().find(|v| **v < 1) {
+        Some(&v) => Err(usage(below(v))),
+        None => Ok(values),
     }
-    Ok(batches)
 }
 
 fn default_cache_dir() -> PathBuf {

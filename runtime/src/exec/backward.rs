@@ -103,8 +103,9 @@ impl Session {
                     .autocast()
                     .map(|a| AutocastGuard::new(self.device, a, true))
                     .transpose()?;
-                block.block.forward(&x, &ctx.with_skips(&skips))
-            };
+                block.block.try_forward(&x, &ctx.with_skips(&skips))
+            }
+            .map_err(|failure| self.block_failed(k, failure))?;
             drop((x, skips));
             acts.outputs[k] = Some(out);
             if let Some(t) = tr.as_deref_mut() {

@@ -4,7 +4,6 @@
 
 use std::time::Instant;
 
-use ckptune_kernels::autocast::AutocastGuard;
 use ckptune_kernels::rng;
 use ckptune_models::{Batch, Ctx};
 use tch::Tensor;
@@ -100,21 +99,16 @@ impl Session {
         }
         let (out, open) = {
             let _scope = scope::open(Phase::Forward, Some((i, &block.name)))?;
-            let ac = self
-                .cfg
-                .precision
-                .autocast()
-                .map(|k| AutocastGuard::new(self.device, k, true))
-                .transpose()?;
+            let ac = self.autocast_region()?;
             let bctx = ctx.with_skips(&skips);
             let out = if seg.is_some() {
-                tch::no_grad(|| block.block.forward(&x, &bctx))
+                tch::no_grad(|| block.block.try_forward(&x, &bctx))
             } else {
-                block.block.forward(&x, &bctx)
+                block.block.try_forward(&x, &bctx)
             };
             let open = self.probe.current();
             drop(ac);
-            (out, open)
+            (out.map_err(|failure| self.block_failed(i, failure))?, open)
         };
         drop((x, skips));
         acts.outputs[i] = Some(out);

@@ -9,7 +9,7 @@ use tch::Tensor;
 
 use super::forward::Activations;
 use super::scope::{self, Phase};
-use super::session::Session;
+use super::session::{chunks_refused, Session};
 use super::trace::MicroTrace;
 use crate::config::Precision;
 use crate::error::{torch, Result, RuntimeError};
@@ -37,11 +37,16 @@ impl Session {
         mut tr: Option<&mut MicroTrace>,
     ) -> Result<LossStep> {
         let n = self.chain.blocks.len();
-        let y = acts.outputs[n - 1]
-            .as_ref()
-            .expect("the last output is kept")
-            .detach()
-            .set_requires_grad(true);
+        let last = acts.outputs[n - 1].as_ref().expect("the last output is kept");
+        if self.cfg.loss_chunks > 1 {
+            let head = self
+                .chain
+                .head
+                .causal_lm()
+                .ok_or_else(|| chunks_refused(&self.cfg, &self.chain))?;
+            return self.chunked_loss(head, last, batch, held, tr);
+        }
+        let y = last.detach().set_requires_grad(true);
         if let Some(t) = tr.as_deref_mut() {
             t.loss_before = self.probe.current();
             self.probe.reset_window();
@@ -49,48 +54,17 @@ impl Session {
         let (value, var, seed) = {
             let _scope = scope::open(Phase::Loss, None)?;
             let loss = {
-                let _ac = self
-                    .cfg
-                    .precision
-                    .autocast()
-                    .map(|k| AutocastGuard::new(self.device, k, true))
-                    .transpose()?;
+                let _ac = self.autocast_region()?;
                 self.chain.head.loss(&y, batch)
             };
-            // A fake loss has no value.
-            let value = if self.is_fake() {
-                f64::NAN
-            } else {
-                loss.double_value(&[])
-            };
-            let scale = self.loss_scale() / self.cfg.grad_accum as f64;
-            let scaled = if scale == 1.0 { loss } else { loss * scale };
-            if let Some(t) = tr.as_deref_mut() {
-                t.loss_fwd_peak = self.probe.window_peak();
-                t.casts_held = held.is_some();
-            }
-            drop(held);
-            if tr.is_some() {
-                self.probe.reset_window();
-            }
-            // `loss.backward()` seeds the engine with `ones_like(loss)`, alive until the whole
-            // backward returns.
-            let seed = scaled.f_ones_like().map_err(torch("loss backward"))?;
-            if let Some(t) = tr.as_deref_mut() {
-                t.loss_seeded = self.probe.current();
-            }
+            let (value, scaled) = self.scaled(loss);
+            let seed = self.seed_after_forward(&scaled, held, tr.as_deref_mut())?;
             autograd::backward(scaled.shallow_clone(), seed.shallow_clone())?;
             // Detached: its storage only. Its graph would hold the last block's output leaf,
             // which eager PyTorch (no boundaries) does not have.
             (value, scaled.detach(), seed)
         };
-        if !value.is_finite() && self.cfg.precision != Precision::Fp16 && !self.is_fake() {
-            return Err(RuntimeError::Invalid(format!(
-                "loss is {value} in {} for model {}: training diverged (lower the learning rate)",
-                self.cfg.label(),
-                self.chain.name
-            )));
-        }
+        self.check_loss_value(value)?;
         let grad = y.grad();
         drop(y);
         if let Some(t) = tr {
@@ -99,5 +73,65 @@ impl Session {
             t.loss_after = self.probe.current();
         }
         Ok(LossStep { value, var, seed, grad })
+    }
+
+    /// The loop's autocast region, for the precisions that use one.
+    pub(super) fn autocast_region(&self) -> Result<Option<AutocastGuard>> {
+        Ok(self
+            .cfg
+            .precision
+            .autocast()
+            .map(|k| AutocastGuard::new(self.device, k, true))
+            .transpose()?)
+    }
+
+    /// The loss's value (none for a fake loss) and the loss scaled for accumulation and fp16
+    /// loss scaling, made inside the loop's autocast region.
+    pub(super) fn scaled(&self, loss: Tensor) -> (f64, Tensor) {
+        let value = if self.is_fake() {
+            f64::NAN
+        } else {
+            loss.double_value(&[])
+        };
+        let scale = self.loss_scale() / self.cfg.grad_accum as f64;
+        let scaled = if scale == 1.0 { loss } else { loss * scale };
+        (value, scaled)
+    }
+
+    /// The end of the loss's forward moment and the start of its backward: the forward's peak
+    /// recorded, `held` (the region holding autocast's cache) closed, freeing the casts only the
+    /// cache held, and the seed `loss.backward()` gives the engine, `ones_like(loss)`, alive
+    /// until the whole backward returns.
+    pub(super) fn seed_after_forward(
+        &self,
+        scaled: &Tensor,
+        held: Option<AutocastGuard>,
+        mut tr: Option<&mut MicroTrace>,
+    ) -> Result<Tensor> {
+        if let Some(t) = tr.as_deref_mut() {
+            t.loss_fwd_peak = self.probe.window_peak();
+            t.casts_held = held.is_some();
+        }
+        drop(held);
+        if tr.is_some() {
+            self.probe.reset_window();
+        }
+        let seed = scaled.f_ones_like().map_err(torch("loss backward"))?;
+        if let Some(t) = tr {
+            t.loss_seeded = self.probe.current();
+        }
+        Ok(seed)
+    }
+
+    /// A loss that is not finite means training diverged (fp16 skips such steps instead).
+    pub(super) fn check_loss_value(&self, value: f64) -> Result<()> {
+        if !value.is_finite() && self.cfg.precision != Precision::Fp16 && !self.is_fake() {
+            return Err(RuntimeError::Invalid(format!(
+                "loss is {value} in {} for model {}: training diverged (lower the learning rate)",
+                self.cfg.label(),
+                self.chain.name
+            )));
+        }
+        Ok(())
     }
 }

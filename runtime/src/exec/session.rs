@@ -41,6 +41,15 @@ pub struct Session {
     fake: Option<FakeMode>,
 }
 
+/// The error for loss chunks on a model whose loss is not a language model's.
+pub(super) fn chunks_refused(cfg: &TrainConfig, chain: &Chain) -> RuntimeError {
+    RuntimeError::Config(format!(
+        "loss chunks {}: model {}'s loss head is not a language model's (lm_head and cross entropy \
+         over tokens); the chunked loss applies to GPT-2 and the Llama family, use --loss-chunks 1",
+        cfg.loss_chunks, chain.name
+    ))
+}
+
 /// Bytes of a tensor's elements.
 pub fn nbytes(t: &Tensor) -> i64 {
     if !t.defined() {
@@ -50,11 +59,23 @@ pub fn nbytes(t: &Tensor) -> i64 {
 }
 
 impl Session {
+    /// Block `i`'s failure in this step as the runtime reports it.
+    pub(super) fn block_failed(&self, i: usize, failure: ckptune_models::BlockFailure) -> RuntimeError {
+        RuntimeError::Block {
+            model: self.chain.name.clone(),
+            block: self.chain.blocks[i].name.clone(),
+            failure,
+        }
+    }
+
     pub fn new(mut chain: Chain, cfg: TrainConfig, device: Device) -> Result<Self> {
         cfg.validate(device)?;
         chain
             .validate()
             .map_err(|e| RuntimeError::Invalid(format!("model {}: {e}", chain.name)))?;
+        if cfg.loss_chunks > 1 && chain.head.causal_lm().is_none() {
+            return Err(chunks_refused(&cfg, &chain));
+        }
         if cfg.precision == Precision::Bf16Pure {
             chain.vs.bfloat16();
         }

@@ -76,6 +76,7 @@ impl Session {
             seconds,
             applied,
             peak_bytes: self.probe.step_peak(),
+            reserved_peak_bytes: self.probe.step_reserved_peak(),
             start_bytes: start_level,
             load,
         })

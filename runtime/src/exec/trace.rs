@@ -85,6 +85,8 @@ pub struct StepReport {
     /// (parameters, buffers, optimizer state, and whatever else the process holds).
     pub peak_bytes: i64,
     pub start_bytes: i64,
+    /// CUDA: the caching allocator's reserved peak during the step; `None` on the CPU.
+    pub reserved_peak_bytes: Option<i64>,
     /// CPU the rest of the machine took while the step ran (`None` where it cannot be read).
     pub load: Option<Load>,
 }

@@ -18,7 +18,7 @@ use std::time::Instant;
 use ckptune_kernels::meter;
 use ckptune_solver::model;
 pub use ckptune_solver::profile::{
-    BlockProfile, ConfigProfile, Contention, FixedBytes, GroupProfile, RegimeProfile, Stats,
+    BlockProfile, ConfigProfile, Contention, FixedBytes, GroupProfile, RegimeProfile, ReservedPeaks, Stats,
 };
 
 use crate::error::Result;
@@ -121,6 +121,10 @@ fn profile_released(session: &mut Session, settings: &ProfileSettings) -> Result
         recompute_class,
         contention: tally.finish(steps.retimed),
         estimated: None,
+        reserved: steps
+            .reserved_none
+            .zip(steps.reserved_all)
+            .map(|(none, all)| ReservedPeaks { none, all }),
     })
 }
 
@@ -169,6 +173,9 @@ struct MeasuredSteps {
     samples_c: Vec<UnitSample>,
     peak_none: i64,
     peak_all: i64,
+    /// CUDA: the reserved peaks of the steps `peak_none` and `peak_all` come from.
+    reserved_none: Option<i64>,
+    reserved_all: Option<i64>,
     retimed: usize,
 }
 
@@ -204,6 +211,8 @@ fn measured_steps(
         samples_c: Vec::new(),
         peak_none: 0,
         peak_all: 0,
+        reserved_none: None,
+        reserved_all: None,
         retimed: 0,
     };
     // Timed samples per kind of step: A (nothing checkpointed), B (every candidate block
@@ -215,11 +224,13 @@ fn measured_steps(
         m.samples_a.push(Sample::of(&ra, ()));
         if r == 0 {
             m.peak_none = ra.peak_bytes;
+            m.reserved_none = ra.reserved_peak_bytes;
         }
-        let (sb, tb, peak) = step_b(session, &plan.all)?;
+        let (sb, tb, peak, reserved) = step_b(session, &plan.all)?;
         pb.inc(1);
         if r == 0 {
             m.peak_all = peak;
+            m.reserved_all = reserved;
             m.trace_b = tb;
         }
         m.samples_b.push(sb);
@@ -385,14 +396,14 @@ fn work_classes(session: &Session, regimes: &[RegimeProfile]) -> Vec<usize> {
 type UnitSample = Sample<Vec<f64>>;
 
 /// Step B (every candidate block checkpointed), instrumented: its sample with each block's
-/// no-grad forward seconds (summed over micro-steps), its trace and its peak.
-fn step_b(session: &mut Session, all: &[bool]) -> Result<(UnitSample, StepTrace, i64)> {
+/// no-grad forward seconds (summed over micro-steps), its trace, its peak and (CUDA) its reserved peak.
+fn step_b(session: &mut Session, all: &[bool]) -> Result<(UnitSample, StepTrace, i64, Option<i64>)> {
     let mut tb = StepTrace::default();
     let rb = session.step(all, Some(&mut tb))?;
     let fwd_ng = (0..session.chain.blocks.len())
         .map(|i| tb.micro.iter().map(|m| m.blocks[i].fwd_seconds).sum::<f64>())
         .collect();
-    Ok((Sample::of(&rb, fwd_ng), tb, rb.peak_bytes))
+    Ok((Sample::of(&rb, fwd_ng), tb, rb.peak_bytes, rb.reserved_peak_bytes))
 }
 
 /// Step C (every group checkpointed whole), instrumented: its sample with each group's no-grad

@@ -244,6 +244,16 @@ pub fn write_replay(path: &Path, doc: &AllocReplayJson) -> Result<(), FormatErro
     super::write_bytes_atomic(path, text.as_bytes())
 }
 
+/// Writes a trace atomically, one line of JSON (a step's trace has up to millions of events).
+pub fn write_trace(path: &Path, doc: &AllocTraceJson) -> Result<(), FormatError> {
+    let mut text = serde_json::to_string(doc).map_err(|e| FormatError::Write {
+        path: path.display().to_string(),
+        source: std::io::Error::other(e),
+    })?;
+    text.push('\n');
+    super::write_bytes_atomic(path, text.as_bytes())
+}
+
 /// Events as the short arrays of the module docs.
 mod events_json {
     use serde::de::{self, IgnoredAny, SeqAccess, Visitor};

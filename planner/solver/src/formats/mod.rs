@@ -24,14 +24,14 @@ mod run;
 mod sweep;
 
 pub use alloc_trace::{
-    replay_text, write_replay, AllocReplayJson, AllocSnapshotJson, AllocSpanJson, AllocStatsJson, AllocStopJson,
-    AllocTraceJson, EveryEventJson, StatJson, EVERY_EVENT_COLUMNS,
+    replay_text, write_replay, write_trace, AllocReplayJson, AllocSnapshotJson, AllocSpanJson, AllocStatsJson,
+    AllocStopJson, AllocTraceJson, EveryEventJson, StatJson, EVERY_EVENT_COLUMNS,
 };
 pub use bench::SolverBenchRow;
 pub use cache::CachedConfig;
 pub use plan::{
-    AlternativeJson, BudgetShareJson, CheckpointJson, CorrectionJson, PlanFailureJson, PlanJson, PredictedJson,
-    RankPredictionJson, ShapeJson, ShardJson, SolverJson,
+    AllocConfPeaksJson, AlternativeJson, BudgetShareJson, CheckpointJson, CorrectionJson, CudaMemoryJson,
+    CudaRoundJson, PlanFailureJson, PlanJson, PredictedJson, RankPredictionJson, ShapeJson, ShardJson, SolverJson,
 };
 pub use profile::{backbone_of, BlockJson, DeviceJson, GroupJson, ModelJson, ModelListing, ProfileJson};
 pub use python::python_literal;

@@ -89,6 +89,55 @@ pub struct PlanJson {
     /// predicted peak (`predicted.peak_bytes` is the highest of them). Absent for one device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<ShardJson>,
+    /// A CUDA plan made from a CPU or meta profile: the chosen plan's step trace replayed
+    /// through the caching allocator's simulation, the card's overheads, and the tightenings
+    /// that made the reserved peak fit. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_memory: Option<CudaMemoryJson>,
+}
+
+/// How a CUDA plan was judged on reserved memory (docs/cuda-allocator.md, "Planning for a
+/// GPU"): `context_bytes` + `predicted_reserved_peak_bytes` must fit the budget.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CudaMemoryJson {
+    /// The `--target cuda:<name>` the overheads are for (`cuda` when not named).
+    pub gpu: String,
+    /// The CUDA context, outside the caching allocator (an estimate: docs/cuda-allocator.md).
+    pub context_bytes: i64,
+    /// cuBLAS workspaces, allocated through the caching allocator before the step's trace.
+    pub workspace_bytes: Vec<u64>,
+    /// Where the trace was recorded (`meta` or `cpu`), and its events.
+    pub traced_on: String,
+    pub trace_events: usize,
+    /// The recommended `PYTORCH_CUDA_ALLOC_CONF` ("" for PyTorch's defaults): the candidate
+    /// with the lowest reserved peak.
+    pub alloc_conf: String,
+    /// Peaks of the chosen plan's trace under `alloc_conf` (workspaces included).
+    pub predicted_allocated_peak_bytes: i64,
+    pub predicted_reserved_peak_bytes: i64,
+    /// Every candidate setting's peaks on the chosen plan's trace.
+    pub candidates: Vec<AllocConfPeaksJson>,
+    /// Each plan solved on the way, the chosen one last: the budget its solve had and its
+    /// simulated peaks under its best setting.
+    pub rounds: Vec<CudaRoundJson>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AllocConfPeaksJson {
+    pub alloc_conf: String,
+    pub allocated_peak_bytes: i64,
+    pub reserved_peak_bytes: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CudaRoundJson {
+    pub planning_budget_bytes: i64,
+    pub regex: String,
+    pub config: String,
+    pub predicted_peak_bytes: i64,
+    pub allocated_peak_bytes: i64,
+    pub reserved_peak_bytes: i64,
+    pub alloc_conf: String,
 }
 
 /// A plan for N ranks, each running FSDP2 (`fully_shard` on every unit, then on the root). The

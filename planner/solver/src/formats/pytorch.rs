@@ -25,6 +25,9 @@ pub struct PytorchRunJson {
     pub micro_batch: i64,
     pub grad_accum: i64,
     pub set_to_none: bool,
+    /// The chunks the run computed the loss in (absent: whole, as in runs from before the choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_chunks: Option<i64>,
     pub regex: String,
     /// The modules `ckptune.apply` wrapped.
     pub modules: Vec<String>,

@@ -20,6 +20,10 @@ pub struct MeasuredRun {
     /// How busy the rest of the machine was during the timed steps.
     #[serde(default)]
     pub contention: Contention,
+    /// On CUDA: the caching allocator's highest reserved bytes over the run's steps
+    /// (`max_memory_reserved()`), which the budget is judged against there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_peak_bytes: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

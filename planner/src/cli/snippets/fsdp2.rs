@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use ckptune_solver::formats::{PlanJson, ShardJson};
 
 use super::facts::Facts;
-use super::header::{header, root_comment};
+use super::header::{header, loss_note, root_comment};
 use super::literals::{plan_literal, py_bool, py_str};
 use super::python::training_loop;
 use super::template::Template;
@@ -35,7 +35,7 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
         None => c.optimizer.clone(),
     };
     Ok(Template::new(include_str!("templates/fsdp2.py"))
-        .set("header", header(plan, "Plain PyTorch FSDP2 training"))
+        .set("header", header(plan, "Plain PyTorch FSDP2 training") + &loss_note(plan, Some("this snippet computes it as `loss_fn` does, and ckptune has not measured the chunked loss under FSDP2")))
         .set("ranks", shard.ranks.to_string())
         .set("plan", plan_literal(plan))
         .set("root_comment", root_comment(f))

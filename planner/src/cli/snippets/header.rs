@@ -4,10 +4,10 @@
 use std::fmt::Write as _;
 
 use ckptune_solver::budget::format_size;
-use ckptune_solver::formats::{PlanJson, RankPredictionJson, ShardJson};
+use ckptune_solver::formats::{CudaMemoryJson, PlanJson, RankPredictionJson, ShardJson};
 
 use super::facts::Facts;
-use super::literals::{py_bool, unit_list};
+use super::literals::{py_bool, py_str, unit_list};
 use crate::cli::output::group_digits;
 
 /// The comment every snippet opens with: what was planned, for what, with what prediction.
@@ -66,6 +66,36 @@ pub(super) fn header(plan: &PlanJson, trainer: &str) -> String {
     if let Some(shard) = &plan.shard {
         s.push_str(&shard_header(shard, c.micro_batch));
     }
+    if let Some(cuda) = &plan.cuda_memory {
+        s.push_str(&alloc_conf_lines(cuda));
+    }
+    s
+}
+
+/// A CUDA plan's caching-allocator setting, set before anything allocates on the GPU: PyTorch
+/// reads `PYTORCH_CUDA_ALLOC_CONF` once, when CUDA's allocator starts.
+fn alloc_conf_lines(cuda: &CudaMemoryJson) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "#   on the GPU ({}): predicted {} allocated, {} reserved by the caching allocator, plus {} of CUDA context",
+        cuda.gpu,
+        format_size(cuda.predicted_allocated_peak_bytes.max(0) as u64),
+        format_size(cuda.predicted_reserved_peak_bytes.max(0) as u64),
+        format_size(cuda.context_bytes.max(0) as u64)
+    );
+    if cuda.alloc_conf.is_empty() {
+        s.push_str("#   PyTorch's default PYTORCH_CUDA_ALLOC_CONF gave the lowest reserved peak: leave it unset.\n");
+    } else {
+        let _ = writeln!(
+            s,
+            "# The allocator setting with the lowest simulated reserved peak, set before CUDA starts (PyTorch\n\
+             # reads it once, at the first allocation on the GPU):\n\
+             import os\n\
+             os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = {}",
+            py_str(&cuda.alloc_conf)
+        );
+    }
     s
 }
 
@@ -117,6 +147,26 @@ pub(super) fn shard_header(shard: &ShardJson, micro_batch: i64) -> String {
         let _ = writeln!(s, "#   predicted peak per rank: {}", entries.join("; "));
     }
     s
+}
+
+/// For a plan whose loss is chunked: how the snippet computes it, or, where `unexpressed` names
+/// what the trainer does instead, that it does not.
+pub(super) fn loss_note(plan: &PlanJson, unexpressed: Option<&str>) -> String {
+    let n = plan.config.chunks();
+    if n == 1 {
+        return String::new();
+    }
+    match unexpressed {
+        None => format!(
+            "# The plan computes the loss in {n} chunks of tokens (`ckptune.chunked_causal_lm_loss`); \
+             `lm_loss` below does, pass it as `loss_fn`.\n"
+        ),
+        Some(instead) => format!(
+            "# NOT EXPRESSED: the plan computes the loss in {n} chunks of tokens \
+             (`ckptune.chunked_causal_lm_loss`); {instead}, holding the [tokens, vocab] logits and \
+             their gradient at once, so it can peak above the plan's prediction.\n"
+        ),
+    }
 }
 
 /// For the one-process snippets of a sharded plan: what they leave out.

@@ -4,7 +4,7 @@
 use ckptune_solver::formats::PlanJson;
 
 use super::facts::Facts;
-use super::header::{header, one_process_note, root_comment};
+use super::header::{header, loss_note, one_process_note, root_comment};
 use super::literals::plan_literal;
 use super::template::Template;
 
@@ -33,7 +33,12 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
          \x20   # step (model.zero_grad()), which keeps no more gradient bytes alive than the plan.\n"
     };
     Template::new(include_str!("templates/hf.py"))
-        .set("header", header(plan, "Hugging Face Trainer") + one_process_note(plan))
+        .set(
+            "header",
+            header(plan, "Hugging Face Trainer")
+                + one_process_note(plan)
+                + &loss_note(plan, Some("Trainer computes it whole from the model's logits")),
+        )
         .set("checkpointing_comment", checkpointing_comment(plan, f, native))
         .set("layer_import", layer_import)
         .set("plan", plan_literal(plan))

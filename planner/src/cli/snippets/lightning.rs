@@ -4,7 +4,7 @@
 use ckptune_solver::formats::PlanJson;
 
 use super::facts::Facts;
-use super::header::{header, one_process_note, root_comment};
+use super::header::{header, loss_note, one_process_note, root_comment};
 use super::literals::{plan_literal, py_str};
 use super::template::Template;
 
@@ -16,7 +16,12 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
         _ => "32-true",
     };
     Template::new(include_str!("templates/lightning.py"))
-        .set("header", header(plan, "Lightning") + one_process_note(plan))
+        .set(
+            "header",
+            header(plan, "Lightning")
+                + one_process_note(plan)
+                + &loss_note(plan, Some("this module computes it whole from the model's logits")),
+        )
         .set("plan", plan_literal(plan))
         .set("root_comment", root_comment(f))
         .set("micro_batch", plan.config.micro_batch.to_string())

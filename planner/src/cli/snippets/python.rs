@@ -3,7 +3,7 @@
 use ckptune_solver::formats::PlanJson;
 
 use super::facts::Facts;
-use super::header::{header, one_process_note, root_comment};
+use super::header::{header, loss_note, one_process_note, root_comment};
 use super::literals::plan_literal;
 use super::template::Template;
 
@@ -11,8 +11,9 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
     Template::new(include_str!("templates/python.py"))
         .set(
             "header",
-            header(plan, "Plain PyTorch training") + one_process_note(plan),
+            header(plan, "Plain PyTorch training") + one_process_note(plan) + &loss_note(plan, None),
         )
+        .set("loss_helper", loss_helper(plan))
         .set("plan", plan_literal(plan))
         .set("root_comment", root_comment(f))
         .set("micro_batch", plan.config.micro_batch.to_string())
@@ -27,4 +28,14 @@ pub(super) fn training_loop(device_type: &str, loss: &str) -> String {
         .set("device_type", device_type)
         .set("loss", loss)
         .fill_part()
+}
+
+/// For a plan whose loss is chunked, `lm_loss`: the companion's chunked loss as a `loss_fn`.
+fn loss_helper(plan: &PlanJson) -> String {
+    match plan.config.chunks() {
+        1 => String::new(),
+        n => Template::new(include_str!("templates/lm_loss.py"))
+            .set("chunks", n.to_string())
+            .fill(),
+    }
 }

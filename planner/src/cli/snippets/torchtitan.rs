@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use ckptune_solver::formats::{PlanJson, ShardJson};
 
 use super::facts::Facts;
-use super::header::header;
+use super::header::{header, loss_note};
 use super::literals::{py, py_bool, py_str, unit_list};
 use super::template::Template;
 use crate::cli::error::UsageError;
@@ -42,7 +42,10 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
         Some(shard) => sharded_apply(plan, shard),
     };
     Ok(Template::new(include_str!("templates/torchtitan.py"))
-        .set("header", header(plan, "torchtitan"))
+        .set(
+            "header",
+            header(plan, "torchtitan") + &loss_note(plan, Some("torchtitan computes it whole from the model's logits")),
+        )
         .set("choice_comment", choice_comment)
         .set("activation_checkpoint", activation_checkpoint)
         .set("training_fields", training_fields(plan))

@@ -79,16 +79,20 @@ pub(super) fn budget_share(
     })
 }
 
-/// Bytes of the budget kept out of planning: `--reserve`, or when a CUDA budget is planned
-/// from a CPU profile, a guess at what a CPU cannot see (said in `notes`).
+/// Bytes of the budget kept out of planning: `--reserve`; for a profile measured on CUDA, how
+/// far the caching allocator's reserved bytes rose above the allocated peak in its steps; or
+/// when a sharded CUDA budget is planned from a CPU profile, a guess at what a CPU cannot see
+/// (said in `notes`).
 pub(super) fn reserve_bytes(
     a: &PlanArgs,
     budget: i64,
     target: &str,
     measured_on: &str,
     times: &str,
+    profile: &ProfileJson,
     notes: &mut Vec<String>,
 ) -> Result<i64> {
+    let measured_excess = profile.configs.iter().filter_map(|c| c.reserved_excess()).max();
     // What a CPU profile cannot see of a CUDA step: the CUDA context and cuBLAS/cuDNN
     // workspaces (hundreds of MiB, outside the caching allocator's statistics but on the
     // card) and the caching allocator's rounding and fragmentation (reserved above allocated,
@@ -100,8 +104,15 @@ pub(super) fn reserve_bytes(
             i64::try_from(r).map_err(|_| UsageError("--reserve: too large".into()))?
         }
         (None, true) => (1i64 << 30) + budget / 10,
-        (None, false) => 0,
+        (None, false) => measured_excess.unwrap_or(0),
     };
+    if let (None, Some(excess)) = (&a.reserve, measured_excess) {
+        notes.push(format!(
+            "measured on {measured_on}: the caching allocator reserved up to {} above the allocated peak in the \
+             profile's steps, kept in reserve (--reserve to change it)",
+            format_size(excess.max(0) as u64)
+        ));
+    }
     if reserve >= budget {
         return Err(UsageError(format!(
             "--budget {} leaves nothing to plan with after the reserve of {} for {target}",

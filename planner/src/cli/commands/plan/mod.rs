@@ -2,6 +2,7 @@
 //! exactly over a profile (measured here, or given with `--profile`), optionally verified by
 //! running it.
 
+mod cuda;
 mod flags;
 mod print;
 mod solve;
@@ -11,17 +12,20 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use ckptune_runtime::Precision;
 use ckptune_solver::budget::{format_size, parse_budget, Budget};
+use ckptune_solver::cuda_overheads::{cuda_overheads, CudaOverheads};
 use ckptune_solver::formats::{
-    self, BudgetShareJson, CorrectionJson, PlanFailureJson, PlanJson, ProfileJson, ShapeJson, VerifyJson,
+    self, BudgetShareJson, CorrectionJson, CudaMemoryJson, PlanFailureJson, PlanJson, ProfileJson, ShapeJson,
+    VerifyJson,
 };
 
+use cuda::{plan_within_reserved, NotRecorded};
 use flags::{budget_share, read_profile, reserve_bytes, shard_request};
 use print::{eight_bit_note, print_plan};
-use solve::{plan_from_profile, PlanFailure, ShardRequest};
+use solve::{fastest_per_config, plan_from_profile, PlanFailure, ShardRequest};
 
 use crate::cli::args::{EmitKind, PlanArgs};
 use crate::cli::error::UsageError;
-use crate::cli::measure::{check_fits_here, measure_profile};
+use crate::cli::measure::{check_fits_here, measure_profile, measure_profile_for_plan};
 use crate::cli::output::{outln, print_json};
 use crate::cli::plan_run::{print_verify, verify_plan};
 use crate::cli::setup::{parse_target, Setup};
@@ -34,6 +38,7 @@ pub fn plan_cmd(mut a: PlanArgs) -> Result<ExitCode> {
         a.model.autocast_cache = true;
     }
     let requested = parse_budget(&a.budget).context("--budget")?;
+    check_alloc_trace_flag(&a)?;
     let mut setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
     let target = a.target.as_deref().map(parse_target).transpose()?;
     setup.gpu = target.as_ref().and_then(|t| t.1);
@@ -53,7 +58,21 @@ pub fn plan_cmd(mut a: PlanArgs) -> Result<ExitCode> {
             if setup.gpu.is_none() {
                 notes.extend(setup.fit_threads_to_load());
             }
-            measure_profile(&setup)?
+            // What --device auto chose is the profile's device: said where it is measured.
+            notes.extend(setup.device_note.clone());
+            if a.shard.is_none() {
+                let target = target.as_ref().map(|t| t.0.clone());
+                let rank = |p: &ProfileJson| {
+                    fastest_per_config(
+                        p,
+                        usable_bytes(&a, &requested, p, target.as_deref())?,
+                        shape_json(&a, &setup, p),
+                    )
+                };
+                measure_profile_for_plan(&setup, &rank)?
+            } else {
+                measure_profile(&setup)?
+            }
         }
     };
     if let Some(g) = setup.gpu {
@@ -73,32 +92,33 @@ pub fn plan_cmd(mut a: PlanArgs) -> Result<ExitCode> {
         None => None,
         Some(ranks) => Some(shard_request(&a, ranks, &target, &mut profile, &mut notes)?),
     };
-    let shape = ShapeJson {
-        model: setup.model.clone(),
-        image: setup.opts.image,
-        seq: setup.opts.seq,
-        classes: setup.opts.classes,
-        granularity: a.model.granularity.clone(),
-        repeats: setup.repeats,
-        candidates: a.model.candidates.clone(),
-        state_dict_key: a.model.state_dict_key.clone(),
-        heads: a.model.heads,
-        attention: profile.model.attention.clone(),
+    let shape = shape_json(&a, &setup, &profile);
+    let (budget, share) = resolve_budget(&requested, &profile, shard.as_ref())?;
+    let times = times_label(&profile, &measured_on);
+    let cuda = simulated_gpu(&a, &target, &measured_on, shard.is_some())?;
+    let mut reserve = 0;
+    let mut simulated = None;
+    if let Some(ov) = cuda {
+        match plan_within_reserved(&profile, budget, ov, &shape, setup.quiet, a.alloc_trace.as_deref()) {
+            // A step the meta device cannot run keeps the fixed reserve, said in the notes.
+            Err(e) if a.alloc_trace.is_none() && e.downcast_ref::<NotRecorded>().is_some() => {
+                notes.push(format!("{e:#}"));
+            }
+            solved => {
+                notes.push(cuda_note(ov, &measured_on, &times));
+                reserve = ov.context_bytes as i64;
+                simulated = Some(solved.map(|(p, c)| (p, Some(c))));
+            }
+        }
+    }
+    let solved = match simulated {
+        Some(solved) => solved,
+        None => {
+            reserve = reserve_bytes(&a, budget, &target, &measured_on, &times, &profile, &mut notes)?;
+            plan_from_profile(&profile, budget - reserve, shape.clone(), shard.as_ref()).map(|p| (p, None))
+        }
     };
-    let share = match requested {
-        Budget::Bytes(_) => None,
-        Budget::Percent(percent) => Some(budget_share(percent, &profile, shard.as_ref())?),
-    };
-    let budget = match &share {
-        Some(s) => requested.resolve(s.smallest_peak_bytes, s.unconstrained_peak_bytes),
-        None => requested.resolve(0, 0),
-    };
-    let times = match profile.configs.first().and_then(|c| c.estimated.as_ref()) {
-        Some(e) => format!("estimated for {}", e.rates.device),
-        None => format!("{measured_on} times"),
-    };
-    let reserve = reserve_bytes(&a, budget, &target, &measured_on, &times, &mut notes)?;
-    let mut plan = match plan_from_profile(&profile, budget - reserve, shape.clone(), shard.as_ref()) {
+    let (mut plan, cuda_memory) = match solved {
         Ok(p) => p,
         Err(e) => {
             // With --json, scripts get the failure as data too (stdout), not only as text.
@@ -125,6 +145,7 @@ pub fn plan_cmd(mut a: PlanArgs) -> Result<ExitCode> {
         reserve,
         target,
         notes,
+        cuda: cuda_memory,
     };
     plan = facts.finish(plan);
     let report = if a.verify && verifiable_here(&mut plan) {
@@ -138,6 +159,62 @@ pub fn plan_cmd(mut a: PlanArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `plan` was asked to plan for: the model's shapes and how it was cut.
+fn shape_json(a: &PlanArgs, setup: &Setup, profile: &ProfileJson) -> ShapeJson {
+    ShapeJson {
+        model: setup.model.clone(),
+        image: setup.opts.image,
+        seq: setup.opts.seq,
+        classes: setup.opts.classes,
+        granularity: a.model.granularity.clone(),
+        repeats: setup.repeats,
+        candidates: a.model.candidates.clone(),
+        state_dict_key: a.model.state_dict_key.clone(),
+        heads: a.model.heads,
+        attention: profile.model.attention.clone(),
+    }
+}
+
+/// The budget in bytes, and its share of the profile's peaks where it was given as a share.
+fn resolve_budget(
+    requested: &Budget,
+    profile: &ProfileJson,
+    shard: Option<&ShardRequest>,
+) -> Result<(i64, Option<BudgetShareJson>)> {
+    let share = match requested {
+        Budget::Bytes(_) => None,
+        Budget::Percent(percent) => Some(budget_share(*percent, profile, shard)?),
+    };
+    let budget = match &share {
+        Some(s) => requested.resolve(s.smallest_peak_bytes, s.unconstrained_peak_bytes),
+        None => requested.resolve(0, 0),
+    };
+    Ok((budget, share))
+}
+
+/// Whose times a profile's are, for the reserve's note.
+fn times_label(profile: &ProfileJson, measured_on: &str) -> String {
+    match profile.configs.first().and_then(|c| c.estimated.as_ref()) {
+        Some(e) => format!("estimated for {}", e.rates.device),
+        None => format!("{measured_on} times"),
+    }
+}
+
+/// The bytes an unsharded plan from `profile` may use: the budget less the reserve (the
+/// reserve's notes are the main solve's to make).
+fn usable_bytes(a: &PlanArgs, requested: &Budget, profile: &ProfileJson, target: Option<&str>) -> Result<i64> {
+    let (budget, _) = resolve_budget(requested, profile, None)?;
+    let measured_on = profile.device.device.split(':').next().unwrap_or("cpu");
+    let target = target.unwrap_or(measured_on);
+    // A simulated CUDA plan's tensors share the budget with the context and cuBLAS's workspaces.
+    if let Some(ov) = simulated_gpu(a, target, measured_on, false)? {
+        let workspaces = ov.workspace_bytes as i64 * ckptune_solver::cuda_overheads::WORKSPACES_PER_STEP as i64;
+        return Ok(budget - ov.context_bytes as i64 - workspaces);
+    }
+    let times = times_label(profile, measured_on);
+    Ok(budget - reserve_bytes(a, budget, target, measured_on, &times, profile, &mut Vec::new())?)
+}
+
 /// What every plan of this command states besides the solve: the user's budget (the solve may
 /// have used less) and its share, the reserve, the target, and the notes.
 struct PlanFacts {
@@ -146,6 +223,8 @@ struct PlanFacts {
     reserve: i64,
     target: String,
     notes: Vec<String>,
+    /// A CUDA plan judged on simulated reserved memory: how (for the plan it was made for).
+    cuda: Option<CudaMemoryJson>,
 }
 
 impl PlanFacts {
@@ -157,8 +236,66 @@ impl PlanFacts {
         plan.reserve_bytes = self.reserve;
         plan.notes = self.notes.clone();
         plan.notes.extend(eight_bit_note(&plan));
+        // The simulation holds for the plan it replayed (a `--verify` correction may choose another).
+        let replayed = self.cuda.as_ref().filter(|c| {
+            c.rounds
+                .last()
+                .is_some_and(|r| r.regex == plan.checkpoint.regex && r.config == plan.config.label())
+        });
+        if let Some(c) = replayed {
+            plan.margin_bytes = self.budget - self.reserve - c.predicted_reserved_peak_bytes;
+            plan.cuda_memory = Some(c.clone());
+        }
         plan
     }
+}
+
+/// The GPU whose caching allocator a plan is judged on: a CUDA target planned from another
+/// device's profile, unless `--reserve` fixes the reserve or the plan is sharded (FSDP's step
+/// is not recorded here).
+fn simulated_gpu(a: &PlanArgs, target: &str, measured_on: &str, sharded: bool) -> Result<Option<CudaOverheads>> {
+    let simulated = target == "cuda" && measured_on != "cuda" && a.reserve.is_none() && !sharded;
+    if a.alloc_trace.is_some() && !simulated {
+        return Err(UsageError(format!(
+            "--alloc-trace: the profile was measured on {measured_on}, where reserved memory is measured, not simulated"
+        ))
+        .into());
+    }
+    let gpu = a.target.as_deref().and_then(|t| t.strip_prefix("cuda:"));
+    Ok(simulated.then(|| cuda_overheads(gpu)))
+}
+
+/// `--alloc-trace` asks for what only a simulated CUDA plan has: refused before any profiling.
+fn check_alloc_trace_flag(a: &PlanArgs) -> Result<()> {
+    let cuda = a
+        .target
+        .as_deref()
+        .is_some_and(|t| t == "cuda" || t.starts_with("cuda:"));
+    if a.alloc_trace.is_some() && (!cuda || a.reserve.is_some() || a.shard.is_some()) {
+        return Err(UsageError(
+            "--alloc-trace: only a plan for --target cuda[:NAME] without --reserve or --shard has a simulated \
+             step trace to write"
+                .into(),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+fn cuda_note(ov: CudaOverheads, measured_on: &str, times: &str) -> String {
+    format!(
+        "planned for {} from a {measured_on} profile: judged on the CUDA caching allocator's reserved peak, \
+         simulated on the plan's step trace (recorded on the meta device, with two cuBLAS workspaces of {}), \
+         plus {} of CUDA context (an estimate: docs/cuda-allocator.md; --reserve to give a measured figure \
+         instead); step times are {times}",
+        if ov.key == "cuda" {
+            "cuda".to_string()
+        } else {
+            format!("cuda:{}", ov.key)
+        },
+        format_size(ov.workspace_bytes),
+        format_size(ov.context_bytes)
+    )
 }
 
 /// `plan --verify`: runs the plan, and while the run peaks above the budget, plans again with
@@ -183,8 +320,13 @@ fn verified(
             return Ok((plan, r));
         }
         // The model's error at this plan; planning `error` below the budget makes a plan
-        // with the same error fit. If a round repeats an error, step down again.
-        let error = (r.measured.peak_bytes - r.predicted.peak_bytes).max(1);
+        // with the same error fit. If a round repeats an error, step down again. On CUDA the
+        // budget holds the allocator's reserved bytes, of which the reserve was planned for.
+        let error = match r.measured.reserved_peak_bytes {
+            Some(reserved) => reserved - r.predicted.peak_bytes - facts.reserve,
+            None => r.measured.peak_bytes - r.predicted.peak_bytes,
+        }
+        .max(1);
         let next = (budget - error).min(planning_budget);
         planning_budget = if next < planning_budget {
             next

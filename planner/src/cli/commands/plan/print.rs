@@ -2,8 +2,9 @@
 //! optimizer was chosen.
 
 use ckptune_solver::budget::format_size;
-use ckptune_solver::formats::PlanJson;
+use ckptune_solver::formats::{CudaMemoryJson, PlanJson};
 use ckptune_solver::profile::ConfigSpec;
+use ckptune_solver::regex_emit::MATCH_NOTHING;
 
 use super::solve::shard_label;
 use crate::cli::output::outln;
@@ -18,6 +19,7 @@ pub(super) fn eight_bit_note(p: &PlanJson) -> Option<String> {
             && a.config.precision == p.config.precision
             && a.config.micro_batch == p.config.micro_batch
             && a.config.set_to_none == p.config.set_to_none
+            && a.config.chunks() == p.config.chunks()
     })?;
     let chosen = p.alternatives.iter().find(|a| a.config == p.config)?;
     let saved = full.baseline_peak_bytes - chosen.baseline_peak_bytes;
@@ -122,13 +124,16 @@ pub(super) fn print_plan(p: &PlanJson) {
         ""
     };
     outln!("  checkpoint regex: {}{meaning}", p.checkpoint.regex);
-    outln!(
-        "  predicted peak:   {} of {} ({} to spare), at {}",
-        format_size(p.predicted.peak_bytes as u64),
-        format_size(p.budget_bytes as u64),
-        format_size(p.margin_bytes.max(0) as u64),
-        p.predicted.peak_moment
-    );
+    match &p.cuda_memory {
+        Some(c) => print_cuda_memory(p, c),
+        None => outln!(
+            "  predicted peak:   {} of {} ({} to spare), at {}",
+            format_size(p.predicted.peak_bytes as u64),
+            format_size(p.budget_bytes as u64),
+            format_size(p.margin_bytes.max(0) as u64),
+            p.predicted.peak_moment
+        ),
+    }
     let how = match (&p.predicted.step_seconds_estimated, p.predicted.step_seconds_range) {
         (Some(e), _) => format!("{e}; "),
         (None, Some(r)) => format!("{} over the profile's samples; ", range_text(r)),
@@ -140,13 +145,65 @@ pub(super) fn print_plan(p: &PlanJson) {
         100.0 * p.predicted.throughput_loss
     );
     outln!(
-        "  training config:  precision {}, optimizer {}, micro-batch {}, gradient accumulation {}, set_to_none {}",
+        "  training config:  precision {}, optimizer {}, micro-batch {}, gradient accumulation {}, set_to_none {}{}",
         p.config.precision,
         optimizer_in_pytorch(&p.config),
         p.config.micro_batch,
         p.config.grad_accum,
-        p.config.set_to_none
+        p.config.set_to_none,
+        match p.config.chunks() {
+            1 => String::new(),
+            n => format!(", loss in {n} chunks (ckptune.chunked_causal_lm_loss)"),
+        }
     );
+}
+
+/// A CUDA plan's memory: allocated and reserved peaks of its simulated step, the context, the
+/// allocator setting recommended, and the plans tightened on the way.
+fn print_cuda_memory(p: &PlanJson, c: &CudaMemoryJson) {
+    outln!(
+        "  predicted peak:   {} allocated, {} reserved + {} CUDA context = {} of {} ({} to spare); tensors peak at {}",
+        format_size(c.predicted_allocated_peak_bytes as u64),
+        format_size(c.predicted_reserved_peak_bytes as u64),
+        format_size(c.context_bytes as u64),
+        format_size((c.predicted_reserved_peak_bytes + c.context_bytes) as u64),
+        format_size(p.budget_bytes as u64),
+        format_size(p.margin_bytes.max(0) as u64),
+        p.predicted.peak_moment
+    );
+    let others: Vec<String> = c
+        .candidates
+        .iter()
+        .map(|k| {
+            format!(
+                "{} {}",
+                conf_name(&k.alloc_conf),
+                format_size(k.reserved_peak_bytes as u64)
+            )
+        })
+        .collect();
+    outln!(
+        "  allocator:        PYTORCH_CUDA_ALLOC_CONF={} (simulated reserved peaks: {})",
+        conf_name(&c.alloc_conf),
+        others.join(", ")
+    );
+    for r in c.rounds.iter().take(c.rounds.len().saturating_sub(1)) {
+        outln!(
+            "  tightened:        {} checkpointing {} allocates {} but reserves {}: planned again below it",
+            r.config,
+            if r.regex == MATCH_NOTHING { "nothing" } else { &r.regex },
+            format_size(r.allocated_peak_bytes as u64),
+            format_size(r.reserved_peak_bytes as u64)
+        );
+    }
+}
+
+fn conf_name(conf: &str) -> &str {
+    if conf.is_empty() {
+        "(default)"
+    } else {
+        conf
+    }
 }
 
 /// The optimizer as the user builds it: `adamw (foreach=False)`, naming the torch.optim

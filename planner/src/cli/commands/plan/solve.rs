@@ -113,6 +113,20 @@ pub(super) fn candidates(profile: &ProfileJson, shard: Option<&ShardRequest>) ->
     Ok(out)
 }
 
+/// Per config of an unsharded `profile`, the step time of its fastest checkpoint set within
+/// `limit`, or `None` where none fits: what `--measure auto` ranks configs by before timing them.
+pub(super) fn fastest_per_config(profile: &ProfileJson, limit: i64, shape: ShapeJson) -> Result<Vec<Option<f64>>> {
+    match plan_from_profile(profile, limit, shape, None) {
+        Ok(plan) => Ok(plan
+            .alternatives
+            .iter()
+            .map(|alt| alt.feasible.then_some(alt.predicted.step_seconds))
+            .collect()),
+        Err(e) if e.downcast_ref::<PlanFailure>().is_some() => Ok(vec![None; profile.configs.len()]),
+        Err(e) => Err(e),
+    }
+}
+
 /// Solves a plan for `profile` under `budget` (for each rank of a sharded plan). `Err` of
 /// [`PlanFailure`] when nothing fits.
 pub(super) fn plan_from_profile(
@@ -231,6 +245,7 @@ pub(super) fn plan_from_profile(
         reserve_bytes: 0,
         notes: Vec::new(),
         shard: shard_json,
+        cuda_memory: None,
     })
 }
 

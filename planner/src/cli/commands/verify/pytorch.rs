@@ -119,12 +119,16 @@ fn print_side_by_side(r: &VerifyPytorchJson) {
     let c: &VerifyJson = &r.ckptune;
     let p = &r.pytorch;
     outln!(
-        "verify {} ({} / {} / micro-batch {} × {}), checkpoint {}",
+        "verify {} ({} / {} / micro-batch {} × {}{}), checkpoint {}",
         c.model,
         c.config.precision,
         c.config.optimizer,
         c.config.micro_batch,
         c.config.grad_accum,
+        match c.config.chunks() {
+            1 => String::new(),
+            n => format!(" / loss in {n} chunks"),
+        },
         c.regex
     );
     outln!(

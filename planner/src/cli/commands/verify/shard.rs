@@ -86,6 +86,12 @@ fn check_plan(path: &Path, plan: &PlanJson, s: &ShardJson) -> Result<()> {
     if !c.set_to_none {
         return bad("the FSDP run zeroes gradients with set_to_none=True; the plan's set_to_none is false".into());
     }
+    if c.chunks() > 1 {
+        return bad(format!(
+            "the FSDP run computes the loss whole; the plan's loss is in {} chunks",
+            c.chunks()
+        ));
+    }
     if let Some(imp) = c.optimizer_impl.as_deref().filter(|i| *i != "single") {
         return bad(format!(
             "the FSDP run builds the single-tensor optimizer (foreach=False); the plan's implementation is {imp}"

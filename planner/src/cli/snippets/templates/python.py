@@ -3,7 +3,7 @@ import torch
 
 import ckptune
 
-${plan}${root_comment}
+${plan}${root_comment}${loss_helper}
 
 def train(model, loader, loss_fn, lr=1e-3, device="cpu"):
     """Trains `model` as the plan was measured: the plan's modules checkpointed, its precision,
