@@ -12,6 +12,12 @@ reference model with the same module names).
 
     .venv/bin/python scripts/pytorch_peaks.py           # results/pytorch-peaks (about 30 min)
     .venv/bin/python scripts/pytorch_peaks.py --quick   # tiny models, into /tmp/ckptune-pytorch-peaks
+    .venv/bin/python scripts/pytorch_peaks.py --cache-rows   # add the --autocast-cache rows
+
+The PyTorch runs keep autocast's cache on (PyTorch's default); `--cache-rows` profiles and
+sweeps the bf16 configs with `--autocast-cache` (the loop of the Hugging Face Trainer) and runs
+PyTorch for each of their points again (raw outputs tagged `-autocast-cache`), so both sides use
+today's defaults (the attention implementation among them) even when the other rows are older.
 
 Every number in the README it writes comes from the raw outputs kept under raw/.
 """
@@ -32,7 +38,9 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 from ckptune_harness.output import write_atomic  # noqa: E402
 
 PY = os.path.join(ROOT, ".venv", "bin", "python")
-BIN = os.path.join(ROOT, "target", "release", "ckptune")
+# CKPTUNE_BIN: a ckptune binary already built (a debug build measures the same bytes; only its
+# step times are slower), instead of building the release one.
+BIN = os.environ.get("CKPTUNE_BIN") or os.path.join(ROOT, "target", "release", "ckptune")
 THREADS = 2
 
 # Per model: the shape arguments, and the checkpoint sets as (label, regex). The last set of each
@@ -71,12 +79,12 @@ def run(cmd, log):
     return r.stdout
 
 
-def ckptune_points(model, shape, sets, precisions, optimizers, impl, raw):
+def ckptune_points(model, shape, sets, precisions, optimizers, impl, raw, autocast_cache=False):
     """(precision, optimizer, set label) -> sweep point, from one profile and one sweep."""
-    tag = f"{model}-{impl}"
+    tag = f"{model}-{impl}" + ("-autocast-cache" if autocast_cache else "")
     common = [*shape, "--precision", ",".join(precisions), "--optimizer", ",".join(optimizers),
               "--optimizer-impl", impl, "--threads", str(THREADS), "--repeats", "1", "--quiet",
-              "--no-cache"]
+              "--no-cache", *(["--autocast-cache"] if autocast_cache else [])]
     prof = os.path.join(raw, f"profile-{tag}.json")
     run([BIN, "profile", model, *common, "-o", prof], os.path.join(raw, f"profile-{tag}.log"))
     sweep = os.path.join(raw, f"sweep-{tag}.json")
@@ -94,8 +102,8 @@ def ckptune_points(model, shape, sets, precisions, optimizers, impl, raw):
     return out
 
 
-def eager_point(model, shape, label, regex, precision, optimizer, impl, raw, autocast_cache=True):
-    tag = f"{model}-{precision}-{optimizer}-{impl}-{label.replace(' ', '-')}"
+def eager_point(model, shape, label, regex, precision, optimizer, impl, raw, autocast_cache=True, suffix=""):
+    tag = f"{model}-{precision}-{optimizer}-{impl}-{label.replace(' ', '-')}{suffix}"
     if not autocast_cache:
         tag += "-no-autocast-cache"
     out = os.path.join(raw, f"eager-{tag}.json")
@@ -108,11 +116,48 @@ def eager_point(model, shape, label, regex, precision, optimizer, impl, raw, aut
     return json.load(open(out))
 
 
+def row(model, label, regex, precision, optimizer, impl, p, e, autocast_cache=False):
+    return {
+        "model": model, "precision": precision, "optimizer": optimizer,
+        "impl": impl, "set": label, "regex": regex, "autocast_cache": autocast_cache,
+        "modules": p["modules"], "eager_modules": e["modules"],
+        "predicted_peak": p["predicted_peak_bytes"],
+        "predicted_moment": p["predicted_moment"],
+        "ckptune_peak": p["peak_bytes"],
+        "pytorch_peak": e["peak_bytes"],
+        "pytorch_peak_varies": e.get("peak_varies"),
+        "predicted_seconds": p["predicted_step_seconds"],
+        "ckptune_seconds": p["step_seconds"]["median"],
+        "pytorch_seconds": e["median_seconds"],
+    }
+
+
+def cache_rows(doc, models, raw):
+    """The bf16 configs again, planned with --autocast-cache, against PyTorch's runs with the
+    cache on, made again beside them."""
+    t0, start = time.time(), os.getloadavg()
+    rows = [r for r in doc["rows"] if not r.get("autocast_cache")]
+    for model, (shape, sets) in models.items():
+        print(f"== {model} (bf16, --autocast-cache)", file=sys.stderr)
+        ours = ckptune_points(model, shape, sets, ["bf16"], OPTIMIZERS, "single", raw, autocast_cache=True)
+        for optimizer in OPTIMIZERS:
+            for label, regex in sets:
+                e = eager_point(model, shape, label, regex, "bf16", optimizer, "single", raw,
+                                suffix="-autocast-cache")
+                rows.append(row(model, label, regex, "bf16", optimizer, "single",
+                                ours[("bf16", optimizer, label)], e, autocast_cache=True))
+    doc["rows"] = rows
+    doc["cache_rows_command"] = "scripts/pytorch_peaks.py --cache-rows" + (
+        f" (CKPTUNE_BIN={os.path.relpath(BIN, ROOT)})" if os.environ.get("CKPTUNE_BIN") else "")
+    doc["cache_rows_minutes"] = round((time.time() - t0) / 60, 1)
+    doc["cache_rows_load_average_start_end"] = [list(start), list(os.getloadavg())]
+
+
 def autocast_cache_check(rows, models, raw):
     """bf16 points where PyTorch peaks above the prediction: PyTorch again with autocast's cache
     off, which tells whether the cached weight casts are the difference."""
     for r in rows:
-        if r["precision"] != "bf16" or r["pytorch_peak"] <= r["predicted_peak"]:
+        if r["precision"] != "bf16" or r["pytorch_peak"] <= r["predicted_peak"] or r.get("autocast_cache"):
             continue
         shape = models[r["model"]][0]
         e = eager_point(r["model"], shape, r["set"], r["regex"], "bf16", r["optimizer"], r["impl"], raw,
@@ -126,10 +171,20 @@ def main():
     ap.add_argument("--autocast-check-only", action="store_true",
                     help="only the last phase: re-run peaks.json's bf16 points above the prediction "
                          "with autocast's cache off, and rewrite peaks.json and the README")
+    ap.add_argument("--cache-rows", action="store_true",
+                    help="only the --autocast-cache rows: profile and sweep the bf16 configs with "
+                         "--autocast-cache, add their rows to peaks.json and rewrite the README")
     a = ap.parse_args()
     models = QUICK if a.quick else MODELS
     out_dir = "/tmp/ckptune-pytorch-peaks" if a.quick else os.path.join(ROOT, "results", "pytorch-peaks")
     raw = os.path.join(out_dir, "raw")
+    if a.cache_rows:
+        if not os.environ.get("CKPTUNE_BIN"):
+            subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "ckptune"], cwd=ROOT, check=True)
+        doc = json.load(open(os.path.join(out_dir, "peaks.json")))
+        cache_rows(doc, models, raw)
+        finish(doc, out_dir)
+        return
     if a.autocast_check_only:
         doc = json.load(open(os.path.join(out_dir, "peaks.json")))
         autocast_cache_check(doc["rows"], models, raw)
@@ -161,19 +216,7 @@ def main():
                         p = ours[(precision, optimizer, label)]
                         e = eager_point(model, shape, label, regex, precision, optimizer, impl, raw)
                         torch_version = e["torch"]
-                        rows.append({
-                            "model": model, "precision": precision, "optimizer": optimizer,
-                            "impl": impl, "set": label, "regex": regex,
-                            "modules": p["modules"], "eager_modules": e["modules"],
-                            "predicted_peak": p["predicted_peak_bytes"],
-                            "predicted_moment": p["predicted_moment"],
-                            "ckptune_peak": p["peak_bytes"],
-                            "pytorch_peak": e["peak_bytes"],
-                            "pytorch_peak_varies": e.get("peak_varies"),
-                            "predicted_seconds": p["predicted_step_seconds"],
-                            "ckptune_seconds": p["step_seconds"]["median"],
-                            "pytorch_seconds": e["median_seconds"],
-                        })
+                        rows.append(row(model, label, regex, precision, optimizer, impl, p, e))
     autocast_cache_check(rows, models, raw)
     doc = {
         "format": "ckptune.pytorch-peaks/1",
@@ -188,6 +231,7 @@ def main():
         "shapes": {m: " ".join(models[m][0]) for m in names},
         "rows": rows,
     }
+    cache_rows(doc, models, raw)
     finish(doc, out_dir)
 
 

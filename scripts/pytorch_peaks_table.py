@@ -40,6 +40,9 @@ def _mask_freed_in_pytorch(r):
     if moment == "optimizer step" or ": forward " in moment:
         return False
     ckpt = [n for n in (_layer(m) for m in r["modules"]) if n is not None]
+    if moment.endswith(": loss") or moment.endswith(": loss backward"):
+        # After BertModel.forward: only a checkpointed layer's saved input keeps it.
+        return not ckpt
     where = moment.split(": ")[-1].split(" ", 1)[-1]
     k = _layer(where)
     if where == "pooler":
@@ -57,6 +60,8 @@ def _checkpointed_layers_before_backward(r):
     ckpt = [n for n in (_layer(m) for m in r["modules"]) if n is not None]
     if moment == "optimizer step":
         return 0
+    if moment.endswith(": loss") or moment.endswith(": loss backward"):
+        return len(ckpt)
     where = moment.split(": ")[-1].split(" ", 1)
     kind, name = where[0], where[-1]
     k = _layer(name)
@@ -69,9 +74,41 @@ def _checkpointed_layers_before_backward(r):
     return sum(j <= k for j in ckpt)
 
 
+def _cache_section(doc, w):
+    """The rows planned with --autocast-cache: the same PyTorch runs (cache on), against the
+    prediction that counts the cache, with the mask and scalars of the BERT table."""
+    rows = [r for r in doc["rows"] if r.get("autocast_cache")]
+    if not rows:
+        return
+    w("## Autocast's cache on (`--autocast-cache`)\n")
+    w(f"The bf16 points again, planned with `--autocast-cache` (the loop of the Hugging Face `Trainer`, "
+      f"which keeps autocast's cache on, as these PyTorch runs do): each block's weight casts that only "
+      f"the cache holds are kept until the loss is made (docs/memory-model.md, \"Autocast's cache\"). "
+      f"Added by `{doc.get('cache_rows_command', doc['command'])}` ({doc.get('cache_rows_minutes', '?')} min, "
+      f"load average at start and end {doc.get('cache_rows_load_average_start_end')}), PyTorch run "
+      f"again beside them. *Mask* and *scalars* as above:\n")
+    w("| model | optimizer | checkpointed | predicted peak | at | ckptune | PyTorch | PyTorch − predicted | mask | scalars | left |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|")
+    exact = explained = 0
+    for r in rows:
+        d = r["pytorch_peak"] - r["predicted_peak"]
+        bert = "bert" in r["model"]
+        mask = _mask_bytes(doc, r) if bert else 0
+        scalars = 8 * _checkpointed_layers_before_backward(r) if bert else 0
+        exact += d == 0
+        explained += d - mask - scalars == 0
+        w(f"| {r['model']} | {r['optimizer']} | {r['set']} | {b(r['predicted_peak'])} | {r['predicted_moment']} | "
+          f"{b(r['ckptune_peak'])} | {b(r['pytorch_peak'])} | {signed(d)} | {signed(mask)} | {signed(scalars)} | "
+          f"{signed(d - mask - scalars)} |")
+    w("")
+    w(f"{exact} of {len(rows)} points: PyTorch's peak equals the prediction to the byte; {explained} of "
+      f"{len(rows)} once the mask and scalars are accounted for. ckptune's own run equals the prediction in "
+      f"{sum(r['ckptune_peak'] == r['predicted_peak'] for r in rows)} of {len(rows)}.\n")
+
+
 def main():
     doc = json.load(open(sys.argv[1]))
-    rows = doc["rows"]
+    rows = [r for r in doc["rows"] if not r.get("autocast_cache")]
     out = []
     w = out.append
     w("# The plan's peak in PyTorch\n")
@@ -152,14 +189,16 @@ def main():
                 off = r["pytorch_peak_no_autocast_cache"]
                 w(f"| {r['model']} | {r['optimizer']} | {r['set']} | {b(r['predicted_peak'])} | "
                   f"{b(r['pytorch_peak'])} | {b(off)} | {signed(off - r['predicted_peak'] - mask)} |")
-            w("\nThe memory model has no term for autocast's cache yet: a bf16 plan that checkpoints "
-              "some layers and not others can peak in PyTorch at the end of the forward, above every "
-              "moment ckptune predicts, unless the loop disables the cache "
-              "(`torch.autocast(..., cache_enabled=False)`, which re-casts each weight at each use).\n")
+            w("\nA plan made without `--autocast-cache` assumes a loop that disables the cache "
+              "(`torch.autocast(..., cache_enabled=False)`, which re-casts each weight at each use); "
+              "with the cache on, a bf16 plan that checkpoints some layers and not others can peak in "
+              "PyTorch at the end of the forward, above every moment such a plan predicts. Planned "
+              "with `--autocast-cache`, the prediction counts it: see the last section.\n")
     opt = [r for r in rows if r["predicted_moment"] == "optimizer step"]
     w(f"The peak is the optimizer step in {len(opt)} points: "
       + ", ".join(f"{r['model']} {r['precision']} {r['optimizer']}"
                   f"{'' if r['impl'] == 'single' else '-' + r['impl']} ({r['set']})" for r in opt) + ".\n")
+    _cache_section(doc, w)
     sys.stdout.write("\n".join(out) + "\n")
 
 

@@ -366,24 +366,45 @@ fn each_trainer_gets_its_own_option_when_the_plan_names_every_layer_or_none() {
 
 #[test]
 fn bf16_plans_run_under_each_trainers_bf16_autocast() {
-    // The plan's precision decides the trainer's: forwards run under CPU bf16 autocast.
+    // The plan's precision decides the trainer's: forwards run under CPU bf16 autocast. A plan
+    // counting autocast's cache (`plan --emit hf`, `--autocast-cache`) and one that does not:
+    // the python loop follows the plan, the Hugging Face Trainer keeps the cache on and
+    // Lightning's bf16-mixed turns it off, each refusing the other plan.
     let p = planned("tiny-bert");
     let dir = tempfile::tempdir().unwrap();
-    let bf16 = edited(dir.path(), "bf16.json", &p.doc, |d| {
+    let on = edited(dir.path(), "bf16-cache.json", &p.doc, |d| {
+        d["config"]["precision"] = "bf16".into();
+        d["config"]["autocast_cache"] = true.into();
+    });
+    let off = edited(dir.path(), "bf16.json", &p.doc, |d| {
         d["config"]["precision"] = "bf16".into()
     });
     let watch = candidates(&p.doc);
-    for kind in ["python", "hf", "lightning"] {
-        let snippet = emit(kind, &bf16);
+    for (kind, plan, cache, other) in [
+        ("python", &on, true, None),
+        ("python", &off, false, None),
+        ("hf", &on, true, Some(&off)),
+        ("lightning", &off, false, Some(&on)),
+    ] {
+        let snippet = emit(kind, plan);
         let result = execute(kind, &snippet, "tiny-bert", 1, &watch);
         assert_eq!(
             result["autocast"],
             serde_json::json!(["torch.bfloat16"]),
             "{kind}: {result}"
         );
+        assert_eq!(result["autocast_cache"], serde_json::json!([cache]), "{kind}: {result}");
         assert_recomputed_exactly_the_plan(&result, &modules(&p.doc), &watch);
+        if let Some(other) = other {
+            let out = ckptune(&["emit", kind, other.to_str().unwrap()]);
+            assert_eq!(out.status.code(), Some(2), "{kind}");
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("--autocast-cache"),
+                "{kind}"
+            );
+        }
     }
-    assert!(emit("lightning", &bf16).contains("precision=\"bf16-mixed\""));
+    assert!(emit("lightning", &off).contains("precision=\"bf16-mixed\""));
 }
 
 /// `doc` with a shard section as `plan --shard N` writes it: `units` wrapped with `fully_shard`,

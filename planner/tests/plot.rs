@@ -23,6 +23,7 @@ fn config() -> ConfigSpec {
         micro_batch: 4,
         grad_accum: 1,
         set_to_none: true,
+        autocast_cache: false,
         loss_chunks: None,
     }
 }
@@ -50,6 +51,7 @@ fn model(candidates: &[&str]) -> ModelJson {
         groups: Vec::new(),
         parameters: Vec::new(),
         attention: None,
+        prefix: None,
     }
 }
 
@@ -317,6 +319,8 @@ fn block(name: &str, candidate: bool, kept: i64) -> BlockProfile {
         rec_seconds: 0.009,
         out_released: None,
         out_released_ckpt: None,
+        cache_grad: None,
+        cache_nograd: None,
     }
 }
 
@@ -345,6 +349,7 @@ fn profile_plots_predicted_singles_and_the_candidates() {
             loss_transient: 500,
             loss_forward_transient: None,
             loss_kept: None,
+            loss_backward_transient: None,
             after_backward: None,
             blocks,
             groups: Vec::new(),

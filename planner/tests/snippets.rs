@@ -19,9 +19,20 @@ fn plan(path: &str) -> PlanJson {
     formats::read_tagged(&results().join(path), formats::PLAN_FORMAT).unwrap()
 }
 
+/// The plan at `path` as `plan --emit KIND` makes it: for the trainers that keep autocast's cache
+/// on, with the cache counted.
+fn plan_for(path: &str, kind: EmitKind) -> PlanJson {
+    let mut p = plan(path);
+    if kind == EmitKind::Hf {
+        p.config.autocast_cache = p.config.precision == "bf16";
+    }
+    p
+}
+
 /// `name` rendered for `kind`, against its snapshot.
 fn check(name: &str, plan_path: &str, kind: EmitKind) {
-    let text = snippet(&plan(plan_path), kind).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let p = plan_for(plan_path, kind);
+    let text = snippet(&p, kind).unwrap_or_else(|e| panic!("{name}: {e}"));
     expect_file![format!("snapshots/{name}.py")].assert_eq(&text);
 }
 
@@ -63,6 +74,24 @@ fn hugging_face() {
     check("hf-bert-nested", BERT_NESTED, EmitKind::Hf);
     check("hf-bert-nothing", BERT_NOTHING, EmitKind::Hf);
     check("hf-tinyllama", TINYLLAMA, EmitKind::Hf);
+}
+
+/// A mixed-precision plan made for the other autocast loop than the trainer's is refused,
+/// saying how to plan for it: the Hugging Face Trainer keeps autocast's cache on, Lightning
+/// turns it off.
+#[test]
+fn a_bf16_plan_for_the_other_autocast_cache_is_refused() {
+    let e = snippet(&plan(BERT_LAYERS), EmitKind::Hf).unwrap_err().to_string();
+    assert!(e.contains("cache_enabled=False"), "{e}");
+    assert!(e.contains("ckptune plan --emit hf"), "{e}");
+    assert!(e.contains("--autocast-cache"), "{e}");
+    let mut cached = plan(BERT_LAYERS);
+    cached.config.autocast_cache = true;
+    let e = snippet(&cached, EmitKind::Lightning).unwrap_err().to_string();
+    assert!(e.contains("turns the cache off"), "{e}");
+    assert!(e.contains("re-plan without --autocast-cache"), "{e}");
+    // fp32 has no autocast, so no cache to count.
+    assert!(snippet(&plan(TINYLLAMA), EmitKind::Hf).is_ok());
 }
 
 /// A plan that records its attention (every transformer plan since `--attention`) names it.
@@ -120,7 +149,7 @@ fn a_cuda_plan_sets_its_allocator_setting() {
         ),
         ("lightning-resnet152-cuda-default", RESNET152, EmitKind::Lightning, ""),
     ] {
-        let mut p = plan(path);
+        let mut p = plan_for(path, kind);
         p.cuda_memory = Some(cuda_memory(conf));
         let text = snippet(&p, kind).unwrap_or_else(|e| panic!("{name}: {e}"));
         expect_file![format!("snapshots/{name}.py")].assert_eq(&text);

@@ -7,10 +7,18 @@ optimizer and batch settings the plan's memory prediction assumed, and
 `chunked_causal_lm_loss` computes a language model's loss in the chunks a plan may choose.
 """
 
-from .checkpointing import apply
+from .checkpointing import apply, plan_root
 from .loss import chunked_causal_lm_loss
 from .plan import FORMAT, load_plan
 from .training import TrainingConfig, training_config
 
-__all__ = ["FORMAT", "TrainingConfig", "apply", "chunked_causal_lm_loss", "load_plan", "training_config"]
+__all__ = [
+    "FORMAT",
+    "TrainingConfig",
+    "apply",
+    "chunked_causal_lm_loss",
+    "load_plan",
+    "plan_root",
+    "training_config",
+]
 __version__ = "0.1.0"

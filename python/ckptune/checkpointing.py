@@ -4,7 +4,7 @@ import difflib
 import functools
 import re
 import types
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -39,12 +39,14 @@ def apply(model: nn.Module, plan: PlanLike) -> List[str]:
     are unaffected. Returns the wrapped names in `named_modules` order ([] for a plan that
     checkpoints nothing).
 
-    Plan names are the model's names as ckptune loaded it, which drops a task wrapper's
-    backbone prefix (`bert.`, `transformer.`): apply a BERT plan to `model.bert`, a GPT-2 plan
-    to `model.transformer`. Everything is checked before anything is wrapped, so a refusal
-    (ValueError) leaves the model untouched: a regex that matches nothing although the plan
-    checkpoints modules, plan modules the model lacks, a match nested in another match, or a
-    model already wrapped by `apply`.
+    Plan names are the model's names as ckptune loaded it, which drops a task model's backbone
+    prefix (`bert.`, `transformer.`); the plan records that prefix, so `model` may be the whole
+    task model (`BertForSequenceClassification`, a LightningModule holding it): the plan is
+    applied to the submodule its names are found under (`plan_root`); the returned names are
+    the plan's (relative to that submodule). Everything is checked before anything is
+    wrapped, so a refusal (ValueError) leaves the model untouched: a regex that matches nothing
+    although the plan checkpoints modules, plan modules the model lacks (the message names the
+    closest), a match nested in another match, or a model already wrapped by `apply`.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"apply expects a torch.nn.Module, found {type(model).__name__}")
@@ -65,8 +67,9 @@ def apply(model: nn.Module, plan: PlanLike) -> List[str]:
         raise ValueError(f"model is already wrapped by ckptune.apply (modules {', '.join(wrapped)}); "
                          f"apply a plan once, to a model that has not been wrapped")
 
+    _, root = _find_root(model, doc, planned)
     # The root ("") is never a candidate: plans name submodules only.
-    modules = [(name, m) for name, m in model.named_modules() if name]
+    modules = [(name, m) for name, m in root.named_modules() if name]
     names = [name for name, _ in modules]
     matched = [(name, m) for name, m in modules if regex.fullmatch(name)]
 
@@ -94,6 +97,67 @@ def apply(model: nn.Module, plan: PlanLike) -> List[str]:
         # A bound method (not a closure) so that copy.deepcopy rebinds it to the copy.
         m.forward = types.MethodType(_checkpointed_forward, m)
     return [name for name, _ in matched]
+
+
+def plan_root(model: nn.Module, plan: PlanLike) -> nn.Module:
+    """The submodule of `model` whose qualified names are the plan's: `model` itself when it
+    has them, else the one under the prefix the plan records (`bert` of a
+    `BertForSequenceClassification`, `model.bert` of a LightningModule keeping it as
+    `self.model`), else the only submodule that has them all. Raises ValueError naming the
+    closest module names when none has them, and the candidates when several do.
+    """
+    doc = load_plan(plan)
+    try:
+        planned = [str(m) for m in doc["checkpoint"]["modules"]]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"plan lacks checkpoint.modules ({e!r}); re-plan with this ckptune") from None
+    _, root = _find_root(model, doc, planned)
+    probe = _probe(doc, planned)
+    names = {n for n, _ in root.named_modules() if n}
+    missing = [p for p in probe if p not in names]
+    if missing:
+        raise ValueError(f"this model's module names differ from the plan's: {', '.join(missing)} "
+                         f"not found; {_closest(missing, [n for n, _ in model.named_modules() if n])}")
+    return root
+
+
+def _probe(doc: Dict[str, Any], planned: List[str]) -> List[str]:
+    """Names that must all be found under the plan's root: its checkpointed modules, or, for a
+    plan that checkpoints nothing, its candidate blocks."""
+    if planned:
+        return planned
+    blocks = (doc.get("model") or {}).get("blocks") or []
+    return [str(b["name"]) for b in blocks if isinstance(b, dict) and b.get("candidate") and "name" in b]
+
+
+def _find_root(model: nn.Module, doc: Dict[str, Any], planned: List[str]) -> Tuple[str, nn.Module]:
+    """Where in `model` the plan's names are (see `plan_root`); `("", model)` when nowhere, so
+    that the caller's checks refuse with the closest names."""
+    probe = _probe(doc, planned)
+    names = [n for n, _ in model.named_modules() if n]
+    present = set(names)
+
+    def holds(root: str) -> bool:
+        return all((f"{root}.{p}" if root else p) in present for p in probe)
+
+    prefix = str((doc.get("model") or {}).get("prefix") or "").rstrip(".")
+    if not probe:
+        # Nothing to look for but the recorded prefix itself.
+        at = [n for n in names if prefix and (n == prefix or n.endswith("." + prefix))]
+        return (at[0], model.get_submodule(at[0])) if len(at) == 1 else ("", model)
+    if holds(""):
+        return "", model
+    roots = [n for n in names if holds(n)]
+    if prefix:
+        recorded = [r for r in roots if r == prefix or r.endswith("." + prefix)]
+        roots = recorded or roots
+    if len(roots) > 1:
+        raise ValueError(f"the plan's modules are found under several submodules of this model "
+                         f"({', '.join(roots)}); apply the plan to the one it was made for, e.g. "
+                         f"ckptune.apply(model.get_submodule({roots[0]!r}), plan)")
+    if roots:
+        return roots[0], model.get_submodule(roots[0])
+    return "", model
 
 
 def _ancestors(name: str) -> List[str]:

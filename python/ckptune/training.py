@@ -45,10 +45,13 @@ class TrainingConfig:
     and loss under `torch.autocast(device_type, dtype=autocast_dtype)` when `autocast_dtype` is
     not None, keep parameters in `param_dtype`, feed `micro_batch` samples per forward, step
     after `grad_accum` micro-batches, and call `zero_grad(set_to_none=set_to_none)`. For fp16,
-    `grad_scaler` is True: scale the loss with `torch.amp.GradScaler`, as ckptune did. When
-    `loss_chunks` is above 1, compute a language model's loss with
+    `grad_scaler` is True: scale the loss with `torch.amp.GradScaler`, as ckptune did.
+    `autocast_cache` is the `cache_enabled` of that autocast region: True for a plan made for a
+    trainer that keeps autocast's weight-cast cache on (the Hugging Face `Trainer`),
+    whose peak counts the cached casts; False otherwise. When `loss_chunks` is above 1, compute
+    a language model's loss with
     `ckptune.chunked_causal_lm_loss(hidden, lm_head.weight, labels, loss_chunks)` from the
-    model's last hidden states instead of from its logits.
+    model's last hidden states instead of from its logits, inside that same region.
     """
 
     precision: str
@@ -62,6 +65,7 @@ class TrainingConfig:
     grad_accum: int
     set_to_none: bool
     grad_scaler: bool
+    autocast_cache: bool = False
     loss_chunks: int = 1
 
 
@@ -78,6 +82,7 @@ def training_config(plan: PlanLike) -> TrainingConfig:
         precision, optimizer = config["precision"], config["optimizer"]
         micro_batch, grad_accum = int(config["micro_batch"]), int(config["grad_accum"])
         set_to_none = bool(config["set_to_none"])
+        autocast_cache = bool(config.get("autocast_cache", False))
         loss_chunks = int(config.get("loss_chunks", 1))
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"plan's config lacks {e}; re-plan with this ckptune") from None
@@ -115,5 +120,6 @@ def training_config(plan: PlanLike) -> TrainingConfig:
         grad_accum=grad_accum,
         set_to_none=set_to_none,
         grad_scaler=precision == "fp16",
+        autocast_cache=autocast_cache and autocast_dtype is not None,
         loss_chunks=loss_chunks,
     )

@@ -48,12 +48,12 @@ class _Training(NamedTuple):
 
 
 def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warmup=2, threads=2, lr=1e-3,
-        root=None, log=None, autocast_cache=True):
+        root=None, log=None, autocast_cache=None):
     """Trains the reference of `model_name` with `plan` (a path or dict: its checkpoint and
     config) applied, and measures every step. Returns the run as a dict (format `FORMAT`).
     `attention` is a transformer's `attn_implementation` (None: "sdpa", ckptune's default).
-    `autocast_cache=False` runs autocast with `cache_enabled=False` (its bf16 weight casts are
-    then not kept until the autocast region ends).
+    `autocast_cache` is autocast's `cache_enabled` (False: bf16 weight casts are not kept until
+    the autocast region ends); None follows the plan's config, the loop its peak was planned for.
 
     Raises ValueError for a plan this cannot follow (its names differ from the reference's, a
     precision or optimizer torch cannot run on CPU, a model without a reference).
@@ -62,6 +62,8 @@ def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warm
         raise ValueError(f"steps {steps} must exceed warmup {warmup}")
     doc = load_plan(plan)
     cfg = training_config(doc)
+    if autocast_cache is None:
+        autocast_cache = cfg.autocast_cache
     if cfg.grad_scaler:
         raise ValueError(f"precision {cfg.precision!r} runs on CUDA only; this run measures the CPU")
     ref = reference.load(root)

@@ -90,6 +90,18 @@ def record_autocast(backbone):
     return seen
 
 
+def record_autocast_cache(backbone):
+    """Whether autocast's weight-cast cache was on in each forward of the backbone under autocast."""
+    seen = []
+
+    def hook(*_):
+        if torch.is_autocast_enabled("cpu"):
+            seen.append(torch.is_autocast_cache_enabled())
+
+    backbone.register_forward_pre_hook(hook)
+    return seen
+
+
 def tiny_batches(name, steps, batch, seq=16, image=32, seed=1):
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -128,11 +140,13 @@ class Observed:
         self.model = model
         self.calls = count_calls(backbone, WATCH)
         self.autocast = record_autocast(backbone)
+        self.autocast_cache = record_autocast_cache(backbone)
         self.before = [p.detach().clone() for p in model.parameters()]
 
     def report(self, micro_steps, **extra):
         return {"calls": self.calls, "micro_steps": micro_steps, "trained": changed(self.before, self.model),
-                "autocast": sorted(set(map(str, self.autocast))), **extra}
+                "autocast": sorted(set(map(str, self.autocast))),
+                "autocast_cache": sorted(set(self.autocast_cache)), **extra}
 
 
 def run_python(mod, name, steps):

@@ -193,6 +193,15 @@ class ApplyTest(unittest.TestCase):
             self.assertEqual(ckptune.apply(backbone, str(path)), ["h.0"])
 
 
+class WholeModelTest(unittest.TestCase):
+    def test_the_whole_task_model_takes_its_backbones_plan(self):
+        model, bert = build("tiny-bert")  # the whole model, not its backbone the plan names
+        wrapped = ckptune.apply(model, make_plan(["encoder.layer.0", "encoder.layer.1"]))
+        self.assertEqual(wrapped, ["encoder.layer.0", "encoder.layer.1"])
+        self.assertEqual(wrapped_names(model), ["bert.encoder.layer.0", "bert.encoder.layer.1"])
+        self.assertIs(ckptune.plan_root(model, make_plan(["encoder.layer.0"])), bert)
+
+
 class RefusalTest(unittest.TestCase):
     def refuses(self, model, plan, *fragments):
         before = wrapped_names(model)
@@ -204,10 +213,6 @@ class RefusalTest(unittest.TestCase):
         return str(cm.exception)
 
     def test_regex_matching_nothing_names_the_closest_modules(self):
-        model, _ = build("tiny-bert")  # the whole model, not its backbone the plan names
-        self.refuses(model, make_plan(["encoder.layer.0", "encoder.layer.1"]),
-                     "matches no module", "closest module names: bert.encoder.layer.0",
-                     "model.get_submodule('bert')")
         model, _ = build("tiny-resnet")
         self.refuses(model, make_plan(["layer9"]), "matches no module", "closest module names: layer4, layer3, layer2")
 

@@ -233,6 +233,10 @@ pub struct TrainConfig {
     /// `zero_grad(set_to_none=true)`: gradients are freed after the optimizer step (and
     /// re-allocated by the next backward) instead of zeroed in place.
     pub set_to_none: bool,
+    /// The loop keeps autocast's weight-cast cache on over one region around the forward and
+    /// the loss (the Hugging Face `Trainer`); off, the loop passes
+    /// `torch.autocast(..., cache_enabled=False)`. Only meaningful under autocast.
+    pub autocast_cache: bool,
     /// A language model's loss in this many chunks of tokens (1: whole), each chunk's logits
     /// and their gradient freed before the next (`exec/chunked_loss.rs`).
     pub loss_chunks: i64,
@@ -248,6 +252,7 @@ impl TrainConfig {
             micro_batch,
             grad_accum: 1,
             set_to_none: true,
+            autocast_cache: false,
             loss_chunks: 1,
             lr: 1e-3,
         }
@@ -270,6 +275,7 @@ impl TrainConfig {
             micro_batch: self.micro_batch,
             grad_accum: self.grad_accum,
             set_to_none: self.set_to_none,
+            autocast_cache: self.autocast_cache && self.precision.autocast().is_some(),
             loss_chunks: (self.loss_chunks > 1).then_some(self.loss_chunks),
         }
     }
@@ -297,6 +303,14 @@ impl TrainConfig {
         }
         t.grad_accum = c.grad_accum;
         t.set_to_none = c.set_to_none;
+        if c.autocast_cache && t.precision.autocast().is_none() {
+            return Err(RuntimeError::Config(format!(
+                "config {}: autocast_cache applies to the autocast precisions (bf16, fp16), not {}",
+                c.label(),
+                t.precision
+            )));
+        }
+        t.autocast_cache = c.autocast_cache;
         t.loss_chunks = c.chunks();
         Ok(t)
     }
@@ -308,12 +322,13 @@ impl TrainConfig {
             n => format!("/loss{n}"),
         };
         format!(
-            "{}/{}/mb{}x{}/{}{chunks}",
+            "{}/{}/mb{}x{}/{}{}{chunks}",
             self.precision,
             self.spec().optimizer_label(),
             self.micro_batch,
             self.grad_accum,
-            if self.set_to_none { "none" } else { "zero" }
+            if self.set_to_none { "none" } else { "zero" },
+            if self.spec().autocast_cache { "/cache" } else { "" }
         )
     }
 

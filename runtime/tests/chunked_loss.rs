@@ -15,15 +15,19 @@ use tch::Device;
 const LMS: [&str; 3] = ["tiny-gpt2", "tiny-llama", "tiny-qwen2"];
 
 fn session(model: &str, precision: Precision, chunks: i64, accum: i64, set_to_none: bool) -> Session {
+    let mut cfg = TrainConfig::new(precision, OptimizerKind::AdamW, 2);
+    cfg.loss_chunks = chunks;
+    cfg.grad_accum = accum;
+    cfg.set_to_none = set_to_none;
+    session_with(model, cfg)
+}
+
+fn session_with(model: &str, cfg: TrainConfig) -> Session {
     tch::manual_seed(11);
     let opts = ModelOptions {
         seq: Some(16),
         ..Default::default()
     };
-    let mut cfg = TrainConfig::new(precision, OptimizerKind::AdamW, 2);
-    cfg.loss_chunks = chunks;
-    cfg.grad_accum = accum;
-    cfg.set_to_none = set_to_none;
     Session::new(builtin(model, &opts).unwrap(), cfg, Device::Cpu).unwrap()
 }
 
@@ -78,26 +82,55 @@ fn chunked_loss_peaks_exactly_as_predicted() {
     for model in LMS {
         for precision in [Precision::Fp32, Precision::Bf16] {
             for (accum, set_to_none) in [(1, true), (2, false)] {
-                let mut s = session(model, precision, 3, accum, set_to_none);
-                let label = format!("{model} {}", s.cfg.label());
-                let p = quick_profile(&mut s);
-                let candidates: Vec<usize> = (0..s.chain.blocks.len())
-                    .filter(|&i| s.chain.blocks[i].candidate)
-                    .collect();
-                for pick in subsets(candidates.len()) {
-                    let mut mask = vec![false; s.chain.blocks.len()];
-                    for (&i, &on) in candidates.iter().zip(&pick) {
-                        mask[i] = on;
-                    }
-                    let mut trace = StepTrace::default();
-                    let report = s.step(&mask, Some(&mut trace)).unwrap();
-                    let measured = measured_moments(&trace, &s.chain, p.regimes.len());
-                    assert_eq!(measured, moments_at(&p, &mask), "{label} {mask:?}: moments");
-                    assert_eq!(report.peak_bytes, peak_at(&p, &mask).0, "{label} {mask:?}: peak");
-                }
+                every_subset_peaks_as_predicted(&mut session(model, precision, 3, accum, set_to_none));
             }
         }
     }
+}
+
+/// A loop that keeps autocast's cache on (the Hugging Face Trainer's) computes the chunked loss
+/// inside its region: every block's casts live through the chunks and are freed before
+/// `loss.backward()`, the loss's forward and backward moments apart, as predicted.
+#[test]
+fn chunked_loss_under_autocast_cache_peaks_exactly_as_predicted() {
+    let _lock = meter::exclusive();
+    tch::set_num_threads(1);
+    for model in LMS {
+        for (accum, set_to_none) in [(1, true), (2, false)] {
+            let mut cfg = TrainConfig::new(Precision::Bf16, OptimizerKind::AdamW, 2);
+            cfg.loss_chunks = 3;
+            cfg.grad_accum = accum;
+            cfg.set_to_none = set_to_none;
+            cfg.autocast_cache = true;
+            let mut s = session_with(model, cfg);
+            let p = every_subset_peaks_as_predicted(&mut s);
+            assert!(s.hold_casts, "{model}: the session holds the casts");
+            let casts: i64 = p.regimes[0].blocks.iter().filter_map(|b| b.cache_nograd).sum();
+            assert!(casts > 0, "{model}: a no-grad bf16 forward caches weight casts");
+        }
+    }
+}
+
+/// Profiles `s`, then steps every subset of its candidates: the measured moments and peak are
+/// the predicted ones, byte for byte. Returns the profile.
+fn every_subset_peaks_as_predicted(s: &mut Session) -> ckptune_runtime::profile::ConfigProfile {
+    let label = format!("{} {}", s.chain.name, s.cfg.label());
+    let p = quick_profile(s);
+    let candidates: Vec<usize> = (0..s.chain.blocks.len())
+        .filter(|&i| s.chain.blocks[i].candidate)
+        .collect();
+    for pick in subsets(candidates.len()) {
+        let mut mask = vec![false; s.chain.blocks.len()];
+        for (&i, &on) in candidates.iter().zip(&pick) {
+            mask[i] = on;
+        }
+        let mut trace = StepTrace::default();
+        let report = s.step(&mask, Some(&mut trace)).unwrap();
+        let measured = measured_moments(&trace, &s.chain, p.regimes.len());
+        assert_eq!(measured, moments_at(&p, &mask), "{label} {mask:?}: moments");
+        assert_eq!(report.peak_bytes, peak_at(&p, &mask).0, "{label} {mask:?}: peak");
+    }
+    p
 }
 
 /// The loss window, from the last hidden states to their gradient and the head weight's, peaks

@@ -177,6 +177,22 @@ fn predicted_peak_is_byte_exact_bf16() {
 }
 
 #[test]
+fn predicted_peak_is_byte_exact_bf16_with_autocast_cache() {
+    let toy_cfg = ToyConfig {
+        width: 64,
+        blocks: 4,
+        batch_norm: true,
+        dropout: 0.2,
+        ..Default::default()
+    };
+    let mut cfg = TrainConfig::new(Precision::Bf16, OptimizerKind::AdamW, 16);
+    cfg.autocast_cache = true;
+    check_exact(&toy_cfg, cfg.clone());
+    cfg.grad_accum = 2;
+    check_exact(&toy_cfg, cfg);
+}
+
+#[test]
 fn predicted_peak_is_byte_exact_with_accumulation_and_zeroed_grads() {
     let toy_cfg = ToyConfig {
         width: 64,

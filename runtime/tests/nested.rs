@@ -80,13 +80,12 @@ fn allowed_masks(chain: &Chain) -> Vec<Vec<bool>> {
 }
 
 fn session(make: &dyn Fn() -> Chain, precision: Precision) -> Session {
+    session_with(make, TrainConfig::new(precision, OptimizerKind::AdamW, 2))
+}
+
+fn session_with(make: &dyn Fn() -> Chain, cfg: TrainConfig) -> Session {
     tch::manual_seed(3);
-    Session::new(
-        make(),
-        TrainConfig::new(precision, OptimizerKind::AdamW, 2),
-        Device::Cpu,
-    )
-    .unwrap()
+    Session::new(make(), cfg, Device::Cpu).unwrap()
 }
 
 #[test]
@@ -186,6 +185,34 @@ fn every_allowed_choice_peaks_exactly_as_predicted() {
                 assert_eq!(measured, predicted, "{name} {precision} {x:?}");
                 assert_eq!(report.peak_bytes, peak_at(&p, &x).0, "{name} {precision} {x:?}");
             }
+        }
+    }
+}
+
+/// A loop that keeps autocast's cache on (the Hugging Face Trainer's): the casts of
+/// checkpointed and fused groups' weights and of plain blocks' biases live until the loss is
+/// made, on every allowed choice exactly as the model adds them.
+#[test]
+fn every_allowed_choice_peaks_exactly_as_predicted_with_autocast_cache() {
+    let _lock = meter::exclusive();
+    tch::set_num_threads(1);
+    for (name, make) in models() {
+        let mut cfg = TrainConfig::new(Precision::Bf16, OptimizerKind::AdamW, 2);
+        cfg.autocast_cache = true;
+        let mut s = session_with(&*make, cfg);
+        let p = quick_profile(&mut s);
+        assert!(
+            s.hold_casts,
+            "{name}: the profiler hands the session back holding casts"
+        );
+        let casts: i64 = p.regimes[0].blocks.iter().filter_map(|b| b.cache_nograd).sum();
+        assert!(casts > 0, "{name}: a no-grad bf16 forward caches weight casts");
+        for x in allowed_masks(&s.chain) {
+            let mut trace = StepTrace::default();
+            let report = s.step(&x, Some(&mut trace)).unwrap();
+            let measured = measured_moments(&trace, &s.chain, p.regimes.len());
+            assert_eq!(measured, moments_at(&p, &x), "{name} {x:?}");
+            assert_eq!(report.peak_bytes, peak_at(&p, &x).0, "{name} {x:?}");
         }
     }
 }

@@ -57,6 +57,9 @@ pub struct GroupTerms {
     pub last: usize,
     /// Kept after the group's no-grad forward (its output), during forward and backward.
     pub kept: i64,
+    /// Kept on top of `kept` from the group's forward until the loss is made: weight casts
+    /// autocast's cache holds (0 unless the loop keeps the cache on).
+    pub cache: i64,
     /// Per block of the group: its forward peak above the level earlier blocks leave.
     pub fwd: Vec<i64>,
     /// Bytes alive when the group's recompute starts, above what earlier blocks keep and
@@ -77,6 +80,8 @@ pub struct GroupTerms {
 pub struct FusedTerms {
     /// Kept after its forward.
     pub kept: i64,
+    /// As [`GroupTerms::cache`], for the fused run.
+    pub cache: i64,
     /// Per block: forward peak above the level earlier blocks leave.
     pub fwd: Vec<i64>,
     /// Bytes alive when its VJP starts above what earlier blocks keep, `Σ_{i>last} g_i` and
@@ -154,7 +159,7 @@ impl Affine {
 /// ```text
 /// kf_i = x_i ? kng_i : kg_i          kb_i = x_i ? out_i : krec_i
 /// forward j   : F + Σ_{i<j} kf_i + (x_j ? fng_j : fg_j)
-/// loss        : F + Σ_i kb_i + lf ;  loss backward: F + Σ_i kb_i + lk + lb
+/// loss        : F + Σ_i kf_i + lf ;  loss backward: F + Σ_i kb_i + lk + lb
 /// backward j  : base_j = F + Σ_{i>j} g_i + Σ_{i<j} kb_i + gout_j
 ///   recompute : base_j + frec_j                       (only if x_j)
 ///   vjp       : base_j + krec_j + (x_j ? btb_j : bta_j)
@@ -261,6 +266,17 @@ impl<'a> Layout<'a> {
         }
     }
 
+    /// While the forward's autocast region is open, a checkpointed or fused group keeps its
+    /// kept bytes and its casts in place of its blocks' `kf`.
+    fn group_kf(&self, a: &mut Affine, g: usize) {
+        let grp = &self.step.groups[g];
+        let inner: i64 = self.blocks()[grp.first..=grp.last].iter().map(|k| k.kg).sum();
+        a.coef_add(self.zv(g), grp.kept + grp.cache - inner);
+        if let Some(f) = &grp.fused {
+            a.coef_add(self.fv(g), f.kept + f.cache - inner);
+        }
+    }
+
     /// After the forward's autocast region closes, a checkpointed or fused group keeps its
     /// kept bytes in place of its blocks' `kb`.
     fn group_kb(&self, a: &mut Affine, g: usize) {
@@ -297,12 +313,7 @@ fn forward_moments(l: &Layout<'_>, out: &mut Vec<Moment>) {
         out.push(mo.moment(format!("forward {}", blk.name), l.in_blocks(j, &[])));
         kept_fwd.term(j, blk.kg, blk.kng);
         if let Some(g) = l.ends(j) {
-            let grp = &step.groups[g];
-            let inner: i64 = b[grp.first..=grp.last].iter().map(|k| k.kg).sum();
-            kept_fwd.coef_add(l.zv(g), grp.kept - inner);
-            if let Some(f) = &grp.fused {
-                kept_fwd.coef_add(l.fv(g), f.kept - inner);
-            }
+            l.group_kf(&mut kept_fwd, g);
         }
     }
 }
@@ -343,18 +354,22 @@ fn forward_group_copies(l: &Layout<'_>, g: usize, kept_fwd: &Affine, out: &mut V
     shift
 }
 
-// ---- loss: after the forward's autocast region closes, block i keeps kb_i -------------------
+// ---- loss: made inside the forward's autocast region (block i keeps kf_i), differentiated ----
+// ---- after it closes (kb_i) ----------------------------------------------------------------
 
 fn loss_moments(l: &Layout<'_>, out: &mut Vec<Moment>) {
     let step = l.step;
+    let mut kept_open = Affine::new(l.nv, step.fixed);
     let mut kept_all = Affine::new(l.nv, step.fixed);
     for (i, blk) in l.blocks().iter().enumerate() {
+        kept_open.term(i, blk.kg, blk.kng);
         kept_all.term(i, blk.krec, blk.out);
     }
     for g in 0..l.m {
+        l.group_kf(&mut kept_open, g);
         l.group_kb(&mut kept_all, g);
     }
-    out.push(kept_all.clone().add(step.lf).moment("loss".to_string(), Occurs::Always));
+    out.push(kept_open.add(step.lf).moment("loss".to_string(), Occurs::Always));
     out.push(
         kept_all
             .add(step.lk)
@@ -687,8 +702,8 @@ mod tests {
             ("forward b", 1340, vec![-90, -180, 0]),
             // F + kg_a + kg_b + fg_c = 1000 + 100 + 200 + 360; own term 90 − 360.
             ("forward c", 1660, vec![-90, -180, -270]),
-            // F + Σ krec + lf = 1000 + 95 + 190 + 285 + 9.
-            ("loss", 1579, vec![-85, -170, -255]),
+            // Inside the forward's autocast region: F + Σ kg + lf = 1000 + 100 + 200 + 300 + 9.
+            ("loss", 1609, vec![-90, -180, -270]),
             // F + Σ krec + lk + lb = 1570 + 5 + 3.
             ("loss backward", 1578, vec![-85, -170, -255]),
             // base_c = F + 0 + krec_a + krec_b + gout_c = 1000 + 95 + 190 + 30 = 1315;
@@ -731,7 +746,7 @@ mod tests {
                 want.push(s.fixed + (0..j).map(kf).sum::<i64>() + f);
             }
             let all: i64 = (0..n).map(kb).sum();
-            want.push(s.fixed + all + s.lf);
+            want.push(s.fixed + (0..n).map(kf).sum::<i64>() + s.lf);
             want.push(s.fixed + all + s.lk + s.lb);
             for j in (0..n).rev() {
                 let base = s.fixed + (j + 1..n).map(|i| b[i].g).sum::<i64>() + (0..j).map(kb).sum::<i64>() + b[j].gout;

@@ -11,7 +11,9 @@
 //! checkpointed block's VJP starts from `kept_recompute`, so
 //! `btb = kept_recompute + bwd_transient_ckpt − kept_grad`; the loss is one window (forward
 //! and backward of the loss head), so `lf = loss_transient`, `lk = lb = 0`; and
-//! `otmp = optimizer_peak − F`. Groups map field for field.
+//! `otmp = optimizer_peak − F`. Groups map field for field. A loop that keeps autocast's
+//! cache on adds each block's casts to `kg` and `kng` (not to `krec` and `out`: they die when
+//! the loss is made) and splits the loss into its forward and backward ([`Casts`]).
 
 use crate::chain_model::{self, BlockTerms, FusedTerms, GroupTerms, StepTerms};
 use crate::problem::ConfigProblem;
@@ -21,23 +23,25 @@ use crate::shard::{Measured, Parameter, ShardError, ShardOptimizer, ShardStep};
 /// The chain model's terms of one memory regime of a profiled config.
 pub fn step_terms(c: &ConfigProfile, r: &RegimeProfile) -> StepTerms {
     let n = r.blocks.len();
+    let casts = Casts::of(c, r);
     StepTerms {
         fixed: r.fixed,
         lk: 0,
-        lf: r.loss_transient,
-        lb: 0,
+        lf: casts.lf,
+        lb: casts.lb,
         otmp: c.optimizer_peak - r.fixed,
         base_seconds: c.seconds_none.median,
         blocks: r
             .blocks
             .iter()
             .zip(&c.recompute_seconds)
-            .map(|(b, &t)| BlockTerms {
+            .enumerate()
+            .map(|(i, (b, &t))| BlockTerms {
                 name: b.name.clone(),
                 candidate: b.candidate,
-                kg: b.kept_grad,
+                kg: b.kept_grad + casts.grad[i],
                 fg: b.fwd_transient_grad,
-                kng: b.kept_nograd,
+                kng: b.kept_nograd + casts.nograd[i],
                 fng: b.fwd_transient_nograd,
                 out: b.kept_nograd,
                 gout: b.carry,
@@ -58,19 +62,67 @@ pub fn step_terms(c: &ConfigProfile, r: &RegimeProfile) -> StepTerms {
                 first: grp.first,
                 last: grp.last,
                 kept: grp.kept,
-                fwd: grp.fwd_transient.clone(),
+                cache: casts.sum(&casts.nograd, grp.first, grp.last + 1),
+                fwd: casts.held_before(&grp.fwd_transient, &casts.nograd, grp.first),
                 carry: grp.carry,
                 rec: grp.rec_transient.clone(),
                 bwd: grp.bwd_transient.clone(),
                 recompute_seconds: c.recompute_seconds.get(n + g).copied().unwrap_or(0.0),
                 fused: Some(FusedTerms {
                     kept: grp.fused_kept,
-                    fwd: grp.fused_fwd_transient.clone(),
+                    cache: casts.sum(&casts.grad, grp.first, grp.last + 1),
+                    fwd: casts.held_before(&grp.fused_fwd_transient, &casts.grad, grp.first),
                     carry: grp.fused_carry,
                     bwd: grp.fused_bwd_transient,
                 }),
             })
             .collect(),
+    }
+}
+
+/// What autocast's cache adds in a loop that keeps it on over the forward and the loss
+/// (`ConfigSpec::autocast_cache`; docs/memory-model.md, "Autocast's cache"): each block's
+/// casts, measured as what its own region freed, stay until the loss is made, and the loss's
+/// forward and backward are separate moments, the casts freed between them. With the cache
+/// off, every cast is 0 and the loss is one window (`lf = loss_transient`, `lb = 0`).
+struct Casts {
+    grad: Vec<i64>,
+    nograd: Vec<i64>,
+    lf: i64,
+    lb: i64,
+}
+
+impl Casts {
+    fn of(c: &ConfigProfile, r: &RegimeProfile) -> Self {
+        let n = r.blocks.len();
+        if !c.config.autocast_cache {
+            return Casts {
+                grad: vec![0; n],
+                nograd: vec![0; n],
+                lf: r.loss_transient,
+                lb: 0,
+            };
+        }
+        Casts {
+            grad: r.blocks.iter().map(|b| b.cache_grad.unwrap_or(0)).collect(),
+            nograd: r.blocks.iter().map(|b| b.cache_nograd.unwrap_or(0)).collect(),
+            lf: r.loss_forward_transient.unwrap_or(r.loss_transient),
+            lb: r.loss_backward_transient.unwrap_or(r.loss_transient),
+        }
+    }
+
+    fn sum(&self, of: &[i64], from: usize, to: usize) -> i64 {
+        of[from..to].iter().sum()
+    }
+
+    /// A group's per-block forward peaks above its start, measured with each block's casts
+    /// freed as it ended, with the casts of the group's earlier blocks still held.
+    fn held_before(&self, peaks: &[i64], of: &[i64], first: usize) -> Vec<i64> {
+        peaks
+            .iter()
+            .enumerate()
+            .map(|(k, &p)| p + self.sum(of, first, first + k))
+            .collect()
     }
 }
 
@@ -177,8 +229,10 @@ pub fn moments_at(c: &ConfigProfile, x: &[bool]) -> Vec<(String, i64)> {
         let full = chain_model::with_fused(&mask, n, &group_spans(r));
         for m in chain_model::moments(&step_terms(c, r)) {
             // The runtime records the loss head's forward and backward as one window (the
-            // mapping's `lk = lb = 0`), and the optimizer once, after the last micro-step.
-            if m.label == "loss backward" || m.label == "optimizer" || !m.occurs.under(&full) {
+            // mapping's `lk = lb = 0`) unless the casts are freed between them, and the
+            // optimizer once, after the last micro-step.
+            let one_loss_window = !c.config.autocast_cache;
+            if (m.label == "loss backward" && one_loss_window) || m.label == "optimizer" || !m.occurs.under(&full) {
                 continue;
             }
             out.push((format!("{}: {}", r.label, m.label), m.eval(&full)));
@@ -244,6 +298,7 @@ mod tests {
                 micro_batch: 1,
                 grad_accum: 1,
                 set_to_none: true,
+                autocast_cache: false,
                 loss_chunks: None,
             },
             fixed: FixedBytes::default(),

@@ -21,6 +21,13 @@ pub struct ConfigSpec {
     pub micro_batch: i64,
     pub grad_accum: i64,
     pub set_to_none: bool,
+    /// The loop keeps autocast's weight-cast cache on over one region around the forward and
+    /// the loss, as the Hugging Face `Trainer` does (Lightning's `bf16-mixed` turns it off): the low-precision
+    /// casts of weights then live until the loss is made (docs/memory-model.md, "Autocast's
+    /// cache"). Only autocast precisions set it; absent (off) in documents written before it
+    /// was a choice, whose loop passes `cache_enabled=False`.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "std::ops::Not::not"))]
+    pub autocast_cache: bool,
     /// A language model's loss computed in this many chunks of tokens, each chunk's logits
     /// and their gradient freed before the next (ckptune's chunked loss); absent for the whole
     /// loss at once, as in documents written before the choice existed.
@@ -73,16 +80,17 @@ impl ConfigSpec {
         }
     }
 
-    /// `bf16/adamw/mb8x1`, with `/zero` when gradients are zeroed in place and `/loss4` when
-    /// the loss runs in 4 chunks.
+    /// `bf16/adamw/mb8x1`, with `/zero` when gradients are zeroed in place, `/cache` when the
+    /// loop keeps autocast's cache on and `/loss4` when the loss runs in 4 chunks.
     pub fn label(&self) -> String {
         format!(
-            "{}/{}/mb{}x{}{}{}",
+            "{}/{}/mb{}x{}{}{}{}",
             self.precision,
             self.optimizer_label(),
             self.micro_batch,
             self.grad_accum,
             if self.set_to_none { "" } else { "/zero" },
+            if self.autocast_cache { "/cache" } else { "" },
             match self.chunks() {
                 1 => String::new(),
                 n => format!("/loss{n}"),
@@ -128,6 +136,14 @@ pub struct BlockProfile {
     pub out_released: Option<i64>,
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub out_released_ckpt: Option<i64>,
+    /// Bytes of low-precision weight casts only autocast's cache holds after the block's
+    /// grad-mode and no-grad forward (what closing the block's own autocast region frees): a
+    /// loop that keeps the cache on over the whole forward keeps them until the loss is made.
+    /// Absent in profiles from before ckptune measured them.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub cache_grad: Option<i64>,
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub cache_nograd: Option<i64>,
 }
 
 /// Terms of a group (a module over a run of blocks) checkpointed as a whole, from the step
@@ -175,6 +191,8 @@ impl BlockProfile {
             self.grad_in_bytes,
             self.out_released.unwrap_or(-1),
             self.out_released_ckpt.unwrap_or(-1),
+            self.cache_grad.unwrap_or(-1),
+            self.cache_nograd.unwrap_or(-1),
         ]
     }
 }
@@ -220,6 +238,11 @@ pub struct RegimeProfile {
     pub loss_forward_transient: Option<i64>,
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub loss_kept: Option<i64>,
+    /// The loss's backward alone (from backward's seed on): its peak above the level the chain
+    /// leaves. A loop that keeps autocast's cache on frees the casts between the loss's forward
+    /// and backward, so the two are separate moments there. Absent in older profiles.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub loss_backward_transient: Option<i64>,
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub after_backward: Option<i64>,
     pub blocks: Vec<BlockProfile>,

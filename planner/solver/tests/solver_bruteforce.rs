@@ -131,6 +131,7 @@ fn add_groups(rng: &mut StdRng, step: &mut StepTerms, count: usize, scale: f64) 
             first,
             last,
             kept: out + v(0.0, 10.0),
+            cache: v(0.0, 20.0),
             fwd: (0..len).map(|_| v(0.0, 300.0)).collect(),
             carry: v(0.0, 60.0),
             rec: (0..len).map(|_| v(0.0, 400.0)).collect(),
@@ -143,6 +144,7 @@ fn add_groups(rng: &mut StdRng, step: &mut StepTerms, count: usize, scale: f64) 
             let mut v = |lo: f64, hi: f64| (rng.random_range(lo..hi) * scale).round() as i64;
             let fused = FusedTerms {
                 kept: out + v(0.0, 40.0),
+                cache: v(0.0, 20.0),
                 fwd: (0..len).map(|_| v(0.0, 300.0)).collect(),
                 carry: v(0.0, 60.0),
                 bwd: v(0.0, 500.0),
@@ -178,10 +180,18 @@ fn walked_peak(step: &StepTerms, x: &[bool]) -> i64 {
         }
     }
     let group_kept = |g: &GroupTerms, fused: bool| if fused { g.fused.as_ref().unwrap().kept } else { g.kept };
+    let group_cache = |g: &GroupTerms, fused: bool| {
+        if fused {
+            g.fused.as_ref().unwrap().cache
+        } else {
+            g.cache
+        }
+    };
+    // While the forward's autocast region is open (the forward and the loss).
     let kf = |u: &Unit<'_>| match *u {
         Ok(i) if x[i] => b[i].kng,
         Ok(i) => b[i].kg,
-        Err((g, fused)) => group_kept(g, fused),
+        Err((g, fused)) => group_kept(g, fused) + group_cache(g, fused),
     };
     let kb = |u: &Unit<'_>| match *u {
         Ok(i) if x[i] => b[i].out,
@@ -199,7 +209,7 @@ fn walked_peak(step: &StepTerms, x: &[bool]) -> i64 {
         level += kf(u);
     }
     let all: i64 = step.fixed + units.iter().map(kb).sum::<i64>();
-    peak = peak.max(all + step.lf).max(all + step.lk + step.lb);
+    peak = peak.max(level + step.lf).max(all + step.lk + step.lb);
     let mut below = all;
     let mut grads = 0;
     for u in units.iter().rev() {
@@ -613,6 +623,7 @@ fn nested_layers(rng: &mut StdRng, layers: usize) -> (StepTerms, Vec<usize>) {
             recompute_seconds: 0.55,
             fused: Some(FusedTerms {
                 kept: layer.blocks.iter().map(|b| b.kg).sum::<i64>() - 1_000_000,
+                cache: 0,
                 fwd: vec![g.fwd[0]; 3],
                 carry: g.carry,
                 bwd: g.bwd[0],
@@ -699,6 +710,7 @@ fn dp_solves_a_stage_of_36_nested_blocks() {
         g.bwd.resize(len, g.bwd[0]);
         let f = g.fused.get_or_insert(FusedTerms {
             kept: 0,
+            cache: 0,
             fwd: vec![],
             carry: 0,
             bwd: 0,

@@ -113,6 +113,13 @@ pub struct ModelArgs {
     /// Zero gradients in place instead of freeing them after each optimizer step.
     #[arg(long)]
     pub zero_grad_in_place: bool,
+    /// The training loop keeps autocast's weight-cast cache on over its forward and loss, as the
+    /// Hugging Face Trainer does (`plan --emit hf` implies it): the peak then counts the bf16
+    /// casts of the weights until the loss is made. Without it the loop passes
+    /// `torch.autocast(..., cache_enabled=False)`, as Lightning's bf16-mixed does. Applies to the
+    /// autocast precisions (bf16, fp16).
+    #[arg(long)]
+    pub autocast_cache: bool,
     /// A language model's loss in this many chunks of tokens, each chunk's logits and their
     /// gradient freed before the next (`ckptune.chunked_causal_lm_loss` in the training loop).
     /// Several comma-separated counts let the planner choose; 1 computes the loss whole.

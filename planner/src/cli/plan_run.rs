@@ -35,6 +35,7 @@ pub fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfi
         optimizer: vec![plan.config.optimizer.clone()],
         optimizer_impl: plan.config.optimizer_impl.iter().cloned().collect(),
         zero_grad_in_place: !plan.config.set_to_none,
+        autocast_cache: plan.config.autocast_cache,
         loss_chunks: vec![plan.config.chunks()],
         allow_8bit: false,
         device: plan.device.device.split(':').next().unwrap_or("cpu").to_owned(),

@@ -285,6 +285,7 @@ struct ConfigSpace {
     batches: Vec<i64>,
     global_batch: i64,
     set_to_none: bool,
+    autocast_cache: bool,
     loss_chunks: Vec<i64>,
 }
 
@@ -305,6 +306,7 @@ impl ConfigSpace {
             batches,
             global_batch,
             set_to_none: !a.zero_grad_in_place,
+            autocast_cache: a.autocast_cache,
             loss_chunks: loss_chunks(a)?,
         })
     }
@@ -331,6 +333,7 @@ impl ConfigSpace {
                         c.optimizer_impl = imp;
                         c.grad_accum = self.global_batch / mb;
                         c.set_to_none = self.set_to_none;
+                        c.autocast_cache = self.autocast_cache && p.autocast().is_some();
                         c.loss_chunks = chunks;
                         configs.push(c);
                     }
@@ -510,6 +513,10 @@ pub fn model_json(chain: &Chain) -> ModelJson {
             })
             .collect(),
         attention: chain.attention.map(|a| a.hf_name().to_owned()),
+        prefix: Some(match ckptune_solver::formats::backbone_of(&chain.modules) {
+            "" => String::new(),
+            b => format!("{b}."),
+        }),
     }
 }
 

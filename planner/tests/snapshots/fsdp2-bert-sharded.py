@@ -19,13 +19,14 @@ import ckptune
 
 PLAN = {
     "format": "ckptune.plan/1",
+    "model": {"prefix": "bert."},
     "checkpoint": {"regex": "^(?:encoder\\.layer\\.(?:1|2|4|6|10))$", "modules": ["encoder.layer.1", "encoder.layer.2", "encoder.layer.4", "encoder.layer.6", "encoder.layer.10"]},
     "config": {"grad_accum": 1, "micro_batch": 4, "optimizer": "adamw", "optimizer_impl": "single", "precision": "fp32", "set_to_none": True},
 }
-# The submodule whose names the plan uses. ckptune plans the backbone, so for
-# a Hugging Face BertForSequenceClassification, the plan's `encoder.layer.0` is `bert.encoder.layer.0`;
-# use "" if your model is the backbone itself.
-BACKBONE = "bert"
+# ckptune plans the backbone: the plan's `encoder.layer.0` is `bert.encoder.layer.0` of
+# a Hugging Face BertForSequenceClassification. The plan records that, so ckptune.apply takes
+# the whole model (or the backbone, or a module holding either) and refuses, naming the
+# closest modules, a model whose names differ.
 RANKS = 2
 
 
@@ -62,7 +63,7 @@ def shard(model, loss_fn, device):
     Each of the 12 units frees its gathered parameters after its forward
     (reshard_after_forward=True) and gathers them again for its backward.
     Returns the root, whose forward is the loss, and the names ckptune.apply wrapped."""
-    backbone = model.get_submodule(BACKBONE)
+    backbone = ckptune.plan_root(model, PLAN)
     wrapped = ckptune.apply(backbone, PLAN)
     cfg = ckptune.training_config(PLAN)
     model.to(device=device, dtype=cfg.param_dtype)
@@ -97,10 +98,11 @@ def train(model, loader, loss_fn, device, lr=1e-3):
     opt = cfg.optimizer_class(root.parameters(), lr=lr, **cfg.optimizer_kwargs)
     scaler = torch.amp.GradScaler(device.type) if cfg.grad_scaler else None
     for step, batch in enumerate(loader):
-        # cache_enabled=False: autocast's cache would keep checkpointed layers' casts of their
-        # weights until this region ends, which the plan does not count (results/pytorch-peaks).
+        # cache_enabled as planned: autocast's cache keeps the casts of weights (checkpointed
+        # layers' too) until this region ends, which the plan counts only when it was made with
+        # --autocast-cache (docs/memory-model.md, "Autocast's cache").
         with torch.autocast(device.type, dtype=cfg.autocast_dtype, enabled=cfg.autocast_dtype is not None,
-                            cache_enabled=False):
+                            cache_enabled=cfg.autocast_cache):
             loss = root(batch) / cfg.grad_accum
         (scaler.scale(loss) if scaler else loss).backward()
         if (step + 1) % cfg.grad_accum == 0:

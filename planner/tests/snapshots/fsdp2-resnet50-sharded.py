@@ -19,11 +19,12 @@ import ckptune
 
 PLAN = {
     "format": "ckptune.plan/1",
+    "model": {"prefix": ""},
     "checkpoint": {"regex": "^(?:layer1)$", "modules": ["layer1"]},
     "config": {"grad_accum": 1, "micro_batch": 8, "optimizer": "adamw", "optimizer_impl": "single", "precision": "fp32", "set_to_none": True},
 }
-# The module whose names the plan uses: the model ckptune planned (a torchvision ResNet, your exported module), whole ("" is the model itself).
-BACKBONE = ""
+# The plan's module names are those of the model ckptune planned (a torchvision ResNet, your exported module).
+# ckptune.apply refuses, naming the closest modules, a model whose names differ.
 RANKS = 4
 
 
@@ -60,7 +61,7 @@ def shard(model, loss_fn, device):
     Each of the 4 units frees its gathered parameters after its forward
     (reshard_after_forward=True) and gathers them again for its backward.
     Returns the root, whose forward is the loss, and the names ckptune.apply wrapped."""
-    backbone = model.get_submodule(BACKBONE)
+    backbone = ckptune.plan_root(model, PLAN)
     wrapped = ckptune.apply(backbone, PLAN)
     cfg = ckptune.training_config(PLAN)
     model.to(device=device, dtype=cfg.param_dtype)
@@ -87,10 +88,11 @@ def train(model, loader, loss_fn, device, lr=1e-3):
     opt = cfg.optimizer_class(root.parameters(), lr=lr, **cfg.optimizer_kwargs)
     scaler = torch.amp.GradScaler(device.type) if cfg.grad_scaler else None
     for step, batch in enumerate(loader):
-        # cache_enabled=False: autocast's cache would keep checkpointed layers' casts of their
-        # weights until this region ends, which the plan does not count (results/pytorch-peaks).
+        # cache_enabled as planned: autocast's cache keeps the casts of weights (checkpointed
+        # layers' too) until this region ends, which the plan counts only when it was made with
+        # --autocast-cache (docs/memory-model.md, "Autocast's cache").
         with torch.autocast(device.type, dtype=cfg.autocast_dtype, enabled=cfg.autocast_dtype is not None,
-                            cache_enabled=False):
+                            cache_enabled=cfg.autocast_cache):
             loss = root(batch) / cfg.grad_accum
         (scaler.scale(loss) if scaler else loss).backward()
         if (step + 1) % cfg.grad_accum == 0:

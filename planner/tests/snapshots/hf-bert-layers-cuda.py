@@ -1,6 +1,6 @@
 # Hugging Face Trainer with the ckptune plan for bert-base-uncased (ckptune 0.1.0).
 #   checkpoint: encoder.layer.0, encoder.layer.2, encoder.layer.3, encoder.layer.7, encoder.layer.8, encoder.layer.10 (regex ^(?:encoder\.layer\.(?:0|2|3|7|8|10))$)
-#   config bf16/adamw/mb12x1: precision bf16, optimizer adamw, micro-batch 12, gradient accumulation 1, set_to_none true
+#   config bf16/adamw/mb12x1/cache: precision bf16, optimizer adamw, micro-batch 12, gradient accumulation 1, set_to_none true
 #   inputs: sequences of 128 tokens
 #   predicted peak 1.81 GiB (1,939,301,300 B) of the budget 1.82 GiB (1,954,779,696 B), measured on cpu, threads: 2
 #   on the GPU (h100): predicted 1.02 GiB allocated, 1.21 GiB reserved by the caching allocator, plus 512.00 MiB of CUDA context
@@ -22,24 +22,25 @@ import ckptune
 
 PLAN = {
     "format": "ckptune.plan/1",
+    "model": {"prefix": "bert."},
     "checkpoint": {"regex": "^(?:encoder\\.layer\\.(?:0|2|3|7|8|10))$", "modules": ["encoder.layer.0", "encoder.layer.2", "encoder.layer.3", "encoder.layer.7", "encoder.layer.8", "encoder.layer.10"]},
-    "config": {"grad_accum": 1, "micro_batch": 12, "optimizer": "adamw", "optimizer_impl": "single", "precision": "bf16", "set_to_none": True},
+    "config": {"autocast_cache": True, "grad_accum": 1, "micro_batch": 12, "optimizer": "adamw", "optimizer_impl": "single", "precision": "bf16", "set_to_none": True},
 }
-# The submodule whose names the plan uses. ckptune plans the backbone, so for
-# a Hugging Face BertForSequenceClassification, the plan's `encoder.layer.0` is `bert.encoder.layer.0`;
-# use "" if your model is the backbone itself.
-BACKBONE = "bert"
+# ckptune plans the backbone: the plan's `encoder.layer.0` is `bert.encoder.layer.0` of
+# a Hugging Face BertForSequenceClassification. The plan records that, so ckptune.apply takes
+# the whole model (or the backbone, or a module holding either) and refuses, naming the
+# closest modules, a model whose names differ.
 
 
 def checkpoint_plan(model):
     """Transformers' per-layer checkpointing on exactly the plan's layers; returns their names."""
-    backbone = model.get_submodule(BACKBONE)
+    backbone = ckptune.plan_root(model, PLAN)
     planned = PLAN["checkpoint"]["modules"]
     layers = {name: m for name, m in backbone.named_modules() if isinstance(m, GradientCheckpointingLayer)}
     missing = [name for name in planned if name not in layers]
     if missing:
         raise ValueError(f"not transformers checkpointing layers of this model: {missing}; its layers are "
-                         f"{list(layers)[:4]}...; use ckptune.apply(model.get_submodule(BACKBONE), PLAN)")
+                         f"{list(layers)[:4]}...; use ckptune.apply(model, PLAN)")
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     for name, layer in layers.items():
         layer.gradient_checkpointing = name in planned

@@ -1,6 +1,6 @@
 # Hugging Face Trainer with the ckptune plan for bert-base-uncased (ckptune 0.1.0).
 #   checkpoint: nothing (regex ^[^\s\S]$)
-#   config bf16/adamw/mb12x1: precision bf16, optimizer adamw, micro-batch 12, gradient accumulation 1, set_to_none true
+#   config bf16/adamw/mb12x1/cache: precision bf16, optimizer adamw, micro-batch 12, gradient accumulation 1, set_to_none true
 #   inputs: sequences of 128 tokens
 #   predicted peak 2.25 GiB (2,418,070,284 B) of the budget 2.51 GiB (2,697,742,735 B), measured on cpu, threads: 2
 # Needs transformers (with accelerate) and the ckptune companion (`pip install ./python`).
@@ -12,18 +12,19 @@ import ckptune
 
 PLAN = {
     "format": "ckptune.plan/1",
+    "model": {"prefix": "bert."},
     "checkpoint": {"regex": "^[^\\s\\S]$", "modules": []},
-    "config": {"grad_accum": 1, "micro_batch": 12, "optimizer": "adamw", "optimizer_impl": "single", "precision": "bf16", "set_to_none": True},
+    "config": {"autocast_cache": True, "grad_accum": 1, "micro_batch": 12, "optimizer": "adamw", "optimizer_impl": "single", "precision": "bf16", "set_to_none": True},
 }
-# The submodule whose names the plan uses. ckptune plans the backbone, so for
-# a Hugging Face BertForSequenceClassification, the plan's `encoder.layer.0` is `bert.encoder.layer.0`;
-# use "" if your model is the backbone itself.
-BACKBONE = "bert"
+# ckptune plans the backbone: the plan's `encoder.layer.0` is `bert.encoder.layer.0` of
+# a Hugging Face BertForSequenceClassification. The plan records that, so ckptune.apply takes
+# the whole model (or the backbone, or a module holding either) and refuses, naming the
+# closest modules, a model whose names differ.
 
 
 def checkpoint_plan(model):
     """ckptune.apply on the plan's modules; returns their names."""
-    return ckptune.apply(model.get_submodule(BACKBONE), PLAN)
+    return ckptune.apply(model, PLAN)
 
 
 def make_trainer(model, train_dataset, lr=1e-3, output_dir="ckptune-trainer", trainer_kwargs=None, **training_args):

@@ -14,16 +14,17 @@ import ckptune
 
 PLAN = {
     "format": "ckptune.plan/1",
+    "model": {"prefix": ""},
     "checkpoint": {"regex": "^[^\\s\\S]$", "modules": []},
     "config": {"grad_accum": 1, "loss_chunks": 16, "micro_batch": 2, "optimizer": "adamw", "optimizer_impl": "single", "precision": "fp32", "set_to_none": True},
 }
-# The module whose names the plan uses: a Hugging Face LlamaForCausalLM (Mistral, Qwen2), whole ("" is the model itself).
-BACKBONE = ""
+# The plan's module names are those of a Hugging Face LlamaForCausalLM (Mistral, Qwen2).
+# ckptune.apply refuses, naming the closest modules, a model whose names differ.
 
 
 def checkpoint_plan(model):
     """ckptune.apply on the plan's modules; returns their names."""
-    return ckptune.apply(model.get_submodule(BACKBONE), PLAN)
+    return ckptune.apply(model, PLAN)
 
 
 def make_trainer(model, train_dataset, lr=1e-3, output_dir="ckptune-trainer", trainer_kwargs=None, **training_args):

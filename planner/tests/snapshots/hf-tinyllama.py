@@ -17,22 +17,23 @@ import ckptune
 
 PLAN = {
     "format": "ckptune.plan/1",
+    "model": {"prefix": ""},
     "checkpoint": {"regex": "^(?:model\\.layers\\.(?:7|9|12|13|20))$", "modules": ["model.layers.7", "model.layers.9", "model.layers.12", "model.layers.13", "model.layers.20"]},
     "config": {"grad_accum": 1, "micro_batch": 1, "optimizer": "adamw", "optimizer_impl": "single", "precision": "fp32", "set_to_none": True},
 }
-# The module whose names the plan uses: a Hugging Face LlamaForCausalLM (Mistral, Qwen2), whole ("" is the model itself).
-BACKBONE = ""
+# The plan's module names are those of a Hugging Face LlamaForCausalLM (Mistral, Qwen2).
+# ckptune.apply refuses, naming the closest modules, a model whose names differ.
 
 
 def checkpoint_plan(model):
     """Transformers' per-layer checkpointing on exactly the plan's layers; returns their names."""
-    backbone = model.get_submodule(BACKBONE)
+    backbone = ckptune.plan_root(model, PLAN)
     planned = PLAN["checkpoint"]["modules"]
     layers = {name: m for name, m in backbone.named_modules() if isinstance(m, GradientCheckpointingLayer)}
     missing = [name for name in planned if name not in layers]
     if missing:
         raise ValueError(f"not transformers checkpointing layers of this model: {missing}; its layers are "
-                         f"{list(layers)[:4]}...; use ckptune.apply(model.get_submodule(BACKBONE), PLAN)")
+                         f"{list(layers)[:4]}...; use ckptune.apply(model, PLAN)")
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     for name, layer in layers.items():
         layer.gradient_checkpointing = name in planned

@@ -14,25 +14,26 @@ import ckptune
 
 PLAN = {
     "format": "ckptune.plan/1",
+    "model": {"prefix": "bert."},
     "checkpoint": {"regex": "^(?:embeddings|encoder\\.layer\\.3)$", "modules": ["embeddings", "encoder.layer.3"]},
     "config": {"grad_accum": 1, "micro_batch": 12, "optimizer": "adamw", "optimizer_impl": "single", "precision": "bf16", "set_to_none": True},
 }
-# The plan's modules from your LightningModule. This assumes it keeps the network as
-# `self.model`: a Hugging Face BertForSequenceClassification, whose backbone `bert` ckptune planned.
-# If yours differs, ckptune.apply's refusal names the path to use.
-BACKBONE = "model.bert"
+# ckptune plans the backbone: the plan's `encoder.layer.0` is `bert.encoder.layer.0` of
+# a Hugging Face BertForSequenceClassification. The plan records that, so ckptune.apply takes
+# the whole model (or the backbone, or a module holding either) and refuses, naming the
+# closest modules, a model whose names differ.
 
 
 class CkptunePlan(L.Callback):
-    """Checkpoints the plan's modules of the LightningModule's `backbone` submodule when fitting starts."""
+    """Checkpoints the plan's modules of the LightningModule when fitting starts (ckptune.apply finds
+    the backbone the plan names wherever the module keeps it, e.g. `self.model.bert`)."""
 
-    def __init__(self, backbone=BACKBONE):
-        self.backbone = backbone
+    def __init__(self):
         self.wrapped = None
 
     def setup(self, trainer, pl_module, stage):
         if stage == "fit" and self.wrapped is None:
-            self.wrapped = ckptune.apply(pl_module.get_submodule(self.backbone), PLAN)
+            self.wrapped = ckptune.apply(pl_module, PLAN)
 
 
 class CkptuneOptimization:

@@ -16,25 +16,24 @@ import ckptune
 
 PLAN = {
     "format": "ckptune.plan/1",
+    "model": {"prefix": ""},
     "checkpoint": {"regex": "^(?:layer1|layer2|layer3)$", "modules": ["layer1", "layer2", "layer3"]},
     "config": {"grad_accum": 1, "micro_batch": 4, "optimizer": "adamw", "optimizer_impl": "single", "precision": "bf16", "set_to_none": True},
 }
-# The plan's modules from your LightningModule. This assumes it keeps the network as
-# `self.model`: the model ckptune planned (a torchvision ResNet, your exported module), whose names ckptune planned.
-# If yours differs, ckptune.apply's refusal names the path to use.
-BACKBONE = "model"
+# The plan's module names are those of the model ckptune planned (a torchvision ResNet, your exported module).
+# ckptune.apply refuses, naming the closest modules, a model whose names differ.
 
 
 class CkptunePlan(L.Callback):
-    """Checkpoints the plan's modules of the LightningModule's `backbone` submodule when fitting starts."""
+    """Checkpoints the plan's modules of the LightningModule when fitting starts (ckptune.apply finds
+    the backbone the plan names wherever the module keeps it, e.g. `self.model.bert`)."""
 
-    def __init__(self, backbone=BACKBONE):
-        self.backbone = backbone
+    def __init__(self):
         self.wrapped = None
 
     def setup(self, trainer, pl_module, stage):
         if stage == "fit" and self.wrapped is None:
-            self.wrapped = ckptune.apply(pl_module.get_submodule(self.backbone), PLAN)
+            self.wrapped = ckptune.apply(pl_module, PLAN)
 
 
 class CkptuneOptimization:

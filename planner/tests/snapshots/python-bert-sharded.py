@@ -13,13 +13,14 @@ import ckptune
 
 PLAN = {
     "format": "ckptune.plan/1",
+    "model": {"prefix": "bert."},
     "checkpoint": {"regex": "^(?:encoder\\.layer\\.(?:1|2|4|6|10))$", "modules": ["encoder.layer.1", "encoder.layer.2", "encoder.layer.4", "encoder.layer.6", "encoder.layer.10"]},
     "config": {"grad_accum": 1, "micro_batch": 4, "optimizer": "adamw", "optimizer_impl": "single", "precision": "fp32", "set_to_none": True},
 }
-# The submodule whose names the plan uses. ckptune plans the backbone, so for
-# a Hugging Face BertForSequenceClassification, the plan's `encoder.layer.0` is `bert.encoder.layer.0`;
-# use "" if your model is the backbone itself.
-BACKBONE = "bert"
+# ckptune plans the backbone: the plan's `encoder.layer.0` is `bert.encoder.layer.0` of
+# a Hugging Face BertForSequenceClassification. The plan records that, so ckptune.apply takes
+# the whole model (or the backbone, or a module holding either) and refuses, naming the
+# closest modules, a model whose names differ.
 
 
 def train(model, loader, loss_fn, lr=1e-3, device="cpu"):
@@ -27,16 +28,17 @@ def train(model, loader, loss_fn, lr=1e-3, device="cpu"):
     optimizer, accumulation and zero_grad. `loader` yields batches of 4 samples;
     `loss_fn(model, batch)` returns the loss (with inputs in the parameters' dtype for bf16-pure).
     Returns the names `ckptune.apply` wrapped."""
-    wrapped = ckptune.apply(model.get_submodule(BACKBONE), PLAN)
+    wrapped = ckptune.apply(model, PLAN)
     cfg = ckptune.training_config(PLAN)
     model.to(device=device, dtype=cfg.param_dtype).train()
     opt = cfg.optimizer_class(model.parameters(), lr=lr, **cfg.optimizer_kwargs)
     scaler = torch.amp.GradScaler(device) if cfg.grad_scaler else None
     for step, batch in enumerate(loader):
-        # cache_enabled=False: autocast's cache would keep checkpointed layers' casts of their
-        # weights until this region ends, which the plan does not count (results/pytorch-peaks).
+        # cache_enabled as planned: autocast's cache keeps the casts of weights (checkpointed
+        # layers' too) until this region ends, which the plan counts only when it was made with
+        # --autocast-cache (docs/memory-model.md, "Autocast's cache").
         with torch.autocast(device, dtype=cfg.autocast_dtype, enabled=cfg.autocast_dtype is not None,
-                            cache_enabled=False):
+                            cache_enabled=cfg.autocast_cache):
             loss = loss_fn(model, batch) / cfg.grad_accum
         (scaler.scale(loss) if scaler else loss).backward()
         if (step + 1) % cfg.grad_accum == 0:

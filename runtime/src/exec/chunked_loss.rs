@@ -6,6 +6,7 @@
 //! (python/ckptune/loss.py), an autograd Function whose forward computes the gradients and
 //! whose backward scales them: what the meter sees here is what PyTorch allocates there.
 
+use ckptune_kernels::autocast::AutocastGuard;
 use ckptune_kernels::autograd;
 use ckptune_models::causal_lm::IGNORE_INDEX;
 use ckptune_models::chain::LmHead;
@@ -30,12 +31,13 @@ struct ChunkGrads {
 
 impl Session {
     /// The loss of `y`, the last block's output, in `cfg.loss_chunks` chunks, and its backward,
-    /// in one meter window as the whole loss's.
+    /// metered as the whole loss's; `held` as for [`Session::loss`].
     pub(super) fn chunked_loss(
         &self,
         head: &dyn LmHead,
         y: &Tensor,
         batch: &Batch,
+        held: Option<AutocastGuard>,
         mut tr: Option<&mut MicroTrace>,
     ) -> Result<LossStep> {
         let e = || torch("chunked loss");
@@ -57,11 +59,10 @@ impl Session {
         // `return total / count`: the Function's output; `total` dies as the forward returns.
         let loss = total.f_div(&count).map_err(e())?;
         drop(total);
-        let (value, scaled, seed) = self.scaled_and_seeded(loss)?;
-        if let Some(t) = tr.as_deref_mut() {
-            t.loss_fwd_peak = self.probe.window_peak();
-            t.loss_seeded = self.probe.current();
-        }
+        let (value, scaled) = self.scaled(loss);
+        // The chunks cast views, which autocast's cache never holds: a held region frees only
+        // the blocks' casts, as for the whole loss.
+        let seed = self.seed_after_forward(&scaled, held, tr.as_deref_mut())?;
         // The engine's backward: the scale's backward hands the Function `seed * scale`, whose
         // backward scales both gradients in place by `grad_output / count`.
         let scale = self.loss_scale() / self.cfg.grad_accum as f64;
@@ -84,7 +85,8 @@ impl Session {
         drop(grad_hidden);
         self.check_loss_value(value)?;
         if let Some(t) = tr {
-            t.loss_peak = self.probe.window_peak();
+            t.loss_bwd_peak = self.probe.window_peak();
+            t.loss_peak = t.loss_fwd_peak.max(t.loss_bwd_peak);
             t.loss_after = self.probe.current();
         }
         Ok(LossStep {

@@ -4,7 +4,6 @@
 
 use std::time::Instant;
 
-use ckptune_kernels::autocast::AutocastGuard;
 use ckptune_kernels::rng;
 use ckptune_models::{Batch, Ctx};
 use tch::Tensor;
@@ -98,22 +97,19 @@ impl Session {
         if seg.is_some_and(|(first, _)| first == i) {
             acts.rng_states[i] = Some(rng::cpu_state()?);
         }
-        let out = {
+        let (out, open) = {
             let _scope = scope::open(Phase::Forward, Some((i, &block.name)))?;
-            let _ac = self
-                .cfg
-                .precision
-                .autocast()
-                .map(|k| AutocastGuard::new(self.device, k, true))
-                .transpose()?;
+            let ac = self.autocast_region()?;
             let bctx = ctx.with_skips(&skips);
-            if seg.is_some() {
+            let out = if seg.is_some() {
                 tch::no_grad(|| block.block.try_forward(&x, &bctx))
             } else {
                 block.block.try_forward(&x, &bctx)
-            }
-        }
-        .map_err(|failure| self.block_failed(i, failure))?;
+            };
+            let open = self.probe.current();
+            drop(ac);
+            (out.map_err(|failure| self.block_failed(i, failure))?, open)
+        };
         drop((x, skips));
         acts.outputs[i] = Some(out);
         if let Some((first, last)) = seg.or(fused) {
@@ -128,6 +124,7 @@ impl Session {
             let b = &mut t.blocks[i];
             b.fwd_peak = self.probe.window_peak();
             b.fwd_after = self.probe.current();
+            b.fwd_open = open;
             b.fwd_seconds = t0.elapsed().as_secs_f64();
         }
         Ok(())

@@ -25,7 +25,17 @@ pub(super) struct LossStep {
 }
 
 impl Session {
-    pub(super) fn loss(&self, acts: &Activations, batch: &Batch, mut tr: Option<&mut MicroTrace>) -> Result<LossStep> {
+    /// `held` is the region a loop that keeps autocast's cache on opened around the forward
+    /// ([`Session::cast_region`]): it closes once the scaled loss exists, as
+    /// `with torch.autocast(...): loss = loss_fn(model(x), y) / grad_accum` ends there, freeing
+    /// the casts only the cache held before backward starts.
+    pub(super) fn loss(
+        &self,
+        acts: &Activations,
+        batch: &Batch,
+        held: Option<AutocastGuard>,
+        mut tr: Option<&mut MicroTrace>,
+    ) -> Result<LossStep> {
         let n = self.chain.blocks.len();
         let last = acts.outputs[n - 1].as_ref().expect("the last output is kept");
         if self.cfg.loss_chunks > 1 {
@@ -34,7 +44,7 @@ impl Session {
                 .head
                 .causal_lm()
                 .ok_or_else(|| chunks_refused(&self.cfg, &self.chain))?;
-            return self.chunked_loss(head, last, batch, tr);
+            return self.chunked_loss(head, last, batch, held, tr);
         }
         let y = last.detach().set_requires_grad(true);
         if let Some(t) = tr.as_deref_mut() {
@@ -47,11 +57,8 @@ impl Session {
                 let _ac = self.autocast_region()?;
                 self.chain.head.loss(&y, batch)
             };
-            let (value, scaled, seed) = self.scaled_and_seeded(loss)?;
-            if let Some(t) = tr.as_deref_mut() {
-                t.loss_fwd_peak = self.probe.window_peak();
-                t.loss_seeded = self.probe.current();
-            }
+            let (value, scaled) = self.scaled(loss);
+            let seed = self.seed_after_forward(&scaled, held, tr.as_deref_mut())?;
             autograd::backward(scaled.shallow_clone(), seed.shallow_clone())?;
             // Detached: its storage only. Its graph would hold the last block's output leaf,
             // which eager PyTorch (no boundaries) does not have.
@@ -61,7 +68,8 @@ impl Session {
         let grad = y.grad();
         drop(y);
         if let Some(t) = tr {
-            t.loss_peak = self.probe.window_peak();
+            t.loss_bwd_peak = self.probe.window_peak();
+            t.loss_peak = t.loss_fwd_peak.max(t.loss_bwd_peak);
             t.loss_after = self.probe.current();
         }
         Ok(LossStep { value, var, seed, grad })
@@ -77,10 +85,9 @@ impl Session {
             .transpose()?)
     }
 
-    /// The loss's value (none for a fake loss), the loss scaled for accumulation and fp16 loss
-    /// scaling, and the seed `loss.backward()` gives the engine, `ones_like(loss)`, alive until
-    /// the whole backward returns.
-    pub(super) fn scaled_and_seeded(&self, loss: Tensor) -> Result<(f64, Tensor, Tensor)> {
+    /// The loss's value (none for a fake loss) and the loss scaled for accumulation and fp16
+    /// loss scaling, made inside the loop's autocast region.
+    pub(super) fn scaled(&self, loss: Tensor) -> (f64, Tensor) {
         let value = if self.is_fake() {
             f64::NAN
         } else {
@@ -88,8 +95,32 @@ impl Session {
         };
         let scale = self.loss_scale() / self.cfg.grad_accum as f64;
         let scaled = if scale == 1.0 { loss } else { loss * scale };
+        (value, scaled)
+    }
+
+    /// The end of the loss's forward moment and the start of its backward: the forward's peak
+    /// recorded, `held` (the region holding autocast's cache) closed, freeing the casts only the
+    /// cache held, and the seed `loss.backward()` gives the engine, `ones_like(loss)`, alive
+    /// until the whole backward returns.
+    pub(super) fn seed_after_forward(
+        &self,
+        scaled: &Tensor,
+        held: Option<AutocastGuard>,
+        mut tr: Option<&mut MicroTrace>,
+    ) -> Result<Tensor> {
+        if let Some(t) = tr.as_deref_mut() {
+            t.loss_fwd_peak = self.probe.window_peak();
+            t.casts_held = held.is_some();
+        }
+        drop(held);
+        if tr.is_some() {
+            self.probe.reset_window();
+        }
         let seed = scaled.f_ones_like().map_err(torch("loss backward"))?;
-        Ok((value, scaled, seed))
+        if let Some(t) = tr {
+            t.loss_seeded = self.probe.current();
+        }
+        Ok(seed)
     }
 
     /// A loss that is not finite means training diverged (fp16 skips such steps instead).

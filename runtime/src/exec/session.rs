@@ -1,6 +1,7 @@
 //! A chain prepared for training under one config: its optimizer, the buffers a recompute
 //! restores, the memory probe, and what the rest of the step asks of them.
 
+use ckptune_kernels::autocast::AutocastGuard;
 use ckptune_kernels::fake::FakeMode;
 use ckptune_models::{Batch, Chain};
 use tch::{Device, Kind, Tensor};
@@ -29,6 +30,11 @@ pub struct Session {
     /// locals, where a boundary would keep it until backward). On by default; the profiler
     /// turns it off once to measure the blocks' own terms.
     pub fuse_groups: bool,
+    /// Hold autocast's cache of weight casts over the forward and the loss in one region, as a
+    /// loop with the cache on does ([`TrainConfig::autocast_cache`]). On when the config says so;
+    /// the profiler turns it off, so that each block's own region frees its casts and the
+    /// meter sees them block by block (docs/memory-model.md, "Autocast's cache").
+    pub hold_casts: bool,
     /// Fake mode, for a session measured on the meta device ([`Session::new_fake`]): its
     /// tensors are fake, and so is everything its steps create. Declared last, so it ends after
     /// every tensor of the session is gone.
@@ -95,6 +101,7 @@ impl Session {
             cfg.lr,
         );
         let probe = Probe::new(device)?;
+        let hold_casts = cfg.autocast_cache;
         Ok(Self {
             chain,
             cfg,
@@ -105,6 +112,7 @@ impl Session {
             next_seed: 0,
             probe,
             fuse_groups: true,
+            hold_casts,
             fake: None,
         })
     }
@@ -165,6 +173,17 @@ impl Session {
             batch.input = batch.input.to_kind(Kind::BFloat16);
         }
         batch
+    }
+
+    /// The region around a micro-step's forward and loss that holds autocast's weight casts
+    /// (`with torch.autocast(...)` with the cache on), when the session holds them: opening it
+    /// allocates nothing, and the blocks' own regions nest inside it, so no cast is freed
+    /// before it closes.
+    pub(super) fn cast_region(&self) -> Result<Option<AutocastGuard>> {
+        match self.cfg.precision.autocast() {
+            Some(k) if self.hold_casts => Ok(Some(AutocastGuard::new(self.device, k, true)?)),
+            _ => Ok(None),
+        }
     }
 
     pub(super) fn loss_scale(&self) -> f64 {

@@ -119,8 +119,9 @@ impl Session {
             t.blocks = vec![BlockTrace::default(); self.chain.blocks.len()];
         }
         let schedule = Schedule::new(&self.chain, checkpoint, self.fuse_groups);
+        let held = self.cast_region()?;
         let mut acts = self.forward(batch, &ctx, &schedule, tr.as_deref_mut())?;
-        let loss = self.loss(&acts, batch, tr.as_deref_mut())?;
+        let loss = self.loss(&acts, batch, held, tr.as_deref_mut())?;
         let grad = self.backward(&mut acts, loss.grad, batch, &ctx, &schedule, tr.as_deref_mut())?;
         drop(grad);
         drop(mask);

@@ -11,10 +11,12 @@ pub struct BlockTrace {
     /// The group's single backward is recorded on its last block.
     pub fused: bool,
     /// Level before the block's forward, highest level during it, level after it (autocast
-    /// region closed).
+    /// region closed), and the level just before its autocast region closed: the difference
+    /// is the weight casts only autocast's cache held.
     pub fwd_before: i64,
     pub fwd_peak: i64,
     pub fwd_after: i64,
+    pub fwd_open: i64,
     pub fwd_seconds: f64,
     /// Checkpointed blocks: level at the recompute's start (for a segment's first block, once
     /// the stored output is dropped and before the RNG swap and buffer snapshot, which its
@@ -48,7 +50,12 @@ pub struct MicroTrace {
     /// once backward's seed exists: what FSDP's root sees at its pre-backward.
     pub loss_fwd_peak: i64,
     pub loss_seeded: i64,
+    /// Peak of the loss's backward alone (from the seed on), and of the whole loss window.
+    pub loss_bwd_peak: i64,
     pub loss_peak: i64,
+    /// Autocast's casts were held over the forward and freed between the loss's forward and
+    /// its backward ([`crate::exec::Session::hold_casts`]): the two are separate moments.
+    pub casts_held: bool,
     pub loss_after: i64,
     /// Level when the last block's backward is done, with the loss and the seed alive: what
     /// FSDP's end-of-backward callback sees.

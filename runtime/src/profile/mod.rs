@@ -16,6 +16,7 @@
 use std::time::Instant;
 
 use ckptune_kernels::meter;
+use ckptune_solver::model;
 pub use ckptune_solver::profile::{
     BlockProfile, ConfigProfile, Contention, FixedBytes, GroupProfile, RegimeProfile, ReservedPeaks, Stats,
 };
@@ -59,6 +60,22 @@ impl Default for ProfileSettings {
 /// Profiles `session`'s config. The session's model must be fresh or in the same regime
 /// (profiling trains it for a few steps; its weights change).
 pub fn profile(session: &mut Session, settings: &ProfileSettings) -> Result<ConfigProfile> {
+    // A loop that keeps autocast's cache on holds each block's casts until the loss; measured
+    // with the cache released block by block, each block's casts are a term of their own
+    // (`cache_grad`, `cache_nograd`) the memory model adds back.
+    let held = std::mem::replace(&mut session.hold_casts, false);
+    let profiled = profile_released(session, settings);
+    session.hold_casts = held;
+    let mut p = profiled?;
+    if p.config.autocast_cache {
+        let units = session.chain.units();
+        p.peak_none = model::peak_at(&p, &vec![false; units]).0;
+        p.peak_all = model::peak_at(&p, &StepKinds::of(&session.chain).all).0;
+    }
+    Ok(p)
+}
+
+fn profile_released(session: &mut Session, settings: &ProfileSettings) -> Result<ConfigProfile> {
     meter::install()?;
     let t0 = Instant::now();
     let plan = StepKinds::of(&session.chain);

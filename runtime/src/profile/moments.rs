@@ -13,7 +13,12 @@ pub fn measured_moments(trace: &StepTrace, chain: &ckptune_models::Chain, regime
         for (b, cb) in m.blocks.iter().zip(&chain.blocks) {
             out.push((format!("{label}: forward {}", cb.name), b.fwd_peak));
         }
-        out.push((format!("{label}: loss"), m.loss_peak));
+        if m.casts_held {
+            out.push((format!("{label}: loss"), m.loss_fwd_peak));
+            out.push((format!("{label}: loss backward"), m.loss_bwd_peak));
+        } else {
+            out.push((format!("{label}: loss"), m.loss_peak));
+        }
         for (j, (b, cb)) in m.blocks.iter().zip(&chain.blocks).enumerate().rev() {
             if b.fused {
                 // A fused group has one backward, recorded on its last block.

@@ -66,6 +66,12 @@ pub(super) fn regime(
             } else {
                 ta.out_released
             }),
+            cache_grad: Some(ta.fwd_open - ta.fwd_after),
+            cache_nograd: Some(if tb.checkpointed {
+                tb.fwd_open - tb.fwd_after
+            } else {
+                ta.fwd_open - ta.fwd_after
+            }),
         });
     }
     let groups = match cd {
@@ -107,6 +113,7 @@ pub(super) fn regime(
         loss_transient: a.loss_peak - a.loss_before,
         loss_forward_transient: Some(a.loss_fwd_peak - a.loss_before),
         loss_kept: Some(a.loss_seeded - a.loss_before),
+        loss_backward_transient: Some(a.loss_bwd_peak - a.loss_before),
         after_backward: Some(a.bwd_end - f),
         blocks,
         groups,

@@ -33,6 +33,10 @@ pub fn memory_terms(p: &ConfigProfile) -> Vec<(String, Term, i64)> {
                 .map(|v| (format!("{l}: loss_forward_transient"), Transient, v)),
         );
         out.extend(r.loss_kept.map(|v| (format!("{l}: loss_kept"), Kept, v)));
+        out.extend(
+            r.loss_backward_transient
+                .map(|v| (format!("{l}: loss_backward_transient"), Transient, v)),
+        );
         out.extend(r.after_backward.map(|v| (format!("{l}: after_backward"), Kept, v)));
         for b in &r.blocks {
             for (term, kind, v) in [
@@ -48,6 +52,9 @@ pub fn memory_terms(p: &ConfigProfile) -> Vec<(String, Term, i64)> {
                 ("grad_in_bytes", Kept, b.grad_in_bytes),
             ] {
                 out.push((format!("{l}: {}.{term}", b.name), kind, v));
+            }
+            for (term, v) in [("cache_grad", b.cache_grad), ("cache_nograd", b.cache_nograd)] {
+                out.extend(v.map(|v| (format!("{l}: {}.{term}", b.name), Kept, v)));
             }
         }
         for g in &r.groups {

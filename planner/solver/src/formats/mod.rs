@@ -33,7 +33,7 @@ pub use plan::{
     AllocConfPeaksJson, AlternativeJson, BudgetShareJson, CheckpointJson, CorrectionJson, CudaMemoryJson,
     CudaRoundJson, PlanFailureJson, PlanJson, PredictedJson, RankPredictionJson, ShapeJson, ShardJson, SolverJson,
 };
-pub use profile::{BlockJson, DeviceJson, GroupJson, ModelJson, ModelListing, ProfileJson};
+pub use profile::{backbone_of, BlockJson, DeviceJson, GroupJson, ModelJson, ModelListing, ProfileJson};
 pub use python::python_literal;
 pub use pytorch::{
     FsdpParamJson, FsdpRankJson, FsdpRunJson, PytorchRunJson, RankVerifyJson, VerifyPytorchJson, VerifyShardJson,

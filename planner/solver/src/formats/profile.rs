@@ -20,6 +20,18 @@ pub struct GroupJson {
 }
 
 impl ModelJson {
+    /// The submodule of the usual task model whose module tree the names are from: `bert` for
+    /// BERT (`BertForSequenceClassification.bert`), `transformer` for GPT-2
+    /// (`GPT2LMHeadModel.transformer`), `""` where the names are the task model's own (Llama's
+    /// `model.layers.N`, a torchvision ResNet, an exported module). The recorded prefix, else
+    /// the families' rule for documents written before ckptune recorded it.
+    pub fn backbone(&self) -> &str {
+        match &self.prefix {
+            Some(p) => p.trim_end_matches('.'),
+            None => backbone_of(&self.modules),
+        }
+    }
+
     /// Names of the checkpoint units: blocks, then groups.
     pub fn unit_names(&self) -> impl Iterator<Item = &str> {
         self.blocks
@@ -52,6 +64,24 @@ pub struct ModelJson {
     /// for other models and in documents written before ckptune had a choice (eager).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention: Option<String>,
+    /// The prefix the names have in the usual task model (`bert.`, `transformer.`, or `""`):
+    /// what `ckptune.apply` looks under when given the whole task model ([`ModelJson::backbone`]).
+    /// Absent in documents written before ckptune recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+}
+
+/// The families as ckptune loads them: their backbone's names without the task model's prefix
+/// (BERT, GPT-2), or with the model's own (Llama's `model.`).
+pub fn backbone_of(modules: &[String]) -> &'static str {
+    let has = |name: &str| modules.iter().any(|m| m == name);
+    if has("embeddings") && has("encoder.layer.0") {
+        "bert"
+    } else if has("wte") && has("h.0") {
+        "transformer"
+    } else {
+        ""
+    }
 }
 
 /// `ModelJson.parameters` as `{"name", "shape", "element_bytes"}` objects; the shard model's

@@ -8,7 +8,7 @@ use ckptune_solver::formats::PlanJson;
 pub(super) struct Facts {
     /// The submodule of the usual task model (`BertForSequenceClassification`,
     /// `GPT2LMHeadModel`, `LlamaForCausalLM`, a torchvision ResNet) whose names the plan uses.
-    pub(super) backbone: &'static str,
+    pub(super) backbone: String,
     /// What that task model is, for the comment.
     pub(super) task_model: &'static str,
     /// The repeated layers (`encoder.layer.N`, `h.N`, `model.layers.N`): Hugging Face's
@@ -34,25 +34,25 @@ impl Facts {
         // model's prefix (BERT, GPT-2) or with the model's own (Llama's `model.`).
         if has("embeddings") && has("encoder.layer.0") {
             Facts {
-                backbone: "bert",
+                backbone: plan.model.backbone().to_owned(),
                 task_model: "a Hugging Face BertForSequenceClassification",
                 layers: numbered("encoder.layer."),
             }
         } else if has("wte") && has("h.0") {
             Facts {
-                backbone: "transformer",
+                backbone: plan.model.backbone().to_owned(),
                 task_model: "a Hugging Face GPT2LMHeadModel",
                 layers: numbered("h."),
             }
         } else if has("model.embed_tokens") && has("model.layers.0") {
             Facts {
-                backbone: "",
+                backbone: plan.model.backbone().to_owned(),
                 task_model: "a Hugging Face LlamaForCausalLM (Mistral, Qwen2)",
                 layers: numbered("model.layers."),
             }
         } else {
             Facts {
-                backbone: "",
+                backbone: plan.model.backbone().to_owned(),
                 task_model: "the model ckptune planned (a torchvision ResNet, your exported module)",
                 layers: Vec::new(),
             }

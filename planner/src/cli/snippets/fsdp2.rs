@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use ckptune_solver::formats::{PlanJson, ShardJson};
 
 use super::facts::Facts;
-use super::header::{backbone_comment, header, loss_note};
+use super::header::{header, loss_note, root_comment};
 use super::literals::{plan_literal, py_bool, py_str};
 use super::python::training_loop;
 use super::template::Template;
@@ -38,8 +38,7 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
         .set("header", header(plan, "Plain PyTorch FSDP2 training") + &loss_note(plan, Some("this snippet computes it as `loss_fn` does, and ckptune has not measured the chunked loss under FSDP2")))
         .set("ranks", shard.ranks.to_string())
         .set("plan", plan_literal(plan))
-        .set("backbone_comment", backbone_comment(f))
-        .set("backbone", py_str(f.backbone))
+        .set("root_comment", root_comment(f))
         .set("init_process_group", Template::new(init).fill_part())
         .set("units_doc", units_doc(shard))
         .set("fully_shard_units", fully_shard_units(shard))

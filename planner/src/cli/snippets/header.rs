@@ -178,19 +178,23 @@ pub(super) fn one_process_note(plan: &PlanJson) -> &'static str {
     }
 }
 
-pub(super) fn backbone_comment(f: &Facts) -> String {
+/// What `ckptune.apply` does with the user's whole model: the plan records the backbone its
+/// names are relative to, and apply looks there.
+pub(super) fn root_comment(f: &Facts) -> String {
     if f.backbone.is_empty() {
         format!(
-            "# The module whose names the plan uses: {}, whole (\"\" is the model itself).\n",
+            "# The plan's module names are those of {}.\n\
+             # ckptune.apply refuses, naming the closest modules, a model whose names differ.\n",
             f.task_model
         )
     } else {
         let layer = f.layers.first().map(String::as_str).unwrap_or("…");
         format!(
-            "# The submodule whose names the plan uses. ckptune plans the backbone, so for\n\
-             # {}, the plan's `{layer}` is `{}.{layer}`;\n\
-             # use \"\" if your model is the backbone itself.\n",
-            f.task_model, f.backbone
+            "# ckptune plans the backbone: the plan's `{layer}` is `{}.{layer}` of\n\
+             # {}. The plan records that, so ckptune.apply takes\n\
+             # the whole model (or the backbone, or a module holding either) and refuses, naming the\n\
+             # closest modules, a model whose names differ.\n",
+            f.backbone, f.task_model
         )
     }
 }

@@ -4,8 +4,8 @@
 use ckptune_solver::formats::PlanJson;
 
 use super::facts::Facts;
-use super::header::{backbone_comment, header, loss_note, one_process_note};
-use super::literals::{plan_literal, py_str};
+use super::header::{header, loss_note, one_process_note, root_comment};
+use super::literals::plan_literal;
 use super::template::Template;
 
 pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
@@ -42,8 +42,7 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
         .set("checkpointing_comment", checkpointing_comment(plan, f, native))
         .set("layer_import", layer_import)
         .set("plan", plan_literal(plan))
-        .set("backbone_comment", backbone_comment(f))
-        .set("backbone", py_str(f.backbone))
+        .set("root_comment", root_comment(f))
         .set("checkpoint_plan", Template::new(checkpoint_plan).fill_part())
         .set("micro_batch", plan.config.micro_batch.to_string())
         .set("grad_accum", plan.config.grad_accum.to_string())

@@ -4,7 +4,7 @@
 use ckptune_solver::formats::PlanJson;
 
 use super::facts::Facts;
-use super::header::{header, loss_note, one_process_note};
+use super::header::{header, loss_note, one_process_note, root_comment};
 use super::literals::{plan_literal, py_str};
 use super::template::Template;
 
@@ -15,17 +15,6 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
         "bf16-pure" => "bf16-true",
         _ => "32-true",
     };
-    let (prefix, whose) = if f.backbone.is_empty() {
-        (
-            "model".to_string(),
-            format!("{}, whose names ckptune planned", f.task_model),
-        )
-    } else {
-        (
-            format!("model.{}", f.backbone),
-            format!("{}, whose backbone `{}` ckptune planned", f.task_model, f.backbone),
-        )
-    };
     Template::new(include_str!("templates/lightning.py"))
         .set(
             "header",
@@ -34,8 +23,7 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
                 + &loss_note(plan, Some("this module computes it whole from the model's logits")),
         )
         .set("plan", plan_literal(plan))
-        .set("whose", whose)
-        .set("backbone", py_str(&prefix))
+        .set("root_comment", root_comment(f))
         .set("micro_batch", plan.config.micro_batch.to_string())
         .set("grad_accum", plan.config.grad_accum.to_string())
         .set("precision", py_str(precision))

@@ -13,8 +13,9 @@ pub(super) fn py_str(s: &str) -> String {
     py(&s)
 }
 
-/// `PLAN = {...}`: the fields the companion reads (format, checkpoint, config), as the plan has
-/// them; the config as serialized, so fields added to it (`optimizer_impl`) travel unchanged.
+/// `PLAN = {...}`: the fields the companion reads (format, the model's backbone prefix,
+/// checkpoint, config), as the plan has them; the config as serialized, so fields added to it
+/// (`optimizer_impl`) travel unchanged.
 pub(super) fn plan_literal(plan: &PlanJson) -> String {
     // Regex first, as the plan file has it (a JSON map here would sort the keys).
     let checkpoint = format!(
@@ -22,9 +23,14 @@ pub(super) fn plan_literal(plan: &PlanJson) -> String {
         py_str(&plan.checkpoint.regex),
         py(&plan.checkpoint.modules)
     );
+    let prefix = match plan.model.backbone() {
+        "" => String::new(),
+        b => format!("{b}."),
+    };
     format!(
-        "PLAN = {{\n    \"format\": {},\n    \"checkpoint\": {},\n    \"config\": {},\n}}\n",
+        "PLAN = {{\n    \"format\": {},\n    \"model\": {{\"prefix\": {}}},\n    \"checkpoint\": {},\n    \"config\": {},\n}}\n",
         py_str(formats::PLAN_FORMAT),
+        py_str(&prefix),
         checkpoint,
         py(&plan.config)
     )

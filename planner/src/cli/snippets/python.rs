@@ -3,8 +3,8 @@
 use ckptune_solver::formats::PlanJson;
 
 use super::facts::Facts;
-use super::header::{backbone_comment, header, loss_note, one_process_note};
-use super::literals::{plan_literal, py_str};
+use super::header::{header, loss_note, one_process_note, root_comment};
+use super::literals::plan_literal;
 use super::template::Template;
 
 pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
@@ -15,8 +15,7 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
         )
         .set("loss_helper", loss_helper(plan))
         .set("plan", plan_literal(plan))
-        .set("backbone_comment", backbone_comment(f))
-        .set("backbone", py_str(f.backbone))
+        .set("root_comment", root_comment(f))
         .set("micro_batch", plan.config.micro_batch.to_string())
         .set("training_loop", training_loop("device", "loss_fn(model, batch)"))
         .fill()

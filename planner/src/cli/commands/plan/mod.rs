@@ -23,7 +23,7 @@ use flags::{budget_share, read_profile, reserve_bytes, shard_request};
 use print::{eight_bit_note, print_plan};
 use solve::{fastest_per_config, plan_from_profile, PlanFailure, ShardRequest};
 
-use crate::cli::args::PlanArgs;
+use crate::cli::args::{EmitKind, PlanArgs};
 use crate::cli::error::UsageError;
 use crate::cli::measure::{check_fits_here, measure_profile, measure_profile_for_plan};
 use crate::cli::output::{outln, print_json};
@@ -31,7 +31,12 @@ use crate::cli::plan_run::{print_verify, verify_plan};
 use crate::cli::setup::{parse_target, Setup};
 use crate::cli::timing::profile_notes;
 
-pub fn plan_cmd(a: PlanArgs) -> Result<ExitCode> {
+pub fn plan_cmd(mut a: PlanArgs) -> Result<ExitCode> {
+    // The Hugging Face Trainer enters autocast itself with its cache on: its plan counts the
+    // casts (Lightning's turns it off).
+    if a.emit == Some(EmitKind::Hf) {
+        a.model.autocast_cache = true;
+    }
     let requested = parse_budget(&a.budget).context("--budget")?;
     check_alloc_trace_flag(&a)?;
     let mut setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;

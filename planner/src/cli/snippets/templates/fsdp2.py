@@ -10,8 +10,7 @@ from torch.distributed.fsdp import fully_shard
 
 import ckptune
 
-${plan}${backbone_comment}BACKBONE = ${backbone}
-RANKS = ${ranks}
+${plan}${root_comment}RANKS = ${ranks}
 
 
 class LossRoot(torch.nn.Module):
@@ -43,7 +42,7 @@ def shard(model, loss_fn, device):
     default, keeps them unsharded from its forward to its backward.
     ${units_doc}
     Returns the root, whose forward is the loss, and the names ckptune.apply wrapped."""
-    backbone = model.get_submodule(BACKBONE)
+    backbone = ckptune.plan_root(model, PLAN)
     wrapped = ckptune.apply(backbone, PLAN)
     cfg = ckptune.training_config(PLAN)
     model.to(device=device, dtype=cfg.param_dtype)

@@ -4,8 +4,7 @@ from transformers import Trainer, TrainingArguments
 ${layer_import}
 import ckptune
 
-${plan}${backbone_comment}BACKBONE = ${backbone}
-
+${plan}${root_comment}
 
 ${checkpoint_plan}
 

@@ -1,3 +1,3 @@
 def checkpoint_plan(model):
     """ckptune.apply on the plan's modules; returns their names."""
-    return ckptune.apply(model.get_submodule(BACKBONE), PLAN)
+    return ckptune.apply(model, PLAN)

@@ -7,22 +7,18 @@ import lightning.pytorch as L
 
 import ckptune
 
-${plan}# The plan's modules from your LightningModule. This assumes it keeps the network as
-# `self.model`: ${whose}.
-# If yours differs, ckptune.apply's refusal names the path to use.
-BACKBONE = ${backbone}
-
+${plan}${root_comment}
 
 class CkptunePlan(L.Callback):
-    """Checkpoints the plan's modules of the LightningModule's `backbone` submodule when fitting starts."""
+    """Checkpoints the plan's modules of the LightningModule when fitting starts (ckptune.apply finds
+    the backbone the plan names wherever the module keeps it, e.g. `self.model.bert`)."""
 
-    def __init__(self, backbone=BACKBONE):
-        self.backbone = backbone
+    def __init__(self):
         self.wrapped = None
 
     def setup(self, trainer, pl_module, stage):
         if stage == "fit" and self.wrapped is None:
-            self.wrapped = ckptune.apply(pl_module.get_submodule(self.backbone), PLAN)
+            self.wrapped = ckptune.apply(pl_module, PLAN)
 
 
 class CkptuneOptimization:
