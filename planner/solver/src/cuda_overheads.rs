@@ -16,6 +16,14 @@ pub struct CudaOverheads {
     pub workspace_bytes: u64,
 }
 
+impl CudaOverheads {
+    /// What the card holds beside a step's tensors before planning starts: the context and
+    /// the step's cuBLAS workspaces.
+    pub fn fixed_bytes(&self) -> i64 {
+        (self.context_bytes + self.workspace_bytes * WORKSPACES_PER_STEP as u64) as i64
+    }
+}
+
 /// `parseChosenWorkspaceSize`'s default (aten/src/ATen/cuda/CublasHandlePool.cpp): 32 MiB on
 /// compute capability 9, 10 and 12, else `:4096:2:16:8` (two 4 MiB and eight 16 KiB chunks).
 pub const fn cublas_workspace_bytes(sm_major: u32) -> u64 {

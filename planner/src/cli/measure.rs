@@ -17,10 +17,10 @@ use ckptune_solver::rates::DeviceRates;
 use super::args::Measure;
 use super::error::{is_bad_input_error, message, UsageError};
 use super::setup::{fnv1a, model_json, Setup};
-
-mod contenders;
 use ckptune_models::ModelError;
 use ckptune_runtime::RuntimeError;
+
+mod contenders;
 pub use contenders::Rank;
 
 /// How a config's profile is measured.
@@ -113,17 +113,28 @@ fn measure(setup: &Setup, rank: Option<Rank<'_>>) -> Result<ProfileJson> {
                 How::Estimated => Some(rates(setup)?),
                 _ => None,
             };
-            let mut model = None;
-            let mut configs = Vec::new();
-            for (cfg, unlearned) in setup.configs.iter().zip(unlearned) {
-                let (mj, p) = cached_or_measured(setup, cfg, how, unlearned, rates.as_ref())?;
-                model.get_or_insert(mj);
-                configs.push(p);
-            }
-            (model.context("no config was profiled")?, configs)
+            each_config(setup, how, unlearned, rates.as_ref())?
         }
     };
     Ok(profile_json(setup, how, model, configs))
+}
+
+/// Every config of `setup` measured `how` (cached or measured now, from its meta profile
+/// `unlearned` where `decide` measured one), and the model they share.
+fn each_config(
+    setup: &Setup,
+    how: How,
+    unlearned: Vec<Option<ConfigProfile>>,
+    rates: Option<&DeviceRates>,
+) -> Result<(ModelJson, Vec<ConfigProfile>)> {
+    let mut model = None;
+    let mut configs = Vec::with_capacity(setup.configs.len());
+    for (cfg, unlearned) in setup.configs.iter().zip(unlearned) {
+        let (mj, p) = cached_or_measured(setup, cfg, how, unlearned, rates)?;
+        model.get_or_insert(mj);
+        configs.push(p);
+    }
+    Ok((model.context("no config was profiled")?, configs))
 }
 
 /// `plan`'s `--measure auto` with several configs: memory from the meta device (`unlearned`, per
@@ -135,15 +146,7 @@ fn timed_where_they_can_win(
     unlearned: Vec<Option<ConfigProfile>>,
     rank: Rank<'_>,
 ) -> Result<(ModelJson, Vec<ConfigProfile>)> {
-    let rates = rates(setup)?;
-    let mut model = None;
-    let mut configs = Vec::with_capacity(setup.configs.len());
-    for (cfg, unlearned) in setup.configs.iter().zip(&unlearned) {
-        let (mj, p) = cached_or_measured(setup, cfg, How::Estimated, unlearned.clone(), Some(&rates))?;
-        model.get_or_insert(mj);
-        configs.push(p);
-    }
-    let model = model.context("no config was profiled")?;
+    let (model, configs) = each_config(setup, How::Estimated, unlearned.clone(), Some(&rates(setup)?))?;
     let configs = std::cell::RefCell::new(configs);
     let (ranks, timed) = contenders::time_until_none_can_win(
         setup.configs.len(),

@@ -53,7 +53,7 @@ pub(super) fn plan_within_reserved(
 ) -> Result<(PlanJson, CudaMemoryJson)> {
     let context = ov.context_bytes as i64;
     let workspaces = vec![ov.workspace_bytes; WORKSPACES_PER_STEP];
-    let fixed = context + workspaces.iter().sum::<u64>() as i64;
+    let fixed = ov.fixed_bytes();
     if fixed >= budget {
         return Err(UsageError(format!(
             "--budget {} does not hold the CUDA context and cuBLAS workspaces of {} (docs/cuda-allocator.md)",
@@ -63,7 +63,7 @@ pub(super) fn plan_within_reserved(
         .into());
     }
     // cuBLAS's workspaces are tensors on the card beside the step's: the solve leaves room.
-    let mut planning = budget - context - workspaces.iter().sum::<u64>() as i64;
+    let mut planning = budget - fixed;
     let mut rounds = Vec::new();
     for _ in 0..MAX_ROUNDS {
         let plan = solve_or_smallest(profile, planning, shape, !rounds.is_empty())?;

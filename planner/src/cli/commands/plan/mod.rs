@@ -208,8 +208,7 @@ fn usable_bytes(a: &PlanArgs, requested: &Budget, profile: &ProfileJson, target:
     let target = target.unwrap_or(measured_on);
     // A simulated CUDA plan's tensors share the budget with the context and cuBLAS's workspaces.
     if let Some(ov) = simulated_gpu(a, target, measured_on, false)? {
-        let workspaces = ov.workspace_bytes as i64 * ckptune_solver::cuda_overheads::WORKSPACES_PER_STEP as i64;
-        return Ok(budget - ov.context_bytes as i64 - workspaces);
+        return Ok(budget - ov.fixed_bytes());
     }
     let times = times_label(profile, measured_on);
     Ok(budget - reserve_bytes(a, budget, target, measured_on, &times, profile, &mut Vec::new())?)
