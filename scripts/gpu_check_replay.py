@@ -238,7 +238,7 @@ def simulate(ckptune, trace_path, alloc_conf, capacity, out_path):
 def compare(work, trace_dir, ckptune):
     """Simulates what was measured (each config, each trace, with the measured device's total
     memory as capacity) and compares; the result document."""
-    results, devices, configs = [], [], []
+    results, devices, configs, failed = [], [], [], []
     for k in range(len(alloc_traces.CONFIGS)):
         path = os.path.join(work, f"measured-{k}.json")
         if not os.path.exists(path):
@@ -246,6 +246,9 @@ def compare(work, trace_dir, ckptune):
         with open(path) as f:
             measured = json.load(f)
         configs.append(measured["alloc_conf"])
+        if "error" in measured:
+            failed.append({"alloc_conf": measured["alloc_conf"], "error": measured["error"]})
+            continue
         devices.append(measured["device"])
         sim_dir = os.path.join(work, f"simulated-{k}")
         os.makedirs(sim_dir, exist_ok=True)
@@ -259,6 +262,7 @@ def compare(work, trace_dir, ckptune):
         "device": devices[0] if devices else None,
         "fake_backend": any(d["name"].startswith("fake") for d in devices),
         "configs": configs,
+        "failed_configs": failed,
         "results": results,
         "summary": summary(results),
     }
@@ -335,31 +339,55 @@ def run(args):
     work = os.path.join(args.out, "work")
     os.makedirs(work, exist_ok=True)
     trace_dir = args.traces or os.path.join(work, "traces")
-    if not args.traces:
-        alloc_traces.write_all(trace_dir)
     models = args.models
     ckptune = None
-    if args.phase == "all" and models:
-        # Planned here from the meta device first, so their traces are replayed with the others.
-        ckptune = find_ckptune(args.ckptune)
-        model_doc = gpu_check_models.run_models(ckptune, models, work, None if args.traces else trace_dir,
-                                                on_gpu=args.backend == "torch")
-        write_atomic(os.path.join(args.out, "models.json"), json.dumps(model_doc, indent=1) + "\n")
-        write_atomic(os.path.join(args.out, "models.md"), gpu_check_models.markdown(model_doc))
+    if args.phase in ("all", "prepare"):
+        if not args.traces:
+            alloc_traces.write_all(trace_dir)
+        if models:
+            # Planned here from the meta device first, so their traces are replayed with the others.
+            ckptune = find_ckptune(args.ckptune)
+            if args.phase == "prepare":
+                gpu_check_models.prepare(ckptune, models, work, None if args.traces else trace_dir)
+            else:
+                model_doc = gpu_check_models.run_models(ckptune, models, work, None if args.traces else trace_dir,
+                                                        on_gpu=args.backend == "torch")
+                write_atomic(os.path.join(args.out, "models.json"), json.dumps(model_doc, indent=1) + "\n")
+                write_atomic(os.path.join(args.out, "models.md"), gpu_check_models.markdown(model_doc))
     if args.phase in ("all", "measure"):
-        for k, conf in enumerate(alloc_traces.CONFIGS):
-            out = os.path.join(work, f"measured-{k}.json")
-            env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=conf)
-            cmd = [sys.executable, os.path.abspath(__file__), "measure", "--traces", trace_dir, "--conf", conf,
-                   "--backend", args.backend, "--out", out]
-            print(f"gpu_check: measuring PYTORCH_CUDA_ALLOC_CONF={conf!r}", file=sys.stderr)
-            subprocess.run(cmd, env=env, check=True, timeout=MEASURE_TIMEOUT_S)
+        measure_all(work, trace_dir, args.backend)
+        if models and args.backend == "torch" and os.path.exists(os.path.join(work, "models", "index.json")):
+            gpu_check_models.measure_steps(work)
     if args.phase in ("all", "compare"):
         doc = compare(work, trace_dir, ckptune or find_ckptune(args.ckptune))
         write_atomic(os.path.join(args.out, "replay.json"), json.dumps(doc, indent=1) + "\n")
         write_atomic(os.path.join(args.out, "replay.md"), markdown(doc))
         s = doc["summary"]
         print(f"gpu_check: {s['exact']} of {s['pairs']} pairs exact; wrote {args.out}/replay.json and replay.md")
+        if os.path.exists(os.path.join(work, "steps", "context.json")):
+            steps = gpu_check_models.compare_steps(ckptune or find_ckptune(args.ckptune), work)
+            write_atomic(os.path.join(args.out, "steps.json"), json.dumps(steps, indent=1) + "\n")
+            write_atomic(os.path.join(args.out, "steps.md"), gpu_check_models.steps_markdown(steps))
+            print(f"gpu_check: {len(steps['runs'])} real steps compared; wrote {args.out}/steps.json and steps.md")
+
+
+def measure_all(work, trace_dir, backend):
+    """Every trace under every configuration, a fresh process each. A configuration this
+    PyTorch refuses (or a process that fails) is recorded in its measured file, not raised."""
+    for k, conf in enumerate(alloc_traces.CONFIGS):
+        out = os.path.join(work, f"measured-{k}.json")
+        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=conf)
+        cmd = [sys.executable, os.path.abspath(__file__), "measure", "--traces", trace_dir, "--conf", conf,
+               "--backend", backend, "--out", out]
+        print(f"gpu_check: measuring PYTORCH_CUDA_ALLOC_CONF={conf!r}", file=sys.stderr)
+        try:
+            proc = subprocess.run(cmd, env=env, timeout=MEASURE_TIMEOUT_S, capture_output=True, text=True)
+            error = None if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"
+        except subprocess.TimeoutExpired:
+            error = f"timed out after {MEASURE_TIMEOUT_S} s"
+        if error:
+            print(f"gpu_check: {conf!r} failed: {error}", file=sys.stderr)
+            write_atomic(out, json.dumps({"format": MEASURED_FORMAT, "alloc_conf": conf, "error": error}) + "\n")
 
 
 def measure_cmd(args):
@@ -377,7 +405,9 @@ def parse_args(argv):
     r = sub.add_parser("run", prog="scripts/gpu_check", help="measure on the GPU and/or compare with the simulation")
     r.add_argument("--out", default=os.path.join(ROOT, "results", "gpu"), help="results folder (default results/gpu)")
     r.add_argument("--traces", help="a folder of ckptune.alloc-trace/1 files (default: the synthetic ones)")
-    r.add_argument("--phase", choices=["all", "measure", "compare"], default="all")
+    r.add_argument("--phase", choices=["all", "prepare", "measure", "compare"], default="all",
+                   help="prepare: traces and plans here (needs ckptune); measure: on the GPU (needs only torch); "
+                        "compare: here again (needs ckptune); all: the three in order")
     r.add_argument("--backend", choices=sorted(BACKENDS), default="torch",
                    help="torch: the GPU; fake: a stand-in to test the pipeline without one")
     r.add_argument("--ckptune", help="the ckptune binary (default $CKPTUNE_BIN, else target/release/ckptune)")

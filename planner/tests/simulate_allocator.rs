@@ -227,3 +227,43 @@ fn gpu_check_pipeline_runs_without_a_gpu() {
         .unwrap()
         .contains("FAKE BACKEND"));
 }
+
+/// Allocator histories recorded on an H200 (torch 2.11) while PyTorch trained ResNet-50 and
+/// BERT-base (results/gpu/steps.md): every allocation and free of the run, in order, with the
+/// reserved bytes the GPU's allocator held after each. The simulation must hold the same
+/// reserved bytes after every event, under the setting the run used.
+#[test]
+fn real_gpu_histories_replay_to_the_byte() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpu");
+    for name in [
+        "resnet50.none.default",
+        "resnet50.checkpointed.expandable-segments-True",
+        "bert-base.none.expandable-segments-True",
+    ] {
+        let path = dir.join(format!("{name}.trace.json"));
+        let trace = read(&path);
+        let gpu: Vec<u64> = trace["gpu_reserved_after"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let doc = json_stdout(&[
+            "simulate-allocator",
+            path.to_str().unwrap(),
+            "--capacity",
+            "150109880320",
+            "--every-event",
+            "--json",
+        ]);
+        let rows = doc["every_event"]["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), gpu.len(), "{name}");
+        for (i, (row, expected)) in rows.iter().zip(&gpu).enumerate() {
+            assert_eq!(
+                row[1].as_u64().unwrap(),
+                *expected,
+                "{name}: reserved bytes after event {i}"
+            );
+        }
+    }
+}

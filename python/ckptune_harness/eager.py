@@ -31,6 +31,7 @@ from ckptune import apply, load_plan, training_config
 
 from . import meter as meter_mod
 from . import reference
+from .cuda_meter import CudaMeter
 from .output import optimizer_settings, write_output
 
 FORMAT = "ckptune.pytorch-run/1"
@@ -42,18 +43,21 @@ class _Training(NamedTuple):
     model: nn.Module
     backbone: nn.Module
     wrapped: List[str]
+    device: torch.device
     make_batch: Callable[[], Any]
     loss_of: Callable[[Any], torch.Tensor]
     opt: torch.optim.Optimizer
 
 
 def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warmup=2, threads=2, lr=1e-3,
-        root=None, log=None, autocast_cache=None):
+        root=None, log=None, autocast_cache=None, device="cpu"):
     """Trains the reference of `model_name` with `plan` (a path or dict: its checkpoint and
     config) applied, and measures every step. Returns the run as a dict (format `FORMAT`).
     `attention` is a transformer's `attn_implementation` (None: "sdpa", ckptune's default).
     `autocast_cache` is autocast's `cache_enabled` (False: bf16 weight casts are not kept until
     the autocast region ends); None follows the plan's config, the loop its peak was planned for.
+    `device` "cpu" counts every tensor byte with ckptune's meter; a CUDA device reads PyTorch's
+    caching-allocator statistics instead, and each step reports its reserved peak too.
 
     Raises ValueError for a plan this cannot follow (its names differ from the reference's, a
     precision or optimizer torch cannot run on CPU, a model without a reference).
@@ -64,16 +68,22 @@ def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warm
     cfg = training_config(doc)
     if autocast_cache is None:
         autocast_cache = cfg.autocast_cache
-    if cfg.grad_scaler:
+    device = torch.device(device)
+    if cfg.grad_scaler and device.type == "cpu":
         raise ValueError(f"precision {cfg.precision!r} runs on CUDA only; this run measures the CPU")
+    if cfg.grad_scaler:
+        raise ValueError(f"precision {cfg.precision!r} needs a GradScaler, which this run does not drive yet")
     ref = reference.load(root)
     if model_name not in ref.NAMES:
         raise ValueError(f"model {model_name!r} has no plain-torch reference (models/fixtures/reference.py "
                          f"has {', '.join(ref.NAMES)}); the PyTorch run covers built-in models only")
 
     torch.set_num_threads(threads)
-    meter = meter_mod.Meter(meter_mod.build())  # installed before anything is allocated
-    t = _build(ref, model_name, doc, cfg, image, seq, attention, lr)
+    if device.type == "cpu":
+        meter = meter_mod.Meter(meter_mod.build())  # installed before anything is allocated
+    else:
+        meter = CudaMeter(device)
+    t = _build(ref, model_name, doc, cfg, image, seq, attention, lr, device)
     records = []
     for i in range(steps):
         records.append(_step(i + 1, t, cfg, meter, autocast_cache))
@@ -86,19 +96,26 @@ def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warm
     return out
 
 
-def _build(ref, model_name, doc, cfg, image, seq, attention, lr):
-    """The reference with the plan applied, in the plan's dtype, its batches and its optimizer."""
+def _build(ref, model_name, doc, cfg, image, seq, attention, lr, device):
+    """The reference with the plan applied, in the plan's dtype and on `device`, its batches
+    (drawn on the CPU, as ckptune draws them, then moved) and its optimizer."""
     torch.manual_seed(0)
-    model, prefix = ref.build(model_name, attention)
+    # On a GPU the model is built there (its initialization is the GPU's too): a 1B model's
+    # initialization on the CPU would take longer than its steps.
+    with torch.device(device):
+        model, prefix = ref.build(model_name, attention)
     backbone = model.get_submodule(prefix[:-1]) if prefix else model
     wrapped = apply(backbone, doc)  # checks the plan's names against the reference first
-    model.to(cfg.param_dtype).train()
+    model.to(device=device, dtype=cfg.param_dtype).train()
 
     gen = torch.Generator().manual_seed(1234)  # the batch's own generator: dropout is untouched
-    make_batch, loss_of = reference.batches(ref, model, backbone, cfg.micro_batch, image, seq, gen,
-                                            cfg.loss_chunks)
+    draw, loss_of = reference.batches(ref, model, backbone, cfg.micro_batch, image, seq, gen, cfg.loss_chunks)
+
+    def make_batch():
+        return tuple(x.to(device) if torch.is_tensor(x) else x for x in draw())
+
     opt = cfg.optimizer_class(model.parameters(), lr=lr, **cfg.optimizer_kwargs)
-    return _Training(model, backbone, wrapped, make_batch, loss_of, opt)
+    return _Training(model, backbone, wrapped, device, make_batch, loss_of, opt)
 
 
 def _step(number, t, cfg, meter, autocast_cache):
@@ -113,7 +130,7 @@ def _step(number, t, cfg, meter, autocast_cache):
         batch = t.make_batch()
         if pure and batch[0].is_floating_point():
             batch = (batch[0].to(cfg.param_dtype),) + batch[1:]
-        with torch.autocast("cpu", dtype=cfg.autocast_dtype or torch.bfloat16,
+        with torch.autocast(t.device.type, dtype=cfg.autocast_dtype or torch.bfloat16,
                             enabled=cfg.autocast_dtype is not None, cache_enabled=autocast_cache):
             loss = t.loss_of(batch)
         loss.backward()
@@ -123,9 +140,13 @@ def _step(number, t, cfg, meter, autocast_cache):
     t.opt.step()
     t.opt.zero_grad(set_to_none=cfg.set_to_none)
     del loss, batch
+    peak = meter.peak()  # on CUDA this waits for the step's kernels
     seconds = time.perf_counter() - t0
-    return {"step": number, "loss": loss_sum / cfg.grad_accum, "seconds": seconds,
-            "peak_bytes": meter.peak(), "start_bytes": start, "end_bytes": meter.current()}
+    record = {"step": number, "loss": loss_sum / cfg.grad_accum, "seconds": seconds,
+              "peak_bytes": peak, "start_bytes": start, "end_bytes": meter.current()}
+    if hasattr(meter, "reserved_peak"):
+        record["reserved_peak_bytes"] = meter.reserved_peak()
+    return record
 
 
 def _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_cache, meter):
@@ -140,6 +161,7 @@ def _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_
         "format": FORMAT,
         "model": model_name,
         "torch": torch.__version__,
+        "device": str(t.device),
         "threads": torch.get_num_threads(),
         "precision": cfg.precision,
         "autocast_cache": autocast_cache,
@@ -158,6 +180,8 @@ def _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_
         "steps": records,
         "median_seconds": median,
         "peak_bytes": max(s["peak_bytes"] for s in timed),
+        **({"reserved_peak_bytes": max(s["reserved_peak_bytes"] for s in timed)}
+           if "reserved_peak_bytes" in timed[0] else {}),
         "start_bytes": timed[0]["start_bytes"],
         "meter": os.path.basename(meter.path),
     }

@@ -28,6 +28,7 @@ def load(name):
 
 traces = load("alloc_traces")
 replay = load("gpu_check_replay")
+steps = load("gpu_check_steps")
 MIB = 1 << 20
 
 
@@ -149,6 +150,41 @@ class CompareTest(unittest.TestCase):
         self.assertIn("1 of 1 config × trace pairs agree", text)
         doc["fake_backend"] = False
         self.assertNotIn("FAKE", replay.markdown(doc))
+
+
+class HistoryTest(unittest.TestCase):
+    """The GPU allocator's history as a trace: worked out by hand."""
+
+    def test_history_becomes_a_trace_with_reserved_bytes(self):
+        seg, s1, s2 = 2 * MIB, 140001, 140002
+        entries = [
+            {"action": "segment_alloc", "addr": 0, "size": seg, "stream": s1},
+            {"action": "alloc", "addr": 0, "size": 1000, "stream": s1},
+            {"action": "alloc", "addr": 1024, "size": 10, "stream": s2},
+            {"action": "free_requested", "addr": 0, "size": 1000, "stream": s1},
+            {"action": "free_completed", "addr": 0, "size": 1000, "stream": s1},
+            {"action": "alloc", "addr": 0, "size": 100, "stream": s1},  # the address again: a new block
+            {"action": "free_completed", "addr": 0, "size": 100, "stream": s1},
+            {"action": "free_completed", "addr": 1024, "size": 10, "stream": s2},
+            {"action": "segment_free", "addr": 0, "size": seg, "stream": s1},
+            {"action": "free_completed", "addr": 99, "size": 1, "stream": s1},  # from before the history
+        ]
+        events, reserved_after, reserved_end, notes = steps.convert_history(entries)
+        self.assertEqual(events, [["a", 0, 1000, 0], ["a", 1, 10, 1], ["f", 0], ["a", 2, 100, 0], ["f", 2], ["f", 1]])
+        self.assertEqual(reserved_after, [seg] * 6)
+        self.assertEqual(reserved_end, 0)
+        self.assertEqual(notes, {"frees_of_unknown_blocks": 1})
+
+    def test_expandable_segments_map_and_unmap(self):
+        entries = [
+            {"action": "segment_map", "addr": 0, "size": 20 * MIB, "stream": 0},
+            {"action": "alloc", "addr": 0, "size": 5 * MIB, "stream": 0},
+            {"action": "segment_map", "addr": 20 * MIB, "size": 20 * MIB, "stream": 0},
+            {"action": "alloc", "addr": 5 * MIB, "size": 30 * MIB, "stream": 0},
+            {"action": "free_completed", "addr": 5 * MIB, "size": 30 * MIB, "stream": 0},
+        ]
+        _, reserved_after, _, _ = steps.convert_history(entries)
+        self.assertEqual(reserved_after, [20 * MIB, 40 * MIB, 40 * MIB])
 
 
 class ArgumentsTest(unittest.TestCase):

@@ -10,8 +10,11 @@ pub struct CudaOverheads {
     pub key: &'static str,
     /// Compute capability major version (what PyTorch sizes the cuBLAS workspace by).
     pub sm_major: u32,
-    /// The CUDA context with PyTorch's kernels loaded lazily: an estimate, not a measurement.
+    /// The CUDA context with PyTorch's kernels loaded lazily, and the kernels a training step
+    /// loads into it (cuBLAS's, cuDNN's).
     pub context_bytes: u64,
+    /// Where `context_bytes` comes from, as the plan's notes say it.
+    pub context_source: &'static str,
     /// One cuBLAS workspace (PyTorch's `parseChosenWorkspaceSize` default for `sm_major`).
     pub workspace_bytes: u64,
 }
@@ -33,28 +36,42 @@ pub const fn cublas_workspace_bytes(sm_major: u32) -> u64 {
     }
 }
 
-/// The estimated CUDA context (docs/cuda-allocator.md: a published range, not measured here).
+/// What an H200 held outside the caching allocator once a process had created its context and
+/// run its first cuBLAS product and cuDNN convolution (results/gpu/steps.md: torch 2.11, CUDA
+/// 13.0, driver 580). Hopper GPUs and a GPU not named take it; the kernels loaded are the same.
+pub const CONTEXT_MEASURED_H200_BYTES: u64 = 734_855_168;
+
+/// The CUDA context of GPUs not measured here (docs/cuda-allocator.md: a published range).
 pub const CONTEXT_ESTIMATE_BYTES: u64 = 512 << 20;
+
+const MEASURED: &str = "measured on an H200, results/gpu/steps.md";
+const ESTIMATED: &str = "an estimate, docs/cuda-allocator.md";
 
 /// A training step runs its forward on the main thread's cuBLAS handle and its backward on
 /// the autograd engine's device thread, whose handle has a workspace of its own.
 pub const WORKSPACES_PER_STEP: usize = 2;
 
 pub const OVERHEADS: &[CudaOverheads] = &[
-    overheads("h100", 9),
-    overheads("h200", 9),
-    overheads("a100-80gb", 8),
-    overheads("l40s", 8),
-    overheads("rtx4090", 8),
-    // A GPU not named: the larger workspace, so the plan errs toward fitting.
-    overheads("cuda", 9),
+    overheads("h100", 9, CONTEXT_MEASURED_H200_BYTES, MEASURED),
+    overheads("h200", 9, CONTEXT_MEASURED_H200_BYTES, MEASURED),
+    overheads("a100-80gb", 8, CONTEXT_ESTIMATE_BYTES, ESTIMATED),
+    overheads("l40s", 8, CONTEXT_ESTIMATE_BYTES, ESTIMATED),
+    overheads("rtx4090", 8, CONTEXT_ESTIMATE_BYTES, ESTIMATED),
+    // A GPU not named: the larger workspace and the larger context, so the plan errs toward fitting.
+    overheads("cuda", 9, CONTEXT_MEASURED_H200_BYTES, MEASURED),
 ];
 
-const fn overheads(key: &'static str, sm_major: u32) -> CudaOverheads {
+const fn overheads(
+    key: &'static str,
+    sm_major: u32,
+    context_bytes: u64,
+    context_source: &'static str,
+) -> CudaOverheads {
     CudaOverheads {
         key,
         sm_major,
-        context_bytes: CONTEXT_ESTIMATE_BYTES,
+        context_bytes,
+        context_source,
         workspace_bytes: cublas_workspace_bytes(sm_major),
     }
 }

@@ -285,7 +285,7 @@ fn cuda_note(ov: CudaOverheads, measured_on: &str, times: &str) -> String {
     format!(
         "planned for {} from a {measured_on} profile: judged on the CUDA caching allocator's reserved peak, \
          simulated on the plan's step trace (recorded on the meta device, with two cuBLAS workspaces of {}), \
-         plus {} of CUDA context (an estimate: docs/cuda-allocator.md; --reserve to give a measured figure \
+         plus {} of CUDA context ({}; --reserve to give a figure of your own \
          instead); step times are {times}",
         if ov.key == "cuda" {
             "cuda".to_string()
@@ -293,7 +293,8 @@ fn cuda_note(ov: CudaOverheads, measured_on: &str, times: &str) -> String {
             format!("cuda:{}", ov.key)
         },
         format_size(ov.workspace_bytes),
-        format_size(ov.context_bytes)
+        format_size(ov.context_bytes),
+        ov.context_source
     )
 }
 
