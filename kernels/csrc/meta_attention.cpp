@@ -5,6 +5,10 @@
 // buffers in the accumulation type and, for bf16 and fp16, in the input's type, and the packed
 // keys and values it makes for oneDNN's brgemm where it packs.
 // (aten/src/ATen/native/transformers/attention.cpp, aten/src/ATen/native/cpu/FlashAttentionKernel.cpp)
+//
+// And for CUDA's memory-efficient attention, which a model traced for a GPU calls (models/src/
+// sdpa.rs): what it allocated on an H200 (torch 2.11), recorded by the allocator's history
+// (scripts/gpu_attention_probe.py wrote kernels/tests/fixtures/efficient_attention_h200.json).
 
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
@@ -13,6 +17,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -162,10 +167,61 @@ std::tuple<Tensor, Tensor, Tensor> flash_attention_backward_meta(const Tensor& g
   return {grad_q.transpose(1, 2), grad_k.transpose(1, 2), grad_v.transpose(1, 2)};
 }
 
+// `_scaled_dot_product_efficient_attention` on CUDA: the output in [batch, seq, heads, dim]
+// layout, returned as [batch, heads, seq, dim], and the log-sum-exp in f32 with the query length
+// rounded up to 32 (none when no gradient is needed). The philox seed and offset are CPU tensors
+// there, no GPU bytes: they are left undefined here.
+std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_attention_meta(const Tensor& query, const Tensor& key,
+                                                                    const Tensor& value, const OptTensor& /*bias*/,
+                                                                    bool compute_log_sumexp, double /*dropout_p*/,
+                                                                    bool /*is_causal*/, std::optional<double> /*scale*/) {
+  const int64_t batch = query.size(0), heads = query.size(1), q_size = query.size(2);
+  Tensor output = at::empty({batch, q_size, heads, value.size(3)}, query.options());
+  const int64_t lse_size = compute_log_sumexp ? (q_size + 31) / 32 * 32 : 0;
+  Tensor logsumexp = at::empty({batch, heads, lse_size}, query.options().dtype(at::kFloat));
+  return {output.transpose(1, 2), logsumexp, Tensor(), Tensor()};
+}
+
+// A gradient laid out as its input is (PyTorch's `empty_strided` of the input), or contiguous
+// where the input's strides overlap (a broadcast).
+Tensor grad_like(const Tensor& t) {
+  return t.is_non_overlapping_and_dense() ? at::empty_strided(t.sizes(), t.strides(), t.options())
+                                          : at::empty(t.sizes(), t.options());
+}
+
+// `_scaled_dot_product_efficient_attention_backward` on CUDA, as the H200 allocated it: the three
+// gradients, an output-sized buffer and two f32 [batch, heads, q] rows, one of those freed with
+// the buffer before the kernel's f32 workspace (per batch and head, 64 x 64 gradient tiles of the
+// query, each with 16 bytes of counter, by 64-row block of queries and 64-column block of the
+// head dimension), then the rest freed. A bias that needs a gradient gets one of its shape.
+std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_attention_backward_meta(
+    const Tensor& grad_out, const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& attn_bias,
+    const Tensor& out, const Tensor& /*logsumexp*/, const Tensor& /*philox_seed*/, const Tensor& /*philox_offset*/,
+    double /*dropout_p*/, std::array<bool, 4> grad_input_mask, bool /*is_causal*/, std::optional<double> /*scale*/) {
+  if (!grad_out.defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
+  const int64_t batch = query.size(0), heads = query.size(1), q_size = query.size(2), dim = query.size(3);
+  Tensor grad_q = grad_like(query), grad_k = grad_like(key), grad_v = grad_like(value);
+  {
+    Tensor buffer = at::empty({batch, q_size, heads, out.size(3)}, query.options());
+    Tensor first = at::empty({batch, heads, q_size}, query.options().dtype(at::kFloat));
+    Tensor second = at::empty({batch, heads, q_size}, query.options().dtype(at::kFloat));
+    first.reset();
+    buffer.reset();
+    const int64_t tiles = (q_size + 63) / 64 * ((dim + 63) / 64);
+    Tensor workspace = at::empty({batch * heads * tiles * (64 * 64 + 4)}, query.options().dtype(at::kFloat));
+    second.reset();
+  }
+  Tensor grad_bias;
+  if (grad_input_mask[3] && attn_bias.defined()) grad_bias = at::empty(attn_bias.sizes(), attn_bias.options());
+  return {grad_q, grad_k, grad_v, grad_bias};
+}
+
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
   auto own = [&](const char* name, auto&& fn) { ckpt::register_own(m, name, std::forward<decltype(fn)>(fn)); };
   own("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(flash_attention_meta));
   own("_scaled_dot_product_flash_attention_for_cpu_backward", TORCH_FN(flash_attention_backward_meta));
+  own("_scaled_dot_product_efficient_attention", TORCH_FN(efficient_attention_meta));
+  own("_scaled_dot_product_efficient_attention_backward", TORCH_FN(efficient_attention_backward_meta));
 }
 
 }  // namespace

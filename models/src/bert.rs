@@ -589,6 +589,7 @@ fn layer(l: &nn::Path<'_>, cfg: &Config, spec: Spec, attention: Implementation) 
                     scaling: (cfg.head_size() as f64).powf(-0.5),
                     causal: false,
                     kv_groups: 1,
+                    kernels: spec.attention_kernels,
                 }),
             },
             output: output(&(l / "attention" / "output"), h)?,

@@ -529,6 +529,7 @@ fn build_chain(
                 scaling: cfg.scaling(n + 1),
                 causal: true,
                 kv_groups: 1,
+                kernels: spec.attention_kernels,
             }),
         };
         let layer = Layer {

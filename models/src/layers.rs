@@ -8,6 +8,7 @@
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::error::{ModelError, Result};
+use crate::options::AttentionKernels;
 
 /// How a parameter is initialised, named after the reference code that does it.
 #[derive(Debug, Clone, Copy)]
@@ -27,11 +28,13 @@ pub(crate) enum Init {
     },
 }
 
-/// Element kind and device of the floating-point variables being created.
+/// Element kind and device of the floating-point variables being created, and the attention
+/// kernels the model's layers call.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Spec {
     pub kind: Kind,
     pub device: Device,
+    pub attention_kernels: AttentionKernels,
 }
 
 fn create(op: &str, shape: &[i64], init: Init, spec: Spec) -> Result<Tensor> {

@@ -37,5 +37,5 @@ pub use chain::{Batch, Block, BlockFailure, Chain, ChainBlock, ChainGroup, Ctx, 
 pub use error::ModelError;
 pub use layers::Activation;
 pub use load::{from_file, needs_meta};
-pub use options::{Attention, Granularity, ModelOptions};
+pub use options::{Attention, AttentionKernels, Granularity, ModelOptions};
 pub use zoo::{builtin, list, ModelInfo};

@@ -682,6 +682,7 @@ fn build_chain(
                     scaling: (hd as f64).powf(-0.5),
                     causal: true,
                     kv_groups: cfg.num_attention_heads / cfg.num_key_value_heads,
+                    kernels: spec.attention_kernels,
                 }),
             },
             post_attention_layernorm: RmsNorm::new(&(&l / "post_attention_layernorm"), d, cfg.rms_norm_eps, spec)?,

@@ -54,6 +54,20 @@ impl Attention {
     }
 }
 
+/// Which kernels a transformer's SDPA calls: what libtorch chooses on the device the model runs
+/// on (on the CPU, and on the meta device that reports the CPU, the CPU's), or, for a model
+/// traced on the meta device for a GPU, CUDA's memory-efficient attention, which PyTorch runs
+/// there for fp32 with or without a mask or dropout (results/gpu/README.md). The two keep
+/// different tensors: with dropout the CPU's math path keeps `[batch, heads, seq, seq]`
+/// probabilities and a dropout mask, CUDA's kernel neither.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AttentionKernels {
+    #[default]
+    Device,
+    /// Only on the meta device: no CPU kernel exists.
+    CudaEfficient,
+}
+
 /// Shape and placement options; `None` means the model's default.
 #[derive(Debug, Clone)]
 pub struct ModelOptions {
@@ -85,6 +99,8 @@ pub struct ModelOptions {
     /// `--candidates REGEX`: for `torch.export` programs, the modules that are candidates,
     /// instead of the granularity's rule.
     pub candidates: Option<String>,
+    /// The kernels SDPA calls (the device's unless a GPU is being traced for).
+    pub attention_kernels: AttentionKernels,
 }
 
 impl Default for ModelOptions {
@@ -101,6 +117,7 @@ impl Default for ModelOptions {
             kind: Kind::Float,
             batch: None,
             candidates: None,
+            attention_kernels: AttentionKernels::Device,
         }
     }
 }
@@ -131,6 +148,7 @@ impl ModelOptions {
             Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16 => Ok(Spec {
                 kind: self.kind,
                 device: self.device,
+                attention_kernels: self.attention_kernels,
             }),
             other => Err(ModelError::InvalidOption {
                 model: model.to_string(),

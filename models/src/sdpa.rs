@@ -4,9 +4,12 @@
 //! pads. libtorch picks the kernel as for any SDPA call: on the CPU its flash attention
 //! (`_scaled_dot_product_flash_attention_for_cpu`), or the math path when dropout is on; neither
 //! keeps `[batch, heads, seq, seq]` scores for backward. `repeat_kv` is here because both
-//! attention implementations of the Llama family use it.
+//! attention implementations of the Llama family use it. A model traced for a GPU calls CUDA's
+//! memory-efficient attention instead, as PyTorch's SDPA hands it its inputs (`cuda_efficient`).
 
 use tch::{Kind, Tensor};
+
+use crate::options::AttentionKernels;
 
 /// `repeat_kv`: `[b, kv, s, d]` → `[b, kv * n_rep, s, d]` (the same tensor when `n_rep` is 1).
 pub(crate) fn repeat_kv(hidden_states: &Tensor, n_rep: i64) -> Tensor {
@@ -30,6 +33,8 @@ pub(crate) struct Sdpa {
     pub causal: bool,
     /// `module.num_key_value_groups` (1 without grouped-query attention).
     pub kv_groups: i64,
+    /// The device's kernels, or CUDA's memory-efficient attention (a trace for a GPU).
+    pub kernels: AttentionKernels,
 }
 
 impl Sdpa {
@@ -96,16 +101,25 @@ impl Sdpa {
             }
         }
         let is_causal = q_length > 1 && mask.is_none() && self.causal;
-        let attn_output = Tensor::scaled_dot_product_attention(
-            &query,
-            &key,
-            &value,
-            mask.as_ref(),
-            dropout,
-            is_causal,
-            self.scaling,
-            enable_gqa,
-        );
+        let attn_output = if self.kernels == AttentionKernels::CudaEfficient {
+            if enable_gqa {
+                // The efficient kernel takes no grouped heads: repeated as the eager path does.
+                key = repeat_kv(&key, self.kv_groups);
+                value = repeat_kv(&value, self.kv_groups);
+            }
+            cuda_efficient(&query, &key, &value, mask.as_ref(), dropout, is_causal, self.scaling)
+        } else {
+            Tensor::scaled_dot_product_attention(
+                &query,
+                &key,
+                &value,
+                mask.as_ref(),
+                dropout,
+                is_causal,
+                self.scaling,
+                enable_gqa,
+            )
+        };
         let out_batch = attn_output.size()[0];
         attn_output
             .reshape([out_batch, -1, q_length, value.size()[3]])
@@ -113,3 +127,55 @@ impl Sdpa {
             .contiguous()
     }
 }
+
+/// PyTorch's SDPA on CUDA when it picks the memory-efficient kernel (fp32 on an H200, with or
+/// without a mask or dropout): a boolean mask becomes an additive bias in the query's dtype
+/// (`convert_boolean_attn_mask`: two scalar tensors, then `where`), padded to a multiple of 8
+/// keys and sliced back (`preprocess_mask`), broadcast over the heads; the kernel keeps the
+/// log-sum-exp only when a gradient is needed. On the meta device only (kernels/csrc/
+/// meta_attention.cpp): libtorch has no CPU kernel for it.
+fn cuda_efficient(
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    mask: Option<&Tensor>,
+    dropout: f64,
+    is_causal: bool,
+    scaling: f64,
+) -> Tensor {
+    let bias = mask.map(|m| {
+        let bias = if m.kind() == Kind::Bool {
+            let options = (query.kind(), query.device());
+            let zero = Tensor::scalar_tensor(0.0, options);
+            let minus_inf = Tensor::scalar_tensor(f64::NEG_INFINITY, options);
+            zero.where_self(m, &minus_inf)
+        } else {
+            m.shallow_clone()
+        };
+        let s = bias.size();
+        let keys = s[s.len() - 1];
+        let bias = if keys % 8 == 0 {
+            bias
+        } else {
+            bias.constant_pad_nd([0, 8 - keys % 8]).narrow(-1, 0, keys)
+        };
+        let q = query.size();
+        bias.expand([q[0], q[1], q[2], keys], false)
+    });
+    let grad = query.requires_grad() || key.requires_grad() || value.requires_grad();
+    let (output, _, _, _) = Tensor::internal_scaled_dot_product_efficient_attention(
+        query,
+        key,
+        value,
+        bias.as_ref(),
+        grad,
+        dropout,
+        is_causal,
+        scaling,
+    );
+    output
+}
+
+#[cfg(test)]
+#[path = "sdpa_tests.rs"]
+mod tests;

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use ckptune_models::{Attention, Chain, Granularity, ModelOptions};
+use ckptune_models::{Attention, AttentionKernels, Chain, Granularity, ModelOptions};
 /// The CPU's identity (model name and vector extensions): the runtime's, which keys the cost
 /// model's calibration cache as it keys the profile cache here.
 pub use ckptune_runtime::cost::cpu_identity;
@@ -35,6 +35,9 @@ pub struct Setup {
     pub threads_auto: bool,
     /// `--target cuda:NAME`: the GPU whose rates the cost model estimates step times over.
     pub gpu: Option<&'static GpuSpec>,
+    /// The attention kernels of a step traced on the meta device: CUDA's for a plan for a GPU
+    /// (`for_cuda`), else the device's.
+    pub fake_attention: AttentionKernels,
     /// What `--device auto` chose and why.
     pub device_note: Option<String>,
 }
@@ -123,22 +126,27 @@ impl Setup {
             measure: a.measure,
             threads_auto: a.threads.is_none(),
             gpu: None,
+            fake_attention: AttentionKernels::Device,
             device_note: resolved.note,
         })
     }
 
     /// Builds a fresh chain (random weights for built-ins, the file's weights for paths).
     pub fn chain(&self) -> Result<Chain> {
+        self.chain_with(&self.opts)
+    }
+
+    fn chain_with(&self, opts: &ModelOptions) -> Result<Chain> {
         tch::manual_seed(0);
         let path = Path::new(&self.model);
         if path.exists() {
             // The loaders' errors say whether the file is at fault (exit 2) or libtorch (exit 1).
             let loaded = if ckptune_models::export::is_export_archive(path) {
-                ckptune_models::export::chain_from_export(path, &self.opts)
+                ckptune_models::export::chain_from_export(path, opts)
             } else {
-                match ckptune_models::from_file(path, &self.opts) {
+                match ckptune_models::from_file(path, opts) {
                     Err(ckptune_models::ModelError::TorchScript(p)) => {
-                        ckptune_models::jit::chain_from_torchscript(&p, &self.opts)
+                        ckptune_models::jit::chain_from_torchscript(&p, opts)
                     }
                     other => other,
                 }
@@ -160,7 +168,7 @@ impl Setup {
         {
             Err(usage(format!("model file {} does not exist", self.model)))
         } else {
-            Ok(ckptune_models::builtin(&self.model, &self.opts)?)
+            Ok(ckptune_models::builtin(&self.model, opts)?)
         }
     }
 
@@ -175,9 +183,13 @@ impl Setup {
     /// allocated, every byte counted (`kernels/csrc/fake.cpp`).
     pub fn fake_session(&self, cfg: &TrainConfig) -> Result<Session> {
         let mut built = None;
+        let opts = ModelOptions {
+            attention_kernels: self.fake_attention,
+            ..self.opts.clone()
+        };
         let session = Session::new_fake(
             || {
-                self.chain().map_err(|e| {
+                self.chain_with(&opts).map_err(|e| {
                     let message = format!("{e:#}");
                     built = Some(e);
                     ckptune_runtime::RuntimeError::Invalid(message)
@@ -192,6 +204,12 @@ impl Setup {
             (Err(_), Some(e)) => Err(e),
             (Err(e), None) => Err(e.into()),
         }
+    }
+
+    /// Traces on the meta device as a GPU would run the step: transformers' attention through
+    /// CUDA's memory-efficient kernel, which the CPU lacks (steps run here are the CPU's).
+    pub fn for_cuda(&mut self) {
+        self.fake_attention = AttentionKernels::CudaEfficient;
     }
 
     pub fn device_json(&self) -> DeviceJson {
@@ -256,7 +274,12 @@ impl Setup {
             self.device,
             self.threads,
             self.repeats
-        )
+        ) + if self.fake_attention == AttentionKernels::CudaEfficient {
+            // Traced as the GPU runs it: another profile than the CPU's.
+            "|attn-kernels=cuda-efficient"
+        } else {
+            ""
+        }
     }
 }
 

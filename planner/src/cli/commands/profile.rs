@@ -28,6 +28,9 @@ pub fn profile_cmd(a: ProfileArgs) -> Result<ExitCode> {
         }
         target => target.and_then(|t| t.1),
     };
+    if setup.gpu.is_some() {
+        setup.for_cuda();
+    }
     setup.fit_threads_to_load_announced();
     let p = measure_profile(&setup)?;
     if let Some(out) = &a.output {

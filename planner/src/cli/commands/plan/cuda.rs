@@ -143,7 +143,8 @@ fn solve_or_smallest(profile: &ProfileJson, planning: i64, shape: &ShapeJson, ti
 /// making the optimizer state), puts `workspaces` in front, and replays the trace under
 /// every candidate setting.
 fn simulate(plan: &PlanJson, workspaces: &[u64], quiet: bool) -> Result<Simulated> {
-    let (setup, cfg) = setup_for_plan(plan, quiet)?;
+    let (mut setup, cfg) = setup_for_plan(plan, quiet)?;
+    setup.for_cuda();
     let _lock = meter::exclusive();
     // Started before the model is built, so its parameters are in the trace.
     let rec = Recording::start()?;

@@ -42,6 +42,9 @@ pub fn plan_cmd(mut a: PlanArgs) -> Result<ExitCode> {
     let mut setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
     let target = a.target.as_deref().map(parse_target).transpose()?;
     setup.gpu = target.as_ref().and_then(|t| t.1);
+    if target.as_ref().is_some_and(|t| t.0 == "cuda") {
+        setup.for_cuda();
+    }
     let mut notes = Vec::new();
     if ckptune_models::hf::is_config_only(std::path::Path::new(&setup.model)) {
         notes.push(format!(

@@ -1,0 +1,106 @@
+//! CUDA's memory-efficient attention traced on the meta device against what it allocated on an
+//! H200 (kernels/tests/fixtures/efficient_attention_h200.json: the allocator's history of
+//! PyTorch's SDPA, forward and backward, with the inputs made as a transformer makes them).
+
+use ckptune_kernels::alloc_log::{AllocEvent, Recording};
+use ckptune_kernels::fake::FakeMode;
+use serde_json::Value;
+use tch::{Device, Kind, Tensor};
+
+use super::cuda_efficient;
+
+/// Each event as the GPU's history names it: ("alloc" | "free_completed", requested bytes).
+/// Empty storages are left out: the caching allocator hands out no block for 0 bytes (and the
+/// meta device's `where` makes one before it resizes it).
+fn events(log: &[AllocEvent]) -> Vec<(String, u64)> {
+    let mut sizes = std::collections::HashMap::new();
+    log.iter()
+        .filter_map(|e| match e {
+            AllocEvent::Alloc { id, bytes } => {
+                sizes.insert(*id, *bytes);
+                Some(("alloc".to_owned(), *bytes))
+            }
+            AllocEvent::Free { id } => Some(("free_completed".to_owned(), sizes[id])),
+            AllocEvent::Mark(_) => None,
+        })
+        .filter(|(_, bytes)| *bytes > 0)
+        .collect()
+}
+
+fn expected(case: &Value, key: &str) -> Vec<(String, u64)> {
+    case[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e[0].as_str().unwrap().to_owned(), e[1].as_u64().unwrap()))
+        .collect()
+}
+
+/// q, k, v as `[b, h, s, d]` views of `[b, s, h*d]` leaves that need gradients, and the
+/// padding mask of the fixture (the last quarter of every other sequence padded).
+fn inputs(b: i64, h: i64, s: i64, d: i64, mask: bool) -> (Vec<Tensor>, Option<Tensor>) {
+    let leaves: Vec<Tensor> = (0..3)
+        .map(|_| Tensor::zeros([b, s, h * d], (Kind::Float, Device::Cpu)).set_requires_grad(true))
+        .collect();
+    let mask = mask.then(|| {
+        let pad = Tensor::ones([b, s], (Kind::Bool, Device::Cpu));
+        let _ = pad.slice(0, 1, b, 2).slice(1, s - s / 4, s, 1).fill_(0);
+        pad.view([b, 1, 1, s]).expand([b, 1, s, s], false).contiguous()
+    });
+    (leaves, mask)
+}
+
+#[test]
+fn efficient_attention_allocates_what_the_gpu_did() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../kernels/tests/fixtures/efficient_attention_h200.json"
+    );
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cases: Vec<&Value> = doc["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["choice"] == 2)
+        .collect();
+    assert!(cases.len() >= 5, "the fixture's fp32 cases");
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let s: Vec<i64> = case["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        let (b, h, seq, d) = (s[0], s[1], s[2], s[3]);
+        let fake = FakeMode::enter().unwrap();
+        let (leaves, mask) = inputs(b, h, seq, d, case["mask"].as_bool().unwrap());
+        let qkv: Vec<Tensor> = leaves.iter().map(|x| x.view([b, seq, h, d]).transpose(1, 2)).collect();
+        let p = case["p"].as_f64().unwrap();
+        let causal = case["causal"].as_bool().unwrap();
+        // The fixture's gradient, made before its history started, laid out as the output is.
+        let grad = Tensor::empty([b, seq, h, d], (Kind::Float, Device::Cpu)).transpose(1, 2);
+        // One recording, so that backward's frees of what forward saved are events too.
+        let mut rec = Recording::start().unwrap();
+        let out = cuda_efficient(
+            &qkv[0],
+            &qkv[1],
+            &qkv[2],
+            mask.as_ref(),
+            p,
+            causal,
+            (d as f64).powf(-0.5),
+        );
+        rec.mark("backward");
+        ckptune_kernels::autograd::backward(out.shallow_clone(), grad.shallow_clone()).unwrap();
+        let log = rec.finish().events;
+        let split = log.iter().position(|e| matches!(e, AllocEvent::Mark(_))).unwrap();
+        let all = events(&log);
+        let forward_len = events(&log[..split]).len();
+        let (forward, backward) = (all[..forward_len].to_vec(), all[forward_len..].to_vec());
+        drop((out, grad, qkv, leaves, mask));
+        drop(fake);
+        assert_eq!(forward, expected(case, "forward"), "{name}: forward");
+        assert_eq!(backward, expected(case, "backward"), "{name}: backward");
+    }
+}
