@@ -6,6 +6,8 @@ user package `ckptune`, which it uses and which never imports it.
 - `reference`: the plain-torch references of models/fixtures/reference.py, and their batches.
 - `eager`: a plan's model trained in PyTorch eager under the meter (`python -m
   ckptune_harness.eager`, the PyTorch side of `ckptune verify --pytorch`).
+- `trainers`: the same through an emitted snippet in the Hugging Face Trainer or Lightning
+  (`ckptune verify --pytorch --trainer`).
 - `fsdp`: the same under FSDP2 on N CPU processes (`python -m ckptune_harness.fsdp`).
 - `plans`, `output`, `lifetime`: a plan for a bare regex, JSON results, processes that die with
   their parent.

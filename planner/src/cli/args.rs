@@ -298,6 +298,24 @@ pub struct VerifyArgs {
     /// the OS picks).
     #[arg(long, requires = "pytorch", value_parser = clap::value_parser!(u16).range(1..))]
     pub port: Option<u16>,
+    /// With --pytorch, also run the plan in the trainer a snippet targets, through the snippet
+    /// `ckptune emit TRAINER` writes (`hf`: the Hugging Face Trainer, `lightning`: Lightning), on the
+    /// same reference, batches, optimizer and precision, and compare its peak too (exit 1 if it is
+    /// over the budget). `eager` runs the documented loop alone. The trainers come from `.trainers`
+    /// (scripts/setup) or the Python's own packages.
+    #[arg(long, value_enum, default_value = "eager", requires = "pytorch")]
+    pub trainer: VerifyTrainer,
+}
+
+/// The loops `verify --pytorch` runs a plan in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum VerifyTrainer {
+    /// The documented loop (`ckptune.training_config`), as `--emit python` writes it.
+    Eager,
+    /// The Hugging Face `Trainer`, through `ckptune emit hf`.
+    Hf,
+    /// Lightning, through `ckptune emit lightning`.
+    Lightning,
 }
 
 #[derive(Debug, Args)]

@@ -1,11 +1,12 @@
 //! Running the Python companion's harness (`python/ckptune_harness/`) from this checkout:
 //! which Python, with the checkout importable, a folder for its files, and its own message
-//! when it fails. What `verify --pytorch` (eager and FSDP2 runs) shares.
+//! when it fails, and a run read back. What `verify --pytorch` (eager, trainer and FSDP2 runs) shares.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result};
+use ckptune_solver::formats::{self, PytorchRunJson};
 
 use crate::cli::error::UsageError;
 
@@ -81,4 +82,32 @@ pub fn harness_message(stderr: &str) -> String {
     } else {
         text
     }
+}
+
+/// Runs a harness command (`-o` and the step counts added here) and reads its
+/// `ckptune.pytorch-run/1` output: exit 2 is bad input, with the harness's message.
+pub fn harness_run(mut cmd: Command, steps: usize, python: &Path, what: &str) -> Result<PytorchRunJson> {
+    require_python(python)?;
+    let dir = run_dir()?;
+    let out = dir.join("pytorch-run.json");
+    let result = cmd
+        .args(["--steps", &(steps + 2).to_string(), "--warmup", "2", "-o"])
+        .arg(&out)
+        .output()
+        .with_context(|| format!("verify --pytorch: running {}", python.display()));
+    let run = result.and_then(|o| {
+        let message = harness_message(&String::from_utf8_lossy(&o.stderr));
+        match o.status.code() {
+            Some(0) => Ok(formats::read_tagged::<PytorchRunJson>(
+                &out,
+                formats::PYTORCH_RUN_FORMAT,
+            )?),
+            Some(2) => Err(UsageError(format!("verify --pytorch: {what} refused the plan: {message}")).into()),
+            code => Err(anyhow::anyhow!(
+                "verify --pytorch: {what} failed (exit {code:?}): {message}"
+            )),
+        }
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    run
 }

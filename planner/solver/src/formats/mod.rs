@@ -36,8 +36,8 @@ pub use plan::{
 pub use profile::{backbone_of, BlockJson, DeviceJson, GroupJson, ModelJson, ModelListing, ProfileJson};
 pub use python::python_literal;
 pub use pytorch::{
-    FsdpParamJson, FsdpRankJson, FsdpRunJson, PytorchRunJson, RankVerifyJson, VerifyPytorchJson, VerifyShardJson,
-    FSDP_RUN_FORMAT, VERIFY_SHARD_FORMAT,
+    ExplainedBytes, FsdpParamJson, FsdpRankJson, FsdpRunJson, PytorchRunJson, RankVerifyJson, TrainerRunJson,
+    VerifyPytorchJson, VerifyShardJson, FSDP_RUN_FORMAT, VERIFY_SHARD_FORMAT,
 };
 pub use rates::CachedRates;
 pub use run::{MeasuredRun, MismatchJson, PredictedRun, TrainJson, TrainStepJson, VerifyJson};

@@ -37,6 +37,20 @@ pub struct PytorchRunJson {
     /// The highest peak of the timed steps (after `warmup`).
     pub peak_bytes: i64,
     pub start_bytes: i64,
+    /// The trainer that ran the step (`hf`, `lightning`, written by `python -m
+    /// ckptune_harness.trainers`); absent for the documented loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainer: Option<String>,
+    /// What the trainer's loop holds that the documented loop does not, measured in the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub explained: Vec<ExplainedBytes>,
+}
+
+/// Bytes a trainer's peak holds beyond the documented loop's, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExplainedBytes {
+    pub bytes: i64,
+    pub why: String,
 }
 
 /// `verify --pytorch`: the prediction, ckptune's run and PyTorch's run of one plan.
@@ -51,6 +65,21 @@ pub struct VerifyPytorchJson {
     /// PyTorch's peak − the predicted peak.
     pub pytorch_peak_error_bytes: i64,
     pub pytorch_within_budget: bool,
+    /// `--trainer hf|lightning`: the plan run by that trainer through its emitted snippet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainer: Option<TrainerRunJson>,
+}
+
+/// A trainer's run beside the documented loop's: its peak against the prediction, and how much of
+/// its difference from the documented loop's peak the run's `explained` entries account for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerRunJson {
+    pub run: PytorchRunJson,
+    /// The trainer's peak − the predicted peak.
+    pub peak_error_bytes: i64,
+    /// The trainer's peak − the documented loop's − the explained bytes.
+    pub unexplained_bytes: i64,
+    pub within_budget: bool,
 }
 
 /// `python -m ckptune_harness.fsdp`: a real FSDP2 training step on N CPU processes (gloo), each rank's

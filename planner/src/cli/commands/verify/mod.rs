@@ -1,9 +1,10 @@
 //! `ckptune verify`: a plan run for real, every moment of an instrumented step compared with
 //! the memory model to the byte (`cli::plan_run`). With `--pytorch`, the plan is also run in
-//! PyTorch ([`pytorch`]), or for a sharded plan on its N FSDP2 ranks ([`shard`]).
+//! PyTorch ([`pytorch`]), with `--trainer` also by a trainer through its snippet ([`trainer`]), or for a sharded plan on its N FSDP2 ranks ([`shard`]).
 
 mod pytorch;
 mod shard;
+mod trainer;
 
 use std::process::ExitCode;
 

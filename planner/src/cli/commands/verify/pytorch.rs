@@ -12,8 +12,9 @@ use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, PlanJson, PytorchRunJson, VerifyJson, VerifyPytorchJson};
 
 use super::shard::{check_shard_flags, verify_shard_cmd};
+use super::trainer::{compare, print_trainer, trainer_label, trainer_run};
 use crate::cli::args::VerifyArgs;
-use crate::cli::companion::{companion, harness_message, python, require_python, run_dir};
+use crate::cli::companion::{companion, harness_run, python};
 use crate::cli::error::UsageError;
 use crate::cli::output::{group_digits, outln, print_json};
 use crate::cli::plan_run::verify_plan;
@@ -22,31 +23,9 @@ use crate::cli::plan_run::verify_plan;
 /// cannot follow: names that differ from the reference's, a model without a reference) is bad
 /// input here too, with its message.
 fn pytorch_run(plan_path: &Path, steps: usize, python: &Path) -> Result<PytorchRunJson> {
-    require_python(python)?;
-    let dir = run_dir()?;
-    let out = dir.join("pytorch-run.json");
-    let result = companion(python)
-        .args(["-m", "ckptune_harness.eager", "--plan"])
-        .arg(plan_path)
-        .args(["--steps", &(steps + 2).to_string(), "--warmup", "2", "-o"])
-        .arg(&out)
-        .output()
-        .with_context(|| format!("verify --pytorch: running {}", python.display()));
-    let run = result.and_then(|o| {
-        let message = harness_message(&String::from_utf8_lossy(&o.stderr));
-        match o.status.code() {
-            Some(0) => Ok(formats::read_tagged::<PytorchRunJson>(
-                &out,
-                formats::PYTORCH_RUN_FORMAT,
-            )?),
-            Some(2) => Err(UsageError(format!("verify --pytorch: the PyTorch run refused the plan: {message}")).into()),
-            code => Err(anyhow::anyhow!(
-                "verify --pytorch: the PyTorch run failed (exit {code:?}): {message}"
-            )),
-        }
-    });
-    let _ = std::fs::remove_dir_all(&dir);
-    run
+    let mut cmd = companion(python);
+    cmd.args(["-m", "ckptune_harness.eager", "--plan"]).arg(plan_path);
+    harness_run(cmd, steps, python, "the PyTorch run")
 }
 
 /// The PyTorch run first (a plan it refuses is bad input, before minutes of ckptune's run),
@@ -72,8 +51,11 @@ pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
         return verify_shard_cmd(a, plan, shard);
     }
     let steps = a.steps.unwrap_or(plan.shape.repeats);
-    let pytorch = pytorch_run(&a.plan, steps, &python(a.python.as_deref()))?;
+    let py = python(a.python.as_deref());
+    let pytorch = pytorch_run(&a.plan, steps, &py)?;
+    let trainer_run = trainer_run(a.trainer, plan, &a.plan, steps, &py)?;
     let ckptune = verify_plan(plan, steps, a.quiet).with_context(|| format!("verifying {}", a.plan.display()))?;
+    let trainer = trainer_run.map(|run| compare(run, &pytorch, ckptune.predicted.peak_bytes, plan.budget_bytes));
     let report = VerifyPytorchJson {
         format: formats::VERIFY_PYTORCH_FORMAT.into(),
         budget_bytes: plan.budget_bytes,
@@ -82,6 +64,7 @@ pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
         pytorch_within_budget: pytorch.peak_bytes <= plan.budget_bytes,
         ckptune,
         pytorch,
+        trainer,
     };
     if let Some(out) = &a.output {
         formats::write_atomic(out, &report)?;
@@ -91,18 +74,30 @@ pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
     } else {
         print_side_by_side(&report);
     }
-    let over: Vec<String> = [
-        ("PyTorch's", report.pytorch.peak_bytes, report.pytorch_within_budget),
+    let mut peaks = vec![
         (
-            "ckptune's",
+            "PyTorch's".to_string(),
+            report.pytorch.peak_bytes,
+            report.pytorch_within_budget,
+        ),
+        (
+            "ckptune's".to_string(),
             report.ckptune.measured.peak_bytes,
             report.ckptune.within_budget,
         ),
-    ]
-    .iter()
-    .filter(|(_, _, ok)| !ok)
-    .map(|(who, peak, _)| format!("{who} peak {} ({} B)", format_size(*peak as u64), group_digits(*peak)))
-    .collect();
+    ];
+    if let Some(t) = &report.trainer {
+        peaks.push((
+            format!("{}'s", trainer_label(&t.run)),
+            t.run.peak_bytes,
+            t.within_budget,
+        ));
+    }
+    let over: Vec<String> = peaks
+        .iter()
+        .filter(|(_, _, ok)| !ok)
+        .map(|(who, peak, _)| format!("{who} peak {} ({} B)", format_size(*peak as u64), group_digits(*peak)))
+        .collect();
     if !over.is_empty() {
         eprintln!(
             "error: verification failed: {} over the budget {} ({} B)",
@@ -178,6 +173,9 @@ fn print_side_by_side(r: &VerifyPytorchJson) {
             p.optimizer_class
         ),
     );
+    if let Some(t) = &r.trainer {
+        print_trainer(t, p, &row);
+    }
     if c.mismatches.is_empty() {
         outln!("  ckptune's run matched every moment of the model to the byte");
     } else {
@@ -193,8 +191,15 @@ fn print_side_by_side(r: &VerifyPytorchJson) {
             format!("OVER by {}", format_size((peak - r.budget_bytes) as u64))
         }
     };
+    let trainer = r.trainer.as_ref().map_or(String::new(), |t| {
+        format!(
+            ", {} {}",
+            trainer_label(&t.run),
+            verdict(t.within_budget, t.run.peak_bytes)
+        )
+    });
     outln!(
-        "  budget {}: ckptune {}, PyTorch {}",
+        "  budget {}: ckptune {}, PyTorch {}{trainer}",
         format_size(r.budget_bytes as u64),
         verdict(c.within_budget, c.measured.peak_bytes),
         verdict(r.pytorch_within_budget, p.peak_bytes)

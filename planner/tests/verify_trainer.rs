@@ -1,0 +1,137 @@
+//! `verify --pytorch --trainer hf|lightning`: the plan run by the Hugging Face `Trainer` and by
+//! Lightning through the snippets `ckptune emit` writes, on tiny-bert and tiny-resnet, each peak
+//! compared with the documented loop's and the bytes the run explains; and the refusals.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{ckptune, ok, read, refused, COMMON};
+use serde_json::Value;
+
+/// A plan of `model` under the budget halfway between checkpointing nothing and everything.
+fn plan(dir: &Path, model: &str, shape: &[&str], extra: &[&str]) -> PathBuf {
+    let profile = dir.join(format!("profile-{model}.json"));
+    let mut args = vec!["profile", model];
+    args.extend(shape);
+    args.extend(extra);
+    args.extend(["-o", profile.to_str().unwrap()]);
+    args.extend(COMMON);
+    ok(&args);
+    let c = &read(&profile)["configs"][0];
+    let (none, all) = (c["peak_none"].as_i64().unwrap(), c["peak_all"].as_i64().unwrap());
+    let budget = ((all + none) / 2).to_string();
+    let out = dir.join(format!("plan-{model}.json"));
+    let mut args = vec!["plan", "--budget", &budget, model];
+    args.extend(shape);
+    args.extend(extra);
+    args.extend(["--profile", profile.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    args.extend(COMMON);
+    ok(&args);
+    out
+}
+
+/// The report of `verify --pytorch --trainer`; exit 1 exactly when a peak is over the budget (the
+/// HF Trainer's prefetched batch can be: tiny-resnet's images are an eighth of its peak).
+fn verify(plan: &Path, trainer: &str) -> Value {
+    let report = plan.with_extension(format!("{trainer}.verify.json"));
+    let out = ckptune(&[
+        "verify",
+        "--pytorch",
+        plan.to_str().unwrap(),
+        "--trainer",
+        trainer,
+        "--steps",
+        "2",
+        "--json",
+        "-o",
+        report.to_str().unwrap(),
+    ]);
+    let doc = read(&report);
+    let over = !doc["pytorch_within_budget"].as_bool().unwrap()
+        || !doc["ckptune"]["within_budget"].as_bool().unwrap()
+        || !doc["trainer"]["within_budget"].as_bool().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(if over { 1 } else { 0 }),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    doc
+}
+
+/// The trainer's peak is the documented loop's plus what the run explains plus what it does not,
+/// and the modules that recompute are the plan's.
+fn check(report: &Value, plan: &Path) -> i64 {
+    let t = &report["trainer"];
+    let run = &t["run"];
+    let eager = report["pytorch"]["peak_bytes"].as_i64().unwrap();
+    let explained: i64 = run["explained"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["bytes"].as_i64().unwrap())
+        .sum();
+    let unexplained = t["unexplained_bytes"].as_i64().unwrap();
+    assert_eq!(run["peak_bytes"].as_i64().unwrap(), eager + explained + unexplained);
+    assert_eq!(
+        t["peak_error_bytes"].as_i64().unwrap(),
+        run["peak_bytes"].as_i64().unwrap() - report["predicted"]["peak_bytes"].as_i64().unwrap()
+    );
+    assert_eq!(run["modules"], read(plan)["checkpoint"]["modules"], "{run}");
+    unexplained
+}
+
+#[test]
+fn lightning_peaks_at_the_documented_loops_bytes_plus_what_it_explains() {
+    let dir = tempfile::tempdir().unwrap();
+    for (model, shape) in [
+        ("tiny-bert", ["--batch", "4", "--seq", "16"]),
+        ("tiny-resnet", ["--batch", "8", "--image", "64"]),
+    ] {
+        let p = plan(dir.path(), model, &shape, &["--precision", "fp32"]);
+        let report = verify(&p, "lightning");
+        assert_eq!(check(&report, &p), 0, "{model}: every byte explained");
+    }
+}
+
+#[test]
+fn hf_trainer_peaks_at_the_documented_loops_bytes_plus_the_prefetched_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut unexplained = vec![];
+    for (model, shape, batch_bytes) in [
+        // ids, mask (int64, 4 × 16) and labels (int64, 4)
+        ("tiny-bert", ["--batch", "4", "--seq", "16"], 4 * 16 * 8 * 2 + 4 * 8),
+        // images (fp32, 8 × 3 × 64 × 64) and labels (int64, 8)
+        (
+            "tiny-resnet",
+            ["--batch", "8", "--image", "64"],
+            8 * 3 * 64 * 64 * 4 + 8 * 8,
+        ),
+    ] {
+        let p = plan(dir.path(), model, &shape, &["--precision", "fp32"]);
+        let report = verify(&p, "hf");
+        assert_eq!(
+            report["trainer"]["run"]["explained"][0]["bytes"].as_i64(),
+            Some(batch_bytes)
+        );
+        unexplained.push(check(&report, &p));
+    }
+    // What is not explained is the Trainer's bookkeeping, the same whatever the model.
+    assert_eq!(unexplained[0], unexplained[1], "{unexplained:?}");
+}
+
+#[test]
+fn verify_trainer_refuses_a_plan_its_snippet_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        dir.path(),
+        "tiny-bert",
+        &["--batch", "4", "--seq", "16"],
+        &["--precision", "bf16", "--autocast-cache"],
+    );
+    refused(
+        &["verify", "--pytorch", p.to_str().unwrap(), "--trainer", "lightning"],
+        &["--trainer lightning", "autocast's cache", "re-plan"],
+    );
+}
