@@ -23,18 +23,20 @@ STEPS_FORMAT = "ckptune.gpu-steps/1"
 # unconstrained plan's predicted reserved peak; the first share that a plan fits under (tight
 # enough that the model must checkpoint; where the optimizer step is the peak, it cannot go far).
 CHECKPOINTED_SHARES = (0.7, 0.85, 0.95)
-# name: the model and its shape. The default three are the issue's; the tiny ones test the
-# pipeline in seconds.
+# name: the model, its shape and precision. The fp32 three are the issue's, bf16 (autocast) is
+# what most users train in; the tiny ones test the pipeline in seconds.
 MODELS = {
-    "resnet50": ["resnet50", "--batch", "32", "--image", "224"],
-    "bert-base": ["bert-base-uncased", "--batch", "16", "--seq", "512"],
-    "tinyllama": ["tinyllama-1.1b", "--batch", "2", "--seq", "1024"],
-    "tiny-resnet": ["tiny-resnet", "--batch", "8", "--image", "32"],
-    "tiny-bert": ["tiny-bert", "--batch", "4", "--seq", "32"],
+    "resnet50": ["resnet50", "--batch", "32", "--image", "224", "--precision", "fp32"],
+    "bert-base": ["bert-base-uncased", "--batch", "16", "--seq", "512", "--precision", "fp32"],
+    "tinyllama": ["tinyllama-1.1b", "--batch", "2", "--seq", "1024", "--precision", "fp32"],
+    "bert-base-bf16": ["bert-base-uncased", "--batch", "16", "--seq", "512", "--precision", "bf16"],
+    "tinyllama-bf16": ["tinyllama-1.1b", "--batch", "2", "--seq", "1024", "--precision", "bf16"],
+    "tiny-resnet": ["tiny-resnet", "--batch", "8", "--image", "32", "--precision", "fp32"],
+    "tiny-bert": ["tiny-bert", "--batch", "4", "--seq", "32", "--precision", "fp32"],
 }
-DEFAULT_MODELS = "resnet50,bert-base,tinyllama"
-# Nothing checkpointed (an unlimited budget), fp32 with AdamW: the same plan on both sides.
-COMMON = ["--budget", "1TiB", "--precision", "fp32", "--optimizer", "adamw", "--quiet"]
+DEFAULT_MODELS = "resnet50,bert-base,tinyllama,bert-base-bf16,tinyllama-bf16"
+# Nothing checkpointed (an unlimited budget), AdamW: the same plan on both sides.
+COMMON = ["--budget", "1TiB", "--optimizer", "adamw", "--quiet"]
 GPU_TIMEOUT_S = 240
 
 

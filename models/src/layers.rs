@@ -7,8 +7,8 @@
 
 use tch::{nn, Device, Kind, Tensor};
 
+use crate::attention_kernels::AttentionKernels;
 use crate::error::{ModelError, Result};
-use crate::options::AttentionKernels;
 
 /// How a parameter is initialised, named after the reference code that does it.
 #[derive(Debug, Clone, Copy)]

@@ -8,6 +8,7 @@
 //! programs.
 pub mod architecture;
 mod assemble;
+mod attention_kernels;
 pub mod bert;
 pub mod causal_lm;
 pub mod chain;
@@ -33,9 +34,11 @@ pub mod zoo;
 
 pub use architecture::{Architecture, Family};
 pub use assemble::Loaded;
+pub use attention_kernels::AttentionKernels;
 pub use chain::{Batch, Block, BlockFailure, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 pub use error::ModelError;
 pub use layers::Activation;
 pub use load::{from_file, needs_meta};
-pub use options::{Attention, AttentionKernels, Granularity, ModelOptions};
+pub use options::{Attention, Granularity, ModelOptions};
+pub use sdpa::cuda_efficient as cuda_efficient_attention;
 pub use zoo::{builtin, list, ModelInfo};

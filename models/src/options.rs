@@ -3,6 +3,7 @@
 
 use tch::{Device, Kind};
 
+use crate::attention_kernels::AttentionKernels;
 use crate::error::{ModelError, Result};
 use crate::layers::Spec;
 
@@ -52,20 +53,6 @@ impl Attention {
             .into_iter()
             .find(|a| a.hf_name() == name)
     }
-}
-
-/// Which kernels a transformer's SDPA calls: what libtorch chooses on the device the model runs
-/// on (on the CPU, and on the meta device that reports the CPU, the CPU's), or, for a model
-/// traced on the meta device for a GPU, CUDA's memory-efficient attention, which PyTorch runs
-/// there for fp32 with or without a mask or dropout (results/gpu/README.md). The two keep
-/// different tensors: with dropout the CPU's math path keeps `[batch, heads, seq, seq]`
-/// probabilities and a dropout mask, CUDA's kernel neither.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum AttentionKernels {
-    #[default]
-    Device,
-    /// Only on the meta device: no CPU kernel exists.
-    CudaEfficient,
 }
 
 /// Shape and placement options; `None` means the model's default.

@@ -9,7 +9,7 @@
 
 use tch::{Kind, Tensor};
 
-use crate::options::AttentionKernels;
+use crate::attention_kernels::AttentionKernels;
 
 /// `repeat_kv`: `[b, kv, s, d]` → `[b, kv * n_rep, s, d]` (the same tensor when `n_rep` is 1).
 pub(crate) fn repeat_kv(hidden_states: &Tensor, n_rep: i64) -> Tensor {
@@ -134,7 +134,7 @@ impl Sdpa {
 /// keys and sliced back (`preprocess_mask`), broadcast over the heads; the kernel keeps the
 /// log-sum-exp only when a gradient is needed. On the meta device only (kernels/csrc/
 /// meta_attention.cpp): libtorch has no CPU kernel for it.
-fn cuda_efficient(
+pub fn cuda_efficient(
     query: &Tensor,
     key: &Tensor,
     value: &Tensor,
@@ -175,7 +175,3 @@ fn cuda_efficient(
     );
     output
 }
-
-#[cfg(test)]
-#[path = "sdpa_tests.rs"]
-mod tests;

@@ -48,6 +48,9 @@ from . import meter as meter_mod
 from . import reference
 from .output import optimizer_settings, write_output
 
+# The trainers run on the CPU, where the counting meter measures them.
+CPU = torch.device("cpu")
+
 TRAINERS = {
     "hf": ("the Hugging Face Trainer", ("transformers", "accelerate")),
     "lightning": ("Lightning", ("lightning",)),
@@ -340,7 +343,8 @@ def run(trainer, snippet, model_name, plan, *, image=None, seq=None, attention=N
     if len(records) != ran:
         raise RuntimeError(f"{TRAINERS[trainer][0]} ran {len(records)} optimizer steps of {ran}")
     records = records[:steps]
-    fake = eager._Training(t.model, t.backbone, _wrapped(t.backbone), t.make_batch, t.loss_of, opt)
+    fake = eager._Training(model=t.model, backbone=t.backbone, wrapped=_wrapped(t.backbone), device=CPU,
+                           make_batch=t.make_batch, loss_of=t.loss_of, opt=opt)
     out = eager._result(model_name, doc, cfg, ref, fake, records, warmup, image, seq,
                         cfg.autocast_cache, meter)
     out["trainer"] = trainer
@@ -360,7 +364,8 @@ def _build(ref, model_name, cfg, image, seq, attention):
     gen = torch.Generator().manual_seed(1234)
     make_batch, loss_of = reference.batches(ref, model, backbone, cfg.micro_batch, image, seq, gen,
                                             cfg.loss_chunks)
-    return eager._Training(model, backbone, [], make_batch, loss_of, None)
+    return eager._Training(model=model, backbone=backbone, wrapped=[], device=CPU, make_batch=make_batch,
+                           loss_of=loss_of, opt=None)
 
 
 def explained(trainer, timed, batch):

@@ -7,7 +7,7 @@ use ckptune_kernels::fake::FakeMode;
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
-use super::cuda_efficient;
+use ckptune_models::cuda_efficient_attention as cuda_efficient;
 
 /// Each event as the GPU's history names it: ("alloc" | "free_completed", requested bytes).
 /// Empty storages are left out: the caching allocator hands out no block for 0 bytes (and the
