@@ -161,3 +161,40 @@ fn a_step_the_meta_device_cannot_record_keeps_the_fixed_reserve() {
     assert!(notes.contains("could not be recorded on the meta device"), "{notes}");
     assert!(notes.contains("kept in reserve"), "{notes}");
 }
+
+/// A budget barely above the context and workspaces: tightening takes the planning budget below
+/// zero, and the plan fails as any plan that does not fit (exit 1, saying so), not as bad input.
+#[test]
+fn a_budget_that_only_holds_the_context_does_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plan.json");
+    // The unnamed GPU's context (734,855,168 B) and two 32 MiB workspaces, plus 1 MB.
+    let budget = (734_855_168u64 + 2 * 32 * 1024 * 1024 + 1_000_000).to_string();
+    let run = common::ckptune(&[
+        "plan",
+        "--budget",
+        &budget,
+        "tiny-bert",
+        "--batch",
+        "4",
+        "--seq",
+        "32",
+        "--precision",
+        "fp32",
+        "--optimizer",
+        "adamw",
+        "--measure",
+        "estimate",
+        "--target",
+        "cuda",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("fits the budget") || stderr.contains("fit the budget"),
+        "{stderr}"
+    );
+    assert!(!out.exists());
+}

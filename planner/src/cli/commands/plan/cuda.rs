@@ -108,6 +108,10 @@ pub(super) fn plan_within_reserved(
             return Ok((plan, json));
         }
         planning = planning.min(plan.predicted.peak_bytes) - excess;
+        if planning < 0 {
+            // Not even an empty step's tensors fit beside the reserve: no plan can.
+            break;
+        }
     }
     let last = rounds.last().expect("one round ran");
     Err(anyhow!(
