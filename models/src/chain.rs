@@ -156,6 +156,23 @@ impl std::fmt::Debug for ChainBlock {
 pub trait LossHead: Send {
     fn loss(&self, output: &Tensor, batch: &Batch) -> Tensor;
 
+    /// Earlier blocks whose outputs the loss reads besides the last block's, in the order
+    /// [`LossHead::loss_over`] takes them: a program with several outputs (BertModel's
+    /// `last_hidden_state` and `pooler_output`). None of them is the last block, nor a block
+    /// inside a group other than its last ([`Chain::validate`]).
+    fn reads(&self) -> &[usize] {
+        &[]
+    }
+
+    /// The loss of the last block's output and of the outputs of the [`LossHead::reads`] blocks.
+    fn loss_over(&self, output: &Tensor, reads: &[Tensor], batch: &Batch) -> Tensor {
+        debug_assert!(
+            reads.is_empty(),
+            "a head that reads earlier outputs implements loss_over"
+        );
+        self.loss(output, batch)
+    }
+
     /// A language model's head, which the loss can also be computed from in chunks of tokens.
     fn causal_lm(&self) -> Option<&dyn LmHead> {
         None
@@ -311,9 +328,9 @@ impl Chain {
     }
 
     /// Checks what the runtime relies on: skips point backwards; groups are ordered,
-    /// disjoint runs of at least two blocks; no block outside a group reads a block inside it
-    /// other than its last (a checkpointed group keeps only its output), and no block inside a
-    /// group reads a block before the group's input.
+    /// disjoint runs of at least two blocks; no block outside a group, nor the loss, reads a
+    /// block inside it other than its last (a checkpointed group keeps only its output), and no
+    /// block inside a group reads a block before the group's input.
     pub fn validate(&self) -> std::result::Result<(), String> {
         let n = self.blocks.len();
         for (i, b) in self.blocks.iter().enumerate() {
@@ -324,8 +341,20 @@ impl Chain {
                 ));
             }
         }
+        if let Some(&k) = self.head.reads().iter().find(|&&k| k + 1 >= n) {
+            return Err(format!(
+                "the loss reads block #{k} as an earlier output; the chain has {n} blocks and passes the last one's directly"
+            ));
+        }
         let mut prev_last: Option<usize> = None;
         for g in &self.groups {
+            if let Some(&k) = self.head.reads().iter().find(|&&k| (g.first..g.last).contains(&k)) {
+                return Err(format!(
+                    "the loss reads the output of block {} inside group {} (a checkpointed group keeps \
+                     only its last block's output): choose candidates without {} with --candidates REGEX",
+                    self.blocks[k].name, g.name, g.name
+                ));
+            }
             if g.first >= g.last || g.last >= n || prev_last.is_some_and(|p| g.first <= p) {
                 return Err(format!(
                     "group {} spans blocks {}..={} of {n}; groups must be ordered, disjoint runs of 2 or more",

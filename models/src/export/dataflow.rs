@@ -1,5 +1,5 @@
-//! What crosses the cuts between blocks: each block's output (the one tensor later nodes read)
-//! and what each block reads from earlier blocks, as its input (the previous block's output)
+//! What crosses the cuts between blocks: each block's output (the one tensor later nodes or the
+//! loss read: a program may have several outputs) and what each block reads from earlier blocks, as its input (the previous block's output)
 //! and its skips (older blocks' outputs); no-op casts read through across cuts.
 
 use std::collections::{BTreeSet, HashMap};
@@ -38,7 +38,16 @@ fn bad(path: &Path, reason: String) -> ModelError {
 }
 
 impl Flow {
-    pub fn new(path: &Path, ar: &Archive, graph: &Graph, sig: &Signature, side: &Side, units: &[Unit]) -> Result<Flow> {
+    /// `outputs`: the program outputs the loss reads ([`super::io::ExportLoss::outputs`]).
+    pub fn new(
+        path: &Path,
+        ar: &Archive,
+        graph: &Graph,
+        sig: &Signature,
+        side: &Side,
+        units: &[Unit],
+        outputs: &[usize],
+    ) -> Result<Flow> {
         let mut block_of_node = vec![0usize; graph.nodes.len()];
         for (i, u) in units.iter().enumerate() {
             block_of_node[u.first..=u.last].fill(i);
@@ -49,8 +58,44 @@ impl Flow {
             alias_src: no_op_casts(ar, graph, sig, side),
             outputs_of: Vec::new(),
         };
-        flow.outputs_of = flow.outputs(path, graph, sig, side, units)?;
+        flow.outputs_of = flow.outputs(path, graph, sig, side, units, outputs)?;
         Ok(flow)
+    }
+
+    /// Where the loss finds `outputs` (the program outputs it reads, in order): the blocks other
+    /// than the last that make some of them, and per output `None` for the last block's, else
+    /// its index among those blocks. An output no block hands on (the program's input returned,
+    /// a constant) is refused.
+    pub fn loss_terms(
+        &self,
+        path: &Path,
+        graph: &Graph,
+        outputs: &[usize],
+    ) -> Result<(Vec<usize>, Vec<Option<usize>>)> {
+        let last = self.outputs_of.len() - 1;
+        let mut reads: Vec<usize> = Vec::new();
+        let mut terms = Vec::with_capacity(outputs.len());
+        for &v in outputs {
+            let Some(j) = self.outputs_of.iter().position(|&o| o == v) else {
+                return Err(bad(
+                    path,
+                    format!(
+                        "the program's output {} is made by no block (the input or a value computed without \
+                         the batch); ckptune's loss reads every floating-point output: export a program \
+                         returning only outputs computed from the batch",
+                        graph.names[v]
+                    ),
+                ));
+            };
+            terms.push((j != last).then(|| match reads.iter().position(|&r| r == j) {
+                Some(k) => k,
+                None => {
+                    reads.push(j);
+                    reads.len() - 1
+                }
+            }));
+        }
+        Ok((reads, terms))
     }
 
     /// The value node `k` reads for `v`: through no-op casts made in another block.
@@ -65,10 +110,17 @@ impl Flow {
         v
     }
 
-    /// Per unit, the one tensor it hands to later nodes.
-    fn outputs(&self, path: &Path, graph: &Graph, sig: &Signature, side: &Side, units: &[Unit]) -> Result<Vec<usize>> {
-        // The last node reading each value: outputs other than the first (a model returning
-        // `(logits, hidden)`) are computed but not handed on, as the loss reads only the first.
+    /// Per unit, the one tensor it hands to later nodes or to the loss (a program output).
+    fn outputs(
+        &self,
+        path: &Path,
+        graph: &Graph,
+        sig: &Signature,
+        side: &Side,
+        units: &[Unit],
+        loss_outputs: &[usize],
+    ) -> Result<Vec<usize>> {
+        // The last node reading each value (the graph's output node is none).
         let mut last_read: Vec<Option<usize>> = vec![None; graph.names.len()];
         for (k, node) in graph.nodes.iter().enumerate() {
             for v in node.reads() {
@@ -85,7 +137,7 @@ impl Flow {
                 .filter(|&v| {
                     graph.is_tensor[v]
                         && !sig.mutations.contains_key(&v)
-                        && (v == sig.output || last_read[v].is_some_and(|l| l > u.last))
+                        && (loss_outputs.contains(&v) || last_read[v].is_some_and(|l| l > u.last))
                 })
                 .collect();
             let outs: Vec<usize> = outs.into_iter().collect();
@@ -95,8 +147,8 @@ impl Flow {
                     return Err(bad(
                         path,
                         format!(
-                            "block {} (nodes {}..{}) hands {} tensors to later nodes ({}); ckptune passes one \
-                             tensor between blocks: choose other candidates with --candidates REGEX",
+                            "block {} (nodes {}..{}) hands {} tensors to later nodes and the loss ({}); ckptune \
+                             passes one tensor from each block: choose other candidates with --candidates REGEX",
                             u.name,
                             graph.nodes[u.first].name,
                             graph.nodes[u.last].name,
@@ -110,12 +162,12 @@ impl Flow {
                 }
             }
         }
-        if outputs_of.last() != Some(&sig.output) {
+        if let Some(v) = outputs_of.last().filter(|v| !loss_outputs.contains(v)) {
             return Err(bad(
                 path,
                 format!(
-                    "the model's output {} is not made by its last block",
-                    graph.names[sig.output]
+                    "the last block hands on {}, which is not an output of the model ({})",
+                    graph.names[*v], graph.names[sig.output]
                 ),
             ));
         }
