@@ -28,6 +28,10 @@ pub struct Ctx<'a> {
     /// path reads the mask's values to decide whether it needs a mask at all; a fake tensor has
     /// none, so the batch says it.
     pub padded: bool,
+    /// The batch's input, for a block after the first that reads it as well (a `torch.export`
+    /// program whose sequence classifier finds each sequence's last token from the token ids).
+    /// It needs no gradient and lives through the step, so reading it again costs nothing.
+    pub batch_input: Option<&'a Tensor>,
 }
 
 impl<'a> Ctx<'a> {
@@ -40,6 +44,15 @@ impl<'a> Ctx<'a> {
             skips: &[],
             batch_mask: None,
             padded: attention_mask.is_some(),
+            batch_input: None,
+        }
+    }
+
+    /// The same context with the batch's input for blocks after the first that read it.
+    pub fn with_batch_input(self, batch_input: &'a Tensor) -> Self {
+        Ctx {
+            batch_input: Some(batch_input),
+            ..self
         }
     }
 
@@ -63,6 +76,7 @@ impl<'a> Ctx<'a> {
             skips,
             batch_mask: self.batch_mask,
             padded: self.padded,
+            batch_input: self.batch_input,
         }
     }
 
@@ -196,6 +210,10 @@ pub enum InputSpec {
     Image { channels: i64, size: i64, classes: i64 },
     /// `[batch, features]` f32 vectors, integer class targets in `0..classes` (toy chains).
     Features { features: i64, classes: i64 },
+    /// `[batch, sizes..]` f32 tensors of another shape (a `torch.export` program's log-mel
+    /// features `[batch, mel, frames]`, non-square images), integer class targets in
+    /// `0..classes`.
+    Tensor { sizes: Vec<i64>, classes: i64 },
     /// `[batch, seq]` i64 token ids in `0..vocab`, an attention mask, and integer targets:
     /// per sequence in `0..classes` (classification) or per token in `0..vocab` (language model).
     Tokens {
@@ -411,6 +429,12 @@ impl Chain {
             },
             InputSpec::Features { features, classes } => Batch {
                 input: Tensor::randn([batch, *features], (Kind::Float, device)),
+                target: Tensor::randint(*classes, [batch], (Kind::Int64, device)),
+                attention_mask: None,
+                padded: false,
+            },
+            InputSpec::Tensor { sizes, classes } => Batch {
+                input: Tensor::randn([&[batch][..], sizes].concat(), (Kind::Float, device)),
                 target: Tensor::randint(*classes, [batch], (Kind::Int64, device)),
                 attention_mask: None,
                 padded: false,

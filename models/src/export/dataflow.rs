@@ -228,7 +228,7 @@ pub(super) fn blocks(
 }
 
 /// Unit `i` as a chain block: the nodes it runs, what it reads from earlier blocks (its input
-/// and skips), the side values it reads.
+/// and skips) and from the batch, the side values it reads.
 fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, input: usize) -> Result<ChainBlock> {
     let g = &prog.graph;
     let runs = runs(prog, flow, u);
@@ -256,21 +256,17 @@ fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, inpu
         }
     }
     let mut block_input = None;
+    let mut batch_input = None;
     let mut skips = Vec::new();
     let mut skip_vals = Vec::new();
     for v in reads {
         if v == input {
-            if i != 0 {
-                return Err(bad(
-                    path,
-                    format!(
-                        "block {} reads the model's input {} although it is not the first block; \
-                         ckptune feeds the input to the first block only",
-                        u.name, g.names[v]
-                    ),
-                ));
+            // A later block reads the batch itself (it needs no gradient and lives all step).
+            if i == 0 {
+                block_input = Some(v);
+            } else {
+                batch_input = Some(v);
             }
-            block_input = Some(v);
             continue;
         }
         let j = flow.def[v].map(|d| flow.block_of_node[d]).ok_or_else(|| {
@@ -295,6 +291,16 @@ fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, inpu
                 .map(move |v| flow.read_as(v, k))
         })
         .collect();
+    if let Some(v) = batch_input.filter(|v| written.contains(v)) {
+        return Err(bad(
+            path,
+            format!(
+                "block {} writes the model's input {} in place, which an earlier block read and a \
+                 recompute reads again; export a model that writes a copy (`x = x.clone()` first)",
+                u.name, g.names[v]
+            ),
+        ));
+    }
     let writes = block_input
         .iter()
         .chain(&skip_vals)
@@ -308,6 +314,7 @@ fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, inpu
             prog: prog.clone(),
             name: u.name.clone(),
             input: block_input,
+            batch_input,
             skips: skip_vals,
             output: flow.outputs_of[i],
             runs,

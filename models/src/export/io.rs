@@ -83,6 +83,10 @@ pub(super) fn input_and_loss(
             classes,
         },
         ([f], true) => InputSpec::Features { features: *f, classes },
+        ([_, ..], true) => InputSpec::Tensor {
+            sizes: sample.clone(),
+            classes,
+        },
         ([s], false) => InputSpec::Tokens {
             seq: *s,
             vocab: vocab.ok_or_else(|| bad("an integer input that no aten.embedding reads".into()))?,
@@ -94,8 +98,8 @@ pub(super) fn input_and_loss(
         },
         _ => {
             return Err(bad(format!(
-                "input of sizes [batch, {sample:?}] is not supported (images [batch, c, h, h], features \
-                 [batch, f] or token ids [batch, seq])"
+                "input of sizes [batch, {sample:?}] is not supported (a floating-point tensor with a \
+                 batch dimension and at least one more, or integer token ids [batch, seq])"
             )))
         }
     };
