@@ -484,6 +484,21 @@ fn the_loss_reads_every_output() {
 }
 
 #[test]
+fn a_further_output_made_beside_the_first_is_left_out_of_the_loss() {
+    let _lock = ckptune_kernels::meter::exclusive();
+    // The glue after the layers makes `(hidden, pooled)` both: it hands on `hidden`, the first
+    // output, and the loss is that output's cross-entropy alone.
+    let c = load("one_block_two_outputs.pt2", ModelOptions::default()).unwrap();
+    assert!(c.head.reads().is_empty());
+    let batch = c.make_batch(3, tch::Device::Cpu, 1);
+    let out = c.forward_all(&batch.input, None, true).pop().unwrap();
+    assert_eq!(out.size(), [3, 16]);
+    let want = out.cross_entropy_for_logits(&batch.target);
+    let got = c.head.loss_over(&out, &[], &batch);
+    assert!(got.equal(&want), "loss {got} is not {want}");
+}
+
+#[test]
 fn values_every_layer_reads_are_computed_where_they_are_read() {
     // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
     // serialized with every other test that runs a model.

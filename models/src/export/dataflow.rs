@@ -1,6 +1,7 @@
 //! What crosses the cuts between blocks: each block's output (the one tensor later nodes or the
-//! loss read: a program may have several outputs) and what each block reads from earlier blocks, as its input (the previous block's output)
-//! and its skips (older blocks' outputs); no-op casts read through across cuts.
+//! loss read: a program may have several outputs) and what each block reads from earlier
+//! blocks, as its input (the previous block's output) and its skips (older blocks' outputs);
+//! no-op casts read through across cuts.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -64,8 +65,9 @@ impl Flow {
 
     /// Where the loss finds `outputs` (the program outputs it reads, in order): the blocks other
     /// than the last that make some of them, and per output `None` for the last block's, else
-    /// its index among those blocks. An output no block hands on (the program's input returned,
-    /// a constant) is refused.
+    /// its index among those blocks. A further output no block hands on is left out of the loss
+    /// (see [`Flow::outputs`]); a first output no block hands on (the program's input returned,
+    /// a value computed without the batch) is refused.
     pub fn loss_terms(
         &self,
         path: &Path,
@@ -75,14 +77,18 @@ impl Flow {
         let last = self.outputs_of.len() - 1;
         let mut reads: Vec<usize> = Vec::new();
         let mut terms = Vec::with_capacity(outputs.len());
-        for &v in outputs {
-            let Some(j) = self.outputs_of.iter().position(|&o| o == v) else {
+        for (n, &v) in outputs.iter().enumerate() {
+            let found = self.outputs_of.iter().position(|&o| o == v);
+            if found.is_none() && n > 0 {
+                continue;
+            }
+            let Some(j) = found else {
                 return Err(bad(
                     path,
                     format!(
-                        "the program's output {} is made by no block (the input or a value computed without \
-                         the batch); ckptune's loss reads every floating-point output: export a program \
-                         returning only outputs computed from the batch",
+                        "the program's first output {} is made by no block (the input or a value computed \
+                         without the batch); ckptune's loss reads it: export a program whose first output \
+                         is computed from the batch",
                         graph.names[v]
                     ),
                 ));
@@ -140,7 +146,14 @@ impl Flow {
                         && (loss_outputs.contains(&v) || last_read[v].is_some_and(|l| l > u.last))
                 })
                 .collect();
-            let outs: Vec<usize> = outs.into_iter().collect();
+            let mut outs: Vec<usize> = outs.into_iter().collect();
+            // A further output that only the loss reads, made in a block that hands on another
+            // tensor (Inception v3's auxiliary logits, in the glue block with its classifier), is
+            // left out of the loss: a block hands on one tensor.
+            let only_loss = |v: &usize| loss_outputs[1..].contains(v) && last_read[*v].is_none_or(|l| l <= u.last);
+            if outs.len() > 1 && outs.iter().any(|v| !only_loss(v)) {
+                outs.retain(|v| !only_loss(v));
+            }
             match outs.as_slice() {
                 [v] => outputs_of.push(*v),
                 _ => {

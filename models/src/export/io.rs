@@ -177,7 +177,8 @@ fn is_floating(dtype: i64) -> bool {
 /// floating-point output (a program with several outputs: BertModel's `pooler_output`, CLIP's
 /// pooled output, GoogLeNet's auxiliary logits in training mode), summed in program order in
 /// float32. A further output counts as a single output that is not logits counts, so each gets a
-/// gradient of ones, and checkpointing has to recompute what makes it.
+/// gradient of ones, and checkpointing has to recompute what makes it. One made in a block that
+/// hands on another tensor is left out (`Flow::outputs`).
 pub(super) struct ExportLoss {
     pub first: FirstTerm,
     /// The outputs the loss reads, in program order: the first output, then every further
