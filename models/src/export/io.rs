@@ -224,11 +224,8 @@ impl LossHead for ExportLoss {
     fn loss_over(&self, output: &Tensor, reads: &[Tensor], batch: &Batch) -> Tensor {
         let tensor = |term: Option<usize>| term.and_then(|j| reads.get(j)).unwrap_or(output);
         let mut terms = self.terms.iter().map(|&t| tensor(t));
-        let mut loss = self.first.of(terms.next().unwrap_or(output), batch);
-        for t in terms {
-            loss = loss + t.to_kind(Kind::Float).sum(Kind::Float);
-        }
-        loss
+        let first = self.first.of(terms.next().unwrap_or(output), batch);
+        terms.fold(first, |loss, t| loss + t.to_kind(Kind::Float).sum(Kind::Float))
     }
 }
 
