@@ -28,6 +28,10 @@ pub struct Ctx<'a> {
     /// path reads the mask's values to decide whether it needs a mask at all; a fake tensor has
     /// none, so the batch says it.
     pub padded: bool,
+    /// The batch's input, for a block after the first that reads it as well (a `torch.export`
+    /// program whose sequence classifier finds each sequence's last token from the token ids).
+    /// It needs no gradient and lives through the step, so reading it again costs nothing.
+    pub batch_input: Option<&'a Tensor>,
 }
 
 impl<'a> Ctx<'a> {
@@ -40,6 +44,15 @@ impl<'a> Ctx<'a> {
             skips: &[],
             batch_mask: None,
             padded: attention_mask.is_some(),
+            batch_input: None,
+        }
+    }
+
+    /// The same context with the batch's input for blocks after the first that read it.
+    pub fn with_batch_input(self, batch_input: &'a Tensor) -> Self {
+        Ctx {
+            batch_input: Some(batch_input),
+            ..self
         }
     }
 
@@ -63,6 +76,7 @@ impl<'a> Ctx<'a> {
             skips,
             batch_mask: self.batch_mask,
             padded: self.padded,
+            batch_input: self.batch_input,
         }
     }
 
@@ -156,6 +170,23 @@ impl std::fmt::Debug for ChainBlock {
 pub trait LossHead: Send {
     fn loss(&self, output: &Tensor, batch: &Batch) -> Tensor;
 
+    /// Earlier blocks whose outputs the loss reads besides the last block's, in the order
+    /// [`LossHead::loss_over`] takes them: a program with several outputs (BertModel's
+    /// `last_hidden_state` and `pooler_output`). None of them is the last block, nor a block
+    /// inside a group other than its last ([`Chain::validate`]).
+    fn reads(&self) -> &[usize] {
+        &[]
+    }
+
+    /// The loss of the last block's output and of the outputs of the [`LossHead::reads`] blocks.
+    fn loss_over(&self, output: &Tensor, reads: &[Tensor], batch: &Batch) -> Tensor {
+        debug_assert!(
+            reads.is_empty(),
+            "a head that reads earlier outputs implements loss_over"
+        );
+        self.loss(output, batch)
+    }
+
     /// A language model's head, which the loss can also be computed from in chunks of tokens.
     fn causal_lm(&self) -> Option<&dyn LmHead> {
         None
@@ -179,6 +210,10 @@ pub enum InputSpec {
     Image { channels: i64, size: i64, classes: i64 },
     /// `[batch, features]` f32 vectors, integer class targets in `0..classes` (toy chains).
     Features { features: i64, classes: i64 },
+    /// `[batch, sizes..]` f32 tensors of another shape (a `torch.export` program's log-mel
+    /// features `[batch, mel, frames]`, non-square images), integer class targets in
+    /// `0..classes`.
+    Tensor { sizes: Vec<i64>, classes: i64 },
     /// `[batch, seq]` i64 token ids in `0..vocab`, an attention mask, and integer targets:
     /// per sequence in `0..classes` (classification) or per token in `0..vocab` (language model).
     Tokens {
@@ -311,9 +346,9 @@ impl Chain {
     }
 
     /// Checks what the runtime relies on: skips point backwards; groups are ordered,
-    /// disjoint runs of at least two blocks; no block outside a group reads a block inside it
-    /// other than its last (a checkpointed group keeps only its output), and no block inside a
-    /// group reads a block before the group's input.
+    /// disjoint runs of at least two blocks; no block outside a group, nor the loss, reads a
+    /// block inside it other than its last (a checkpointed group keeps only its output), and no
+    /// block inside a group reads a block before the group's input.
     pub fn validate(&self) -> std::result::Result<(), String> {
         let n = self.blocks.len();
         for (i, b) in self.blocks.iter().enumerate() {
@@ -324,8 +359,20 @@ impl Chain {
                 ));
             }
         }
+        if let Some(&k) = self.head.reads().iter().find(|&&k| k + 1 >= n) {
+            return Err(format!(
+                "the loss reads block #{k} as an earlier output; the chain has {n} blocks and passes the last one's directly"
+            ));
+        }
         let mut prev_last: Option<usize> = None;
         for g in &self.groups {
+            if let Some(&k) = self.head.reads().iter().find(|&&k| (g.first..g.last).contains(&k)) {
+                return Err(format!(
+                    "the loss reads the output of block {} inside group {} (a checkpointed group keeps \
+                     only its last block's output): choose candidates without {} with --candidates REGEX",
+                    self.blocks[k].name, g.name, g.name
+                ));
+            }
             if g.first >= g.last || g.last >= n || prev_last.is_some_and(|p| g.first <= p) {
                 return Err(format!(
                     "group {} spans blocks {}..={} of {n}; groups must be ordered, disjoint runs of 2 or more",
@@ -382,6 +429,12 @@ impl Chain {
             },
             InputSpec::Features { features, classes } => Batch {
                 input: Tensor::randn([batch, *features], (Kind::Float, device)),
+                target: Tensor::randint(*classes, [batch], (Kind::Int64, device)),
+                attention_mask: None,
+                padded: false,
+            },
+            InputSpec::Tensor { sizes, classes } => Batch {
+                input: Tensor::randn([&[batch][..], sizes].concat(), (Kind::Float, device)),
                 target: Tensor::randint(*classes, [batch], (Kind::Int64, device)),
                 attention_mask: None,
                 padded: false,

@@ -195,7 +195,10 @@ pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain>
         } else {
             TokenTargets::Classes(classes_of(&whole))
         };
-    } else if let InputSpec::Image { classes, .. } | InputSpec::Features { classes, .. } = &mut chain.input {
+    } else if let InputSpec::Image { classes, .. }
+    | InputSpec::Features { classes, .. }
+    | InputSpec::Tensor { classes, .. } = &mut chain.input
+    {
         *classes = classes_of(&whole);
     }
     Ok(chain)

@@ -455,13 +455,15 @@ fn exported_bert_takes_its_mask_and_cuts_into_the_builtin_layers() {
 }
 
 #[test]
-fn outputs_after_the_first_are_computed_not_handed_on() {
+fn the_loss_reads_every_output() {
     // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
     // serialized with every other test that runs a model.
     let _lock = ckptune_kernels::meter::exclusive();
-    // `(logits, hidden)`: the loss reads the logits; `hidden` (the last layer's output) is
-    // still what the head block reads, and no block hands on two tensors.
+    // `(logits, hidden)`: `hidden` (the last layer's output) is what the head block reads and
+    // what the loss reads besides the logits; no block hands on two tensors.
     let c = load("tiny_stack_tuple.pt2", ModelOptions::default()).unwrap();
+    let reads: Vec<&str> = c.head.reads().iter().map(|&k| c.blocks[k].name.as_str()).collect();
+    assert_eq!(reads, ["layers.2"]);
     assert_eq!(candidates(&c), ["layers.0", "layers.1", "layers.2"]);
     assert_eq!(
         c.input,
@@ -471,8 +473,29 @@ fn outputs_after_the_first_are_computed_not_handed_on() {
         }
     );
     let batch = c.make_batch(3, tch::Device::Cpu, 1);
-    let out = c.forward_all(&batch.input, None, true).pop().unwrap();
+    let mut outs = c.forward_all(&batch.input, None, true);
+    let out = outs.pop().unwrap();
     assert_eq!(out.size(), [3, 4]);
+    // The first output's cross-entropy plus the further output's sum, in that order.
+    let hidden = &outs[c.head.reads()[0]];
+    let want = out.cross_entropy_for_logits(&batch.target) + hidden.sum(tch::Kind::Float);
+    let got = c.head.loss_over(&out, std::slice::from_ref(hidden), &batch);
+    assert!(got.equal(&want), "loss {got} is not {want}");
+}
+
+#[test]
+fn a_further_output_made_beside_the_first_is_left_out_of_the_loss() {
+    let _lock = ckptune_kernels::meter::exclusive();
+    // The glue after the layers makes `(hidden, pooled)` both: it hands on `hidden`, the first
+    // output, and the loss is that output's cross-entropy alone.
+    let c = load("one_block_two_outputs.pt2", ModelOptions::default()).unwrap();
+    assert!(c.head.reads().is_empty());
+    let batch = c.make_batch(3, tch::Device::Cpu, 1);
+    let out = c.forward_all(&batch.input, None, true).pop().unwrap();
+    assert_eq!(out.size(), [3, 16]);
+    let want = out.cross_entropy_for_logits(&batch.target);
+    let got = c.head.loss_over(&out, &[], &batch);
+    assert!(got.equal(&want), "loss {got} is not {want}");
 }
 
 #[test]

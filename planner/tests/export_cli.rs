@@ -392,6 +392,23 @@ fn exported_parameter_bias_read_by_every_layer_sweeps_byte_exact_on_every_subset
     sweep_is_exact("position_bias.pt2", "layer", "fp32", &[]);
 }
 
+/// Programs with several outputs (BertModel's last hidden state and pooler output; an auxiliary
+/// classifier's logits, as GoogLeNet's in training mode, from a block no later block reads):
+/// the loss reads every floating-point output, and the profile predicts the peak exactly under
+/// every subset, in fp32 and bf16, the pooled program at nested granularity too. So does a head
+/// that reads the token ids again after the layers (`last_token.pt2`, a decoder's sequence
+/// classifier), and a program on log-mel features (`audio_features.pt2`, Whisper's input).
+#[test]
+fn exported_programs_with_several_outputs_or_reading_the_input_again_sweep_byte_exact() {
+    for precision in ["fp32", "bf16"] {
+        sweep_is_exact("pooled_outputs.pt2", "layer", precision, &[]);
+        sweep_is_exact("aux_outputs.pt2", "layer", precision, &[]);
+        sweep_is_exact("last_token.pt2", "layer", precision, &[]);
+        sweep_is_exact("audio_features.pt2", "layer", precision, &[]);
+    }
+    sweep_is_exact("pooled_outputs.pt2", "nested", "fp32", &[]);
+}
+
 /// A profile cached for one choice of candidates is not reused for another: `--candidates`
 /// is part of the cache key.
 #[test]

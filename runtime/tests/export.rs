@@ -234,6 +234,50 @@ fn exported_inplace_input_symbolic_size_and_shared_bias_checkpoint_bitwise() {
 }
 
 #[test]
+fn exported_several_outputs_and_input_read_again_checkpoint_bitwise() {
+    // A program with several outputs: the loss reads the pooler's output and the last layer's
+    // (which the pooler reads too), or an auxiliary classifier's output that no later block
+    // reads. Every parameter gets a gradient (the pooler's and `aux`'s only through the loss),
+    // and with each candidate checkpointed alone, and with all of them, it equals the plain
+    // step's bit for bit.
+    let _lock = meter::exclusive();
+    tch::set_num_threads(1);
+    // A head that reads the batch's token ids again (`last_token.pt2`) takes them from the step.
+    let none: &[&str] = &[];
+    for (file, reads) in [
+        ("pooled_outputs.pt2", &["layers.1"][..]),
+        ("aux_outputs.pt2", &["aux"]),
+        ("last_token.pt2", none),
+    ] {
+        let chain = chain_from_export(&fixture(file), &ModelOptions::default()).unwrap();
+        let read: Vec<&str> = chain
+            .head
+            .reads()
+            .iter()
+            .map(|&k| chain.blocks[k].name.as_str())
+            .collect();
+        assert_eq!(
+            read, reads,
+            "{file}: the blocks whose outputs the loss reads besides the last"
+        );
+        let n = chain.blocks.len();
+        for precision in [Precision::Fp32, Precision::Bf16] {
+            let grads =
+                |ckpt: &dyn Fn(usize) -> bool| micro_step_grads(file, &ModelOptions::default(), precision, ckpt);
+            let plain = grads(&|_| false);
+            assert!(!plain.is_empty());
+            for k in (0..n).map(Some).chain([None]) {
+                let ckpt = grads(&|i| k.is_none_or(|k| k == i));
+                for ((name, a), (_, b)) in plain.iter().zip(&ckpt) {
+                    assert!(a.defined() && b.defined(), "{file}: {name} got no gradient");
+                    assert!(a.equal(b), "{file} {precision} block {k:?}: gradient of {name} differs");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn exported_transformers_checkpoint_bitwise() {
     // Values every layer reads but no layer makes (a mask from the batch or from the sizes,
     // rotary cos/sin) are computed by each block that reads them; dropout replays under

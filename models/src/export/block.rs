@@ -39,6 +39,8 @@ pub(super) struct ExportBlock {
     pub name: String,
     /// The value the block's input (`xs`) carries, if the block reads it.
     pub input: Option<usize>,
+    /// The program's input, when a block after the first reads it: from [`Ctx::batch_input`].
+    pub batch_input: Option<usize>,
     /// The values the block's skips carry, in the order of its `ChainBlock::skips`.
     pub skips: Vec<usize>,
     pub output: usize,
@@ -73,6 +75,12 @@ impl Block for ExportBlock {
         };
         if let Some(v) = self.input {
             env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(self.handle(v, xs)?));
+        }
+        if let Some(v) = self.batch_input {
+            let batch = ctx
+                .batch_input
+                .ok_or_else(|| self.value_failure(v, "the block reads the batch, but the step gave it none"))?;
+            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(batch.shallow_clone()));
         }
         for (k, &v) in self.skips.iter().enumerate() {
             let skip = ctx

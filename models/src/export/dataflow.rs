@@ -1,6 +1,7 @@
-//! What crosses the cuts between blocks: each block's output (the one tensor later nodes read)
-//! and what each block reads from earlier blocks, as its input (the previous block's output)
-//! and its skips (older blocks' outputs); no-op casts read through across cuts.
+//! What crosses the cuts between blocks: each block's output (the one tensor later nodes or the
+//! loss read: a program may have several outputs) and what each block reads from earlier
+//! blocks, as its input (the previous block's output) and its skips (older blocks' outputs);
+//! no-op casts read through across cuts.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -38,7 +39,16 @@ fn bad(path: &Path, reason: String) -> ModelError {
 }
 
 impl Flow {
-    pub fn new(path: &Path, ar: &Archive, graph: &Graph, sig: &Signature, side: &Side, units: &[Unit]) -> Result<Flow> {
+    /// `outputs`: the program outputs the loss reads ([`super::io::ExportLoss::outputs`]).
+    pub fn new(
+        path: &Path,
+        ar: &Archive,
+        graph: &Graph,
+        sig: &Signature,
+        side: &Side,
+        units: &[Unit],
+        outputs: &[usize],
+    ) -> Result<Flow> {
         let mut block_of_node = vec![0usize; graph.nodes.len()];
         for (i, u) in units.iter().enumerate() {
             block_of_node[u.first..=u.last].fill(i);
@@ -49,8 +59,49 @@ impl Flow {
             alias_src: no_op_casts(ar, graph, sig, side),
             outputs_of: Vec::new(),
         };
-        flow.outputs_of = flow.outputs(path, graph, sig, side, units)?;
+        flow.outputs_of = flow.outputs(path, graph, sig, side, units, outputs)?;
         Ok(flow)
+    }
+
+    /// Where the loss finds `outputs` (the program outputs it reads, in order): the blocks other
+    /// than the last that make some of them, and per output `None` for the last block's, else
+    /// its index among those blocks. A further output no block hands on is left out of the loss
+    /// (see [`Flow::outputs`]); a first output no block hands on (the program's input returned,
+    /// a value computed without the batch) is refused.
+    pub fn loss_terms(
+        &self,
+        path: &Path,
+        graph: &Graph,
+        outputs: &[usize],
+    ) -> Result<(Vec<usize>, Vec<Option<usize>>)> {
+        let last = self.outputs_of.len() - 1;
+        let mut reads: Vec<usize> = Vec::new();
+        let mut terms = Vec::with_capacity(outputs.len());
+        for (n, &v) in outputs.iter().enumerate() {
+            let found = self.outputs_of.iter().position(|&o| o == v);
+            if found.is_none() && n > 0 {
+                continue;
+            }
+            let Some(j) = found else {
+                return Err(bad(
+                    path,
+                    format!(
+                        "the program's first output {} is made by no block (the input or a value computed \
+                         without the batch); ckptune's loss reads it: export a program whose first output \
+                         is computed from the batch",
+                        graph.names[v]
+                    ),
+                ));
+            };
+            terms.push((j != last).then(|| match reads.iter().position(|&r| r == j) {
+                Some(k) => k,
+                None => {
+                    reads.push(j);
+                    reads.len() - 1
+                }
+            }));
+        }
+        Ok((reads, terms))
     }
 
     /// The value node `k` reads for `v`: through no-op casts made in another block.
@@ -65,10 +116,17 @@ impl Flow {
         v
     }
 
-    /// Per unit, the one tensor it hands to later nodes.
-    fn outputs(&self, path: &Path, graph: &Graph, sig: &Signature, side: &Side, units: &[Unit]) -> Result<Vec<usize>> {
-        // The last node reading each value: outputs other than the first (a model returning
-        // `(logits, hidden)`) are computed but not handed on, as the loss reads only the first.
+    /// Per unit, the one tensor it hands to later nodes or to the loss (a program output).
+    fn outputs(
+        &self,
+        path: &Path,
+        graph: &Graph,
+        sig: &Signature,
+        side: &Side,
+        units: &[Unit],
+        loss_outputs: &[usize],
+    ) -> Result<Vec<usize>> {
+        // The last node reading each value (the graph's output node is none).
         let mut last_read: Vec<Option<usize>> = vec![None; graph.names.len()];
         for (k, node) in graph.nodes.iter().enumerate() {
             for v in node.reads() {
@@ -85,18 +143,25 @@ impl Flow {
                 .filter(|&v| {
                     graph.is_tensor[v]
                         && !sig.mutations.contains_key(&v)
-                        && (v == sig.output || last_read[v].is_some_and(|l| l > u.last))
+                        && (loss_outputs.contains(&v) || last_read[v].is_some_and(|l| l > u.last))
                 })
                 .collect();
-            let outs: Vec<usize> = outs.into_iter().collect();
+            let mut outs: Vec<usize> = outs.into_iter().collect();
+            // A further output that only the loss reads, made in a block that hands on another
+            // tensor (Inception v3's auxiliary logits, in the glue block with its classifier), is
+            // left out of the loss: a block hands on one tensor.
+            let only_loss = |v: &usize| loss_outputs[1..].contains(v) && last_read[*v].is_none_or(|l| l <= u.last);
+            if outs.len() > 1 && outs.iter().any(|v| !only_loss(v)) {
+                outs.retain(|v| !only_loss(v));
+            }
             match outs.as_slice() {
                 [v] => outputs_of.push(*v),
                 _ => {
                     return Err(bad(
                         path,
                         format!(
-                            "block {} (nodes {}..{}) hands {} tensors to later nodes ({}); ckptune passes one \
-                             tensor between blocks: choose other candidates with --candidates REGEX",
+                            "block {} (nodes {}..{}) hands {} tensors to later nodes and the loss ({}); ckptune \
+                             passes one tensor from each block: choose other candidates with --candidates REGEX",
                             u.name,
                             graph.nodes[u.first].name,
                             graph.nodes[u.last].name,
@@ -110,12 +175,12 @@ impl Flow {
                 }
             }
         }
-        if outputs_of.last() != Some(&sig.output) {
+        if let Some(v) = outputs_of.last().filter(|v| !loss_outputs.contains(v)) {
             return Err(bad(
                 path,
                 format!(
-                    "the model's output {} is not made by its last block",
-                    graph.names[sig.output]
+                    "the last block hands on {}, which is not an output of the model ({})",
+                    graph.names[*v], graph.names[sig.output]
                 ),
             ));
         }
@@ -176,7 +241,7 @@ pub(super) fn blocks(
 }
 
 /// Unit `i` as a chain block: the nodes it runs, what it reads from earlier blocks (its input
-/// and skips), the side values it reads.
+/// and skips) and from the batch, the side values it reads.
 fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, input: usize) -> Result<ChainBlock> {
     let g = &prog.graph;
     let runs = runs(prog, flow, u);
@@ -204,21 +269,17 @@ fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, inpu
         }
     }
     let mut block_input = None;
+    let mut batch_input = None;
     let mut skips = Vec::new();
     let mut skip_vals = Vec::new();
     for v in reads {
         if v == input {
-            if i != 0 {
-                return Err(bad(
-                    path,
-                    format!(
-                        "block {} reads the model's input {} although it is not the first block; \
-                         ckptune feeds the input to the first block only",
-                        u.name, g.names[v]
-                    ),
-                ));
+            // A later block reads the batch itself (it needs no gradient and lives all step).
+            if i == 0 {
+                block_input = Some(v);
+            } else {
+                batch_input = Some(v);
             }
-            block_input = Some(v);
             continue;
         }
         let j = flow.def[v].map(|d| flow.block_of_node[d]).ok_or_else(|| {
@@ -243,6 +304,16 @@ fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, inpu
                 .map(move |v| flow.read_as(v, k))
         })
         .collect();
+    if let Some(v) = batch_input.filter(|v| written.contains(v)) {
+        return Err(bad(
+            path,
+            format!(
+                "block {} writes the model's input {} in place, which an earlier block read and a \
+                 recompute reads again; export a model that writes a copy (`x = x.clone()` first)",
+                u.name, g.names[v]
+            ),
+        ));
+    }
     let writes = block_input
         .iter()
         .chain(&skip_vals)
@@ -256,6 +327,7 @@ fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, inpu
             prog: prog.clone(),
             name: u.name.clone(),
             input: block_input,
+            batch_input,
             skips: skip_vals,
             output: flow.outputs_of[i],
             runs,

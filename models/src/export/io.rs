@@ -1,7 +1,8 @@
 //! What a program takes and what its loss is: the input's shape (images, features or token ids,
 //! the batch dimension dynamic or matching `--batch`), the vocabulary of the embedding that
-//! reads token ids, and the loss on the first output — cross-entropy against random targets
-//! when it ends in a class dimension or the vocabulary, else its sum.
+//! reads token ids, and the loss on the outputs — cross-entropy against random targets on the
+//! first when it ends in a class dimension or the vocabulary, else its sum, plus the sum of
+//! every further floating-point output.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -57,12 +58,24 @@ pub(super) fn input_and_loss(
 
     let vocab = token_vocab(graph, &sig.statics, input);
     let last = out_sizes.last().copied().flatten();
-    let (loss, classes) = match (out_sizes.len(), last) {
-        (2, Some(c)) => (ExportLoss::CrossEntropy, c),
-        (3, Some(v)) if Some(v) == vocab => (ExportLoss::CrossEntropy, v),
-        _ => (ExportLoss::Sum, 1),
+    let (first, classes) = match (out_sizes.len(), last) {
+        (2, Some(c)) => (FirstTerm::CrossEntropy, c),
+        (3, Some(v)) if Some(v) == vocab => (FirstTerm::CrossEntropy, v),
+        _ => (FirstTerm::Sum, 1),
     };
-    let floating = matches!(in_dtype, 6 | 7 | 8 | 13);
+    let mut outputs = vec![output];
+    outputs.extend(
+        sig.outputs.iter().copied().filter(|&v| {
+            v != output && sizes_of(&ar.model, &graph.names[v]).is_some_and(|(_, dtype)| is_floating(dtype))
+        }),
+    );
+    let loss = ExportLoss {
+        first,
+        outputs,
+        reads: Vec::new(),
+        terms: Vec::new(),
+    };
+    let floating = is_floating(in_dtype);
     let spec = match (sample.as_slice(), floating) {
         ([c, h, w], true) if h == w => InputSpec::Image {
             channels: *c,
@@ -70,6 +83,10 @@ pub(super) fn input_and_loss(
             classes,
         },
         ([f], true) => InputSpec::Features { features: *f, classes },
+        ([_, ..], true) => InputSpec::Tensor {
+            sizes: sample.clone(),
+            classes,
+        },
         ([s], false) => InputSpec::Tokens {
             seq: *s,
             vocab: vocab.ok_or_else(|| bad("an integer input that no aten.embedding reads".into()))?,
@@ -81,8 +98,8 @@ pub(super) fn input_and_loss(
         },
         _ => {
             return Err(bad(format!(
-                "input of sizes [batch, {sample:?}] is not supported (images [batch, c, h, h], features \
-                 [batch, f] or token ids [batch, seq])"
+                "input of sizes [batch, {sample:?}] is not supported (a floating-point tensor with a \
+                 batch dimension and at least one more, or integer token ids [batch, seq])"
             )))
         }
     };
@@ -150,24 +167,65 @@ fn token_vocab(graph: &Graph, statics: &[Option<Tensor>], input: usize) -> Optio
     })
 }
 
-/// The loss of an exported model (see the module docs).
-pub(super) enum ExportLoss {
+/// Whether a dtype of torch.export's serialized `ScalarType` is floating point (half, float,
+/// double, bfloat16).
+fn is_floating(dtype: i64) -> bool {
+    matches!(dtype, 6 | 7 | 8 | 13)
+}
+
+/// The loss of an exported model: the first output's term, plus the sum of every further
+/// floating-point output (a program with several outputs: BertModel's `pooler_output`, CLIP's
+/// pooled output, GoogLeNet's auxiliary logits in training mode), summed in program order in
+/// float32. A further output counts as a single output that is not logits counts, so each gets a
+/// gradient of ones, and checkpointing has to recompute what makes it. One made in a block that
+/// hands on another tensor is left out (`Flow::outputs`).
+pub(super) struct ExportLoss {
+    pub first: FirstTerm,
+    /// The outputs the loss reads, in program order: the first output, then every further
+    /// floating-point one.
+    pub outputs: Vec<usize>,
+    /// Blocks other than the last whose outputs the loss reads ([`LossHead::reads`]).
+    pub reads: Vec<usize>,
+    /// Per output of `outputs`: `None` for the last block's, else its index in `reads`.
+    pub terms: Vec<Option<usize>>,
+}
+
+/// The first output's term of the loss (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum FirstTerm {
     CrossEntropy,
     Sum,
 }
 
-impl LossHead for ExportLoss {
-    fn loss(&self, output: &Tensor, batch: &Batch) -> Tensor {
+impl FirstTerm {
+    fn of(self, output: &Tensor, batch: &Batch) -> Tensor {
         match self {
-            ExportLoss::CrossEntropy => {
+            FirstTerm::CrossEntropy => {
                 let classes = output.size().last().copied().unwrap_or(1);
                 output
                     .reshape([-1, classes])
                     .to_kind(Kind::Float)
                     .cross_entropy_for_logits(&batch.target.reshape([-1]))
             }
-            ExportLoss::Sum => output.to_kind(Kind::Float).sum(Kind::Float),
+            FirstTerm::Sum => output.to_kind(Kind::Float).sum(Kind::Float),
         }
+    }
+}
+
+impl LossHead for ExportLoss {
+    fn loss(&self, output: &Tensor, batch: &Batch) -> Tensor {
+        self.loss_over(output, &[], batch)
+    }
+
+    fn reads(&self) -> &[usize] {
+        &self.reads
+    }
+
+    fn loss_over(&self, output: &Tensor, reads: &[Tensor], batch: &Batch) -> Tensor {
+        let tensor = |term: Option<usize>| term.and_then(|j| reads.get(j)).unwrap_or(output);
+        let mut terms = self.terms.iter().map(|&t| tensor(t));
+        let first = self.first.of(terms.next().unwrap_or(output), batch);
+        terms.fold(first, |loss, t| loss + t.to_kind(Kind::Float).sum(Kind::Float))
     }
 }
 

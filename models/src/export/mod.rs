@@ -9,7 +9,8 @@
 //!
 //! Inputs are random tensors shaped like the exported example; the loss is cross-entropy against
 //! random targets when the first output ends in a class dimension (`[batch, classes]`) or in the
-//! vocabulary of the embedding that reads the input (`[batch, seq, vocab]`), else its sum.
+//! vocabulary of the embedding that reads the input (`[batch, seq, vocab]`), else its sum, plus
+//! the sum of every further floating-point output (their blocks hand them to the loss).
 
 mod archive;
 mod block;
@@ -69,7 +70,9 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
     let io = io::input_and_loss(path, &ar, &graph, &sig, opts)?;
     let side = side::side_nodes(&graph, &sig);
     let cut = candidates::cut_into_units(path, &graph, opts, &side.nodes)?;
-    let flow = dataflow::Flow::new(path, &ar, &graph, &sig, &side, &cut.units)?;
+    let flow = dataflow::Flow::new(path, &ar, &graph, &sig, &side, &cut.units, &io.loss.outputs)?;
+    let mut loss = io.loss;
+    (loss.reads, loss.terms) = flow.loss_terms(path, &graph, &loss.outputs)?;
     let prog = Arc::new(Program {
         syms: Mutex::new(vec![None; graph.names.len()]),
         graph,
@@ -93,7 +96,7 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
             .into_iter()
             .map(|(name, first, last)| ChainGroup { name, first, last })
             .collect(),
-        head: Box::new(io.loss),
+        head: Box::new(loss),
         modules: cut.modules,
         input: io.spec,
         reference_params: sig.reference_params,

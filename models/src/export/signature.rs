@@ -1,6 +1,6 @@
 //! The program's signature: its parameters, buffers and tensor constants registered in the
 //! chain's var store under their PyTorch names (a tied tensor once), its user inputs (the batch,
-//! and for token ids their attention mask), its first output, and the buffers it writes back.
+//! and for token ids their attention mask), its outputs, and the buffers it writes back.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -25,10 +25,13 @@ pub(super) struct Signature {
     /// The input values of the buffers the program mutates.
     pub mutated: BTreeSet<usize>,
     /// The batch's input, its attention mask input if the program takes one, and the first
-    /// user output (the loss's input).
+    /// user output.
     pub input: usize,
     pub mask_input: Option<usize>,
     pub output: usize,
+    /// Every tensor user output in program order, each once, the first `output`: what the loss
+    /// reads (its floating-point ones, `io.rs`).
+    pub outputs: Vec<usize>,
 }
 
 /// Reads the signature `sig` of `graph`, registering tensors from `ar` in a new var store.
@@ -37,6 +40,14 @@ pub(super) fn read(path: &Path, ar: &Archive, graph: &Graph, sig: &Json, opts: &
     let inputs = register_inputs(path, ar, graph, sig, &vs, opts)?;
     let outputs = read_outputs(path, graph, sig, &inputs.by_fqn)?;
     let (input, mask_input, output) = which_inputs(path, &inputs.user_inputs, &outputs.user_outputs)?;
+    let mut tensor_outputs: Vec<usize> = Vec::new();
+    for o in &outputs.user_outputs {
+        if let Input::Tensor(v) = o {
+            if !tensor_outputs.contains(v) {
+                tensor_outputs.push(*v);
+            }
+        }
+    }
     Ok(Signature {
         vs,
         statics: inputs.statics,
@@ -46,6 +57,7 @@ pub(super) fn read(path: &Path, ar: &Archive, graph: &Graph, sig: &Json, opts: &
         input,
         mask_input,
         output,
+        outputs: tensor_outputs,
     })
 }
 

@@ -71,7 +71,9 @@ fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), Failed> {
     // write of such a leaf did, under no-grad on the outputs themselves it passed) fails here.
     let leaf = |t: &Tensor| t.detach().set_requires_grad(t.is_floating_point());
     // Chain::forward_all, with the batch's raw mask in the context.
-    let ctx = Ctx::new(None, true).with_batch_mask(sample.attention_mask.as_ref(), sample.padded);
+    let ctx = Ctx::new(None, true)
+        .with_batch_mask(sample.attention_mask.as_ref(), sample.padded)
+        .with_batch_input(&sample.input);
     let mut outs: Vec<Tensor> = Vec::with_capacity(chain.blocks.len());
     let mut result = Ok(());
     for (i, b) in chain.blocks.iter().enumerate() {

@@ -1,12 +1,14 @@
-//! The loss of a micro-step: the loss head on a leaf of the last block's output, scaled for
+//! The loss of a micro-step: the loss head on a leaf of the last block's output (and on the
+//! leaves of the earlier outputs it reads, a program with several outputs), scaled for
 //! accumulation (and fp16 loss scaling), and its backward, which leaves the gradient of that
-//! output for the blocks' backward.
+//! output for the blocks' backward (and theirs on their leaves).
 
 use ckptune_kernels::autocast::AutocastGuard;
 use ckptune_kernels::autograd;
 use ckptune_models::Batch;
 use tch::Tensor;
 
+use super::boundary::leaf;
 use super::forward::Activations;
 use super::scope::{self, Phase};
 use super::session::{chunks_refused, Session};
@@ -47,6 +49,9 @@ impl Session {
             return self.chunked_loss(head, last, batch, held, tr);
         }
         let y = last.detach().set_requires_grad(true);
+        // Earlier outputs the loss reads (a program with several outputs) through the leaves
+        // their later readers took, so that the loss's gradient accumulates with theirs.
+        let reads: Vec<Tensor> = self.chain.head.reads().iter().map(|&k| leaf(&acts.leaves, k)).collect();
         if let Some(t) = tr.as_deref_mut() {
             t.loss_before = self.probe.current();
             self.probe.reset_window();
@@ -55,8 +60,9 @@ impl Session {
             let _scope = scope::open(Phase::Loss, None)?;
             let loss = {
                 let _ac = self.autocast_region()?;
-                self.chain.head.loss(&y, batch)
+                self.chain.head.loss_over(&y, &reads, batch)
             };
+            drop(reads);
             let (value, scaled) = self.scaled(loss);
             let seed = self.seed_after_forward(&scaled, held, tr.as_deref_mut())?;
             autograd::backward(scaled.shallow_clone(), seed.shallow_clone())?;

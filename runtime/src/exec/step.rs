@@ -113,7 +113,9 @@ impl Session {
         let mask = batch.attention_mask.as_ref().map(|m| self.chain.attention_bias(m));
         // The raw mask too: an exported program computes its own bias from it; SDPA asks
         // whether it pads.
-        let ctx = Ctx::new(mask.as_ref(), true).with_batch_mask(batch.attention_mask.as_ref(), batch.padded);
+        let ctx = Ctx::new(mask.as_ref(), true)
+            .with_batch_mask(batch.attention_mask.as_ref(), batch.padded)
+            .with_batch_input(&batch.input);
         if let Some(t) = tr.as_deref_mut() {
             t.start = self.probe.current();
             t.blocks = vec![BlockTrace::default(); self.chain.blocks.len()];
