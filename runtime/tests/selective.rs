@@ -2,8 +2,9 @@
 //! operators its policy saves, `ckptune_kernels::sac`): gradients equal the plain step's bit for
 //! bit on every transformer family of the zoo, in fp32 and bf16 autocast with dropout active,
 //! with every candidate selective and with keep, selective and full
-//! checkpointing mixed; and a selective block keeps more than a checkpointed one, and under the
-//! matmul policy less than a plain one.
+//! checkpointing mixed; a selective block keeps more than a checkpointed one and less than a
+//! plain one; and one profile (with step S) predicts every moment of every choice of keep,
+//! selective and checkpointed per block, to the byte.
 
 mod common;
 
@@ -11,7 +12,9 @@ use ckptune_kernels::meter;
 use ckptune_kernels::sac::SacPolicy;
 use ckptune_models::{builtin, ModelOptions};
 use ckptune_runtime::exec::MicroTrace;
-use ckptune_runtime::{OptimizerKind, Precision, Session, TrainConfig};
+use ckptune_runtime::profile::{measured_moments, profile, ProfileSettings, RetimePolicy};
+use ckptune_runtime::{OptimizerKind, Precision, Session, StepTrace, TrainConfig};
+use ckptune_solver::model::{moments_at_selective, peak_at_selective};
 use common::assert_bitwise;
 use tch::{Device, Tensor};
 
@@ -90,5 +93,80 @@ fn a_selective_block_keeps_more_than_checkpointed_and_matmul_less_than_plain() {
             }
         }
         assert!(more > 0, "{model}: no selective block kept a matrix product's output");
+    }
+}
+
+/// Every choice of keep (0), checkpointed (1) and selective (2) for the candidate blocks.
+fn choices(candidate: &[bool]) -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = vec![Vec::new()];
+    for &c in candidate {
+        let states: &[u8] = if c { &[0, 1, 2] } else { &[0] };
+        out = out
+            .into_iter()
+            .flat_map(|v| {
+                states.iter().map(move |&k| {
+                    let mut v = v.clone();
+                    v.push(k);
+                    v
+                })
+            })
+            .collect();
+    }
+    out
+}
+
+/// The profile's prediction of every moment, from one profile with step S, equals the
+/// instrumented step's under every choice of keep, selective and checkpointed per block, to
+/// the byte; and the step peaks at the highest moment.
+#[test]
+fn predicted_moments_equal_measured_under_every_choice() {
+    let _lock = meter::exclusive();
+    tch::set_num_threads(1);
+    for (model, precision, accum) in [
+        ("tiny-bert", Precision::Fp32, 1),
+        ("tiny-llama", Precision::Bf16, 1),
+        ("tiny-gpt2", Precision::Fp32, 2),
+    ] {
+        tch::manual_seed(3);
+        let opts = ModelOptions {
+            seq: Some(16),
+            ..Default::default()
+        };
+        let chain = builtin(model, &opts).unwrap();
+        let mut cfg = TrainConfig::new(precision, OptimizerKind::AdamW, 2);
+        cfg.grad_accum = accum;
+        let mut s = Session::new(chain, cfg, Device::Cpu).unwrap();
+        let settings = ProfileSettings {
+            repeats: 1,
+            quiet: true,
+            retime: RetimePolicy::never(),
+            selective: Some(SacPolicy::Matmul),
+        };
+        let p = profile(&mut s, &settings).unwrap();
+        let candidate: Vec<bool> = s.chain.blocks.iter().map(|b| b.candidate).collect();
+        for r in &p.regimes {
+            for b in &r.blocks {
+                assert_eq!(
+                    b.selective.is_some(),
+                    b.candidate,
+                    "{model} {}: selective terms",
+                    b.name
+                );
+            }
+        }
+        let all = choices(&candidate);
+        assert!(all.len() >= 27, "{model}: {} choices", all.len());
+        for c in all {
+            let mask: Vec<bool> = c.iter().map(|&k| k != 0).collect();
+            let sel: Vec<bool> = c.iter().map(|&k| k == 2).collect();
+            s.selective = sel.iter().map(|&on| on.then_some(SacPolicy::Matmul)).collect();
+            s.step(&mask, None).unwrap();
+            let mut trace = StepTrace::default();
+            let peak = s.step(&mask, Some(&mut trace)).unwrap().peak_bytes;
+            let seen = measured_moments(&trace, &s.chain, p.regimes.len());
+            let what = format!("{model} {precision} accum {accum} choice {c:?}");
+            assert_eq!(moments_at_selective(&p, &mask, &sel), seen, "{what}: moments");
+            assert_eq!(peak_at_selective(&p, &mask, &sel).0, peak, "{what}: peak");
+        }
     }
 }
