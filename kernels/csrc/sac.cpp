@@ -89,7 +89,11 @@ Entry keep(const torch::jit::Stack& stack, size_t m) {
     if (v.isTensor()) {
       const auto& t = v.toTensor();
       e.versions.push_back(t.defined() ? t._version() : 0);
-      e.returns.emplace_back(t.defined() ? t.tensor_data() : t);
+      at::Tensor alias = t.defined() ? t.tensor_data() : t;
+      // A fake tensor's alias reports the CPU as the tensor does (fake.cpp).
+      auto* impl = t.defined() ? t.unsafeGetTensorImpl() : nullptr;
+      if (impl != nullptr && impl->is_fake()) alias.unsafeGetTensorImpl()->set_fake_device(impl->device());
+      e.returns.emplace_back(std::move(alias));
     } else {
       TORCH_CHECK(!v.isTensorList() && !v.isList(), "selective checkpointing: operator returns a list");
       e.versions.push_back(0);

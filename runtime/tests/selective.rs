@@ -4,7 +4,8 @@
 //! with every candidate selective and with keep, selective and full
 //! checkpointing mixed; a selective block keeps more than a checkpointed one and less than a
 //! plain one; and one profile (with step S) predicts every moment of every choice of keep,
-//! selective and checkpointed per block, to the byte.
+//! selective and checkpointed per block, to the byte, and its selective terms measured on the
+//! meta device equal the CPU's.
 
 mod common;
 
@@ -13,7 +14,7 @@ use ckptune_kernels::sac::SacPolicy;
 use ckptune_models::{builtin, ModelOptions};
 use ckptune_runtime::exec::MicroTrace;
 use ckptune_runtime::profile::{measured_moments, profile, ProfileSettings, RetimePolicy};
-use ckptune_runtime::{OptimizerKind, Precision, Session, StepTrace, TrainConfig};
+use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, StepTrace, TrainConfig};
 use ckptune_solver::model::{moments_at_selective, peak_at_selective};
 use common::assert_bitwise;
 use tch::{Device, Tensor};
@@ -167,6 +168,54 @@ fn predicted_moments_equal_measured_under_every_choice() {
             let what = format!("{model} {precision} accum {accum} choice {c:?}");
             assert_eq!(moments_at_selective(&p, &mask, &sel), seen, "{what}: moments");
             assert_eq!(peak_at_selective(&p, &mask, &sel).0, peak, "{what}: peak");
+        }
+    }
+}
+
+/// Measured on the meta device (fake mode, where the selective cache keeps fake tensors), a
+/// profile's selective terms equal the CPU's to the byte.
+#[test]
+fn selective_terms_on_the_meta_device_equal_the_cpu() {
+    let _lock = meter::exclusive();
+    meter::install().unwrap();
+    tch::set_num_threads(1);
+    let settings = ProfileSettings {
+        repeats: 1,
+        quiet: true,
+        retime: RetimePolicy::never(),
+        selective: Some(SacPolicy::Matmul),
+    };
+    for model in ["tiny-bert", "tiny-llama"] {
+        let opts = ModelOptions {
+            seq: Some(16),
+            ..Default::default()
+        };
+        let cfg = TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, 2);
+        let build = || builtin(model, &opts).map_err(|e| RuntimeError::Invalid(e.to_string()));
+        tch::manual_seed(0);
+        let cpu = profile(
+            &mut Session::new(build().unwrap(), cfg.clone(), Device::Cpu).unwrap(),
+            &settings,
+        )
+        .unwrap();
+        tch::manual_seed(0);
+        let meta = profile(&mut Session::new_fake(build, cfg, Device::Cpu).unwrap(), &settings).unwrap();
+        let bytes = |b: &ckptune_solver::profile::BlockProfile| {
+            b.selective.as_ref().map(|s| {
+                (
+                    s.kept,
+                    s.fwd_transient,
+                    s.cache,
+                    s.rec_transient,
+                    s.kept_recompute,
+                    s.bwd_transient,
+                    s.out_released,
+                )
+            })
+        };
+        for (a, b) in cpu.regimes[0].blocks.iter().zip(&meta.regimes[0].blocks) {
+            assert!(a.selective.is_some() == a.candidate, "{model} {}", a.name);
+            assert_eq!(bytes(a), bytes(b), "{model} {}: selective terms, CPU vs meta", a.name);
         }
     }
 }
