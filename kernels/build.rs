@@ -9,7 +9,7 @@ const FIX: &str = "run `scripts/setup` (it installs torch==2.13.0 from PyPI and 
                    .libtorch, which .cargo/config.toml points LIBTORCH at)";
 
 /// The shim's sources in `csrc/`, compiled on every build.
-const SOURCES: [&str; 10] = [
+const SOURCES: [&str; 11] = [
     "shim.cpp",
     "meter.cpp",
     "fake.cpp",
@@ -20,10 +20,18 @@ const SOURCES: [&str; 10] = [
     "meta_elementwise.cpp",
     "meta_attention.cpp",
     "learned_scratch.cpp",
+    "sac.cpp",
 ];
 
 /// The headers they include.
-const HEADERS: [&str; 5] = ["common.h", "meta_kernels.h", "cpu_extras.h", "meter.h", "shape_code.h"];
+const HEADERS: [&str; 6] = [
+    "common.h",
+    "meta_kernels.h",
+    "cpu_extras.h",
+    "meter.h",
+    "shape_code.h",
+    "sac.h",
+];
 
 fn main() {
     for f in SOURCES.iter().chain(&HEADERS) {

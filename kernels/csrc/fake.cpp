@@ -29,6 +29,7 @@
 #include "cpu_extras.h"
 #include "meta_kernels.h"
 #include "meter.h"
+#include "sac.h"
 
 namespace {
 
@@ -199,7 +200,11 @@ struct MetaStorages {
   }
 };
 
-void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+// Fake mode's guards on this thread, innermost last, and the suspensions of it.
+thread_local std::vector<std::unique_ptr<c10::impl::IncludeDispatchKeyGuard>> t_fake_guards;
+thread_local std::vector<std::unique_ptr<c10::impl::ExcludeDispatchKeyGuard>> t_suspensions;
+
+void fake_call(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   const size_t base = stack->size() - n;
@@ -239,11 +244,20 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
   }
 }
 
-TORCH_LIBRARY_IMPL(_, Fake, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&fake_fallback>()); }
+// The key's one fallback, shared with selective checkpointing (sac.cpp), which may have
+// included the key while fake mode is off: then the operator runs for real below the key.
+void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  ckpt::sac_call(op, stack, [&] {
+    if (!t_fake_guards.empty()) {
+      fake_call(op, ks, stack);
+      return;
+    }
+    c10::impl::ExcludeDispatchKeyGuard real(c10::DispatchKey::Fake);
+    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake), stack);
+  });
+}
 
-// Fake mode's guards on this thread, innermost last, and the suspensions of it.
-thread_local std::vector<std::unique_ptr<c10::impl::IncludeDispatchKeyGuard>> t_fake_guards;
-thread_local std::vector<std::unique_ptr<c10::impl::ExcludeDispatchKeyGuard>> t_suspensions;
+TORCH_LIBRARY_IMPL(_, Fake, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&fake_fallback>()); }
 
 }  // namespace
 

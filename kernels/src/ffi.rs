@@ -22,6 +22,12 @@ pub(crate) struct AutocastState {
     pub cache_enabled: c_int,
 }
 
+/// A selective block's cache of saved outputs (`CkptSacCache`, sac.cpp).
+#[repr(C)]
+pub(crate) struct CSacCache {
+    _private: [u8; 0],
+}
+
 pub(crate) type NamedModuleCb = extern "C" fn(*mut c_void, *const c_char, *mut CModule);
 pub(crate) type NamedTensorCb = extern "C" fn(*mut c_void, *const c_char, CTensor);
 /// (ctx, name, scope, depth, end, enter, exit, peak, nanos, inputs, their length, outputs, their
@@ -63,6 +69,11 @@ extern "C" {
     pub(crate) fn ckpt_meter_log_len() -> i64;
     pub(crate) fn ckpt_meter_log_read(from: i64, cap: i64, bytes: *mut i64, keys: *mut u64) -> i64;
 
+    pub(crate) fn ckpt_sac_record(policy: c_int, out: *mut *mut CSacCache, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_sac_replay(cache: *mut CSacCache, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_sac_stop();
+    pub(crate) fn ckpt_sac_left(cache: *const CSacCache) -> i64;
+    pub(crate) fn ckpt_sac_free(cache: *mut CSacCache);
     pub(crate) fn ckpt_fake_enter(err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_fake_exit();
     pub(crate) fn ckpt_fake_active() -> c_int;

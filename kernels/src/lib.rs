@@ -15,6 +15,7 @@ pub mod meter;
 pub mod ops;
 pub mod optrace;
 pub mod rng;
+pub mod sac;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -2,7 +2,8 @@
 
 The planner chose which modules to checkpoint and the training configuration on measurements of
 the same module names PyTorch uses; this package turns that plan back into PyTorch: `apply`
-wraps the chosen modules in `torch.utils.checkpoint`, `training_config` gives the dtypes,
+wraps the chosen modules in `torch.utils.checkpoint` (selectively where the plan says so:
+`selective_context_fn`), `training_config` gives the dtypes,
 optimizer and batch settings the plan's memory prediction assumed, and
 `chunked_causal_lm_loss` computes a language model's loss in the chunks a plan may choose.
 """
@@ -10,6 +11,7 @@ optimizer and batch settings the plan's memory prediction assumed, and
 from .checkpointing import apply, plan_root
 from .loss import chunked_causal_lm_loss
 from .plan import FORMAT, load_plan
+from .selective import context_fn as selective_context_fn
 from .training import TrainingConfig, training_config
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "chunked_causal_lm_loss",
     "load_plan",
     "plan_root",
+    "selective_context_fn",
     "training_config",
 ]
 __version__ = "0.1.0"

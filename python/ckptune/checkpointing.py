@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .plan import PlanLike, load_plan
+from .selective import POLICIES, context_fn
 
 # Where a wrapped module keeps its own forward. Its presence is also the mark `apply` looks for
 # to refuse wrapping twice (a checkpoint inside a checkpoint recomputes twice for no memory).
@@ -30,11 +31,51 @@ def _checkpointed_forward(self, *args, **kwargs):
     return checkpoint(functools.partial(inner, **kwargs), *args, use_reentrant=False)
 
 
+def _selective_forward(self, *args, **kwargs):
+    """A module run selective: as `_checkpointed_forward`, with the plan's policy choosing which
+    operators' outputs its forward keeps for the recompute (`ckptune.selective`)."""
+    inner = getattr(self, _INNER)
+    if not torch.is_grad_enabled():
+        return inner(*args, **kwargs)
+    return checkpoint(functools.partial(inner, **kwargs), *args, use_reentrant=False,
+                      context_fn=context_fn(self.__dict__[_POLICY]))
+
+
+# Where a module run selective keeps its policy's name.
+_POLICY = "_ckptune_selective_policy"
+
+
+def _selective(doc: Dict[str, Any], planned: List[str]) -> Tuple[Optional[str], List[str]]:
+    """The plan's selective policy and modules (`checkpoint.selective`, absent when every
+    checkpointed module is checkpointed whole), checked: a known policy, modules the plan
+    checkpoints."""
+    sel = doc["checkpoint"].get("selective")
+    if sel is None:
+        return None, []
+    try:
+        policy = str(sel["policy"])
+        modules = [str(m) for m in sel["modules"]]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"plan's checkpoint.selective lacks policy or modules ({e!r}); re-plan with "
+                         f"this ckptune") from None
+    if policy not in POLICIES:
+        raise ValueError(f"plan's selective policy {policy!r} is not one this ckptune knows "
+                         f"({', '.join(POLICIES)}); upgrade the ckptune package")
+    stray = [m for m in modules if m not in planned]
+    if stray:
+        raise ValueError(f"plan runs {', '.join(stray)} selective but does not checkpoint them; "
+                         f"re-plan with this ckptune")
+    return policy, modules
+
+
 def apply(model: nn.Module, plan: PlanLike) -> List[str]:
     """Checkpoints the modules of `model` whose qualified names fully match the plan's regex.
 
     Each match gets an instance-level `forward` that runs its class's forward under
-    `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`: no module is renamed or
+    `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`, with
+    `context_fn=partial(create_selective_checkpoint_contexts, policy)` for the modules the plan
+    runs selective (`checkpoint.selective`: the policy's operators' outputs are kept, the rest
+    recomputed; `ckptune.selective`): no module is renamed or
     re-parented, so `state_dict` keys, `named_modules` and optimizers built before or after
     are unaffected. Returns the wrapped names in `named_modules` order ([] for a plan that
     checkpoints nothing).
@@ -67,6 +108,7 @@ def apply(model: nn.Module, plan: PlanLike) -> List[str]:
         raise ValueError(f"model is already wrapped by ckptune.apply (modules {', '.join(wrapped)}); "
                          f"apply a plan once, to a model that has not been wrapped")
 
+    policy, selective = _selective(doc, planned)
     _, root = _find_root(model, doc, planned)
     # The root ("") is never a candidate: plans name submodules only.
     modules = [(name, m) for name, m in root.named_modules() if name]
@@ -92,10 +134,14 @@ def apply(model: nn.Module, plan: PlanLike) -> List[str]:
         raise ValueError(f"checkpoint regex {pattern} matches modules nested in other matches "
                          f"({'; '.join(nested)}); checkpoint a module or its parts, never both")
 
-    for _, m in matched:
+    for name, m in matched:
         m.__dict__[_INNER] = m.forward
         # A bound method (not a closure) so that copy.deepcopy rebinds it to the copy.
-        m.forward = types.MethodType(_checkpointed_forward, m)
+        if name in selective:
+            m.__dict__[_POLICY] = policy
+            m.forward = types.MethodType(_selective_forward, m)
+        else:
+            m.forward = types.MethodType(_checkpointed_forward, m)
     return [name for name, _ in matched]
 
 

@@ -128,6 +128,7 @@ impl Estimated {
                 repeats: 1,
                 quiet: true,
                 retime: RetimePolicy::never(),
+                ..Default::default()
             },
         )?;
         let chain = &fake.chain;

@@ -40,6 +40,28 @@ pub struct BlockTerms {
     pub g: i64,
     /// Extra seconds per step when this block is checkpointed.
     pub recompute_seconds: f64,
+    /// The block run selective (its forward keeps the outputs of the operators a policy saves,
+    /// its recompute computes the rest), where that was measured; `None` otherwise.
+    pub sel: Option<SelTerms>,
+}
+
+/// Measured terms of a block run selective, the third state beside plain and checkpointed:
+/// `s_j = 1` replaces the checkpointed block's `kng`, `fng`, `out`, `frec`, `btb` and recompute
+/// time by these. A selective block's variable comes after every block and group variable
+/// ([`Layout::sv`]); it excludes the block's own `x_j`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SelTerms {
+    /// Kept while the forward's autocast region is open (its output, the saved operators'
+    /// outputs, and the casts autocast's cache holds), and after it closed.
+    pub kf: i64,
+    pub kb: i64,
+    /// Forward transient above its start.
+    pub fwd: i64,
+    /// Recompute transient above the backward base.
+    pub frec: i64,
+    /// Backward transient after the recompute, above `base + krec` (as `btb`).
+    pub btb: i64,
+    pub recompute_seconds: f64,
 }
 
 /// Measured terms of a group: a candidate module over blocks `first..=last`
@@ -197,11 +219,13 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
 /// phase of [`moments`] looks up.
 struct Layout<'a> {
     step: &'a StepTerms,
-    /// Blocks, groups, and variables (blocks, then `z`, then `f`).
+    /// Blocks, groups, and variables (blocks, then `z`, then `f`, then `s`).
     n: usize,
     m: usize,
     nv: usize,
     group_of: Vec<Option<usize>>,
+    /// Per block: its selective variable, if it has selective terms.
+    sel_var: Vec<Option<usize>>,
 }
 
 impl<'a> Layout<'a> {
@@ -214,12 +238,22 @@ impl<'a> Layout<'a> {
                 *slot = Some(g);
             }
         }
+        let sel_var = selective_vars(step);
         Layout {
             step,
             n,
             m,
-            nv: n + 2 * m,
+            nv: n + 2 * m + sel_var.iter().flatten().count(),
             group_of,
+            sel_var,
+        }
+    }
+
+    /// Adds `on − off` at block `j`'s selective variable: `off` is what the plain or
+    /// checkpointed terms already put there, `on` the selective term.
+    fn sel(&self, a: &mut Affine, j: usize, off: i64, on: impl Fn(&SelTerms) -> i64) {
+        if let (Some(v), Some(s)) = (self.sel_var[j], &self.blocks()[j].sel) {
+            a.coef_add(v, on(s) - off);
         }
     }
 
@@ -309,9 +343,11 @@ fn forward_moments(l: &Layout<'_>, out: &mut Vec<Moment>) {
         }
         let mut mo = kept_fwd.clone();
         mo.term(j, blk.fg, blk.fng);
+        l.sel(&mut mo, j, blk.fg, |s| s.fwd);
         l.shifted(&mut mo, j, &shift_fwd);
         out.push(mo.moment(format!("forward {}", blk.name), l.in_blocks(j, &[])));
         kept_fwd.term(j, blk.kg, blk.kng);
+        l.sel(&mut kept_fwd, j, blk.kg, |s| s.kf);
         if let Some(g) = l.ends(j) {
             l.group_kf(&mut kept_fwd, g);
         }
@@ -363,7 +399,9 @@ fn loss_moments(l: &Layout<'_>, out: &mut Vec<Moment>) {
     let mut kept_all = Affine::new(l.nv, step.fixed);
     for (i, blk) in l.blocks().iter().enumerate() {
         kept_open.term(i, blk.kg, blk.kng);
+        l.sel(&mut kept_open, i, blk.kg, |s| s.kf);
         kept_all.term(i, blk.krec, blk.out);
+        l.sel(&mut kept_all, i, blk.krec, |s| s.kb);
     }
     for g in 0..l.m {
         l.group_kf(&mut kept_open, g);
@@ -384,9 +422,35 @@ fn loss_moments(l: &Layout<'_>, out: &mut Vec<Moment>) {
 /// x_j = 1 and base_j + c with c = min(0, krec_j + bta_j) − 1 when x_j = 0. With x_j = 0
 /// the vjp moment is base_j + krec_j + bta_j ≥ base_j + c + 1, so the phantom is strictly
 /// below a real moment and can neither raise the peak nor tie it (so it is never reported
-/// as the binding moment) — whatever the signs of the measured terms.
+/// as the binding moment) — whatever the signs of the measured terms. A block that can also
+/// run selective (`s_j`) gets a second recompute moment, its phantom the same value.
 pub(crate) fn phantom(blk: &BlockTerms) -> i64 {
-    blk.krec.saturating_add(blk.bta).min(0).saturating_sub(1)
+    // A block with a selective state has two phantoms (the checkpointed recompute's when it
+    // runs selective, and the selective one's when it runs checkpointed): each stays under the
+    // backward moment of every state.
+    let sel = blk
+        .sel
+        .as_ref()
+        .map_or(0, |s| blk.krec.saturating_add(s.btb.min(blk.btb)));
+    blk.krec.saturating_add(blk.bta).min(sel).min(0).saturating_sub(1)
+}
+
+/// Per block: the variable of its selective state, after every block and group variable, for
+/// the candidate blocks outside groups that have selective terms.
+fn selective_vars(step: &StepTerms) -> Vec<Option<usize>> {
+    let base = step.blocks.len() + 2 * step.groups.len();
+    let in_group = |j: usize| step.groups.iter().any(|g| (g.first..=g.last).contains(&j));
+    let mut next = base;
+    step.blocks
+        .iter()
+        .enumerate()
+        .map(|(j, b)| {
+            (b.candidate && b.sel.is_some() && !in_group(j)).then(|| {
+                next += 1;
+                next - 1
+            })
+        })
+        .collect()
 }
 
 /// Pushes every backward moment; returns `Σ_i g_i`, the gradients alive when it ends.
@@ -399,6 +463,7 @@ fn backward_moments(l: &Layout<'_>, out: &mut Vec<Moment>) -> i64 {
     for (i, blk) in b.iter().enumerate() {
         prefix_kb.push(acc.clone());
         acc.term(i, blk.krec, blk.out);
+        l.sel(&mut acc, i, blk.krec, |s| s.kb);
         if let Some(g) = l.ends(i) {
             l.group_kb(&mut acc, g);
         }
@@ -421,8 +486,15 @@ fn backward_moments(l: &Layout<'_>, out: &mut Vec<Moment>) -> i64 {
         let mut rec = base.clone();
         rec.term(j, phantom(blk), blk.frec);
         out.push(rec.moment(format!("recompute {}", blk.name), l.in_blocks(j, &[(j, true)])));
+        if let Some(v) = l.sel_var[j] {
+            let mut rec = base.clone();
+            rec.add(phantom(blk));
+            l.sel(&mut rec, j, phantom(blk), |s| s.frec);
+            out.push(rec.moment(format!("recompute {}", blk.name), Occurs::When(vec![(v, true)])));
+        }
 
         base.add(blk.krec).term(j, blk.bta, blk.btb);
+        l.sel(&mut base, j, blk.bta, |s| s.btb);
         out.push(base.moment(format!("backward {}", blk.name), l.in_blocks(j, &[])));
 
         grads_after = grads_after.saturating_add(blk.g);
@@ -571,6 +643,14 @@ pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem
             }
         }
     }
+    let sel_var = selective_vars(step);
+    let selective = || {
+        step.blocks
+            .iter()
+            .zip(&sel_var)
+            .filter_map(|(b, v)| v.and(b.sel.as_ref()))
+    };
+    exclusive.extend(sel_var.iter().enumerate().filter_map(|(j, v)| v.map(|v| vec![j, v])));
     ConfigProblem {
         key: key.into(),
         moments: moments(step),
@@ -581,6 +661,7 @@ pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem
             .map(|b| b.recompute_seconds)
             .chain(step.groups.iter().map(|g| g.recompute_seconds))
             .chain(step.groups.iter().map(|_| 0.0))
+            .chain(selective().map(|s| s.recompute_seconds))
             .collect(),
         candidate: step
             .blocks
@@ -588,6 +669,7 @@ pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem
             .map(|b| b.candidate)
             .chain(step.groups.iter().map(|_| true))
             .chain(step.groups.iter().map(|g| g.fused.is_some()))
+            .chain(selective().map(|_| true))
             .collect(),
         exclusive,
     }
@@ -607,6 +689,34 @@ pub fn solver_order(n: usize, groups: &[(usize, usize)]) -> Vec<usize> {
         order.push(j);
     }
     order
+}
+
+/// [`solver_order`] for `step`, each block's selective variable just after it.
+pub fn step_order(step: &StepTerms) -> Vec<usize> {
+    let groups: Vec<(usize, usize)> = step.groups.iter().map(|g| (g.first, g.last)).collect();
+    let sel_var = selective_vars(step);
+    let mut order = Vec::new();
+    for u in solver_order(step.blocks.len(), &groups) {
+        order.push(u);
+        if let Some(v) = sel_var.get(u).copied().flatten() {
+            order.push(v);
+        }
+    }
+    order
+}
+
+/// The full choice ([`with_fused`], then the selective variables) for a runtime checkpoint
+/// mask `x` over blocks and groups where the checkpointed blocks `selective` names run
+/// selective (those with selective terms; the caller checks that every one has them).
+pub fn with_selective(step: &StepTerms, x: &[bool], selective: &[bool]) -> Vec<bool> {
+    let n = step.blocks.len();
+    let groups: Vec<(usize, usize)> = step.groups.iter().map(|g| (g.first, g.last)).collect();
+    let sel_var = selective_vars(step);
+    let on = |j: usize| j < n && x[j] && selective.get(j) == Some(&true) && sel_var[j].is_some();
+    let plain: Vec<bool> = x.iter().enumerate().map(|(j, &c)| c && !on(j)).collect();
+    let mut full = with_fused(&plain, n, &groups);
+    full.extend((0..n).filter(|&j| sel_var[j].is_some()).map(on));
+    full
 }
 
 /// `p` with its variables reordered: variable `v` of the result is unit `order[v]` of `p`.
@@ -651,140 +761,4 @@ pub fn unpermute(x: &[bool], order: &[usize]) -> Vec<bool> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn block(name: &str, seed: i64) -> BlockTerms {
-        BlockTerms {
-            name: name.to_string(),
-            candidate: true,
-            kg: 100 * seed,
-            fg: 120 * seed,
-            kng: 10 * seed,
-            fng: 30 * seed,
-            out: 10 * seed,
-            gout: 10 * seed,
-            krec: 95 * seed,
-            frec: 20 * seed,
-            bta: 40 * seed,
-            btb: 45 * seed,
-            g: 7 * seed,
-            recompute_seconds: 0.1 * seed as f64,
-        }
-    }
-
-    fn step() -> StepTerms {
-        StepTerms {
-            fixed: 1000,
-            lk: 5,
-            lf: 9,
-            lb: 3,
-            otmp: 50,
-            base_seconds: 1.0,
-            blocks: vec![block("a", 1), block("b", 2), block("c", 3)],
-            groups: Vec::new(),
-        }
-    }
-
-    /// The formulas of docs/memory-model.md worked by hand for blocks a, b, c (terms of c are 3× those of a).
-    /// kf deltas (kng − kg): −90, −180, −270; kb deltas (out − krec): −85, −170, −255.
-    #[test]
-    fn hand_computed_three_blocks() {
-        let ms = moments(&step());
-        let got: Vec<(&str, i64, Vec<i64>)> = ms
-            .iter()
-            .map(|m| (m.label.as_str(), m.constant, m.coef.clone()))
-            .collect();
-        let want: Vec<(&str, i64, Vec<i64>)> = vec![
-            // F + fg_a = 1000 + 120; own term fng_a − fg_a = −90.
-            ("forward a", 1120, vec![-90, 0, 0]),
-            // F + kg_a + fg_b = 1000 + 100 + 240; own term 60 − 240.
-            ("forward b", 1340, vec![-90, -180, 0]),
-            // F + kg_a + kg_b + fg_c = 1000 + 100 + 200 + 360; own term 90 − 360.
-            ("forward c", 1660, vec![-90, -180, -270]),
-            // Inside the forward's autocast region: F + Σ kg + lf = 1000 + 100 + 200 + 300 + 9.
-            ("loss", 1609, vec![-90, -180, -270]),
-            // F + Σ krec + lk + lb = 1570 + 5 + 3.
-            ("loss backward", 1578, vec![-85, -170, -255]),
-            // base_c = F + 0 + krec_a + krec_b + gout_c = 1000 + 95 + 190 + 30 = 1315;
-            // phantom −1 when x_c = 0, frec_c = 60 when x_c = 1: coefficient 61.
-            ("recompute c", 1314, vec![-85, -170, 61]),
-            // base_c + krec_c + bta_c = 1315 + 285 + 120; btb − bta = 15.
-            ("backward c", 1720, vec![-85, -170, 15]),
-            // base_b = F + g_c + krec_a + gout_b = 1000 + 21 + 95 + 20 = 1136.
-            ("recompute b", 1135, vec![-85, 41, 0]),
-            ("backward b", 1406, vec![-85, 10, 0]),
-            // base_a = F + g_b + g_c + gout_a = 1000 + 14 + 21 + 10 = 1045.
-            ("recompute a", 1044, vec![21, 0, 0]),
-            ("backward a", 1180, vec![5, 0, 0]),
-            // F + Σ g + otmp = 1000 + 42 + 50.
-            ("optimizer", 1092, vec![0, 0, 0]),
-        ];
-        assert_eq!(got, want);
-        let s = step();
-        assert_eq!(peak(&s, &[false, false, false]), (1720, "backward c".to_string()));
-        // All checkpointed: forward c 1120, loss 1069, recompute c 1120, backward c 1480.
-        assert_eq!(peak(&s, &[true, true, true]), (1480, "backward c".to_string()));
-        // a and c: forward c 1300, backward c 1720 − 85 + 15 = 1650.
-        assert_eq!(peak(&s, &[true, false, true]), (1650, "backward c".to_string()));
-    }
-
-    /// Every moment, for every x, equals the formula evaluated directly with branches.
-    #[test]
-    fn affine_moments_match_direct_formulas() {
-        let s = step();
-        let ms = moments(&s);
-        let n = s.blocks.len();
-        for mask in 0..1u32 << n {
-            let x: Vec<bool> = (0..n).map(|i| mask >> i & 1 == 1).collect();
-            let b = &s.blocks;
-            let kf = |i: usize| if x[i] { b[i].kng } else { b[i].kg };
-            let kb = |i: usize| if x[i] { b[i].out } else { b[i].krec };
-            let mut want = Vec::new();
-            for j in 0..n {
-                let f = if x[j] { b[j].fng } else { b[j].fg };
-                want.push(s.fixed + (0..j).map(kf).sum::<i64>() + f);
-            }
-            let all: i64 = (0..n).map(kb).sum();
-            want.push(s.fixed + (0..n).map(kf).sum::<i64>() + s.lf);
-            want.push(s.fixed + all + s.lk + s.lb);
-            for j in (0..n).rev() {
-                let base = s.fixed + (j + 1..n).map(|i| b[i].g).sum::<i64>() + (0..j).map(kb).sum::<i64>() + b[j].gout;
-                let vjp = base + b[j].krec + if x[j] { b[j].btb } else { b[j].bta };
-                // The phantom recompute moment when x_j = 0 must stay below vjp.
-                let rec = if x[j] { base + b[j].frec } else { vjp - 1 };
-                let got = ms[want.len()].eval(&x);
-                if x[j] {
-                    assert_eq!(got, rec, "recompute {j} x={x:?}");
-                } else {
-                    assert!(got < vjp, "phantom recompute {j} x={x:?}");
-                }
-                want.push(got);
-                want.push(vjp);
-            }
-            want.push(s.fixed + b.iter().map(|b| b.g).sum::<i64>() + s.otmp);
-            let got: Vec<i64> = ms.iter().map(|m| m.eval(&x)).collect();
-            assert_eq!(got, want, "x={x:?}");
-        }
-    }
-
-    /// Even with negative measured terms the phantom recompute moment never binds.
-    #[test]
-    fn phantom_recompute_never_binds() {
-        let mut s = step();
-        s.blocks[1].krec = 5;
-        s.blocks[1].bta = -50;
-        let ms = moments(&s);
-        let x = [false, false, false];
-        let rec = ms.iter().position(|m| m.label == "recompute b").unwrap();
-        let vjp = ms.iter().position(|m| m.label == "backward b").unwrap();
-        assert!(ms[rec].eval(&x) < ms[vjp].eval(&x));
-    }
-
-    #[test]
-    fn seconds_add_recompute_time() {
-        let s = step();
-        let t = step_seconds(&s, &[true, false, true]);
-        assert!((t - 1.4).abs() < 1e-12);
-    }
-}
+mod tests;

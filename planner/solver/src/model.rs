@@ -15,7 +15,7 @@
 //! cache on adds each block's casts to `kg` and `kng` (not to `krec` and `out`: they die when
 //! the loss is made) and splits the loss into its forward and backward ([`Casts`]).
 
-use crate::chain_model::{self, BlockTerms, FusedTerms, GroupTerms, StepTerms};
+use crate::chain_model::{self, BlockTerms, FusedTerms, GroupTerms, SelTerms, StepTerms};
 use crate::problem::ConfigProblem;
 use crate::profile::{ConfigProfile, RegimeProfile};
 use crate::shard::{Measured, Parameter, ShardError, ShardOptimizer, ShardStep};
@@ -51,6 +51,14 @@ pub fn step_terms(c: &ConfigProfile, r: &RegimeProfile) -> StepTerms {
                 btb: b.kept_recompute + b.bwd_transient_ckpt - b.kept_grad,
                 g: 0,
                 recompute_seconds: t,
+                sel: b.selective.as_ref().map(|s| SelTerms {
+                    kf: s.kept + if c.config.autocast_cache { s.cache } else { 0 },
+                    kb: s.kept,
+                    fwd: s.fwd_transient,
+                    frec: s.rec_transient,
+                    btb: s.kept_recompute + s.bwd_transient - b.kept_grad,
+                    recompute_seconds: s.rec_seconds,
+                }),
             })
             .collect(),
         groups: r
@@ -201,18 +209,14 @@ pub fn problem(key: String, c: &ConfigProfile) -> ConfigProblem {
 
 /// Solver variable `v` is unit `order[v]`: each group just before its first block, which
 /// keeps the chain DP's state small (see [`chain_model::moments`]).
+/// Each block's selective variable, where it has one, comes just after the block.
 pub fn unit_order(c: &ConfigProfile) -> Vec<usize> {
-    let r = &c.regimes[0];
-    chain_model::solver_order(r.blocks.len(), &group_spans(r))
+    chain_model::step_order(&step_terms(c, &c.regimes[0]))
 }
 
 /// [`problem`] in the solver's variable order ([`unit_order`]).
 pub fn solver_problem(key: String, c: &ConfigProfile) -> ConfigProblem {
     chain_model::permute(problem(key, c), &unit_order(c))
-}
-
-fn group_spans(r: &RegimeProfile) -> Vec<(usize, usize)> {
-    r.groups.iter().map(|g| (g.first, g.last)).collect()
 }
 
 /// Every moment the step passes through under checkpoint mask `x` (blocks in chain order,
@@ -221,13 +225,19 @@ fn group_spans(r: &RegimeProfile) -> Vec<(usize, usize)> {
 /// `accumulating micro-step: backward layer1`, …, `optimizer step`. A group none of whose
 /// parts is checkpointed runs fused, as the runtime runs it.
 pub fn moments_at(c: &ConfigProfile, x: &[bool]) -> Vec<(String, i64)> {
+    moments_at_selective(c, x, &[])
+}
+
+/// [`moments_at`] with the checkpointed blocks `selective` names run selective.
+pub fn moments_at_selective(c: &ConfigProfile, x: &[bool], selective: &[bool]) -> Vec<(String, i64)> {
     let mut out = Vec::new();
     for r in &c.regimes {
         let n = r.blocks.len();
         let units = n + r.groups.len();
         let mask: Vec<bool> = (0..units).map(|i| x.get(i) == Some(&true)).collect();
-        let full = chain_model::with_fused(&mask, n, &group_spans(r));
-        for m in chain_model::moments(&step_terms(c, r)) {
+        let step = step_terms(c, r);
+        let full = chain_model::with_selective(&step, &mask, selective);
+        for m in chain_model::moments(&step) {
             // The runtime records the loss head's forward and backward as one window (the
             // mapping's `lk = lb = 0`) unless the casts are freed between them, and the
             // optimizer once, after the last micro-step.
@@ -245,8 +255,13 @@ pub fn moments_at(c: &ConfigProfile, x: &[bool]) -> Vec<(String, i64)> {
 /// The whole-step peak under checkpoint mask `x` (as in [`moments_at`]) and the first moment
 /// where it occurs.
 pub fn peak_at(c: &ConfigProfile, x: &[bool]) -> (i64, String) {
+    peak_at_selective(c, x, &[])
+}
+
+/// [`peak_at`] with the checkpointed blocks `selective` names run selective.
+pub fn peak_at_selective(c: &ConfigProfile, x: &[bool], selective: &[bool]) -> (i64, String) {
     let mut best = (i64::MIN, String::new());
-    for (label, v) in moments_at(c, x) {
+    for (label, v) in moments_at_selective(c, x, selective) {
         if v > best.0 {
             best = (v, label);
         }

@@ -144,6 +144,28 @@ pub struct BlockProfile {
     pub cache_grad: Option<i64>,
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub cache_nograd: Option<i64>,
+    /// The block run selective, where the profile measured it (`--selective`).
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub selective: Option<SelectiveProfile>,
+}
+
+/// A block run selective under `policy` (its forward keeps the outputs of the operators the
+/// policy saves; its recompute computes the rest), from the step with every candidate
+/// selective: the checkpointed block's terms, measured that way.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct SelectiveProfile {
+    /// `matmul` (torchtitan's op policy).
+    pub policy: String,
+    pub kept: i64,
+    pub fwd_transient: i64,
+    /// What only autocast's cache held when the forward's region closed.
+    pub cache: i64,
+    pub rec_transient: i64,
+    pub kept_recompute: i64,
+    pub bwd_transient: i64,
+    pub out_released: i64,
+    pub rec_seconds: f64,
 }
 
 /// Terms of a group (a module over a run of blocks) checkpointed as a whole, from the step

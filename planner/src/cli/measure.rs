@@ -472,6 +472,7 @@ fn meta_profile(setup: &Setup, cfg: &TrainConfig) -> Result<(ModelJson, ConfigPr
             repeats: 1,
             quiet: true,
             retime: RetimePolicy::never(),
+            ..Default::default()
         },
     )
     .with_context(|| format!("measuring {} under {} on the meta device", setup.model, cfg.label()))?;

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use ckptune_kernels::autocast::AutocastGuard;
-use ckptune_kernels::{autograd, rng};
+use ckptune_kernels::{autograd, rng, sac};
 use ckptune_models::{Batch, Ctx};
 use tch::Tensor;
 
@@ -95,6 +95,8 @@ impl Session {
             let block = &self.chain.blocks[k];
             let x = block_input(&self.chain, k, &batch.input, &acts.outputs, &mut acts.leaves);
             let skips: Vec<Tensor> = block.skips.iter().map(|&s| leaf(&acts.leaves, s)).collect();
+            // A selective block's recompute takes the outputs its forward kept.
+            let mut kept = acts.sac[k].take();
             let out = {
                 let _scope = scope::open(Phase::Recompute, Some((k, &block.name)))?;
                 let _ac = self
@@ -103,10 +105,18 @@ impl Session {
                     .autocast()
                     .map(|a| AutocastGuard::new(self.device, a, true))
                     .transpose()?;
+                let _replay = kept.as_mut().map(sac::replay).transpose()?;
                 block.block.try_forward(&x, &ctx.with_skips(&skips))
             }
             .map_err(|failure| self.block_failed(k, failure))?;
-            drop((x, skips));
+            if let Some(left) = kept.as_ref().map(|c| c.left()).filter(|&n| n != 0) {
+                return Err(RuntimeError::Invalid(format!(
+                    "selective block {} of {}: its recompute used {left} fewer saved outputs than its forward kept \
+                     (the block computes differently under no-grad and with grad)",
+                    block.name, self.chain.name
+                )));
+            }
+            drop((x, skips, kept));
             acts.outputs[k] = Some(out);
             if let Some(t) = tr.as_deref_mut() {
                 let b = &mut t.blocks[k];

@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use ckptune_kernels::rng;
+use ckptune_kernels::sac::{self, SacCache};
 use ckptune_models::{Batch, Ctx};
 use tch::Tensor;
 
@@ -18,11 +19,13 @@ use crate::error::Result;
 /// What the forward pass leaves for the loss and the backward pass, per block: its output (the
 /// last block's is the loss's input; a checkpointed block keeps its no-grad output until its
 /// recompute), the detached leaf of that output that every reader took as input (created
-/// when the next block started), and, for a segment's first block, the RNG state at its start.
+/// when the next block started), for a segment's first block, the RNG state at its start, and
+/// for a selective block, the outputs its forward kept for the recompute.
 pub(super) struct Activations {
     pub outputs: Vec<Option<Tensor>>,
     pub leaves: Vec<Option<Tensor>>,
     pub rng_states: Vec<Option<Tensor>>,
+    pub sac: Vec<Option<SacCache>>,
 }
 
 impl Session {
@@ -38,6 +41,7 @@ impl Session {
             outputs: (0..n).map(|_| None).collect(),
             leaves: (0..n).map(|_| None).collect(),
             rng_states: (0..n).map(|_| None).collect(),
+            sac: (0..n).map(|_| None).collect(),
         };
         for i in 0..n {
             self.forward_block(i, batch, ctx, schedule, &mut acts, tr.as_deref_mut())?;
@@ -101,7 +105,12 @@ impl Session {
             let _scope = scope::open(Phase::Forward, Some((i, &block.name)))?;
             let ac = self.autocast_region()?;
             let bctx = ctx.with_skips(&skips);
-            let out = if seg.is_some() {
+            let out = if let Some(policy) = schedule.selective[i] {
+                let recording = sac::record(policy)?;
+                let out = tch::no_grad(|| block.block.try_forward(&x, &bctx));
+                acts.sac[i] = Some(recording.finish());
+                out
+            } else if seg.is_some() {
                 tch::no_grad(|| block.block.try_forward(&x, &bctx))
             } else {
                 block.block.try_forward(&x, &bctx)

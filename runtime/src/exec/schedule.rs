@@ -2,6 +2,7 @@
 //! checkpointed group's run), which run fused as one graph (a group with nothing checkpointed),
 //! and after which block each output is dead inside a segment.
 
+use ckptune_kernels::sac::SacPolicy;
 use ckptune_models::Chain;
 
 /// The plan of one micro-step's execution for a checkpoint mask.
@@ -13,12 +14,15 @@ pub(super) struct Schedule {
     /// Per block: the block after which its output is dead during a segment's no-grad forward
     /// (its last reader within the segment).
     pub last_reader: Vec<usize>,
+    /// Per block: the policy it runs selective under, for a block checkpointed on its own
+    /// whose session asks for it ([`super::Session::selective`]).
+    pub selective: Vec<Option<SacPolicy>>,
 }
 
 impl Schedule {
     /// The schedule of `checkpoint` (over [`Chain::units`]); `fuse_groups` off runs every group
     /// as its blocks.
-    pub fn new(chain: &Chain, checkpoint: &[bool], fuse_groups: bool) -> Self {
+    pub fn new(chain: &Chain, checkpoint: &[bool], fuse_groups: bool, selective: &[Option<SacPolicy>]) -> Self {
         let n = chain.blocks.len();
         let mut last_reader: Vec<usize> = (0..n).map(|k| k + 1).collect();
         for (i, b) in chain.blocks.iter().enumerate() {
@@ -26,14 +30,25 @@ impl Schedule {
                 last_reader[s] = last_reader[s].max(i);
             }
         }
+        let segments = segments(chain, checkpoint);
+        let selective = (0..n)
+            .map(|i| {
+                selective
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .filter(|_| segments[i] == Some((i, i)))
+            })
+            .collect();
         Schedule {
-            segments: segments(chain, checkpoint),
+            segments,
             fused: if fuse_groups {
                 fused_groups(chain, checkpoint)
             } else {
                 vec![None; n]
             },
             last_reader,
+            selective,
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use ckptune_kernels::autocast::AutocastGuard;
 use ckptune_kernels::fake::FakeMode;
+use ckptune_kernels::sac::SacPolicy;
 use ckptune_models::{Batch, Chain};
 use tch::{Device, Kind, Tensor};
 
@@ -35,6 +36,11 @@ pub struct Session {
     /// the profiler turns it off, so that each block's own region frees its casts and the
     /// meter sees them block by block (docs/memory-model.md, "Autocast's cache").
     pub hold_casts: bool,
+    /// Per block: run it selective under this policy when the checkpoint mask checkpoints it
+    /// on its own (not inside a checkpointed group): its forward keeps the outputs of the
+    /// operators the policy saves and its recompute computes only the rest. Empty: every
+    /// checkpointed block is checkpointed whole.
+    pub selective: Vec<Option<SacPolicy>>,
     /// Fake mode, for a session measured on the meta device ([`Session::new_fake`]): its
     /// tensors are fake, and so is everything its steps create. Declared last, so it ends after
     /// every tensor of the session is gone.
@@ -113,6 +119,7 @@ impl Session {
             probe,
             fuse_groups: true,
             hold_casts,
+            selective: Vec::new(),
             fake: None,
         })
     }

@@ -120,7 +120,7 @@ impl Session {
             t.start = self.probe.current();
             t.blocks = vec![BlockTrace::default(); self.chain.blocks.len()];
         }
-        let schedule = Schedule::new(&self.chain, checkpoint, self.fuse_groups);
+        let schedule = Schedule::new(&self.chain, checkpoint, self.fuse_groups, &self.selective);
         let held = self.cast_region()?;
         let mut acts = self.forward(batch, &ctx, &schedule, tr.as_deref_mut())?;
         let loss = self.loss(&acts, batch, held, tr.as_deref_mut())?;

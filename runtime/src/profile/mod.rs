@@ -16,6 +16,7 @@
 use std::time::Instant;
 
 use ckptune_kernels::meter;
+use ckptune_kernels::sac::SacPolicy;
 use ckptune_solver::model;
 pub use ckptune_solver::profile::{
     BlockProfile, ConfigProfile, Contention, FixedBytes, GroupProfile, RegimeProfile, ReservedPeaks, Stats,
@@ -28,6 +29,7 @@ use crate::progress::progress_bar;
 mod estimated;
 mod moments;
 mod one_step;
+mod selective;
 mod terms;
 pub mod timing;
 
@@ -45,6 +47,9 @@ pub struct ProfileSettings {
     pub quiet: bool,
     /// How samples timed while the machine was busy are re-timed.
     pub retime: RetimePolicy,
+    /// Also measure every candidate block run selective under this policy (step S), the third
+    /// choice per block beside keep and checkpoint.
+    pub selective: Option<SacPolicy>,
 }
 
 impl Default for ProfileSettings {
@@ -53,6 +58,7 @@ impl Default for ProfileSettings {
             repeats: 3,
             quiet: false,
             retime: RetimePolicy::default(),
+            selective: None,
         }
     }
 }
@@ -98,6 +104,11 @@ fn profile_released(session: &mut Session, settings: &ProfileSettings) -> Result
             &session.chain,
         )?);
     }
+    let selective_steps = match settings.selective {
+        // Every sample of S is instrumented: memory and recompute times come from the trace.
+        Some(policy) => selective::measure(session, policy, &plan.all, repeats, plain, &mut regimes)?,
+        None => 0,
+    };
     let recompute_class = work_classes(session, &regimes);
     let recompute_spread = recompute_estimates(session, &steps, &recompute_class);
     let mut tally = ContentionTally::default();
@@ -115,7 +126,7 @@ fn profile_released(session: &mut Session, settings: &ProfileSettings) -> Result
         seconds_none: timing::seconds(&steps.samples_a),
         seconds_all: timing::seconds(&steps.samples_b),
         recompute_seconds: recompute_spread.iter().map(|s| s.median).collect(),
-        steps_run: plan.kinds + plan.kinds * repeats + plan.split_steps + steps.retimed,
+        steps_run: plan.kinds + plan.kinds * repeats + plan.split_steps + steps.retimed + selective_steps,
         wall_seconds: t0.elapsed().as_secs_f64(),
         recompute_spread,
         recompute_class,

@@ -72,6 +72,7 @@ pub(super) fn regime(
             } else {
                 ta.fwd_open - ta.fwd_after
             }),
+            selective: None,
         });
     }
     let groups = match cd {

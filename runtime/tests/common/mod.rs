@@ -24,6 +24,7 @@ pub fn quick_profile(s: &mut Session) -> ConfigProfile {
             repeats: 1,
             quiet: true,
             retime: RetimePolicy::never(),
+            ..Default::default()
         },
     )
     .expect("profile")

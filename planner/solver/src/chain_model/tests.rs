@@ -1,0 +1,138 @@
+//! The chain model against formulas worked by hand and evaluated directly.
+
+use super::*;
+
+fn block(name: &str, seed: i64) -> BlockTerms {
+    BlockTerms {
+        name: name.to_string(),
+        candidate: true,
+        kg: 100 * seed,
+        fg: 120 * seed,
+        kng: 10 * seed,
+        fng: 30 * seed,
+        out: 10 * seed,
+        gout: 10 * seed,
+        krec: 95 * seed,
+        frec: 20 * seed,
+        bta: 40 * seed,
+        btb: 45 * seed,
+        g: 7 * seed,
+        recompute_seconds: 0.1 * seed as f64,
+        sel: None,
+    }
+}
+
+fn step() -> StepTerms {
+    StepTerms {
+        fixed: 1000,
+        lk: 5,
+        lf: 9,
+        lb: 3,
+        otmp: 50,
+        base_seconds: 1.0,
+        blocks: vec![block("a", 1), block("b", 2), block("c", 3)],
+        groups: Vec::new(),
+    }
+}
+
+/// The formulas of docs/memory-model.md worked by hand for blocks a, b, c (terms of c are 3× those of a).
+/// kf deltas (kng − kg): −90, −180, −270; kb deltas (out − krec): −85, −170, −255.
+#[test]
+fn hand_computed_three_blocks() {
+    let ms = moments(&step());
+    let got: Vec<(&str, i64, Vec<i64>)> = ms
+        .iter()
+        .map(|m| (m.label.as_str(), m.constant, m.coef.clone()))
+        .collect();
+    let want: Vec<(&str, i64, Vec<i64>)> = vec![
+        // F + fg_a = 1000 + 120; own term fng_a − fg_a = −90.
+        ("forward a", 1120, vec![-90, 0, 0]),
+        // F + kg_a + fg_b = 1000 + 100 + 240; own term 60 − 240.
+        ("forward b", 1340, vec![-90, -180, 0]),
+        // F + kg_a + kg_b + fg_c = 1000 + 100 + 200 + 360; own term 90 − 360.
+        ("forward c", 1660, vec![-90, -180, -270]),
+        // Inside the forward's autocast region: F + Σ kg + lf = 1000 + 100 + 200 + 300 + 9.
+        ("loss", 1609, vec![-90, -180, -270]),
+        // F + Σ krec + lk + lb = 1570 + 5 + 3.
+        ("loss backward", 1578, vec![-85, -170, -255]),
+        // base_c = F + 0 + krec_a + krec_b + gout_c = 1000 + 95 + 190 + 30 = 1315;
+        // phantom −1 when x_c = 0, frec_c = 60 when x_c = 1: coefficient 61.
+        ("recompute c", 1314, vec![-85, -170, 61]),
+        // base_c + krec_c + bta_c = 1315 + 285 + 120; btb − bta = 15.
+        ("backward c", 1720, vec![-85, -170, 15]),
+        // base_b = F + g_c + krec_a + gout_b = 1000 + 21 + 95 + 20 = 1136.
+        ("recompute b", 1135, vec![-85, 41, 0]),
+        ("backward b", 1406, vec![-85, 10, 0]),
+        // base_a = F + g_b + g_c + gout_a = 1000 + 14 + 21 + 10 = 1045.
+        ("recompute a", 1044, vec![21, 0, 0]),
+        ("backward a", 1180, vec![5, 0, 0]),
+        // F + Σ g + otmp = 1000 + 42 + 50.
+        ("optimizer", 1092, vec![0, 0, 0]),
+    ];
+    assert_eq!(got, want);
+    let s = step();
+    assert_eq!(peak(&s, &[false, false, false]), (1720, "backward c".to_string()));
+    // All checkpointed: forward c 1120, loss 1069, recompute c 1120, backward c 1480.
+    assert_eq!(peak(&s, &[true, true, true]), (1480, "backward c".to_string()));
+    // a and c: forward c 1300, backward c 1720 − 85 + 15 = 1650.
+    assert_eq!(peak(&s, &[true, false, true]), (1650, "backward c".to_string()));
+}
+
+/// Every moment, for every x, equals the formula evaluated directly with branches.
+#[test]
+fn affine_moments_match_direct_formulas() {
+    let s = step();
+    let ms = moments(&s);
+    let n = s.blocks.len();
+    for mask in 0..1u32 << n {
+        let x: Vec<bool> = (0..n).map(|i| mask >> i & 1 == 1).collect();
+        let b = &s.blocks;
+        let kf = |i: usize| if x[i] { b[i].kng } else { b[i].kg };
+        let kb = |i: usize| if x[i] { b[i].out } else { b[i].krec };
+        let mut want = Vec::new();
+        for j in 0..n {
+            let f = if x[j] { b[j].fng } else { b[j].fg };
+            want.push(s.fixed + (0..j).map(kf).sum::<i64>() + f);
+        }
+        let all: i64 = (0..n).map(kb).sum();
+        want.push(s.fixed + (0..n).map(kf).sum::<i64>() + s.lf);
+        want.push(s.fixed + all + s.lk + s.lb);
+        for j in (0..n).rev() {
+            let base = s.fixed + (j + 1..n).map(|i| b[i].g).sum::<i64>() + (0..j).map(kb).sum::<i64>() + b[j].gout;
+            let vjp = base + b[j].krec + if x[j] { b[j].btb } else { b[j].bta };
+            // The phantom recompute moment when x_j = 0 must stay below vjp.
+            let rec = if x[j] { base + b[j].frec } else { vjp - 1 };
+            let got = ms[want.len()].eval(&x);
+            if x[j] {
+                assert_eq!(got, rec, "recompute {j} x={x:?}");
+            } else {
+                assert!(got < vjp, "phantom recompute {j} x={x:?}");
+            }
+            want.push(got);
+            want.push(vjp);
+        }
+        want.push(s.fixed + b.iter().map(|b| b.g).sum::<i64>() + s.otmp);
+        let got: Vec<i64> = ms.iter().map(|m| m.eval(&x)).collect();
+        assert_eq!(got, want, "x={x:?}");
+    }
+}
+
+/// Even with negative measured terms the phantom recompute moment never binds.
+#[test]
+fn phantom_recompute_never_binds() {
+    let mut s = step();
+    s.blocks[1].krec = 5;
+    s.blocks[1].bta = -50;
+    let ms = moments(&s);
+    let x = [false, false, false];
+    let rec = ms.iter().position(|m| m.label == "recompute b").unwrap();
+    let vjp = ms.iter().position(|m| m.label == "backward b").unwrap();
+    assert!(ms[rec].eval(&x) < ms[vjp].eval(&x));
+}
+
+#[test]
+fn seconds_add_recompute_time() {
+    let s = step();
+    let t = step_seconds(&s, &[true, false, true]);
+    assert!((t - 1.4).abs() < 1e-12);
+}

@@ -1,0 +1,221 @@
+//! Selective checkpointing (a checkpointed block whose forward keeps the outputs of the
+//! operators its policy saves, `ckptune_kernels::sac`): gradients equal the plain step's bit for
+//! bit on every transformer family of the zoo, in fp32 and bf16 autocast with dropout active,
+//! with every candidate selective and with keep, selective and full
+//! checkpointing mixed; a selective block keeps more than a checkpointed one and less than a
+//! plain one; and one profile (with step S) predicts every moment of every choice of keep,
+//! selective and checkpointed per block, to the byte, and its selective terms measured on the
+//! meta device equal the CPU's.
+
+mod common;
+
+use ckptune_kernels::meter;
+use ckptune_kernels::sac::SacPolicy;
+use ckptune_models::{builtin, ModelOptions};
+use ckptune_runtime::exec::MicroTrace;
+use ckptune_runtime::profile::{measured_moments, profile, ProfileSettings, RetimePolicy};
+use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, StepTrace, TrainConfig};
+use ckptune_solver::model::{moments_at_selective, peak_at_selective};
+use common::assert_bitwise;
+use tch::{Device, Tensor};
+
+const FAMILIES: [&str; 4] = ["tiny-bert", "tiny-gpt2", "tiny-llama", "tiny-qwen2"];
+
+/// One micro-step of `model` with `mask` checkpointed, the blocks `selective` names running
+/// selective; its gradients and trace.
+fn run(
+    model: &str,
+    precision: Precision,
+    mask: &dyn Fn(usize, bool) -> bool,
+    selective: &dyn Fn(usize) -> Option<SacPolicy>,
+) -> (Vec<(String, Tensor)>, MicroTrace) {
+    tch::manual_seed(11);
+    let opts = ModelOptions {
+        seq: Some(16),
+        ..Default::default()
+    };
+    let chain = builtin(model, &opts).unwrap();
+    let cfg = TrainConfig::new(precision, OptimizerKind::AdamW, 2);
+    let mut s = Session::new(chain, cfg, Device::Cpu).unwrap();
+    let m: Vec<bool> = s
+        .chain
+        .blocks
+        .iter()
+        .enumerate()
+        .map(|(i, b)| mask(i, b.candidate))
+        .collect();
+    s.selective = (0..m.len()).map(selective).collect();
+    tch::manual_seed(5);
+    let batch = s.make_batch();
+    let mut tr = MicroTrace::default();
+    s.micro_step(&batch, &m, Some(&mut tr)).unwrap();
+    (s.named_grads(), tr)
+}
+
+#[test]
+fn selective_gradients_equal_plain_bit_for_bit() {
+    let _lock = meter::exclusive();
+    tch::set_num_threads(1);
+    for model in FAMILIES {
+        for precision in [Precision::Fp32, Precision::Bf16] {
+            let (plain, _) = run(model, precision, &|_, _| false, &|_| None);
+            for policy in SacPolicy::ALL {
+                let what = format!("{model} {precision} {}", policy.name());
+                let (all, _) = run(model, precision, &|_, c| c, &|_| Some(policy));
+                assert_bitwise(&format!("{what}, every candidate selective"), &plain, &all);
+                // Keep, selective and full in turn along the chain.
+                let (mixed, _) = run(model, precision, &|i, c| c && i % 3 != 0, &|i| {
+                    (i % 3 == 1).then_some(policy)
+                });
+                assert_bitwise(&format!("{what}, mixed"), &plain, &mixed);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_selective_block_keeps_more_than_checkpointed_and_matmul_less_than_plain() {
+    let _lock = meter::exclusive();
+    tch::set_num_threads(1);
+    for model in FAMILIES {
+        let kept = |tr: &MicroTrace, i: usize| tr.blocks[i].fwd_after - tr.blocks[i].fwd_before;
+        let (_, plain) = run(model, Precision::Fp32, &|_, _| false, &|_| None);
+        let (_, full) = run(model, Precision::Fp32, &|_, c| c, &|_| None);
+        let (_, sel) = run(model, Precision::Fp32, &|_, c| c, &|_| Some(SacPolicy::Matmul));
+        // Blocks where checkpointing saves memory (not a head whose plain output is smaller
+        // than its checkpointed one): a selective one keeps at least a checkpointed one's
+        // bytes, more where it has matrix products, and less than the plain block.
+        let mut more = 0;
+        for i in (0..plain.blocks.len()).filter(|&i| full.blocks[i].checkpointed) {
+            let (p, f, s) = (kept(&plain, i), kept(&full, i), kept(&sel, i));
+            if f < p {
+                assert!(f <= s && s < p, "{model} block {i}: full {f} <= matmul {s} < plain {p}");
+                more += usize::from(f < s);
+            }
+        }
+        assert!(more > 0, "{model}: no selective block kept a matrix product's output");
+    }
+}
+
+/// Every choice of keep (0), checkpointed (1) and selective (2) for the candidate blocks.
+fn choices(candidate: &[bool]) -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = vec![Vec::new()];
+    for &c in candidate {
+        let states: &[u8] = if c { &[0, 1, 2] } else { &[0] };
+        out = out
+            .into_iter()
+            .flat_map(|v| {
+                states.iter().map(move |&k| {
+                    let mut v = v.clone();
+                    v.push(k);
+                    v
+                })
+            })
+            .collect();
+    }
+    out
+}
+
+/// The profile's prediction of every moment, from one profile with step S, equals the
+/// instrumented step's under every choice of keep, selective and checkpointed per block, to
+/// the byte; and the step peaks at the highest moment.
+#[test]
+fn predicted_moments_equal_measured_under_every_choice() {
+    let _lock = meter::exclusive();
+    tch::set_num_threads(1);
+    for (model, precision, accum) in [
+        ("tiny-bert", Precision::Fp32, 1),
+        ("tiny-llama", Precision::Bf16, 1),
+        ("tiny-gpt2", Precision::Fp32, 2),
+    ] {
+        tch::manual_seed(3);
+        let opts = ModelOptions {
+            seq: Some(16),
+            ..Default::default()
+        };
+        let chain = builtin(model, &opts).unwrap();
+        let mut cfg = TrainConfig::new(precision, OptimizerKind::AdamW, 2);
+        cfg.grad_accum = accum;
+        let mut s = Session::new(chain, cfg, Device::Cpu).unwrap();
+        let settings = ProfileSettings {
+            repeats: 1,
+            quiet: true,
+            retime: RetimePolicy::never(),
+            selective: Some(SacPolicy::Matmul),
+        };
+        let p = profile(&mut s, &settings).unwrap();
+        let candidate: Vec<bool> = s.chain.blocks.iter().map(|b| b.candidate).collect();
+        for r in &p.regimes {
+            for b in &r.blocks {
+                assert_eq!(
+                    b.selective.is_some(),
+                    b.candidate,
+                    "{model} {}: selective terms",
+                    b.name
+                );
+            }
+        }
+        let all = choices(&candidate);
+        assert!(all.len() >= 27, "{model}: {} choices", all.len());
+        for c in all {
+            let mask: Vec<bool> = c.iter().map(|&k| k != 0).collect();
+            let sel: Vec<bool> = c.iter().map(|&k| k == 2).collect();
+            s.selective = sel.iter().map(|&on| on.then_some(SacPolicy::Matmul)).collect();
+            s.step(&mask, None).unwrap();
+            let mut trace = StepTrace::default();
+            let peak = s.step(&mask, Some(&mut trace)).unwrap().peak_bytes;
+            let seen = measured_moments(&trace, &s.chain, p.regimes.len());
+            let what = format!("{model} {precision} accum {accum} choice {c:?}");
+            assert_eq!(moments_at_selective(&p, &mask, &sel), seen, "{what}: moments");
+            assert_eq!(peak_at_selective(&p, &mask, &sel).0, peak, "{what}: peak");
+        }
+    }
+}
+
+/// Measured on the meta device (fake mode, where the selective cache keeps fake tensors), a
+/// profile's selective terms equal the CPU's to the byte.
+#[test]
+fn selective_terms_on_the_meta_device_equal_the_cpu() {
+    let _lock = meter::exclusive();
+    meter::install().unwrap();
+    tch::set_num_threads(1);
+    let settings = ProfileSettings {
+        repeats: 1,
+        quiet: true,
+        retime: RetimePolicy::never(),
+        selective: Some(SacPolicy::Matmul),
+    };
+    for model in ["tiny-bert", "tiny-llama"] {
+        let opts = ModelOptions {
+            seq: Some(16),
+            ..Default::default()
+        };
+        let cfg = TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, 2);
+        let build = || builtin(model, &opts).map_err(|e| RuntimeError::Invalid(e.to_string()));
+        tch::manual_seed(0);
+        let cpu = profile(
+            &mut Session::new(build().unwrap(), cfg.clone(), Device::Cpu).unwrap(),
+            &settings,
+        )
+        .unwrap();
+        tch::manual_seed(0);
+        let meta = profile(&mut Session::new_fake(build, cfg, Device::Cpu).unwrap(), &settings).unwrap();
+        let bytes = |b: &ckptune_solver::profile::BlockProfile| {
+            b.selective.as_ref().map(|s| {
+                (
+                    s.kept,
+                    s.fwd_transient,
+                    s.cache,
+                    s.rec_transient,
+                    s.kept_recompute,
+                    s.bwd_transient,
+                    s.out_released,
+                )
+            })
+        };
+        for (a, b) in cpu.regimes[0].blocks.iter().zip(&meta.regimes[0].blocks) {
+            assert!(a.selective.is_some() == a.candidate, "{model} {}", a.name);
+            assert_eq!(bytes(a), bytes(b), "{model} {}: selective terms, CPU vs meta", a.name);
+        }
+    }
+}
