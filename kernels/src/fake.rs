@@ -99,10 +99,13 @@ pub fn set_scratch(table: &[(String, i64)]) -> Result<(), KernelError> {
 /// operators (registering a fake impl for torch.compile); `None` for any other error. A model
 /// with such an operator can be measured only by running it.
 pub fn meta_failure(message: &str) -> Option<String> {
-    const SIGNS: [&str; 3] = [
+    const SIGNS: [&str; 4] = [
         "which a step measured on the meta device does not have",
         "attempted to run this operator with Meta tensors",
         "with arguments from the 'Meta' backend",
+        // A kernel that read a fake tensor's data, which it has none of (SigLIP's
+        // `repeat` of its probe parameter reached the CPU's kernel).
+        "but its data is not allocated yet",
     ];
     let line = message.lines().find(|l| SIGNS.iter().any(|s| l.contains(s)))?;
     // From the operator's name on (`aten::mode: attempted …`, `Could not run 'aten::x' …`), as
@@ -115,4 +118,28 @@ pub fn meta_failure(message: &str) -> Option<String> {
     let line = &line[from..];
     let end = line.find(". You may have run into this message").unwrap_or(line.len());
     Some(line[..end].trim_end_matches('.').to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::meta_failure;
+
+    #[test]
+    fn meta_failures_are_told_from_other_errors() {
+        let no_kernel = "Could not run 'aten::mode' with arguments from the 'Meta' backend. This could be because";
+        assert_eq!(
+            meta_failure(&format!("node mode_1: {no_kernel}")).as_deref(),
+            Some(no_kernel),
+            "from the operator's name on"
+        );
+        let no_data = "calling an operator: The tensor has a non-zero number of elements, but its data is not \
+                       allocated yet.\nIf you're using torch.compile/export/fx, it is likely that";
+        assert_eq!(
+            meta_failure(no_data).as_deref(),
+            Some(
+                "calling an operator: The tensor has a non-zero number of elements, but its data is not allocated yet"
+            )
+        );
+        assert_eq!(meta_failure("shape '[2, 3]' is invalid for input of size 5"), None);
+    }
 }
