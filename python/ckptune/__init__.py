@@ -8,7 +8,7 @@ optimizer and batch settings the plan's memory prediction assumed, and
 `chunked_causal_lm_loss` computes a language model's loss in the chunks a plan may choose.
 """
 
-from .checkpointing import apply, plan_root
+from .checkpointing import apply, plan_root, wrapped_modules
 from .loss import chunked_causal_lm_loss
 from .plan import FORMAT, load_plan
 from .selective import context_fn as selective_context_fn
@@ -23,5 +23,6 @@ __all__ = [
     "plan_root",
     "selective_context_fn",
     "training_config",
+    "wrapped_modules",
 ]
 __version__ = "0.1.0"

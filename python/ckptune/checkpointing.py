@@ -103,7 +103,7 @@ def apply(model: nn.Module, plan: PlanLike) -> List[str]:
     except re.error as e:
         raise ValueError(f"plan's checkpoint regex {pattern!r} is not a valid regex: {e}") from None
 
-    wrapped = [name or "<root>" for name, m in model.named_modules() if _INNER in m.__dict__]
+    wrapped = [name or "<root>" for name in wrapped_modules(model)]
     if wrapped:
         raise ValueError(f"model is already wrapped by ckptune.apply (modules {', '.join(wrapped)}); "
                          f"apply a plan once, to a model that has not been wrapped")
@@ -236,3 +236,9 @@ def _wrapper_prefix(wanted: Sequence[str], names: Sequence[str]) -> Optional[str
         if all(f"{prefix}.{w}" in present for w in wanted):
             return prefix
     return None
+
+
+def wrapped_modules(model):
+    """The qualified names of `model`'s modules that `apply` wrapped, whose forward recomputes
+    in backward ("" for the model itself)."""
+    return [name for name, m in model.named_modules() if _INNER in m.__dict__]

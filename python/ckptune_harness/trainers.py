@@ -40,8 +40,7 @@ import weakref
 import torch
 from torch import nn
 
-from ckptune import load_plan, training_config
-from ckptune.checkpointing import _INNER
+from ckptune import load_plan, training_config, wrapped_modules
 
 from . import eager
 from . import meter as meter_mod
@@ -307,11 +306,9 @@ def _run_lightning(mod, ref, t, cfg, n, lr, steps, out_dir, meter, log, before):
 def _wrapped(backbone):
     """The modules that recompute: wrapped by ckptune.apply (the forward it keeps), or transformers'
     layers with their checkpointing flag on."""
-    names = []
-    for name, m in backbone.named_modules():
-        if getattr(m, "gradient_checkpointing", False) or _INNER in m.__dict__:
-            names.append(name)
-    return names
+    wrapped = set(wrapped_modules(backbone))
+    return [name for name, m in backbone.named_modules()
+            if getattr(m, "gradient_checkpointing", False) or name in wrapped]
 
 
 def run(trainer, snippet, model_name, plan, *, image=None, seq=None, attention=None, steps=6, warmup=2,
