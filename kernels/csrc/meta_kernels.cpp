@@ -196,10 +196,30 @@ void in_place_only(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::drop(*stack, op.schema().arguments().size());
 }
 
+// `native_dropout` as CUDA's fused kernel allocates (a step traced for a GPU calls it where the
+// CPU would draw its mask with bernoulli_): the output, then a bool mask, both shaped as the
+// input (`dropout_cuda`). Outside training it returns the input and an all-true mask.
+std::tuple<at::Tensor, at::Tensor> native_dropout_meta(const at::Tensor& input, double /*p*/,
+                                                       std::optional<bool> train) {
+  if (train.has_value() && !*train) {
+    return {input.clone(), at::empty_like(input, input.options().dtype(at::kBool))};
+  }
+  at::Tensor output = at::empty_like(input);
+  at::Tensor mask = at::empty_like(input, input.options().dtype(at::kBool));
+  return {output, mask};
+}
+
+// `native_dropout_backward`: one gradient shaped as the incoming one (CUDA's fused kernel).
+at::Tensor native_dropout_backward_meta(const at::Tensor& grad, const at::Tensor& /*mask*/, double /*scale*/) {
+  return at::empty_like(grad);
+}
+
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
   auto own = [&](const char* name, auto&& fn) { ckpt::register_own(m, name, std::forward<decltype(fn)>(fn)); };
   own("index_select", TORCH_FN(index_select_meta));
   own("where.self", TORCH_FN(where_self_meta));
+  own("native_dropout", TORCH_FN(native_dropout_meta));
+  own("native_dropout_backward", TORCH_FN(native_dropout_backward_meta));
   own("where.self_out", TORCH_FN(where_self_out_meta));
   own("embedding_dense_backward", TORCH_FN(embedding_dense_backward_meta));
   own("native_layer_norm", TORCH_FN(native_layer_norm_meta));

@@ -232,6 +232,7 @@ struct Embeddings {
     position_ids: Tensor,
     token_type_ids: Tensor,
     p: f64,
+    fused: bool,
 }
 
 impl Block for Embeddings {
@@ -248,7 +249,7 @@ impl Block for Embeddings {
         let position_embeddings = self.position_embeddings.forward(&position_ids);
         let _ = embeddings.g_add_(&position_embeddings);
         embeddings = self.layer_norm.forward(&embeddings);
-        embeddings = dropout(&embeddings, self.p, ctx.train);
+        embeddings = dropout(&embeddings, self.p, ctx.train, self.fused);
         embeddings
     }
 }
@@ -261,6 +262,7 @@ struct SelfAttention {
     heads: i64,
     head_size: i64,
     p: f64,
+    fused: bool,
     /// `None`: eager.
     sdpa: Option<Sdpa>,
 }
@@ -311,7 +313,7 @@ impl SelfAttention {
         }
         // `attention_scores` stays alive until the function returns, as the Python local does.
         let mut attention_probs = attention_scores.softmax(-1, None::<Kind>);
-        attention_probs = dropout(&attention_probs, self.p, train);
+        attention_probs = dropout(&attention_probs, self.p, train, self.fused);
 
         let mut context_layer = attention_probs.matmul(&value_layer);
         context_layer = context_layer.permute([0, 2, 1, 3]).contiguous();
@@ -328,12 +330,13 @@ struct Output {
     dense: Linear,
     layer_norm: LayerNorm,
     p: f64,
+    fused: bool,
 }
 
 impl Output {
     fn forward(&self, hidden_states: &Tensor, input_tensor: &Tensor, train: bool) -> Tensor {
         let mut hidden_states = self.dense.forward(hidden_states);
-        hidden_states = dropout(&hidden_states, self.p, train);
+        hidden_states = dropout(&hidden_states, self.p, train, self.fused);
         hidden_states = self.layer_norm.forward(&(&hidden_states + input_tensor));
         hidden_states
     }
@@ -412,12 +415,13 @@ impl Block for Pooler {
 struct SequenceClassification {
     classifier: Linear,
     p: f64,
+    fused: bool,
     num_labels: i64,
 }
 
 impl LossHead for SequenceClassification {
     fn loss(&self, pooled_output: &Tensor, batch: &Batch) -> Tensor {
-        let pooled_output = dropout(pooled_output, self.p, true);
+        let pooled_output = dropout(pooled_output, self.p, true, self.fused);
         let logits = self.classifier.forward(&pooled_output);
         logits.view([-1, self.num_labels]).cross_entropy_loss(
             &batch.target.view([-1]),
@@ -507,6 +511,7 @@ fn build_chain(
     let head = SequenceClassification {
         classifier: Linear::hf(&(&root / "classifier"), h, cfg.num_labels, std, spec)?,
         p: cfg.classifier_dropout.unwrap_or(cfg.hidden_dropout_prob),
+        fused: spec.fused_dropout(),
         num_labels: cfg.num_labels,
     };
 
@@ -562,6 +567,7 @@ fn embeddings(name: &str, root: &nn::Path<'_>, cfg: &Config, spec: Spec) -> Resu
         position_ids,
         token_type_ids,
         p: cfg.hidden_dropout_prob,
+        fused: spec.fused_dropout(),
     })
 }
 
@@ -573,6 +579,7 @@ fn layer(l: &nn::Path<'_>, cfg: &Config, spec: Spec, attention: Implementation) 
             dense: Linear::hf(&(p / "dense"), in_dim, h, std, spec)?,
             layer_norm: LayerNorm::new(&(p / "LayerNorm"), h, cfg.layer_norm_eps, spec)?,
             p: cfg.hidden_dropout_prob,
+            fused: spec.fused_dropout(),
         })
     };
     let s = l / "attention" / "self";
@@ -585,11 +592,12 @@ fn layer(l: &nn::Path<'_>, cfg: &Config, spec: Spec, attention: Implementation) 
                 heads: cfg.num_attention_heads,
                 head_size: cfg.head_size(),
                 p: cfg.attention_probs_dropout_prob,
+                fused: spec.fused_dropout(),
                 sdpa: (attention == Implementation::Sdpa).then(|| Sdpa {
                     scaling: (cfg.head_size() as f64).powf(-0.5),
                     causal: false,
                     kv_groups: 1,
-                    kernels: spec.attention_kernels,
+                    kernels: spec.trace_kernels,
                 }),
             },
             output: output(&(l / "attention" / "output"), h)?,

@@ -215,6 +215,7 @@ struct Embeddings {
     wte: Embedding,
     wpe: Embedding,
     p: f64,
+    fused: bool,
 }
 
 impl Block for Embeddings {
@@ -227,7 +228,7 @@ impl Block for Embeddings {
         let position_ids = cache_position.unsqueeze(0);
         let position_embeds = self.wpe.forward(&position_ids);
         let mut hidden_states = &inputs_embeds + &position_embeds;
-        hidden_states = dropout(&hidden_states, self.p, ctx.train);
+        hidden_states = dropout(&hidden_states, self.p, ctx.train, self.fused);
         hidden_states
     }
 }
@@ -245,6 +246,7 @@ struct Attention {
     scale_attn_by_inverse_layer_idx: bool,
     attn_pdrop: f64,
     resid_pdrop: f64,
+    fused: bool,
 }
 
 /// How `GPT2Attention` attends: transformers 4's eager path, with its causal `bias` buffer
@@ -296,7 +298,7 @@ impl Attention {
         if attn_weights.kind() != value.kind() {
             attn_weights = attn_weights.to_kind(value.kind());
         }
-        attn_weights = dropout(&attn_weights, self.attn_pdrop, train);
+        attn_weights = dropout(&attn_weights, self.attn_pdrop, train, self.fused);
         let mut attn_output = attn_weights.matmul(value);
         attn_output = attn_output.transpose(1, 2);
         (attn_output, attn_weights)
@@ -340,7 +342,7 @@ impl Attention {
         shape.push(-1);
         attn_output = attn_output.reshape(shape.as_slice()).contiguous();
         attn_output = self.c_proj.forward(&attn_output);
-        attn_output = dropout(&attn_output, self.resid_pdrop, train);
+        attn_output = dropout(&attn_output, self.resid_pdrop, train, self.fused);
         (attn_output, attn_weights)
     }
 }
@@ -351,6 +353,7 @@ struct Mlp {
     c_proj: Conv1D,
     act: Activation,
     p: f64,
+    fused: bool,
 }
 
 impl Mlp {
@@ -358,7 +361,7 @@ impl Mlp {
         let mut hidden_states = self.c_fc.forward(hidden_states);
         hidden_states = self.act.forward(&hidden_states);
         hidden_states = self.c_proj.forward(&hidden_states);
-        hidden_states = dropout(&hidden_states, self.p, train);
+        hidden_states = dropout(&hidden_states, self.p, train, self.fused);
         hidden_states
     }
 }
@@ -504,6 +507,7 @@ fn build_chain(
         wte,
         wpe: Embedding::hf(&(&root / "wpe"), cfg.n_positions, d, None, std, spec)?,
         p: cfg.embd_pdrop,
+        fused: spec.fused_dropout(),
     };
     let mut groups = Vec::new();
     let mut blocks = vec![ChainBlock {
@@ -529,7 +533,7 @@ fn build_chain(
                 scaling: cfg.scaling(n + 1),
                 causal: true,
                 kv_groups: 1,
-                kernels: spec.attention_kernels,
+                kernels: spec.trace_kernels,
             }),
         };
         let layer = Layer {
@@ -545,6 +549,7 @@ fn build_chain(
                 scale_attn_by_inverse_layer_idx: cfg.scale_attn_by_inverse_layer_idx,
                 attn_pdrop: cfg.attn_pdrop,
                 resid_pdrop: cfg.resid_pdrop,
+                fused: spec.fused_dropout(),
             },
             ln_2: LayerNorm::new(&(&h / "ln_2"), d, cfg.layer_norm_epsilon, spec)?,
             mlp: Mlp {
@@ -552,6 +557,7 @@ fn build_chain(
                 c_proj: Conv1D::new(&(&h / "mlp" / "c_proj"), d, cfg.inner(), proj_std, spec)?,
                 act: cfg.activation_function,
                 p: cfg.resid_pdrop,
+                fused: spec.fused_dropout(),
             },
         };
         push_layer(&mut blocks, &mut groups, format!("h.{n}"), layer, granularity);

@@ -7,8 +7,8 @@
 
 use tch::{nn, Device, Kind, Tensor};
 
-use crate::attention_kernels::AttentionKernels;
 use crate::error::{ModelError, Result};
+use crate::trace_kernels::TraceKernels;
 
 /// How a parameter is initialised, named after the reference code that does it.
 #[derive(Debug, Clone, Copy)]
@@ -34,7 +34,14 @@ pub(crate) enum Init {
 pub(crate) struct Spec {
     pub kind: Kind,
     pub device: Device,
-    pub attention_kernels: AttentionKernels,
+    pub trace_kernels: TraceKernels,
+}
+
+impl Spec {
+    /// Whether dropout runs as CUDA's fused kernel (a step traced for a GPU).
+    pub fn fused_dropout(&self) -> bool {
+        self.trace_kernels == TraceKernels::Cuda
+    }
 }
 
 fn create(op: &str, shape: &[i64], init: Init, spec: Spec) -> Result<Tensor> {
@@ -352,8 +359,13 @@ impl Activation {
     }
 }
 
-/// `nn.Dropout(p)`: `F.dropout` is `at::dropout`, a no-op outside training.
-pub(crate) fn dropout(xs: &Tensor, p: f64, train: bool) -> Tensor {
+/// `nn.Dropout(p)`: `F.dropout` is `at::dropout`, a no-op outside training. `fused`: as it runs
+/// on CUDA (`is_fused_kernel_acceptable`), `native_dropout`'s output, its bool mask saved for
+/// backward; for a step traced for a GPU ([`TraceKernels::Cuda`]).
+pub(crate) fn dropout(xs: &Tensor, p: f64, train: bool, fused: bool) -> Tensor {
+    if fused && train && p > 0.0 && p < 1.0 && xs.numel() > 0 {
+        return Tensor::native_dropout(xs, p, true).0;
+    }
     xs.dropout(p, train)
 }
 

@@ -8,7 +8,6 @@
 //! programs.
 pub mod architecture;
 mod assemble;
-mod attention_kernels;
 pub mod bert;
 pub mod causal_lm;
 pub mod chain;
@@ -29,16 +28,17 @@ mod sdpa;
 mod shapes;
 pub mod state_dict;
 pub mod toy;
+mod trace_kernels;
 pub mod weights;
 pub mod zoo;
 
 pub use architecture::{Architecture, Family};
 pub use assemble::Loaded;
-pub use attention_kernels::AttentionKernels;
 pub use chain::{Batch, Block, BlockFailure, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
 pub use error::ModelError;
 pub use layers::Activation;
 pub use load::{from_file, needs_meta};
 pub use options::{Attention, Granularity, ModelOptions};
 pub use sdpa::cuda_efficient as cuda_efficient_attention;
+pub use trace_kernels::TraceKernels;
 pub use zoo::{builtin, list, ModelInfo};

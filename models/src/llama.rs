@@ -386,6 +386,7 @@ struct Attention {
     head_dim: i64,
     num_key_value_groups: i64,
     attention_dropout: f64,
+    fused: bool,
     /// `None`: eager.
     sdpa: Option<Sdpa>,
 }
@@ -475,7 +476,7 @@ impl Attention {
         attn_weights = attn_weights.g_add(&causal_mask);
         drop(causal_mask);
         attn_weights = attn_weights.softmax(-1, Some(Kind::Float)).to_kind(query.kind());
-        attn_weights = dropout(&attn_weights, self.attention_dropout, train);
+        attn_weights = dropout(&attn_weights, self.attention_dropout, train, self.fused);
         let mut attn_output = attn_weights.matmul(&value_states);
         attn_output = attn_output.transpose(1, 2).contiguous();
         (attn_output, attn_weights)
@@ -678,11 +679,12 @@ fn build_chain(
                 head_dim: hd,
                 num_key_value_groups: cfg.num_attention_heads / cfg.num_key_value_heads,
                 attention_dropout: cfg.attention_dropout,
+                fused: spec.fused_dropout(),
                 sdpa: (attention == Implementation::Sdpa).then_some(Sdpa {
                     scaling: (hd as f64).powf(-0.5),
                     causal: true,
                     kv_groups: cfg.num_attention_heads / cfg.num_key_value_heads,
-                    kernels: spec.attention_kernels,
+                    kernels: spec.trace_kernels,
                 }),
             },
             post_attention_layernorm: RmsNorm::new(&(&l / "post_attention_layernorm"), d, cfg.rms_norm_eps, spec)?,

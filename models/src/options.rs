@@ -3,9 +3,9 @@
 
 use tch::{Device, Kind};
 
-use crate::attention_kernels::AttentionKernels;
 use crate::error::{ModelError, Result};
 use crate::layers::Spec;
+use crate::trace_kernels::TraceKernels;
 
 /// How finely a model is cut into chain blocks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -87,7 +87,7 @@ pub struct ModelOptions {
     /// instead of the granularity's rule.
     pub candidates: Option<String>,
     /// The kernels SDPA calls (the device's unless a GPU is being traced for).
-    pub attention_kernels: AttentionKernels,
+    pub trace_kernels: TraceKernels,
 }
 
 impl Default for ModelOptions {
@@ -104,7 +104,7 @@ impl Default for ModelOptions {
             kind: Kind::Float,
             batch: None,
             candidates: None,
-            attention_kernels: AttentionKernels::Device,
+            trace_kernels: TraceKernels::Device,
         }
     }
 }
@@ -135,7 +135,7 @@ impl ModelOptions {
             Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16 => Ok(Spec {
                 kind: self.kind,
                 device: self.device,
-                attention_kernels: self.attention_kernels,
+                trace_kernels: self.trace_kernels,
             }),
             other => Err(ModelError::InvalidOption {
                 model: model.to_string(),

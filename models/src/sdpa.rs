@@ -9,7 +9,7 @@
 
 use tch::{Kind, Tensor};
 
-use crate::attention_kernels::AttentionKernels;
+use crate::trace_kernels::TraceKernels;
 
 /// `repeat_kv`: `[b, kv, s, d]` → `[b, kv * n_rep, s, d]` (the same tensor when `n_rep` is 1).
 pub(crate) fn repeat_kv(hidden_states: &Tensor, n_rep: i64) -> Tensor {
@@ -34,7 +34,7 @@ pub(crate) struct Sdpa {
     /// `module.num_key_value_groups` (1 without grouped-query attention).
     pub kv_groups: i64,
     /// The device's kernels, or CUDA's memory-efficient attention (a trace for a GPU).
-    pub kernels: AttentionKernels,
+    pub kernels: TraceKernels,
 }
 
 impl Sdpa {
@@ -101,7 +101,7 @@ impl Sdpa {
             }
         }
         let is_causal = q_length > 1 && mask.is_none() && self.causal;
-        let attn_output = if self.kernels == AttentionKernels::CudaEfficient {
+        let attn_output = if self.kernels == TraceKernels::Cuda {
             if enable_gqa {
                 // The efficient kernel takes no grouped heads: repeated as the eager path does.
                 key = repeat_kv(&key, self.kv_groups);

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use ckptune_models::{Attention, AttentionKernels, Chain, Granularity, ModelOptions};
+use ckptune_models::{Attention, Chain, Granularity, ModelOptions, TraceKernels};
 /// The CPU's identity (model name and vector extensions): the runtime's, which keys the cost
 /// model's calibration cache as it keys the profile cache here.
 pub use ckptune_runtime::cost::cpu_identity;
@@ -35,9 +35,9 @@ pub struct Setup {
     pub threads_auto: bool,
     /// `--target cuda:NAME`: the GPU whose rates the cost model estimates step times over.
     pub gpu: Option<&'static GpuSpec>,
-    /// The attention kernels of a step traced on the meta device: CUDA's for a plan for a GPU
+    /// The kernels of a step traced on the meta device: CUDA's for a plan for a GPU
     /// (`for_cuda`), else the device's.
-    pub fake_attention: AttentionKernels,
+    pub fake_kernels: TraceKernels,
     /// What `--device auto` chose and why.
     pub device_note: Option<String>,
 }
@@ -126,7 +126,7 @@ impl Setup {
             measure: a.measure,
             threads_auto: a.threads.is_none(),
             gpu: None,
-            fake_attention: AttentionKernels::Device,
+            fake_kernels: TraceKernels::Device,
             device_note: resolved.note,
         })
     }
@@ -184,7 +184,7 @@ impl Setup {
     pub fn fake_session(&self, cfg: &TrainConfig) -> Result<Session> {
         let mut built = None;
         let opts = ModelOptions {
-            attention_kernels: self.fake_attention,
+            trace_kernels: self.fake_kernels,
             ..self.opts.clone()
         };
         let session = Session::new_fake(
@@ -207,9 +207,10 @@ impl Setup {
     }
 
     /// Traces on the meta device as a GPU would run the step: transformers' attention through
-    /// CUDA's memory-efficient kernel, which the CPU lacks (steps run here are the CPU's).
+    /// CUDA's memory-efficient kernel, dropout through its fused kernel (steps run here are the
+    /// CPU's).
     pub fn for_cuda(&mut self) {
-        self.fake_attention = AttentionKernels::CudaEfficient;
+        self.fake_kernels = TraceKernels::Cuda;
     }
 
     pub fn device_json(&self) -> DeviceJson {
@@ -274,9 +275,9 @@ impl Setup {
             self.device,
             self.threads,
             self.repeats
-        ) + if self.fake_attention == AttentionKernels::CudaEfficient {
-            // Traced as the GPU runs it: another profile than the CPU's.
-            "|attn-kernels=cuda-efficient"
+        ) + if self.fake_kernels == TraceKernels::Cuda {
+            // Traced as the GPU runs it (its attention and dropout kernels): not the CPU's profile.
+            "|kernels=cuda(efficient-attention,fused-dropout)"
         } else {
             ""
         }
