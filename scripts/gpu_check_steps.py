@@ -31,6 +31,7 @@ MAX_HISTORY = 4_000_000
 
 
 def write_atomic(path, doc):
+    """Compact JSON (ckptune_harness.output's is indented: a trace here runs to 100,000 events)."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, separators=(",", ":"))

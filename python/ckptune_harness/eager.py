@@ -69,10 +69,10 @@ def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warm
     if autocast_cache is None:
         autocast_cache = cfg.autocast_cache
     device = torch.device(device)
-    if cfg.grad_scaler and device.type == "cpu":
-        raise ValueError(f"precision {cfg.precision!r} runs on CUDA only; this run measures the CPU")
     if cfg.grad_scaler:
-        raise ValueError(f"precision {cfg.precision!r} needs a GradScaler, which this run does not drive yet")
+        raise ValueError(f"precision {cfg.precision!r} runs on CUDA only; this run measures the CPU"
+                         if device.type == "cpu" else
+                         f"precision {cfg.precision!r} needs a GradScaler, which this run does not drive yet")
     ref = reference.load(root)
     if model_name not in ref.NAMES:
         raise ValueError(f"model {model_name!r} has no plain-torch reference (models/fixtures/reference.py "
@@ -190,6 +190,22 @@ def _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_
     return out
 
 
+def cpu_plan(path, what):
+    """The plan at `path`, its model name and the run's keyword arguments from its shape and
+    device (image, seq, attention, threads), for `what` (a run that measures the CPU). Raises
+    ValueError for a plan made for another device or without `shape.model`."""
+    doc = load_plan(path)
+    shape, device = doc.get("shape") or {}, doc.get("device") or {}
+    if not str(device.get("device", "cpu")).startswith("cpu"):
+        raise ValueError(f"the plan is for {device.get('device')}; {what} measures the CPU")
+    if "model" not in shape:
+        raise ValueError(f"{path} has no shape.model: re-plan with this ckptune")
+    # A plan without an attention predates the choice: eager, then the only attention.
+    return doc, shape["model"], {"image": shape.get("image"), "seq": shape.get("seq"),
+                                 "attention": shape.get("attention", "eager"),
+                                 "threads": int(device.get("threads") or 1)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ckptune_harness.eager", description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan", required=True, help="a plan written by `ckptune plan -o`")
@@ -199,17 +215,9 @@ def main(argv=None):
     ap.add_argument("-o", "--output")
     a = ap.parse_args(argv)
     try:
-        doc = load_plan(a.plan)
-        shape, device = doc.get("shape") or {}, doc.get("device") or {}
-        if not str(device.get("device", "cpu")).startswith("cpu"):
-            raise ValueError(f"the plan is for {device.get('device')}; the PyTorch run measures the CPU")
-        if "model" not in shape:
-            raise ValueError(f"{a.plan} has no shape.model: re-plan with this ckptune")
-        out = run(shape["model"], doc, image=shape.get("image"), seq=shape.get("seq"),
-                  # A plan without it predates the choice: eager, then the only attention.
-                  attention=shape.get("attention", "eager"), steps=a.steps,
-                  warmup=a.warmup, threads=int(device.get("threads") or 1), root=a.root,
-                  log=lambda m: print(m, file=sys.stderr))
+        doc, model, kwargs = cpu_plan(a.plan, "the PyTorch run")
+        out = run(model, doc, steps=a.steps, warmup=a.warmup, root=a.root,
+                  log=lambda m: print(m, file=sys.stderr), **kwargs)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

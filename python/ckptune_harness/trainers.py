@@ -394,17 +394,10 @@ def main(argv=None):
     ap.add_argument("-o", "--output")
     a = ap.parse_args(argv)
     try:
-        doc = load_plan(a.plan)
-        shape, device = doc.get("shape") or {}, doc.get("device") or {}
-        if not str(device.get("device", "cpu")).startswith("cpu"):
-            raise ValueError(f"the plan is for {device.get('device')}; the trainer run measures the CPU")
-        if "model" not in shape:
-            raise ValueError(f"{a.plan} has no shape.model: re-plan with this ckptune")
+        doc, model, kwargs = eager.cpu_plan(a.plan, "the trainer run")
         with contextlib.redirect_stdout(sys.stderr):  # trainers print; stdout is the result
-            out = run(a.trainer, a.snippet, shape["model"], doc, image=shape.get("image"), seq=shape.get("seq"),
-                      attention=shape.get("attention", "eager"), steps=a.steps, warmup=a.warmup,
-                      threads=int(device.get("threads") or 1), root=a.root,
-                      log=lambda m: print(m, file=sys.stderr))
+            out = run(a.trainer, a.snippet, model, doc, steps=a.steps, warmup=a.warmup, root=a.root,
+                      log=lambda m: print(m, file=sys.stderr), **kwargs)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

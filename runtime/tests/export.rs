@@ -216,18 +216,22 @@ fn exported_inplace_input_symbolic_size_and_shared_bias_checkpoint_bitwise() {
     ] {
         let chain = chain_from_export(&fixture(file), &ModelOptions::default()).unwrap();
         assert!(chain.blocks.iter().any(|b| b.name == block), "{file}: no block {block}");
-        let n = chain.blocks.len();
-        for precision in [Precision::Fp32, Precision::Bf16] {
-            let grads =
-                |ckpt: &dyn Fn(usize) -> bool| micro_step_grads(file, &ModelOptions::default(), precision, ckpt);
-            let plain = grads(&|_| false);
-            assert!(!plain.is_empty());
-            for k in (0..n).map(Some).chain([None]) {
-                let ckpt = grads(&|i| k.is_none_or(|k| k == i));
-                for ((name, a), (_, b)) in plain.iter().zip(&ckpt) {
-                    assert!(a.defined() && b.defined(), "{file}: {name} got no gradient");
-                    assert!(a.equal(b), "{file} {precision} block {k:?}: gradient of {name} differs");
-                }
+        every_checkpoint_bitwise(file, chain.blocks.len());
+    }
+}
+
+/// With each of the program's `n` blocks checkpointed alone, and with all of them, in fp32 and
+/// bf16: every parameter gets a gradient, bit for bit the plain step's.
+fn every_checkpoint_bitwise(file: &str, n: usize) {
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let grads = |ckpt: &dyn Fn(usize) -> bool| micro_step_grads(file, &ModelOptions::default(), precision, ckpt);
+        let plain = grads(&|_| false);
+        assert!(!plain.is_empty());
+        for k in (0..n).map(Some).chain([None]) {
+            let ckpt = grads(&|i| k.is_none_or(|k| k == i));
+            for ((name, a), (_, b)) in plain.iter().zip(&ckpt) {
+                assert!(a.defined() && b.defined(), "{file}: {name} got no gradient");
+                assert!(a.equal(b), "{file} {precision} block {k:?}: gradient of {name} differs");
             }
         }
     }
@@ -260,20 +264,7 @@ fn exported_several_outputs_and_input_read_again_checkpoint_bitwise() {
             read, reads,
             "{file}: the blocks whose outputs the loss reads besides the last"
         );
-        let n = chain.blocks.len();
-        for precision in [Precision::Fp32, Precision::Bf16] {
-            let grads =
-                |ckpt: &dyn Fn(usize) -> bool| micro_step_grads(file, &ModelOptions::default(), precision, ckpt);
-            let plain = grads(&|_| false);
-            assert!(!plain.is_empty());
-            for k in (0..n).map(Some).chain([None]) {
-                let ckpt = grads(&|i| k.is_none_or(|k| k == i));
-                for ((name, a), (_, b)) in plain.iter().zip(&ckpt) {
-                    assert!(a.defined() && b.defined(), "{file}: {name} got no gradient");
-                    assert!(a.equal(b), "{file} {precision} block {k:?}: gradient of {name} differs");
-                }
-            }
-        }
+        every_checkpoint_bitwise(file, chain.blocks.len());
     }
 }
 
