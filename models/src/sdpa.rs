@@ -7,6 +7,7 @@
 //! attention implementations of the Llama family use it. A model traced for a GPU calls CUDA's
 //! memory-efficient attention instead, as PyTorch's SDPA hands it its inputs (`cuda_efficient`).
 
+use ckptune_kernels::autocast;
 use tch::{Kind, Tensor};
 
 use crate::trace_kernels::TraceKernels;
@@ -128,6 +129,23 @@ impl Sdpa {
     }
 }
 
+/// What autocast hands SDPA for `t`: SDPA is a lower-precision operator, so inside an autocast
+/// region its floating inputs (query, key, value, a float mask; not a boolean one) are cast to
+/// the region's dtype before a kernel is chosen. The efficient kernel called by name is on no
+/// autocast list, so the casts are made here, in libtorch's order; without it a Llama's rotated
+/// f32 query and repeated f32 key reach the kernel, which keeps them for backward in f32.
+fn autocast_input(t: &Tensor) -> Tensor {
+    let device = t.device();
+    match autocast::dtype(device) {
+        Some(dtype)
+            if autocast::is_enabled(device) && t.is_floating_point() && ![dtype, Kind::Double].contains(&t.kind()) =>
+        {
+            t.to_kind(dtype)
+        }
+        _ => t.shallow_clone(),
+    }
+}
+
 /// PyTorch's SDPA on CUDA when it picks the memory-efficient kernel (fp32 on an H200, with or
 /// without a mask or dropout): a boolean mask becomes an additive bias in the query's dtype
 /// (`convert_boolean_attn_mask`: two scalar tensors, then `where`), padded to a multiple of 8
@@ -143,7 +161,10 @@ pub fn cuda_efficient(
     is_causal: bool,
     scaling: f64,
 ) -> Tensor {
-    let bias = mask.map(|m| {
+    // libtorch's autocast wrapper casts the mask first, then query, key and value.
+    let mask = mask.map(autocast_input);
+    let (query, key, value) = (&autocast_input(query), &autocast_input(key), &autocast_input(value));
+    let bias = mask.as_ref().map(|m| {
         let bias = if m.kind() == Kind::Bool {
             let options = (query.kind(), query.device());
             let zero = Tensor::scalar_tensor(0.0, options);

@@ -3,7 +3,9 @@
 //! PyTorch's SDPA, forward and backward, with the inputs made as a transformer makes them).
 
 use ckptune_kernels::alloc_log::{AllocEvent, Recording};
+use ckptune_kernels::autocast::AutocastGuard;
 use ckptune_kernels::fake::FakeMode;
+use ckptune_kernels::optrace::{self, OpEvent};
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
@@ -102,5 +104,85 @@ fn efficient_attention_allocates_what_the_gpu_did() {
         drop(fake);
         assert_eq!(forward, expected(case, "forward"), "{name}: forward");
         assert_eq!(backward, expected(case, "backward"), "{name}: backward");
+    }
+}
+
+/// The casts made before the attention kernel (`aten::_to_copy` at any depth, each as its
+/// input's and output's dtype and sizes) and the dtypes of the tensors the kernel received.
+type Casts = (Vec<(Kind, Vec<i64>, Kind)>, Vec<Kind>);
+
+fn casts_before(events: &[OpEvent], kernel: &str) -> Casts {
+    let at = events
+        .iter()
+        .position(|e| e.name == kernel)
+        .unwrap_or_else(|| panic!("{kernel} ran"));
+    let casts = events[..at]
+        .iter()
+        .filter(|e| e.name == "aten::_to_copy")
+        .map(|e| {
+            let (kind, sizes) = e.inputs[0].clone().unwrap();
+            (kind, sizes, e.outputs[0].as_ref().unwrap().0)
+        })
+        .collect();
+    let kinds = events[at].inputs.iter().flatten().map(|(k, _)| *k).collect();
+    (casts, kinds)
+}
+
+/// Inside an autocast region, the efficient kernel gets what libtorch's own autocast hands
+/// SDPA: every floating input (a float mask among them) cast to the region's dtype, in order,
+/// and nothing else cast. The reference is libtorch: the same call through
+/// `scaled_dot_product_attention` under CPU autocast, whose casts autocast makes (the policy is
+/// the same on CUDA: a bf16 step on an H200 casts a Llama's f32 rotated query and repeated key
+/// before its attention, as `scripts/autocast_census.py` records).
+#[test]
+fn efficient_attention_under_autocast_casts_its_inputs_as_autocast_does() {
+    let (b, h, s, d) = (2, 4, 16, 8);
+    let cases: [(&str, [Kind; 3], Option<Kind>); 4] = [
+        (
+            "f32 query and key, bf16 value",
+            [Kind::Float, Kind::Float, Kind::BFloat16],
+            None,
+        ),
+        ("all f32, f32 additive mask", [Kind::Float; 3], Some(Kind::Float)),
+        ("all bf16, boolean mask", [Kind::BFloat16; 3], Some(Kind::Bool)),
+        ("all f32, boolean mask", [Kind::Float; 3], Some(Kind::Bool)),
+    ];
+    for (name, kinds, mask_kind) in cases {
+        let run = |efficient: bool| {
+            let _fake = FakeMode::enter().unwrap();
+            let qkv: Vec<Tensor> = kinds
+                .iter()
+                .map(|&k| Tensor::zeros([b, h, s, d], (k, Device::Cpu)).set_requires_grad(true))
+                .collect();
+            let mask = mask_kind.map(|k| Tensor::zeros([b, 1, s, s], (k, Device::Cpu)));
+            optrace::start().unwrap();
+            let out = {
+                let _ac = AutocastGuard::new(Device::Cpu, Kind::BFloat16, true).unwrap();
+                if efficient {
+                    cuda_efficient(&qkv[0], &qkv[1], &qkv[2], mask.as_ref(), 0.0, false, 0.5)
+                } else {
+                    Tensor::scaled_dot_product_attention(
+                        &qkv[0],
+                        &qkv[1],
+                        &qkv[2],
+                        mask.as_ref(),
+                        0.0,
+                        false,
+                        0.5,
+                        false,
+                    )
+                }
+            };
+            let events = optrace::stop().unwrap();
+            (out.kind(), events)
+        };
+        let (ours_kind, ours) = run(true);
+        let (torch_kind, torch) = run(false);
+        assert_eq!(ours_kind, torch_kind, "{name}: output dtype");
+        assert_eq!(
+            casts_before(&ours, "aten::_scaled_dot_product_efficient_attention"),
+            casts_before(&torch, "aten::_scaled_dot_product_flash_attention_for_cpu"),
+            "{name}"
+        );
     }
 }

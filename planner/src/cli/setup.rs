@@ -277,7 +277,7 @@ impl Setup {
             self.repeats
         ) + if self.fake_kernels == TraceKernels::Cuda {
             // Traced as the GPU runs it (its attention and dropout kernels): not the CPU's profile.
-            "|kernels=cuda(efficient-attention,fused-dropout)"
+            "|kernels=cuda(efficient-attention-autocast,fused-dropout)"
         } else {
             ""
         }
