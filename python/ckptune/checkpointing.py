@@ -145,6 +145,12 @@ def apply(model: nn.Module, plan: PlanLike) -> List[str]:
     return [name for name, _ in matched]
 
 
+def selective_policy(module: nn.Module) -> Optional[str]:
+    """The policy `module` runs selective under, for a module `apply` wrapped as the plan's
+    `checkpoint.selective` says; None for any other module (checkpointed whole, or not at all)."""
+    return module.__dict__.get(_POLICY) if _INNER in module.__dict__ else None
+
+
 def plan_root(model: nn.Module, plan: PlanLike) -> nn.Module:
     """The submodule of `model` whose qualified names are the plan's: `model` itself when it
     has them, else the one under the prefix the plan records (`bert` of a
