@@ -33,12 +33,17 @@ def _checkpointed_forward(self, *args, **kwargs):
 
 def _selective_forward(self, *args, **kwargs):
     """A module run selective: as `_checkpointed_forward`, with the plan's policy choosing which
-    operators' outputs its forward keeps for the recompute (`ckptune.selective`)."""
+    operators' outputs its forward keeps for the recompute (`ckptune.selective`).
+
+    `early_stop=False`: the recompute runs the whole forward, as ckptune's runtime does, so it
+    takes every output the forward kept. Stopped early (PyTorch's default), it never reaches the
+    operators after the last tensor the backward needs, and their kept outputs (a layer's last
+    matmul) stay in the cache until the module's backward ends, above the plan's peak."""
     inner = getattr(self, _INNER)
     if not torch.is_grad_enabled():
         return inner(*args, **kwargs)
     return checkpoint(functools.partial(inner, **kwargs), *args, use_reentrant=False,
-                      context_fn=context_fn(self.__dict__[_POLICY]))
+                      context_fn=context_fn(self.__dict__[_POLICY]), early_stop=False)
 
 
 # Where a module run selective keeps its policy's name.
