@@ -4,6 +4,7 @@ import difflib
 import functools
 import re
 import types
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -147,7 +148,23 @@ def apply(model: nn.Module, plan: PlanLike) -> List[str]:
             m.forward = types.MethodType(_selective_forward, m)
         else:
             m.forward = types.MethodType(_checkpointed_forward, m)
+    if selective:
+        _no_kv_cache(model)
     return [name for name, _ in matched]
+
+
+def _no_kv_cache(model: nn.Module) -> None:
+    """Turns off a transformers model's KV cache (`config.use_cache`), with a warning. Each decoder
+    layer appends to the cache in its forward and again in its recompute, so a selective layer's
+    recompute calls other operators than its forward did, and PyTorch's selective checkpointing
+    refuses the backward ("encountered during backward but not found in storage"). A training
+    step needs no cache; transformers' own gradient checkpointing turns it off in training too."""
+    for config in {id(c): c for c in (getattr(m, "config", None) for m in model.modules()) if c is not None}.values():
+        if getattr(config, "use_cache", False) is True:
+            warnings.warn("ckptune.apply: the plan runs layers selective, which transformers' KV cache "
+                          "breaks (each layer appends to it in its forward and again in its recompute); "
+                          "setting config.use_cache=False", stacklevel=3)
+            config.use_cache = False
 
 
 def selective_policy(module: nn.Module) -> Optional[str]:
