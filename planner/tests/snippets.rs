@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 use ckptune::cli::args::EmitKind;
 use ckptune::cli::snippets::snippet;
-use ckptune_solver::formats::{self, CudaMemoryJson, PlanJson};
+use ckptune_solver::formats::{self, CudaMemoryJson, PlanJson, SelectiveJson};
+use ckptune_solver::profile::SelectiveProfile;
 use expect_test::expect_file;
 
 fn results() -> PathBuf {
@@ -112,6 +113,50 @@ fn lightning() {
 #[test]
 fn torchtitan() {
     check("torchtitan-tinyllama", TINYLLAMA, EmitKind::Torchtitan);
+}
+
+/// The TinyLlama plan with two of its five modules run selective (`plan --selective matmul`),
+/// the profile holding their selective terms as such a plan's does (their values do not reach
+/// a snippet).
+fn selective_plan(kind: EmitKind) -> PlanJson {
+    let mut p = plan_for(TINYLLAMA, kind);
+    let selective = ["model.layers.9", "model.layers.13"].map(String::from).to_vec();
+    for b in p.profile.regimes.iter_mut().flat_map(|r| &mut r.blocks) {
+        if selective.contains(&b.name) {
+            b.selective = Some(SelectiveProfile {
+                policy: "matmul".into(),
+                kept: 0,
+                fwd_transient: 0,
+                cache: 0,
+                rec_transient: 0,
+                kept_recompute: 0,
+                bwd_transient: 0,
+                out_released: 0,
+                rec_seconds: 0.0,
+            });
+        }
+    }
+    p.checkpoint.selective = Some(SelectiveJson {
+        policy: "matmul".into(),
+        modules: selective,
+    });
+    p
+}
+
+/// Selective modules travel in the companion's `PLAN` (python, hf through `ckptune.apply` rather
+/// than transformers' whole-layer flag, lightning), and torchtitan wraps them with ckptune's
+/// policy, saying why its own SelectiveAC is not the plan.
+#[test]
+fn a_selective_plan_carries_its_selective_modules() {
+    for (name, kind) in [
+        ("python-tinyllama-selective", EmitKind::Python),
+        ("hf-tinyllama-selective", EmitKind::Hf),
+        ("lightning-tinyllama-selective", EmitKind::Lightning),
+        ("torchtitan-tinyllama-selective", EmitKind::Torchtitan),
+    ] {
+        let text = snippet(&selective_plan(kind), kind).unwrap_or_else(|e| panic!("{name}: {e}"));
+        expect_file![format!("snapshots/{name}.py")].assert_eq(&text);
+    }
 }
 
 /// How a CUDA plan was judged, as `plan --target cuda` records it, recommending `conf`.

@@ -3,12 +3,13 @@
 The planner chose which modules to checkpoint and the training configuration on measurements of
 the same module names PyTorch uses; this package turns that plan back into PyTorch: `apply`
 wraps the chosen modules in `torch.utils.checkpoint` (selectively where the plan says so:
-`selective_context_fn`), `training_config` gives the dtypes,
+`selective_context_fn`; `selective_policy` says which policy a wrapped module runs),
+`training_config` gives the dtypes,
 optimizer and batch settings the plan's memory prediction assumed, and
 `chunked_causal_lm_loss` computes a language model's loss in the chunks a plan may choose.
 """
 
-from .checkpointing import apply, plan_root, wrapped_modules
+from .checkpointing import apply, plan_root, selective_policy, wrapped_modules
 from .loss import chunked_causal_lm_loss
 from .plan import FORMAT, load_plan
 from .selective import context_fn as selective_context_fn
@@ -22,6 +23,7 @@ __all__ = [
     "load_plan",
     "plan_root",
     "selective_context_fn",
+    "selective_policy",
     "training_config",
     "wrapped_modules",
 ]

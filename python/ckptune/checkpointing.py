@@ -4,6 +4,7 @@ import difflib
 import functools
 import re
 import types
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -33,12 +34,17 @@ def _checkpointed_forward(self, *args, **kwargs):
 
 def _selective_forward(self, *args, **kwargs):
     """A module run selective: as `_checkpointed_forward`, with the plan's policy choosing which
-    operators' outputs its forward keeps for the recompute (`ckptune.selective`)."""
+    operators' outputs its forward keeps for the recompute (`ckptune.selective`).
+
+    `early_stop=False`: the recompute runs the whole forward, as ckptune's runtime does, so it
+    takes every output the forward kept. Stopped early (PyTorch's default), it never reaches the
+    operators after the last tensor the backward needs, and their kept outputs (a layer's last
+    matmul) stay in the cache until the module's backward ends, above the plan's peak."""
     inner = getattr(self, _INNER)
     if not torch.is_grad_enabled():
         return inner(*args, **kwargs)
     return checkpoint(functools.partial(inner, **kwargs), *args, use_reentrant=False,
-                      context_fn=context_fn(self.__dict__[_POLICY]))
+                      context_fn=context_fn(self.__dict__[_POLICY]), early_stop=False)
 
 
 # Where a module run selective keeps its policy's name.
@@ -142,7 +148,29 @@ def apply(model: nn.Module, plan: PlanLike) -> List[str]:
             m.forward = types.MethodType(_selective_forward, m)
         else:
             m.forward = types.MethodType(_checkpointed_forward, m)
+    if selective:
+        _no_kv_cache(model)
     return [name for name, _ in matched]
+
+
+def _no_kv_cache(model: nn.Module) -> None:
+    """Turns off a transformers model's KV cache (`config.use_cache`), with a warning. Each decoder
+    layer appends to the cache in its forward and again in its recompute, so a selective layer's
+    recompute calls other operators than its forward did, and PyTorch's selective checkpointing
+    refuses the backward ("encountered during backward but not found in storage"). A training
+    step needs no cache; transformers' own gradient checkpointing turns it off in training too."""
+    for config in {id(c): c for c in (getattr(m, "config", None) for m in model.modules()) if c is not None}.values():
+        if getattr(config, "use_cache", False) is True:
+            warnings.warn("ckptune.apply: the plan runs layers selective, which transformers' KV cache "
+                          "breaks (each layer appends to it in its forward and again in its recompute); "
+                          "setting config.use_cache=False", stacklevel=3)
+            config.use_cache = False
+
+
+def selective_policy(module: nn.Module) -> Optional[str]:
+    """The policy `module` runs selective under, for a module `apply` wrapped as the plan's
+    `checkpoint.selective` says; None for any other module (checkpointed whole, or not at all)."""
+    return module.__dict__.get(_POLICY) if _INNER in module.__dict__ else None
 
 
 def plan_root(model: nn.Module, plan: PlanLike) -> nn.Module:

@@ -47,7 +47,10 @@ def policy_fn(policy: str) -> Callable[..., CheckpointPolicy]:
 
 def context_fn(policy: str) -> Callable[[], Any]:
     """`context_fn` for `torch.utils.checkpoint.checkpoint(..., use_reentrant=False,
-    context_fn=...)` running a module selective under `policy`."""
+    context_fn=..., early_stop=False)` running a module selective under `policy`. Pass
+    `early_stop=False` for the plan's memory: stopped early, the recompute leaves the kept outputs
+    of the operators after the backward's last need (a layer's last matmul) in the cache until the
+    module's backward ends."""
     return functools.partial(create_selective_checkpoint_contexts, policy_fn(policy))
 
 

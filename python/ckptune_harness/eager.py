@@ -27,7 +27,7 @@ from typing import Any, Callable, List, NamedTuple
 import torch
 from torch import nn
 
-from ckptune import apply, load_plan, training_config
+from ckptune import apply, load_plan, plan_root, selective_policy, training_config
 
 from . import meter as meter_mod
 from . import reference
@@ -176,6 +176,7 @@ def _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_
         "seq": None if resnet else reference.default_seq(t.model, t.backbone, seq),
         "regex": doc["checkpoint"]["regex"],
         "modules": t.wrapped,
+        **_selective(t, doc),
         "warmup": warmup,
         "steps": records,
         "median_seconds": median,
@@ -188,6 +189,17 @@ def _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_
     if any(s["peak_bytes"] != timed[0]["peak_bytes"] for s in timed):
         out["peak_varies"] = [s["peak_bytes"] for s in timed]
     return out
+
+
+def _selective(t, doc):
+    """`{"selective": {"policy", "modules"}}` for the wrapped modules that run selective, read from
+    the modules themselves (`ckptune.selective_policy`); {} when none does."""
+    root = plan_root(t.backbone, doc)
+    ran = [(n, selective_policy(root.get_submodule(n))) for n in t.wrapped]
+    ran = [(n, p) for n, p in ran if p is not None]
+    if not ran:
+        return {}
+    return {"selective": {"policy": ran[0][1], "modules": [n for n, _ in ran]}}
 
 
 def cpu_plan(path, what):

@@ -99,6 +99,37 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual(sel, plain)
 
 
+class TransformersTest(unittest.TestCase):
+    """On transformers' own LlamaForCausalLM (the suite's pinned transformers): its KV cache, on by
+    default, makes a selective layer's recompute differ from its forward, so `apply` turns it off
+    (with a warning); one layer whole and one selective, the gradients equal plain's bit for bit."""
+
+    def test_llama_with_its_default_cache_trains_selective_bitwise(self):
+        try:
+            from transformers import LlamaConfig, LlamaForCausalLM
+        except ImportError:
+            self.fail("transformers missing: run with PYTHONPATH=$(scripts/corpus_packages)")
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                          num_attention_heads=2, num_key_value_heads=1, attn_implementation="sdpa")
+        plain = LlamaForCausalLM(cfg).train()
+        model = copy.deepcopy(plain)
+        plan = selective_plan(["layers.0", "layers.1"], ["layers.1"])
+        plan["model"] = {"prefix": "model."}
+        with self.assertWarnsRegex(UserWarning, "use_cache=False"):
+            self.assertEqual(ckptune.apply(model, plan), ["layers.0", "layers.1"])
+        self.assertFalse(model.config.use_cache)
+        root = ckptune.plan_root(model, plan)
+        self.assertEqual([ckptune.selective_policy(root.get_submodule(f"layers.{i}")) for i in range(3)],
+                         [None, "matmul", None])
+        ids = torch.randint(0, 100, (2, 16))
+        for m in (plain, model):
+            torch.manual_seed(1)
+            m(input_ids=ids, labels=ids).loss.backward()
+        for (name, a), (_, b) in zip(plain.named_parameters(), model.named_parameters()):
+            self.assertTrue(torch.equal(a.grad, b.grad), name)
+
+
 class RefusalTest(unittest.TestCase):
     def test_unknown_policy(self):
         _, backbone = build("tiny-bert")

@@ -719,6 +719,23 @@ pub fn with_selective(step: &StepTerms, x: &[bool], selective: &[bool]) -> Vec<b
     full
 }
 
+/// The inverse of [`with_selective`]: for a full choice (unit order, every variable of
+/// [`config_problem`]), the runtime's checkpoint mask over blocks and groups (a selective block
+/// is checkpointed) and, per block, whether it runs selective.
+pub fn split_selective(step: &StepTerms, full: &[bool]) -> (Vec<bool>, Vec<bool>) {
+    let n = step.blocks.len();
+    let units = n + step.groups.len();
+    let sel_var = selective_vars(step);
+    let selective: Vec<bool> = sel_var
+        .iter()
+        .map(|v| v.is_some_and(|v| full.get(v) == Some(&true)))
+        .collect();
+    let mask = (0..units)
+        .map(|u| full.get(u) == Some(&true) || selective.get(u) == Some(&true))
+        .collect();
+    (mask, selective)
+}
+
 /// `p` with its variables reordered: variable `v` of the result is unit `order[v]` of `p`.
 pub fn permute(p: ConfigProblem, order: &[usize]) -> ConfigProblem {
     let mut inverse = vec![0; order.len()];

@@ -269,15 +269,43 @@ pub fn peak_at_selective(c: &ConfigProfile, x: &[bool], selective: &[bool]) -> (
     best
 }
 
+/// The runtime's choice for a solver's choice `full` (unit order, every variable of
+/// [`problem`]): the checkpoint mask over blocks and groups, a selective block checkpointed, and
+/// per block whether it runs selective. [`peak_at_selective`] and [`seconds_at_selective`] take
+/// them.
+pub fn runtime_choice(c: &ConfigProfile, full: &[bool]) -> (Vec<bool>, Vec<bool>) {
+    chain_model::split_selective(&step_terms(c, &c.regimes[0]), full)
+}
+
 /// Predicted seconds per optimizer step under checkpoint mask `x` (blocks, then groups): the
 /// median step with nothing checkpointed plus each checkpointed unit's median recompute.
 pub fn seconds_at(c: &ConfigProfile, x: &[bool]) -> f64 {
-    c.seconds_none.median
-        + x.iter()
-            .zip(&c.recompute_seconds)
-            .filter(|(on, _)| **on)
-            .map(|(_, s)| s)
-            .sum::<f64>()
+    seconds_at_selective(c, x, &[])
+}
+
+/// [`seconds_at`] with the checkpointed blocks `selective` names run selective: theirs is the
+/// selective recompute's time (`SelectiveProfile::rec_seconds`), as the solver counts it.
+pub fn seconds_at_selective(c: &ConfigProfile, x: &[bool], selective: &[bool]) -> f64 {
+    c.seconds_none.median + unit_seconds(c, x, selective, |u| c.recompute_seconds[u]).sum::<f64>()
+}
+
+/// Per checkpointed unit of `x`, its recompute time (`plain` of its index) or, for a block
+/// `selective` names, its selective recompute's.
+fn unit_seconds<'a>(
+    c: &'a ConfigProfile,
+    x: &'a [bool],
+    selective: &'a [bool],
+    plain: impl Fn(usize) -> f64 + 'a,
+) -> impl Iterator<Item = f64> + 'a {
+    let sel = move |u: usize| {
+        (selective.get(u) == Some(&true))
+            .then(|| c.regimes.first()?.blocks.get(u)?.selective.as_ref())
+            .flatten()
+    };
+    x.iter()
+        .enumerate()
+        .filter(|(u, on)| **on && *u < c.recompute_seconds.len())
+        .map(move |(u, _)| sel(u).map_or_else(|| plain(u), |s| s.rec_seconds))
 }
 
 /// The spread around [`seconds_at`] the profile's samples allow: the fastest step with nothing
@@ -285,13 +313,18 @@ pub fn seconds_at(c: &ConfigProfile, x: &[bool]) -> f64 {
 /// slowest. `None` for a profile without its recompute samples (written before ckptune kept
 /// them).
 pub fn seconds_range_at(c: &ConfigProfile, x: &[bool]) -> Option<(f64, f64)> {
+    seconds_range_at_selective(c, x, &[])
+}
+
+/// [`seconds_range_at`] with the blocks `selective` names run selective (their recompute's
+/// median at both ends: a profile keeps no spread of it).
+pub fn seconds_range_at_selective(c: &ConfigProfile, x: &[bool], selective: &[bool]) -> Option<(f64, f64)> {
     if c.recompute_spread.len() != c.recompute_seconds.len() {
         return None;
     }
-    let chosen = || x.iter().zip(&c.recompute_spread).filter(|(on, _)| **on).map(|(_, s)| s);
     Some((
-        c.seconds_none.min + chosen().map(|s| s.min).sum::<f64>(),
-        c.seconds_none.max + chosen().map(|s| s.max).sum::<f64>(),
+        c.seconds_none.min + unit_seconds(c, x, selective, |u| c.recompute_spread[u].min).sum::<f64>(),
+        c.seconds_none.max + unit_seconds(c, x, selective, |u| c.recompute_spread[u].max).sum::<f64>(),
     ))
 }
 

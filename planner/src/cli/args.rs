@@ -174,6 +174,16 @@ pub struct ProfileArgs {
     /// GPU with the cost model instead of timing them on this CPU; `cpu` (default) for this one.
     #[arg(long)]
     pub target: Option<String>,
+    /// Also offer each candidate layer selective activation checkpointing under this policy, a
+    /// third choice beside keeping it and checkpointing it whole: `matmul` (torchtitan's `op`
+    /// policy) keeps the outputs of matrix products and attention kernels and recomputes the
+    /// cheap operators between them. The profile measures one more step with every candidate
+    /// selective; the plan names the selective modules (`checkpoint.selective`) and
+    /// `ckptune.apply` runs them under `torch.utils.checkpoint` with
+    /// `context_fn=partial(create_selective_checkpoint_contexts, policy)`. Not with
+    /// `--granularity nested` or `--shard`.
+    #[arg(long, value_name = "POLICY")]
+    pub selective: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -206,6 +216,17 @@ pub struct PlanArgs {
     /// Plan from this profile instead of measuring.
     #[arg(long)]
     pub profile: Option<PathBuf>,
+    /// Also offer each candidate layer selective activation checkpointing under this policy, a
+    /// third choice beside keeping it and checkpointing it whole: `matmul` (torchtitan's `op`
+    /// policy) keeps the outputs of matrix products and attention kernels and recomputes the
+    /// cheap operators between them. The profile measures one more step with every candidate
+    /// selective; the plan names the selective modules (`checkpoint.selective`) and
+    /// `ckptune.apply` runs them under `torch.utils.checkpoint` with
+    /// `context_fn=partial(create_selective_checkpoint_contexts, policy)`. Not with
+    /// `--granularity nested` or `--shard`.
+    #[arg(long, value_name = "POLICY")]
+    pub selective: Option<String>,
+
     /// Write the plan JSON here (nothing is written if no plan fits).
     #[arg(long, short)]
     pub output: Option<PathBuf>,

@@ -104,6 +104,18 @@ fn measure(setup: &Setup, rank: Option<Rank<'_>>) -> Result<ProfileJson> {
         _ => decide(setup)?,
     };
     unlearned.resize(setup.configs.len(), None);
+    if let (How::Estimated, Some(policy)) = (how, setup.selective) {
+        // The cost model has no estimate of a selective recompute (which operators the cache
+        // answers): its time is measured or not offered.
+        return Err(UsageError(format!(
+            "--selective {}: selective recompute times are measured from real steps, and this profile's \
+             times are estimated by the cost model ({}); drop --selective, or plan a step that fits here \
+             without --target cuda:NAME or --measure estimate",
+            policy.name(),
+            how.describe(setup)
+        ))
+        .into());
+    }
     let (model, configs) = match rank {
         Some(rank) if how == How::MetaTimed && setup.measure == Measure::Auto && setup.configs.len() > 1 => {
             timed_where_they_can_win(setup, unlearned, rank)?
@@ -377,6 +389,7 @@ fn real_profile(setup: &Setup, cfg: &TrainConfig) -> Result<(ModelJson, ConfigPr
         &ProfileSettings {
             repeats: setup.repeats,
             quiet: setup.quiet,
+            selective: setup.selective,
             ..Default::default()
         },
     )
@@ -399,6 +412,7 @@ fn meta_timed_profile(
     let settings = ProfileSettings {
         repeats: setup.repeats,
         quiet: setup.quiet,
+        selective: setup.selective,
         ..Default::default()
     };
     let (times, real_ops) = times_from_steps(&mut real, &unlearned.recompute_class, &settings)
@@ -472,7 +486,7 @@ fn meta_profile(setup: &Setup, cfg: &TrainConfig) -> Result<(ModelJson, ConfigPr
             repeats: 1,
             quiet: true,
             retime: RetimePolicy::never(),
-            ..Default::default()
+            selective: setup.selective,
         },
     )
     .with_context(|| format!("measuring {} under {} on the meta device", setup.model, cfg.label()))?;

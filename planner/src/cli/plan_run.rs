@@ -3,15 +3,17 @@
 //! model to the byte. What `verify`, `plan --verify` and `train --plan` share.
 
 use anyhow::{bail, Result};
+use ckptune_kernels::sac::SacPolicy;
 use ckptune_runtime::profile::timing::{self, timed_steps};
 use ckptune_runtime::profile::{measured_moments, RetimePolicy};
 use ckptune_runtime::progress::progress_bar;
-use ckptune_runtime::{StepTrace, TrainConfig};
+use ckptune_runtime::{Session, StepTrace, TrainConfig};
 use ckptune_solver::budget::format_size;
-use ckptune_solver::formats::{self, MeasuredRun, MismatchJson, PlanJson, PredictedRun, VerifyJson};
-use ckptune_solver::model::moments_at;
+use ckptune_solver::formats::{self, MeasuredRun, MismatchJson, PlanJson, PredictedRun, SelectiveJson, VerifyJson};
+use ckptune_solver::model::moments_at_selective;
 
 use crate::cli::args::{Measure, ModelArgs};
+use crate::cli::error::UsageError;
 use crate::cli::measure::check_fits_here;
 use crate::cli::output::{group_digits, outln};
 use crate::cli::setup::Setup;
@@ -52,6 +54,34 @@ pub fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfi
     Ok((setup, cfg))
 }
 
+/// The checkpoint mask of `plan` on `s`'s chain, with `s` set to run the plan's selective
+/// modules selective under its policy (`checkpoint.selective`); the blocks run selective.
+pub fn apply_plan(plan: &PlanJson, s: &mut Session) -> Result<(Vec<bool>, Vec<bool>)> {
+    let mask = s.select(&plan.checkpoint.regex)?;
+    s.selective = vec![None; s.chain.blocks.len()];
+    if let Some(sel) = &plan.checkpoint.selective {
+        let policy = SacPolicy::from_name(&sel.policy).ok_or_else(|| {
+            UsageError(format!(
+                "the plan runs modules selective under policy {:?}, which this ckptune does not know \
+                 (it knows {}); re-plan with this ckptune",
+                sel.policy,
+                SacPolicy::ALL.map(SacPolicy::name).join(", ")
+            ))
+        })?;
+        for m in &sel.modules {
+            let i = s.chain.blocks.iter().position(|b| &b.name == m).ok_or_else(|| {
+                UsageError(format!(
+                    "the plan runs {m} selective, but that is not a block of {}; re-plan with this ckptune",
+                    s.chain.name
+                ))
+            })?;
+            s.selective[i] = Some(policy);
+        }
+    }
+    let selective = s.selective.iter().map(Option::is_some).collect();
+    Ok((mask, selective))
+}
+
 /// Runs `plan` for real: one warm-up step, `steps` timed steps, and one instrumented step whose
 /// every moment is compared with the model.
 pub fn verify_plan(plan: &PlanJson, steps: usize, quiet: bool) -> Result<VerifyJson> {
@@ -64,7 +94,7 @@ pub fn verify_plan(plan: &PlanJson, steps: usize, quiet: bool) -> Result<VerifyJ
     tch::set_num_threads(setup.threads);
     ckptune_kernels::meter::install()?;
     let mut s = setup.session(&cfg)?;
-    let mask = s.select(&plan.checkpoint.regex)?;
+    let (mask, selective) = apply_plan(plan, &mut s)?;
     let steps = steps.max(1);
     let pb = progress_bar((steps + 2) as u64, "verifying plan", quiet);
     // One warm-up step (optimizer state and caches come to exist), then the timed steps,
@@ -89,7 +119,7 @@ pub fn verify_plan(plan: &PlanJson, steps: usize, quiet: bool) -> Result<VerifyJ
     peak = peak.max(r.peak_bytes);
     reserved = reserved.max(r.reserved_peak_bytes);
 
-    let predicted = moments_at(&plan.profile, &mask);
+    let predicted = moments_at_selective(&plan.profile, &mask, &selective);
     let measured = measured_moments(&trace, &s.chain, plan.profile.regimes.len());
     let mut mismatches = Vec::new();
     for ((pl, pv), (ml, mv)) in predicted.iter().zip(&measured) {
@@ -128,6 +158,7 @@ pub fn verify_plan(plan: &PlanJson, steps: usize, quiet: bool) -> Result<VerifyJ
         config: cfg.spec(),
         regex: plan.checkpoint.regex.clone(),
         modules: plan.checkpoint.modules.clone(),
+        selective: plan.checkpoint.selective.clone(),
         peak_error_bytes: peak - pred.peak_bytes,
         peak_error_relative: (peak - pred.peak_bytes) as f64 / pred.peak_bytes.max(1) as f64,
         step_error_seconds: stats.median - pred.step_seconds,
@@ -147,9 +178,17 @@ pub fn verify_plan(plan: &PlanJson, steps: usize, quiet: bool) -> Result<VerifyJ
     })
 }
 
+/// ` (h.0, h.1 selective under matmul)` after a checkpoint regex, for a run with selective
+/// modules; empty otherwise.
+pub fn selective_text(sel: Option<&SelectiveJson>) -> String {
+    sel.map_or(String::new(), |s| {
+        format!(" ({} selective under {})", s.modules.join(", "), s.policy)
+    })
+}
+
 pub fn print_verify(r: &VerifyJson) {
     outln!(
-        "verify {} ({} / {} / micro-batch {} × {}{}), checkpoint {}",
+        "verify {} ({} / {} / micro-batch {} × {}{}), checkpoint {}{}",
         r.model,
         r.config.precision,
         r.config.optimizer,
@@ -159,7 +198,8 @@ pub fn print_verify(r: &VerifyJson) {
             1 => String::new(),
             n => format!(" / loss in {n} chunks"),
         },
-        r.regex
+        r.regex,
+        selective_text(r.selective.as_ref())
     );
     outln!(
         "  peak: measured {} ({} B), predicted {} ({} B), error {} B ({:+.4}%)",

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use ckptune_kernels::sac::SacPolicy;
 use ckptune_models::{Attention, Chain, Granularity, ModelOptions, TraceKernels};
 /// The CPU's identity (model name and vector extensions): the runtime's, which keys the cost
 /// model's calibration cache as it keys the profile cache here.
@@ -40,6 +41,9 @@ pub struct Setup {
     pub fake_kernels: TraceKernels,
     /// What `--device auto` chose and why.
     pub device_note: Option<String>,
+    /// `--selective POLICY` (`plan`, `profile`): each candidate layer may also run selective
+    /// under this policy, measured by the profile's step S.
+    pub selective: Option<SacPolicy>,
 }
 
 fn usage(msg: String) -> anyhow::Error {
@@ -128,6 +132,7 @@ impl Setup {
             gpu: None,
             fake_kernels: TraceKernels::Device,
             device_note: resolved.note,
+            selective: None,
         })
     }
 
@@ -280,7 +285,31 @@ impl Setup {
             "|kernels=cuda(efficient-attention-autocast,fused-dropout)"
         } else {
             ""
+        } + &self
+            .selective
+            // A profile with step S holds terms one without it lacks (and the converse is a
+            // profile that cannot plan selective).
+            .map_or(String::new(), |p| format!("|selective={}", p.name()))
+    }
+
+    /// `--selective POLICY`, checked against the policies the runtime knows; a selective
+    /// candidate runs as one block, so nested candidates are refused.
+    pub fn set_selective(&mut self, name: Option<&str>, granularity: &str) -> Result<()> {
+        let Some(name) = name else {
+            return Ok(());
+        };
+        let known = || SacPolicy::ALL.map(SacPolicy::name).join(", ");
+        let policy = SacPolicy::from_name(name)
+            .ok_or_else(|| usage(format!("--selective {name:?}: expected a policy, one of {}", known())))?;
+        if granularity == "nested" {
+            return Err(usage(
+                "--selective with --granularity nested: a candidate runs selective as one block, and \
+                 a nested layer is several (use --granularity layer or block, or drop --selective)"
+                    .into(),
+            ));
         }
+        self.selective = Some(policy);
+        Ok(())
     }
 }
 

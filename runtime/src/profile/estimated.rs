@@ -69,5 +69,6 @@ fn step_times(session: &Session, recompute_class: &[usize], phases: &PhaseSecond
         // Nothing was timed.
         steps_run: 0,
         wall_seconds,
+        selective_seconds: None,
     }
 }

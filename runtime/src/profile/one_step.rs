@@ -7,7 +7,8 @@
 //! step B warms the session up (optimizer state, oneDNN's primitives) and is traced; then A and B
 //! alternate, timed and re-timed as the profiler's are, until each settles (docs/timing.md).
 //! Units doing the same work share one estimate over all their samples, so a model of identical
-//! layers is timed as one class.
+//! layers is timed as one class. A profile offering selective checkpointing also runs steps S
+//! for real, each block's selective recompute timed there.
 
 use std::time::Instant;
 
@@ -28,6 +29,9 @@ pub struct StepTimes {
     pub contention: Contention,
     pub steps_run: usize,
     pub wall_seconds: f64,
+    /// Per block, its recompute seconds run selective (`ProfileSettings::selective`): they
+    /// replace the meta device's in the profile's selective terms.
+    pub selective_seconds: Option<Vec<f64>>,
 }
 
 impl StepTimes {
@@ -40,6 +44,13 @@ impl StepTimes {
         profile.contention = self.contention;
         profile.steps_run += self.steps_run;
         profile.wall_seconds += self.wall_seconds;
+        for (i, &s) in self.selective_seconds.iter().flatten().enumerate() {
+            for r in &mut profile.regimes {
+                if let Some(sel) = r.blocks.get_mut(i).and_then(|b| b.selective.as_mut()) {
+                    sel.rec_seconds = s;
+                }
+            }
+        }
     }
 }
 
@@ -86,13 +97,21 @@ pub fn times_from_steps(
     let mut tally = ContentionTally::default();
     tally.add(&samples_a);
     tally.add(&samples);
+    let (selective_seconds, selective_steps) = match settings.selective {
+        Some(policy) => {
+            let (s, n) = super::selective::real_seconds(session, policy, &all, repeats)?;
+            (Some(s), n)
+        }
+        None => (None, 0),
+    };
     let times = StepTimes {
         seconds_none: timing::seconds(&samples_a),
         seconds_all: timing::seconds(&samples),
         recompute_spread,
         contention: tally.finish(retimer.retimed),
-        steps_run: 1 + samples_a.len() + samples.len() + retimer.retimed,
+        steps_run: 1 + samples_a.len() + samples.len() + retimer.retimed + selective_steps,
         wall_seconds: t0.elapsed().as_secs_f64(),
+        selective_seconds,
     };
     Ok((times, ops))
 }

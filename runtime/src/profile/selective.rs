@@ -30,11 +30,7 @@ pub(super) fn measure(
             session.chain.name
         )));
     }
-    let n = session.chain.blocks.len();
-    let before = std::mem::replace(&mut session.selective, vec![Some(policy); n]);
-    let measured = steps(session, all, repeats);
-    session.selective = before;
-    let (trace, seconds) = measured?;
+    let (trace, seconds) = selective_steps(session, policy, all, repeats)?;
     for (k, regime) in regimes.iter_mut().enumerate() {
         let s = terms::regime(&regime.label, &plain.micro[k], &trace.micro[k], None, &session.chain)?;
         for (i, (b, t)) in regime.blocks.iter_mut().zip(&s.blocks).enumerate() {
@@ -55,6 +51,33 @@ pub(super) fn measure(
         }
     }
     Ok(1 + repeats)
+}
+
+/// Per block, its recompute seconds as a selective block (the median of `repeats` real steps S
+/// after a warm-up), for a profile whose memory was measured on the meta device
+/// ([`super::times_from_steps`]); the steps run.
+pub(super) fn real_seconds(
+    session: &mut Session,
+    policy: SacPolicy,
+    all: &[bool],
+    repeats: usize,
+) -> Result<(Vec<f64>, usize)> {
+    let (_, seconds) = selective_steps(session, policy, all, repeats)?;
+    Ok((seconds.iter().map(|s| Stats::of(s).median).collect(), 1 + repeats))
+}
+
+/// [`steps`] with every block of `session` selective under `policy`.
+fn selective_steps(
+    session: &mut Session,
+    policy: SacPolicy,
+    all: &[bool],
+    repeats: usize,
+) -> Result<(StepTrace, Vec<Vec<f64>>)> {
+    let n = session.chain.blocks.len();
+    let before = std::mem::replace(&mut session.selective, vec![Some(policy); n]);
+    let measured = steps(session, all, repeats);
+    session.selective = before;
+    measured
 }
 
 /// The instrumented S step and, per block, its recompute seconds in each S step.

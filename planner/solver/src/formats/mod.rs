@@ -31,7 +31,8 @@ pub use bench::SolverBenchRow;
 pub use cache::CachedConfig;
 pub use plan::{
     AllocConfPeaksJson, AlternativeJson, BudgetShareJson, CheckpointJson, CorrectionJson, CudaMemoryJson,
-    CudaRoundJson, PlanFailureJson, PlanJson, PredictedJson, RankPredictionJson, ShapeJson, ShardJson, SolverJson,
+    CudaRoundJson, PlanFailureJson, PlanJson, PredictedJson, RankPredictionJson, SelectiveJson, ShapeJson, ShardJson,
+    SolverJson,
 };
 pub use profile::{backbone_of, BlockJson, DeviceJson, GroupJson, ModelJson, ModelListing, ProfileJson};
 pub use python::python_literal;

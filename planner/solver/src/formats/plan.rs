@@ -9,6 +9,21 @@ use crate::profile::{ConfigProfile, ConfigSpec};
 pub struct CheckpointJson {
     pub regex: String,
     pub modules: Vec<String>,
+    /// Of `modules`, those run selective (`plan --selective`); absent when every checkpointed
+    /// module is checkpointed whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selective: Option<SelectiveJson>,
+}
+
+/// The checkpointed modules run selective: `torch.utils.checkpoint` with
+/// `context_fn=partial(create_selective_checkpoint_contexts, policy)` (`ckptune.apply`), the
+/// runtime's `kernels::sac`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelectiveJson {
+    /// The policy's name (`matmul`): which operators' outputs the forward keeps.
+    pub policy: String,
+    /// In execution order.
+    pub modules: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

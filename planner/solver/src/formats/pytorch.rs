@@ -31,6 +31,10 @@ pub struct PytorchRunJson {
     pub regex: String,
     /// The modules `ckptune.apply` wrapped.
     pub modules: Vec<String>,
+    /// Of `modules`, those `ckptune.apply` runs selective, and under which policy
+    /// (`ckptune.selective_policy` of each); absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selective: Option<super::SelectiveJson>,
     pub warmup: usize,
     pub steps: Vec<TrainStepJson>,
     pub median_seconds: f64,

@@ -16,6 +16,7 @@ use crate::cli::timing::contention_note;
 
 pub fn profile_cmd(a: ProfileArgs) -> Result<ExitCode> {
     let mut setup = Setup::resolve(&a.model, &[Precision::Fp32])?;
+    setup.set_selective(a.selective.as_deref(), &a.model.granularity)?;
     setup.gpu = match a.target.as_deref().map(parse_target).transpose()? {
         // A profile's target matters only for the rates its times are estimated over.
         Some((kind, None)) if kind == "cuda" => {

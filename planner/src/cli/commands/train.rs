@@ -11,15 +11,18 @@ use crate::cli::args::TrainArgs;
 use crate::cli::error::UsageError;
 use crate::cli::measure::check_step_fits;
 use crate::cli::output::{outln, print_json};
-use crate::cli::plan_run::setup_for_plan;
+use crate::cli::plan_run::{apply_plan, setup_for_plan};
 use crate::cli::setup::Setup;
 
 pub fn train_cmd(a: TrainArgs) -> Result<ExitCode> {
+    let mut plan: Option<PlanJson> = None;
     let (setup, mut cfg, regex) = match &a.plan {
         Some(p) => {
-            let plan: PlanJson = formats::read_tagged(p, formats::PLAN_FORMAT)?;
-            let (setup, cfg) = setup_for_plan(&plan, a.model.quiet)?;
-            (setup, cfg, plan.checkpoint.regex.clone())
+            let read: PlanJson = formats::read_tagged(p, formats::PLAN_FORMAT)?;
+            let (setup, cfg) = setup_for_plan(&read, a.model.quiet)?;
+            let regex = read.checkpoint.regex.clone();
+            plan = Some(read);
+            (setup, cfg, regex)
         }
         None => {
             let mut setup = Setup::resolve(&a.model, &[ckptune_runtime::Precision::Fp32])?;
@@ -39,10 +42,11 @@ pub fn train_cmd(a: TrainArgs) -> Result<ExitCode> {
     ckptune_kernels::meter::install()?;
     check_step_fits(&setup, &cfg, &regex)?;
     let mut s = setup.session(&cfg)?;
-    let mask = if regex.is_empty() {
-        vec![false; s.chain.units()]
-    } else {
-        s.select(&regex)?
+    let mask = match &plan {
+        // The plan's selective modules run selective.
+        Some(plan) => apply_plan(plan, &mut s)?.0,
+        None if regex.is_empty() => vec![false; s.chain.units()],
+        None => s.select(&regex)?,
     };
     let modules = s.chain.names_of(&mask);
     if !a.json {

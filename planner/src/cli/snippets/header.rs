@@ -25,6 +25,14 @@ pub(super) fn header(plan: &PlanJson, trainer: &str) -> String {
         plan.checkpoint.modules.join(", ")
     };
     let _ = writeln!(s, "#   checkpoint: {modules} (regex {})", plan.checkpoint.regex);
+    if let Some(sel) = &plan.checkpoint.selective {
+        let _ = writeln!(
+            s,
+            "#   of them selective (policy {}: matmul and attention outputs kept, the rest recomputed): {}",
+            sel.policy,
+            sel.modules.join(", ")
+        );
+    }
     let _ = writeln!(
         s,
         "#   config {}: precision {}, optimizer {}, micro-batch {}, gradient accumulation {}, set_to_none {}",

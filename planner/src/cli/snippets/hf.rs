@@ -9,7 +9,8 @@ use super::literals::plan_literal;
 use super::template::Template;
 
 pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
-    let native = f.only_layers(plan);
+    // transformers' flag checkpoints a layer whole: selective layers need the companion.
+    let native = f.only_layers(plan) && plan.checkpoint.selective.is_none();
     let checkpoint_plan = if native {
         include_str!("templates/hf_checkpoint_layers.py")
     } else {
@@ -72,6 +73,13 @@ fn checkpointing_comment(plan: &PlanJson, f: &Facts, native: bool) -> String {
         s
     } else if plan.checkpoint.modules.is_empty() {
         "# The plan checkpoints nothing: activation checkpointing stays off.\n".into()
+    } else if plan.checkpoint.selective.is_some() {
+        "# The plan runs some modules selective (their matmul outputs kept), which transformers'\n\
+         # activation checkpointing cannot express (it recomputes a layer whole): ckptune.apply wraps\n\
+         # exactly the plan's modules, the selective ones with create_selective_checkpoint_contexts,\n\
+         # before the Trainer is built, and TrainingArguments(activation_checkpointing=False) keeps\n\
+         # transformers from adding more.\n"
+            .into()
     } else {
         "# The plan checkpoints modules that are not whole layers (or not only layers), which\n\
          # transformers' activation checkpointing cannot express (it checkpoints every layer, or\n\

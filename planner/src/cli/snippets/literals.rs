@@ -14,12 +14,19 @@ pub(super) fn py_str(s: &str) -> String {
 }
 
 /// `PLAN = {...}`: the fields the companion reads (format, the model's backbone prefix,
-/// checkpoint, config), as the plan has them; the config as serialized, so fields added to it
+/// checkpoint with its selective modules, config), as the plan has them; the config as serialized, so fields added to it
 /// (`optimizer_impl`) travel unchanged.
 pub(super) fn plan_literal(plan: &PlanJson) -> String {
     // Regex first, as the plan file has it (a JSON map here would sort the keys).
+    let selective = plan.checkpoint.selective.as_ref().map_or(String::new(), |s| {
+        format!(
+            ", \"selective\": {{\"policy\": {}, \"modules\": {}}}",
+            py_str(&s.policy),
+            py(&s.modules)
+        )
+    });
     let checkpoint = format!(
-        "{{\"regex\": {}, \"modules\": {}}}",
+        "{{\"regex\": {}, \"modules\": {}{selective}}}",
         py_str(&plan.checkpoint.regex),
         py(&plan.checkpoint.modules)
     );

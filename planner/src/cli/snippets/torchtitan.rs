@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use ckptune_solver::formats::{PlanJson, ShardJson};
+use ckptune_solver::formats::{PlanJson, SelectiveJson, ShardJson};
 
 use super::facts::Facts;
 use super::header::{header, loss_note};
@@ -21,16 +21,14 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
             plan.model.name
         )));
     }
-    let mut names = Vec::new();
-    for m in &plan.checkpoint.modules {
-        names.push(torchtitan_name(m).ok_or_else(|| {
-            UsageError(format!(
-                "--emit torchtitan: torchtitan's Llama has no module that corresponds to {m} (it has \
-                 tok_embeddings, layers.N with attention and feed_forward, norm, output); use --emit python"
-            ))
-        })?);
-    }
-    let (choice_comment, activation_checkpoint) = choice(f, &names);
+    let names = torchtitan_names(&plan.checkpoint.modules)?;
+    let (choice_comment, activation_checkpoint, selective_class) = match &plan.checkpoint.selective {
+        None => {
+            let (comment, config) = choice(f, &names);
+            (comment.to_owned(), config, String::new())
+        }
+        Some(sel) => selective_choice(plan, f, sel)?,
+    };
     let c = &plan.config;
     // `optimizer_impl` (single, foreach, fused) as the plan's config names it, when it does.
     let optimizer_kwargs = match c.torch_optim_kwarg() {
@@ -47,6 +45,7 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
             header(plan, "torchtitan") + &loss_note(plan, Some("torchtitan computes it whole from the model's logits")),
         )
         .set("choice_comment", choice_comment)
+        .set("selective_class", selective_class)
         .set("activation_checkpoint", activation_checkpoint)
         .set("training_fields", training_fields(plan))
         .set("optimizer", c.optimizer.clone())
@@ -73,6 +72,72 @@ fn choice(f: &Facts, names: &[String]) -> (&'static str, String) {
     } else {
         ("", format!("CkptunePlanAC.Config(modules={})", py(&names.to_vec())))
     }
+}
+
+/// torchtitan's names of the plan's `modules`; a module torchtitan's Llama lacks is refused.
+fn torchtitan_names(modules: &[String]) -> Result<Vec<String>, UsageError> {
+    modules
+        .iter()
+        .map(|m| {
+            torchtitan_name(m).ok_or_else(|| {
+                UsageError(format!(
+                    "--emit torchtitan: torchtitan's Llama has no module that corresponds to {m} (it has \
+                     tok_embeddings, layers.N with attention and feed_forward, norm, output); use --emit python"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// A plan running some modules selective: its full and selective modules as a
+/// `CkptuneSelectivePlanAC` config (torchtitan's own `SelectiveAC` runs every block under its own
+/// policy, so it is named as the nearest mode, not used), with a comment saying so and the class.
+fn selective_choice(plan: &PlanJson, f: &Facts, sel: &SelectiveJson) -> Result<(String, String, String), UsageError> {
+    let full: Vec<String> = plan
+        .checkpoint
+        .modules
+        .iter()
+        .filter(|m| !sel.modules.contains(m))
+        .cloned()
+        .collect();
+    let (full, selective) = (torchtitan_names(&full)?, torchtitan_names(&sel.modules)?);
+    let every_block = {
+        let mut all: Vec<String> = f.layers.iter().filter_map(|l| torchtitan_name(l)).collect();
+        let mut s = selective.clone();
+        all.sort();
+        s.sort();
+        full.is_empty() && s == all
+    };
+    let mut comment = format!(
+        "# The plan runs these modules selective under its {} policy (matmul and attention outputs\n\
+         # kept, the rest recomputed): {}.\n",
+        sel.policy,
+        unit_list(&selective)
+    );
+    if !full.is_empty() {
+        comment.push_str(&format!("# It checkpoints these whole: {}.\n", unit_list(&full)));
+    }
+    comment.push_str(
+        "# torchtitan's SelectiveAC runs every block under its own op policy (saving every other\n\
+         # matmul), so CkptuneSelectivePlanAC below wraps the plan's selective modules with ckptune's\n\
+         # policy instead. torchtitan's Llama attends with flex attention by default, an operator the\n\
+         # policy does not list: there it is recomputed.\n",
+    );
+    if every_block {
+        comment.push_str(
+            "# It names every block: SelectiveAC.Config() is torchtitan's nearest own mode, with its\n\
+             # policy's memory, not the plan's.\n",
+        );
+    }
+    let config = format!(
+        "CkptuneSelectivePlanAC.Config(modules={}, selective={})",
+        py(&full),
+        py(&selective)
+    );
+    let class = Template::new(include_str!("templates/torchtitan_selective.py"))
+        .set("policy", py_str(&sel.policy))
+        .fill_part();
+    Ok((comment, config, class))
 }
 
 /// The `TrainingConfig` fields for the plan's batch, sequence and precision, one per line.

@@ -22,7 +22,7 @@ use ckptune_solver::formats::{
 
 use super::solve::{plan_from_profile, PlanFailure};
 use crate::cli::error::UsageError;
-use crate::cli::plan_run::setup_for_plan;
+use crate::cli::plan_run::{apply_plan, setup_for_plan};
 
 /// Solves after this many plans whose reserved peak did not fit are given up (each round
 /// lowers the allocated peak by at least the last excess, or tries the smallest one).
@@ -155,7 +155,7 @@ fn simulate(plan: &PlanJson, workspaces: &[u64], quiet: bool) -> Result<Simulate
     let mut s = setup
         .fake_session(&cfg)
         .context("recording the plan's step on the meta device")?;
-    let mask = s.select(&plan.checkpoint.regex)?;
+    let (mask, _) = apply_plan(plan, &mut s)?;
     let (log, _) = record_steps(&mut s, &mask, rec).context("recording the plan's step on the meta device")?;
     drop(s);
     let events = trace_events(&log, workspaces);

@@ -45,6 +45,7 @@ pub(super) fn read_profile(path: &std::path::Path, setup: &Setup, notes: &mut Ve
             missing.join(", ")
         ));
     }
+    selective_terms(&mut prof, path, setup)?;
     let here = cpu_identity();
     if !prof.device.cpu.is_empty() && prof.device.cpu != here {
         notes.push(format!(
@@ -56,6 +57,39 @@ pub(super) fn read_profile(path: &std::path::Path, setup: &Setup, notes: &mut Ve
         ));
     }
     Ok(prof)
+}
+
+/// A profile's selective terms are planned with exactly when `--selective` names their policy:
+/// without the flag they are dropped (the plan is the one whole-layer checkpointing gives), and
+/// with it a profile measured without step S, or under another policy, is refused.
+fn selective_terms(prof: &mut ProfileJson, path: &std::path::Path, setup: &Setup) -> Result<()> {
+    let blocks = || prof.configs.iter().flat_map(|c| &c.regimes).flat_map(|r| &r.blocks);
+    let Some(policy) = setup.selective else {
+        for b in prof
+            .configs
+            .iter_mut()
+            .flat_map(|c| &mut c.regimes)
+            .flat_map(|r| &mut r.blocks)
+        {
+            b.selective = None;
+        }
+        return Ok(());
+    };
+    let candidates = blocks().filter(|b| b.candidate).count();
+    let measured = blocks()
+        .filter(|b| b.selective.as_ref().is_some_and(|s| s.policy == policy.name()))
+        .count();
+    if candidates == 0 || measured != candidates {
+        return Err(UsageError(format!(
+            "--selective {}: profile {} was not measured with every candidate selective under that policy; \
+             profile again with `ckptune profile ... --selective {}` (or plan without --profile)",
+            policy.name(),
+            path.display(),
+            policy.name()
+        ))
+        .into());
+    }
+    Ok(())
 }
 
 /// What a budget given as a share lies between: the config the plan of an unlimited budget
@@ -147,6 +181,12 @@ pub(super) fn shard_request(
              reduce-scatters over other counts with another algorithm, whose buffers ckptune does not model \
              (docs/fsdp.md, section 11)"
         ))
+        .into());
+    }
+    if a.selective.is_some() {
+        return Err(UsageError(
+            "plan --shard --selective: sharded plans model whole-layer checkpointing only; drop one of them".into(),
+        )
         .into());
     }
     if a.verify {

@@ -2,7 +2,7 @@
 //! optimizer was chosen.
 
 use ckptune_solver::budget::format_size;
-use ckptune_solver::formats::{CudaMemoryJson, PlanJson};
+use ckptune_solver::formats::{CheckpointJson, CudaMemoryJson, PlanJson};
 use ckptune_solver::profile::ConfigSpec;
 use ckptune_solver::regex_emit::MATCH_NOTHING;
 
@@ -97,11 +97,7 @@ pub(super) fn print_plan(p: &PlanJson) {
             format_size(a.predicted.peak_bytes as u64),
             a.predicted.step_seconds,
             100.0 * (a.predicted.step_seconds / a.baseline_step_seconds - 1.0),
-            if a.checkpoint.modules.is_empty() {
-                "(nothing)".into()
-            } else {
-                a.checkpoint.modules.join(",")
-            }
+            checkpoint_column(&a.checkpoint)
         );
     }
     match &p.shard {
@@ -124,6 +120,7 @@ pub(super) fn print_plan(p: &PlanJson) {
         ""
     };
     outln!("  checkpoint regex: {}{meaning}", p.checkpoint.regex);
+    print_states(p);
     match &p.cuda_memory {
         Some(c) => print_cuda_memory(p, c),
         None => outln!(
@@ -156,6 +153,54 @@ pub(super) fn print_plan(p: &PlanJson) {
             n => format!(", loss in {n} chunks (ckptune.chunked_causal_lm_loss)"),
         }
     );
+}
+
+/// An alternative's checkpointed modules, those run selective marked `[selective]`.
+fn checkpoint_column(c: &CheckpointJson) -> String {
+    if c.modules.is_empty() {
+        return "(nothing)".into();
+    }
+    let selective = |m: &String| c.selective.as_ref().is_some_and(|s| s.modules.contains(m));
+    c.modules
+        .iter()
+        .map(|m| {
+            if selective(m) {
+                format!("{m}[selective]")
+            } else {
+                m.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Where the plan offered selective checkpointing (`plan --selective`): each candidate's state,
+/// keep, selective (under the policy) or full, in execution order.
+fn print_states(p: &PlanJson) {
+    let offered = p
+        .profile
+        .regimes
+        .first()
+        .is_some_and(|r| r.blocks.iter().any(|b| b.selective.is_some()));
+    if !offered {
+        return;
+    }
+    let ck = &p.checkpoint;
+    let states: Vec<String> = p
+        .model
+        .blocks
+        .iter()
+        .filter(|b| b.candidate)
+        .map(|b| {
+            let state = match &ck.selective {
+                Some(s) if s.modules.contains(&b.name) => format!("selective ({})", s.policy),
+                _ if ck.modules.contains(&b.name) => "full".into(),
+                _ => "keep".into(),
+            };
+            format!("{} {state}", b.name)
+        })
+        .collect();
+    outln!("  per candidate:    {}", states.join(", "));
 }
 
 /// A CUDA plan's memory: allocated and reserved peaks of its simulated step, the context, the

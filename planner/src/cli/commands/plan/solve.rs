@@ -6,11 +6,11 @@ use anyhow::Result;
 use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{
     self, AlternativeJson, CheckpointJson, ModelJson, PlanJson, PredictedJson, ProfileJson, RankPredictionJson,
-    ShapeJson, ShardJson, SolverJson,
+    SelectiveJson, ShapeJson, ShardJson, SolverJson,
 };
-use ckptune_solver::model::{seconds_range_at, shard_step, solver_problem, unit_order};
+use ckptune_solver::model::{runtime_choice, seconds_range_at_selective, shard_step, solver_problem, unit_order};
 use ckptune_solver::problem::ConfigProblem;
-use ckptune_solver::profile::ConfigSpec;
+use ckptune_solver::profile::{ConfigProfile, ConfigSpec};
 use ckptune_solver::shard::{is_default_unit, Collective, ShardSpec, ShardStep};
 use ckptune_solver::solver::{self, SolveError, SolveStatus};
 use ckptune_solver::{chain_model, regex_emit};
@@ -30,10 +30,25 @@ fn chosen_names(model: &ModelJson, x: &[bool]) -> Vec<String> {
         .collect()
 }
 
-fn checkpoint_json(model: &ModelJson, x: &[bool]) -> Result<CheckpointJson> {
-    let modules = chosen_names(model, x);
+/// The plan's checkpoint section for the runtime's choice (`runtime_choice`) of config `c`: the
+/// regex over every checkpointed module, and those of them run selective with `c`'s policy.
+fn checkpoint_json(model: &ModelJson, c: &ConfigProfile, mask: &[bool], selective: &[bool]) -> Result<CheckpointJson> {
+    let modules = chosen_names(model, mask);
     let regex = regex_emit::checkpoint_regex(&modules, &model.modules)?;
-    Ok(CheckpointJson { regex, modules })
+    let sel_names = chosen_names(model, selective);
+    let policy = c.regimes[0].blocks.iter().find_map(|b| b.selective.as_ref());
+    let selective = match (policy, sel_names.is_empty()) {
+        (Some(p), false) => Some(SelectiveJson {
+            policy: p.policy.clone(),
+            modules: sel_names,
+        }),
+        _ => None,
+    };
+    Ok(CheckpointJson {
+        regex,
+        modules,
+        selective,
+    })
 }
 
 /// How `plan --shard N` shards: the ranks, the collectives, and which blocks are FSDP units.
@@ -150,9 +165,9 @@ pub(super) fn plan_from_profile(
             ..
         }) => {
             let k = problems.iter().position(|p| p.key == key).unwrap_or(0);
-            let mut x = chain_model::unpermute(&x, &cands[k].order);
-            x.truncate(profile.model.blocks.len() + profile.model.groups.len());
-            let regex = checkpoint_json(&profile.model, &x)?.regex;
+            let c = &profile.configs[cands[k].config];
+            let (mask, selective) = runtime_choice(c, &chain_model::unpermute(&x, &cands[k].order));
+            let regex = checkpoint_json(&profile.model, c, &mask, &selective)?.regex;
             return Err(PlanFailure {
                 budget,
                 min_peak,
@@ -166,25 +181,30 @@ pub(super) fn plan_from_profile(
         }
         Err(e) => return Err(e.into()),
     };
-    let units = profile.model.blocks.len() + profile.model.groups.len();
+    let mut selective = Vec::new();
     for (sol, cand) in plan.configs.iter_mut().zip(&cands) {
-        // Back in unit order, without the fused variables (the runtime fuses by itself).
-        sol.x = chain_model::unpermute(&sol.x, &cand.order);
-        sol.x.truncate(units);
+        // Back in unit order as the runtime runs it: the checkpoint mask (the runtime fuses by
+        // itself) and the blocks run selective.
+        let full = chain_model::unpermute(&sol.x, &cand.order);
+        let (mut mask, sel) = runtime_choice(&profile.configs[cand.config], &full);
+        // A sharded problem has a variable per block only.
+        mask.truncate(full.len());
+        sol.x = mask;
+        selective.push(sel);
     }
     let mut alternatives = Vec::new();
-    for (sol, cand) in plan.configs.iter().zip(&cands) {
+    for ((sol, cand), sel) in plan.configs.iter().zip(&cands).zip(&selective) {
         let c = &profile.configs[cand.config];
         let base = c.seconds_none.median;
         alternatives.push(AlternativeJson {
             config: c.config.clone(),
             feasible: sol.status == SolveStatus::Optimal,
-            checkpoint: checkpoint_json(&profile.model, &sol.x)?,
+            checkpoint: checkpoint_json(&profile.model, c, &sol.x, sel)?,
             predicted: PredictedJson {
                 peak_bytes: sol.peak,
                 step_seconds: sol.seconds,
                 // An estimate has no samples to spread over.
-                step_seconds_range: seconds_range_at(c, &sol.x)
+                step_seconds_range: seconds_range_at_selective(c, &sol.x, sel)
                     .filter(|_| !c.is_estimated())
                     .map(|(lo, hi)| [lo, hi]),
                 throughput_loss: if sol.seconds > 0.0 {

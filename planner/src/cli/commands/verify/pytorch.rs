@@ -17,7 +17,7 @@ use crate::cli::args::VerifyArgs;
 use crate::cli::companion::{companion, harness_run, python};
 use crate::cli::error::UsageError;
 use crate::cli::output::{group_digits, outln, print_json};
-use crate::cli::plan_run::verify_plan;
+use crate::cli::plan_run::{selective_text, verify_plan};
 
 /// Runs `python -m ckptune_harness.eager` on the plan file. Its exit code 2 (a plan the PyTorch run
 /// cannot follow: names that differ from the reference's, a model without a reference) is bad
@@ -53,6 +53,14 @@ pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
     let steps = a.steps.unwrap_or(plan.shape.repeats);
     let py = python(a.python.as_deref());
     let pytorch = pytorch_run(&a.plan, steps, &py)?;
+    if pytorch.selective != plan.checkpoint.selective {
+        anyhow::bail!(
+            "the PyTorch run did not run the plan's selective modules: it ran {}, the plan says {} \
+             (is the ckptune package on its path this checkout's?)",
+            selective_text(pytorch.selective.as_ref()).trim(),
+            selective_text(plan.checkpoint.selective.as_ref()).trim()
+        );
+    }
     let trainer_run = trainer_run(a.trainer, plan, &a.plan, steps, &py)?;
     let ckptune = verify_plan(plan, steps, a.quiet).with_context(|| format!("verifying {}", a.plan.display()))?;
     let trainer = trainer_run.map(|run| compare(run, &pytorch, ckptune.predicted.peak_bytes, plan.budget_bytes));
@@ -114,7 +122,7 @@ fn print_side_by_side(r: &VerifyPytorchJson) {
     let c: &VerifyJson = &r.ckptune;
     let p = &r.pytorch;
     outln!(
-        "verify {} ({} / {} / micro-batch {} × {}{}), checkpoint {}",
+        "verify {} ({} / {} / micro-batch {} × {}{}), checkpoint {}{}",
         c.model,
         c.config.precision,
         c.config.optimizer,
@@ -124,7 +132,8 @@ fn print_side_by_side(r: &VerifyPytorchJson) {
             1 => String::new(),
             n => format!(" / loss in {n} chunks"),
         },
-        c.regex
+        c.regex,
+        selective_text(c.selective.as_ref())
     );
     outln!(
         "  {:<15} {:>12} {:>18} {:>14} {:>10}",
@@ -175,6 +184,17 @@ fn print_side_by_side(r: &VerifyPytorchJson) {
     );
     if let Some(t) = &r.trainer {
         print_trainer(t, p, &row);
+    }
+    if c.selective.is_some() || p.selective.is_some() {
+        // What PyTorch ran, from the wrapped modules themselves, not the plan.
+        outln!(
+            "  PyTorch ran {}",
+            p.selective.as_ref().map_or("no module selective".into(), |s| format!(
+                "{} selective under {} (ckptune.apply)",
+                s.modules.join(", "),
+                s.policy
+            ))
+        );
     }
     if c.mismatches.is_empty() {
         outln!("  ckptune's run matched every moment of the model to the byte");

@@ -25,7 +25,7 @@ class CkptunePlanAC(FullAC):
             parent.register_module(child, self._wrap_block(parent.get_submodule(child), base_fqn=fqn))
 
 
-# In your config_registry function: Trainer.Config(..., activation_checkpoint=ACTIVATION_CHECKPOINT)
+${selective_class}# In your config_registry function: Trainer.Config(..., activation_checkpoint=ACTIVATION_CHECKPOINT)
 ACTIVATION_CHECKPOINT = ${activation_checkpoint}
 
 # TrainingConfig fields (torchtitan.config.TrainingConfig) for the plan's batch and precision.

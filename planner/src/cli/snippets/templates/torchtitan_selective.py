@@ -1,0 +1,31 @@
+import ckptune
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+
+class CkptuneSelectivePlanAC(CkptunePlanAC):
+    """CkptunePlanAC, with the plan's selective modules wrapped as SelectiveAC wraps a block but
+    under the plan's policy (ckptune.selective_context_fn): their matmul and attention outputs
+    kept, the rest recomputed."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(CkptunePlanAC.Config):
+        selective: list[str] = field(default_factory=list)
+        """torchtitan module names to run selective."""
+        policy: str = ${policy}
+
+    def apply(self, model):
+        super().apply(model)
+        for fqn in self.config.selective:
+            parent_name, _, child = fqn.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            wrapped = checkpoint_wrapper(
+                parent.get_submodule(child),
+                context_fn=ckptune.selective_context_fn(self.config.policy),
+                preserve_rng_state=self.config.preserve_rng_state,
+                determinism_check=self.config.determinism_check,
+                early_stop=False,
+                debug=self.config.debug,
+            )
+            parent.register_module(child, wrapped)
+
+
