@@ -18,16 +18,18 @@ use ckptune_solver::{chain_model, regex_emit};
 use crate::cli::error::UsageError;
 
 /// Names of the checkpointed units of choice `x` (unit order), in execution order: a group
-/// where its first block would be.
+/// where its first block would be, a module called several times once, at its first call.
 fn chosen_names(model: &ModelJson, x: &[bool]) -> Vec<String> {
     let n = model.blocks.len();
     let groups: Vec<(usize, usize)> = model.groups.iter().map(|g| (g.first, g.last)).collect();
     let names: Vec<&str> = model.unit_names().collect();
-    chain_model::solver_order(n, &groups)
-        .into_iter()
-        .filter(|&u| x.get(u) == Some(&true))
-        .map(|u| names[u].to_string())
-        .collect()
+    let mut out: Vec<String> = Vec::new();
+    for u in chain_model::solver_order(n, &groups) {
+        if x.get(u) == Some(&true) && !out.iter().any(|o| o == names[u]) {
+            out.push(names[u].to_string());
+        }
+    }
+    out
 }
 
 fn checkpoint_json(model: &ModelJson, x: &[bool]) -> Result<CheckpointJson> {
