@@ -117,6 +117,25 @@ fn a_module_called_several_times_is_a_block_per_call() {
     let (blocks, cands) = names(Granularity::Layer, Some(r"layer\.up"));
     assert_eq!(cands, ["layer.up"]);
     assert_eq!(blocks.iter().filter(|b| *b == "layer.up").count(), 3);
+    // One call whose nodes are apart (here both of `act`'s, given one stack key): named by
+    // `--candidates`, refused naming it; unnamed, the layers plan as before.
+    let dir = tempfile::tempdir().unwrap();
+    let apart = dir.path().join("apart.pt2");
+    rewrite(&fixture("shared_layer.pt2"), &apart, |j| {
+        j.replace("L__self__act@1,act", "L__self__act,act")
+    });
+    let opts = |re: &str| ModelOptions {
+        candidates: Some(re.into()),
+        ..Default::default()
+    };
+    let e = chain_from_export(&apart, &opts("act|layer")).unwrap_err().to_string();
+    for needle in [
+        "act, a call of which is not one contiguous run",
+        "name its parent module or its children",
+    ] {
+        assert!(e.contains(needle), "{needle:?} not in {e}");
+    }
+    assert!(chain_from_export(&apart, &opts("layer")).is_ok());
 }
 
 #[test]

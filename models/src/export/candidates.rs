@@ -24,7 +24,7 @@ pub(super) struct Cut {
 /// the plan's choice of the name is what `torch.utils.checkpoint` on the module does: every
 /// call checkpointed.
 pub(super) fn cut_into_units(path: &Path, graph: &Graph, opts: &ModelOptions, side_nodes: &[bool]) -> Result<Cut> {
-    let (modules, runs) = module_runs(graph);
+    let (modules, runs, split) = module_runs(graph);
     let calls_of = |m: &String| -> Vec<Run> {
         runs.get(m)
             .into_iter()
@@ -42,6 +42,31 @@ pub(super) fn cut_into_units(path: &Path, graph: &Graph, opts: &ModelOptions, si
             value: re.clone(),
             why: e.to_string(),
         })?;
+        // A module named whose call is not one run cannot be a block; refused unless a module
+        // around it is named too (the outer one is the candidate then).
+        let named_around = |m: &str| {
+            modules
+                .iter()
+                .any(|o| m.starts_with(&format!("{o}.")) && re.is_match(o))
+        };
+        let unrunnable: Vec<&String> = (split.iter()).filter(|m| re.is_match(m) && !named_around(m)).collect();
+        if let Some(m) = unrunnable.first() {
+            return Err(ModelError::InvalidOption {
+                model: path.display().to_string(),
+                option: "candidates",
+                value: re.to_string(),
+                why: format!(
+                    "it names {m}, a call of which is not one contiguous run of nodes in the program \
+                     (other nodes run between its own), so it cannot be checkpointed as a block{}; \
+                     name its parent module or its children instead",
+                    if unrunnable.len() > 1 {
+                        format!(" ({} such modules)", unrunnable.len())
+                    } else {
+                        String::new()
+                    }
+                ),
+            });
+        }
         let chosen: Vec<_> = modules.iter().filter(|m| re.is_match(m)).flat_map(calls_of).collect();
         if chosen.is_empty() {
             return Err(ModelError::InvalidOption {
@@ -199,9 +224,10 @@ fn fold_tensor_free(
     out
 }
 
-/// Every module with the node range of each of its calls (from the stack key torch.export
-/// gives each call), for the modules each of whose calls is one contiguous run of nodes.
-pub(super) fn module_runs(g: &Graph) -> (Vec<String>, Calls) {
+/// Every module in order; the node range of each call (told apart by the stack key torch.export
+/// gives each call) of the modules each of whose calls is one contiguous run of nodes; the
+/// modules with a call that is not.
+pub(super) fn module_runs(g: &Graph) -> (Vec<String>, Calls, Vec<String>) {
     let mut order: Vec<String> = Vec::new();
     let mut known: HashSet<String> = HashSet::new();
     // Per call, in order of its first node: (module, first node, last node, nodes).
@@ -234,7 +260,8 @@ pub(super) fn module_runs(g: &Graph) -> (Vec<String>, Calls) {
     for (m, a, b, _) in calls.iter().filter(|c| !broken.contains(&c.0)) {
         runs.entry(m.clone()).or_default().push((*a, *b));
     }
-    (order, runs)
+    let split = order.iter().filter(|m| broken.contains(m)).cloned().collect();
+    (order, runs, split)
 }
 
 fn parent(m: &str) -> &str {
