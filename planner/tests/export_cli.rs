@@ -477,6 +477,21 @@ fn exported_shared_layer_is_one_candidate_checkpointed_per_call() {
     let mut unique = modules.clone();
     unique.dedup();
     assert_eq!(unique, modules, "each module named once");
+    // FSDP2 on a module called several times is not modelled: refused, naming it.
+    let shard = dir.path().join("shard.json");
+    let mut args = vec![
+        "plan",
+        "--budget",
+        budget.as_str(),
+        "--shard",
+        "2",
+        "--shard-units",
+        "layer",
+    ];
+    args.extend(&shared);
+    args.extend(["--profile", profile.to_str().unwrap(), "-o", shard.to_str().unwrap()]);
+    refused(&args, &["unit \"layer\"", "calls several times", "--shard-units"]);
+    assert!(!shard.exists());
 }
 
 /// A profile cached for one choice of candidates is not reused for another: `--candidates`

@@ -59,6 +59,14 @@ impl ShardRequest {
     }
 }
 
+/// An FSDP unit of `req` that is several blocks of one name (a module called several times).
+fn called_repeatedly<'a>(model: &'a ModelJson, req: &ShardRequest) -> Option<&'a str> {
+    let names: Vec<&str> = model.blocks.iter().map(|b| b.name.as_str()).collect();
+    (names.iter().enumerate())
+        .find(|&(i, n)| names[..i].contains(n) && req.is_unit(model, n))
+        .map(|(_, n)| *n)
+}
+
 /// One problem the solver sees: a profiled config, and for a sharded plan one
 /// `reshard_after_forward` setting of it with its per-rank model.
 pub(super) struct Candidate {
@@ -90,6 +98,13 @@ pub(super) fn candidates(profile: &ProfileJson, shard: Option<&ShardRequest>) ->
             });
             continue;
         };
+        if let Some(name) = called_repeatedly(&profile.model, req) {
+            return Err(UsageError(format!(
+                "--shard: unit {name:?} is a module the model calls several times (a block per call); \
+                 FSDP2 on such a module is not modelled: name other units with --shard-units REGEX"
+            ))
+            .into());
+        }
         let step = shard_step(
             c,
             &profile.model.parameters,
