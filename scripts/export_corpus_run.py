@@ -106,7 +106,7 @@ def run_model(model, bin_path, programs, work, timeout):
     profile = load(profile_json)
     budget, lo, hi = budget_from_profile(profile)
     facts.update(peak_all=lo, peak_none=hi, budget=budget,
-                 candidates=[b["name"] for b in profile["model"]["blocks"] if b.get("candidate")],
+                 candidates=list(dict.fromkeys(b["name"] for b in profile["model"]["blocks"] if b.get("candidate"))),
                  blocks=len(profile["model"]["blocks"]))
     plan_json = os.path.join(d, "plan.json")
     if not step("plan", [bin_path, "plan", "--budget", str(budget), program, *COMMON, "--profile", profile_json,
@@ -176,7 +176,11 @@ def write_corpus(out, manifest, records, bin_path):
     old = load(out)["models"] if os.path.exists(out) else []
     merged = {r["name"]: r for r in old}
     merged.update({r["name"]: r for r in records})
-    order = {m["name"]: i for i, m in enumerate(manifest["models"])}
+    # A model keeps its place in the corpus; new ones follow in the manifest's order (a work
+    # folder made for --only holds a manifest of those models alone).
+    order = {r["name"]: i for i, r in enumerate(old)}
+    for m in manifest["models"]:
+        order.setdefault(m["name"], len(order))
     version = subprocess.run([bin_path, "--version"], capture_output=True, text=True).stdout.strip()
     corpus = {
         "format": 1,

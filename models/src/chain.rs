@@ -282,12 +282,16 @@ impl Chain {
     /// Names of everything that may be checkpointed: candidate blocks in execution order,
     /// then groups; the order of a checkpoint mask.
     pub fn candidates(&self) -> Vec<&str> {
-        self.blocks
-            .iter()
-            .filter(|b| b.candidate)
-            .map(|b| b.name.as_str())
+        let mut out: Vec<&str> = Vec::new();
+        // A module called several times is a block per call, one candidate.
+        for name in (self.blocks.iter().filter(|b| b.candidate).map(|b| b.name.as_str()))
             .chain(self.groups.iter().map(|g| g.name.as_str()))
-            .collect()
+        {
+            if !out.contains(&name) {
+                out.push(name);
+            }
+        }
+        out
     }
 
     /// Length of a checkpoint mask: one entry per block, then one per group.

@@ -60,11 +60,82 @@ fn candidates_regex_chooses_modules_outright() {
     };
     let c = load("tiny_resnet.pt2", opts(r"layer[12]|layer3\.0\.conv1")).unwrap();
     assert_eq!(candidates(&c), ["layer1", "layer2", "layer3.0.conv1"]);
-    // A module called twice (BasicBlock's `relu`) is not one contiguous run: never a candidate.
+    // A module called twice (BasicBlock's `relu`) is a block per call; here its first call
+    // leaves the glue before it handing on two tensors (the block's input, read by the residual
+    // sum, and `bn1`'s output), which is refused naming that block.
     let e = load("tiny_resnet.pt2", opts(r"layer1\.0\.relu"))
         .unwrap_err()
         .to_string();
+    assert!(e.contains("hands 2 tensors") && e.contains("--candidates"), "{e}");
+    let e = load("tiny_resnet.pt2", opts(r"layer9")).unwrap_err().to_string();
     assert!(e.contains("contiguous"), "{e}");
+}
+
+/// A module called several times: `layer` three times in a row (ALBERT's shared layer group),
+/// `act` twice apart. Each call is a block of its own under the module's name: `layer` by the
+/// layer rule, at block granularity each of its calls cut into its children (each called once per
+/// call of `layer`), at nested granularity whole (its calls would be groups of one name); `act`,
+/// whose calls are apart, when `--candidates` names it.
+#[test]
+fn a_module_called_several_times_is_a_block_per_call() {
+    let _lock = ckptune_kernels::meter::exclusive();
+    let names = |g: Granularity, re: Option<&str>| {
+        let c = load(
+            "shared_layer.pt2",
+            ModelOptions {
+                granularity: g,
+                candidates: re.map(String::from),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let blocks: Vec<String> = (c.blocks.iter())
+            .map(|b| format!("{}{}", b.name, if b.candidate { "" } else { " (glue)" }))
+            .collect();
+        (blocks, candidates(&c))
+    };
+    let layer = ["inp", "act (glue)", "layer", "layer", "layer", "act (glue)", "head"];
+    assert_eq!(names(Granularity::Layer, None).0, layer);
+    assert_eq!(names(Granularity::Layer, None).1, ["inp", "layer", "head"]);
+    assert_eq!(names(Granularity::Nested, None).0, layer);
+    let call = ["layer.up", "layer.act", "layer.down", "layer.drop"];
+    let (blocks, cands) = names(Granularity::Block, None);
+    let mut want: Vec<String> = vec!["inp".into(), "act (glue)".into()];
+    for add in ["add", "add_1", "add_2"] {
+        want.extend(call.iter().map(|c| c.to_string()));
+        want.push(format!("layer ({add}) (glue)"));
+    }
+    want.extend(["act (glue)".into(), "head".into()]);
+    assert_eq!(blocks, want);
+    assert_eq!(
+        cands,
+        ["inp", "layer.up", "layer.act", "layer.down", "layer.drop", "head"]
+    );
+    let (blocks, cands) = names(Granularity::Layer, Some(r"inp|act|layer|head"));
+    assert_eq!(blocks, ["inp", "act", "layer", "layer", "layer", "act", "head"]);
+    assert_eq!(cands, ["inp", "act", "layer", "head"]);
+    let (blocks, cands) = names(Granularity::Layer, Some(r"layer\.up"));
+    assert_eq!(cands, ["layer.up"]);
+    assert_eq!(blocks.iter().filter(|b| *b == "layer.up").count(), 3);
+    // One call whose nodes are apart (here both of `act`'s, given one stack key): named by
+    // `--candidates`, refused naming it; unnamed, the layers plan as before.
+    let dir = tempfile::tempdir().unwrap();
+    let apart = dir.path().join("apart.pt2");
+    rewrite(&fixture("shared_layer.pt2"), &apart, |j| {
+        j.replace("L__self__act@1,act", "L__self__act,act")
+    });
+    let opts = |re: &str| ModelOptions {
+        candidates: Some(re.into()),
+        ..Default::default()
+    };
+    let e = chain_from_export(&apart, &opts("act|layer")).unwrap_err().to_string();
+    for needle in [
+        "act, a call of which is not one contiguous run",
+        "name its parent module or its children",
+    ] {
+        assert!(e.contains(needle), "{needle:?} not in {e}");
+    }
+    assert!(chain_from_export(&apart, &opts("layer")).is_ok());
 }
 
 #[test]

@@ -304,6 +304,11 @@ fn exported_residual_stack_sweeps_byte_exact_with_nested_groups_and_dropout() {
 /// Profiles `file`, sweeps `checkpoints` (every subset when empty) and asserts every point's
 /// predicted peak equals its measured one.
 fn sweep_is_exact(file: &str, granularity: &str, precision: &str, checkpoints: &[&str]) {
+    sweep_is_exact_with(file, granularity, precision, checkpoints, &[]);
+}
+
+/// [`sweep_is_exact`] with `extra` arguments to both commands.
+fn sweep_is_exact_with(file: &str, granularity: &str, precision: &str, checkpoints: &[&str], extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let model = fixture(file);
     let profile = dir.path().join("profile.json");
@@ -318,6 +323,7 @@ fn sweep_is_exact(file: &str, granularity: &str, precision: &str, checkpoints: &
         granularity,
     ];
     shared.extend(COMMON);
+    shared.extend(extra);
     let mut args = vec!["profile"];
     args.extend(&shared);
     args.extend(["-o", profile.to_str().unwrap()]);
@@ -407,6 +413,85 @@ fn exported_programs_with_several_outputs_or_reading_the_input_again_sweep_byte_
         sweep_is_exact("audio_features.pt2", "layer", precision, &[]);
     }
     sweep_is_exact("pooled_outputs.pt2", "nested", "fp32", &[]);
+}
+
+/// A module called several times (`layer` three times in a row, as ALBERT's shared layer group;
+/// `act` twice, apart) is one candidate whose calls are blocks of their own: `--all-subsets`
+/// sweeps every subset of the candidate names (each call of a chosen module checkpointed, as
+/// `torch.utils.checkpoint` on the module does), predicted to the byte at layer and block
+/// granularity and with `act` named by `--candidates`; a plan that must checkpoint names `layer`
+/// once and verifies to the byte.
+#[test]
+fn exported_shared_layer_is_one_candidate_checkpointed_per_call() {
+    for precision in ["fp32", "bf16"] {
+        sweep_is_exact("shared_layer.pt2", "layer", precision, &[]);
+    }
+    sweep_is_exact("shared_layer.pt2", "block", "fp32", &[]);
+    sweep_is_exact_with(
+        "shared_layer.pt2",
+        "layer",
+        "fp32",
+        &[],
+        &["--candidates", "inp|act|layer|head"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture("shared_layer.pt2");
+    let (profile, plan) = (dir.path().join("profile.json"), dir.path().join("plan.json"));
+    let mut shared = vec![model.as_str(), "--batch", "512", "--precision", "fp32"];
+    shared.extend(COMMON);
+    let mut args = vec!["profile"];
+    args.extend(&shared);
+    args.extend(["-o", profile.to_str().unwrap()]);
+    ok(&args);
+    let p: Value = serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
+    let layer_blocks = p["model"]["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["name"] == "layer")
+        .count();
+    assert_eq!(layer_blocks, 3, "one block per call");
+    // Between the smallest peak and the peak with nothing checkpointed: something must be.
+    let c = &p["configs"][0];
+    let (all, none) = (c["peak_all"].as_i64().unwrap(), c["peak_none"].as_i64().unwrap());
+    assert!(all < none, "checkpointing lowers the peak: {all} vs {none}");
+    let budget = (all + (none - all) / 3).to_string();
+    let mut args = vec!["plan", "--budget", budget.as_str()];
+    args.extend(&shared);
+    args.extend([
+        "--profile",
+        profile.to_str().unwrap(),
+        "--verify",
+        "-o",
+        plan.to_str().unwrap(),
+    ]);
+    ok(&args);
+    let plan: Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let modules: Vec<&str> = plan["checkpoint"]["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap())
+        .collect();
+    assert!(modules.contains(&"layer"), "{modules:?}");
+    let mut unique = modules.clone();
+    unique.dedup();
+    assert_eq!(unique, modules, "each module named once");
+    // FSDP2 on a module called several times is not modelled: refused, naming it.
+    let shard = dir.path().join("shard.json");
+    let mut args = vec![
+        "plan",
+        "--budget",
+        budget.as_str(),
+        "--shard",
+        "2",
+        "--shard-units",
+        "layer",
+    ];
+    args.extend(&shared);
+    args.extend(["--profile", profile.to_str().unwrap(), "-o", shard.to_str().unwrap()]);
+    refused(&args, &["unit \"layer\"", "calls several times", "--shard-units"]);
+    assert!(!shard.exists());
 }
 
 /// A profile cached for one choice of candidates is not reused for another: `--candidates`

@@ -193,6 +193,42 @@ class ApplyTest(unittest.TestCase):
             self.assertEqual(ckptune.apply(backbone, str(path)), ["h.0"])
 
 
+def _load_export_fixtures():
+    sys.modules.setdefault("reference", reference)  # the script imports it from beside itself
+    path = HERE.parents[1] / "models" / "fixtures" / "make_export_fixtures.py"
+    spec = importlib.util.spec_from_file_location("ckptune_export_fixtures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class SharedModuleTest(unittest.TestCase):
+    """A module the model calls several times (`layer` of models/fixtures/shared_layer.pt2, three
+    times in a row as ALBERT's shared layer group): ckptune plans it as one candidate with a block
+    per call, and `apply` makes each call a checkpoint segment of its own, recomputed once in the
+    backward, with the plain model's gradients to the bit (dropout in each call included)."""
+
+    def test_each_call_is_a_segment_recomputed_once(self):
+        fixtures = _load_export_fixtures()
+        torch.manual_seed(11)
+        plain = fixtures.SharedLayer().train()
+        wrapped = copy.deepcopy(plain)
+        self.assertEqual(ckptune.apply(wrapped, make_plan(["layer"])), ["layer"])
+        x = torch.randn(4, 8)
+        runs = []
+        results = []
+        for model in (plain, wrapped):
+            runs.append(0)
+            hook = model.layer.up.register_forward_pre_hook(lambda *_: runs.__setitem__(-1, runs[-1] + 1))
+            torch.manual_seed(5)
+            model(x).sum().backward()
+            hook.remove()
+            results.append({k: p.grad for k, p in model.named_parameters()})
+        self.assertEqual(runs, [3, 6], "three calls, each recomputed once")
+        for k, g in results[0].items():
+            self.assertTrue(torch.equal(g, results[1][k]), f"gradient of {k} differs")
+
+
 class WholeModelTest(unittest.TestCase):
     def test_the_whole_task_model_takes_its_backbones_plan(self):
         model, bert = build("tiny-bert")  # the whole model, not its backbone the plan names

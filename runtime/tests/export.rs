@@ -459,3 +459,36 @@ fn python_locals_explain_every_byte(batch: i64) {
         );
     }
 }
+
+/// A module called several times (`layer`, three times in a row as ALBERT calls its shared layer
+/// group; `act`, once after `inp` and once before `head`, a candidate when named) is a block per
+/// call and one candidate. Each call checkpointed alone, every call of one module (what a plan's
+/// regex and `torch.utils.checkpoint` on the module do), and everything give the plain step's
+/// gradients bit for bit, each call's dropout drawn as in the plain step.
+#[test]
+fn exported_shared_layer_checkpoints_each_call_bitwise() {
+    let _lock = meter::exclusive();
+    tch::set_num_threads(1);
+    let file = "shared_layer.pt2";
+    let chain = chain_from_export(&fixture(file), &ModelOptions::default()).unwrap();
+    assert_eq!(chain.candidates(), ["inp", "layer", "head"]);
+    every_checkpoint_bitwise(file, chain.blocks.len());
+    let named = ModelOptions {
+        candidates: Some("inp|act|layer|head".into()),
+        ..Default::default()
+    };
+    let chain = chain_from_export(&fixture(file), &named).unwrap();
+    let names: Vec<String> = chain.blocks.iter().map(|b| b.name.clone()).collect();
+    assert_eq!(names, ["inp", "act", "layer", "layer", "layer", "act", "head"]);
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let grads = |ckpt: &dyn Fn(usize) -> bool| micro_step_grads(file, &named, precision, ckpt);
+        let plain = grads(&|_| false);
+        for module in ["layer", "act"] {
+            for ckpt in [grads(&|i| names[i] == module), grads(&|i| names[i] != module)] {
+                for ((name, a), (_, b)) in plain.iter().zip(&ckpt) {
+                    assert!(a.equal(b), "{file} {precision} {module}: gradient of {name} differs");
+                }
+            }
+        }
+    }
+}

@@ -1,9 +1,9 @@
 //! Which modules of a program are candidates and how its nodes are cut into blocks: each
-//! module's contiguous run of nodes (from `nn_module_stack`), the layer rule ([`layers`]) or a
+//! module's calls, each a contiguous run of nodes (from `nn_module_stack`), the layer rule ([`layers`]) or a
 //! `--candidates` regex, candidate runs as blocks and the glue between them as blocks of their
 //! own, and at block or nested granularity each layer cut into its children.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use super::graph::Graph;
@@ -19,10 +19,19 @@ pub(super) struct Cut {
 }
 
 /// Cuts `graph` into units by `--candidates` or the granularity; units made only of side nodes
-/// are left out (each block computes the side values it reads).
+/// are left out (each block computes the side values it reads). A module called several times
+/// (ALBERT's shared layer) is one candidate unit per call, each named after the module, so that
+/// the plan's choice of the name is what `torch.utils.checkpoint` on the module does: every
+/// call checkpointed.
 pub(super) fn cut_into_units(path: &Path, graph: &Graph, opts: &ModelOptions, side_nodes: &[bool]) -> Result<Cut> {
-    let (modules, runs) = module_runs(graph);
-    let run_of = |m: &String| runs.get(m).map(|&(a, b)| (m.clone(), a, b));
+    let (modules, runs, split) = module_runs(graph);
+    let calls_of = |m: &String| -> Vec<Run> {
+        runs.get(m)
+            .into_iter()
+            .flatten()
+            .map(|&(a, b)| (m.clone(), a, b))
+            .collect()
+    };
     let n = graph.nodes.len();
     let mut units: Vec<Unit>;
     let mut group_units: Vec<(String, usize, usize)> = Vec::new(); // (name, first unit, last unit)
@@ -33,32 +42,68 @@ pub(super) fn cut_into_units(path: &Path, graph: &Graph, opts: &ModelOptions, si
             value: re.clone(),
             why: e.to_string(),
         })?;
-        let chosen: Vec<_> = modules.iter().filter(|m| re.is_match(m)).filter_map(run_of).collect();
+        // A module named whose call is not one run cannot be a block; refused unless a module
+        // around it is named too (the outer one is the candidate then).
+        let named_around = |m: &str| {
+            modules
+                .iter()
+                .any(|o| m.starts_with(&format!("{o}.")) && re.is_match(o))
+        };
+        let unrunnable: Vec<&String> = (split.iter()).filter(|m| re.is_match(m) && !named_around(m)).collect();
+        if let Some(m) = unrunnable.first() {
+            return Err(ModelError::InvalidOption {
+                model: path.display().to_string(),
+                option: "candidates",
+                value: re.to_string(),
+                why: format!(
+                    "it names {m}, a call of which is not one contiguous run of nodes in the program \
+                     (other nodes run between its own), so it cannot be checkpointed as a block{}; \
+                     name its parent module or its children instead",
+                    if unrunnable.len() > 1 {
+                        format!(" ({} such modules)", unrunnable.len())
+                    } else {
+                        String::new()
+                    }
+                ),
+            });
+        }
+        let chosen: Vec<_> = modules.iter().filter(|m| re.is_match(m)).flat_map(calls_of).collect();
         if chosen.is_empty() {
             return Err(ModelError::InvalidOption {
                 model: path.display().to_string(),
                 option: "candidates",
                 value: re.to_string(),
-                why: "no module whose nodes form one contiguous run matches it".into(),
+                why: "no module each of whose calls forms one contiguous run of nodes matches it".into(),
             });
         }
-        units = cut(graph, 0, n - 1, &disjoint(chosen), 0);
+        units = cut(graph, 0, n - 1, &whole_calls(disjoint(chosen), &runs), 0);
     } else {
-        let layer_runs: Vec<_> = layers(&modules, &runs).iter().filter_map(run_of).collect();
-        let layer_runs = disjoint(layer_runs);
+        // A layer called several times is offered when its calls follow each other (ALBERT's
+        // shared layer group); one called at places apart (a shared activation) is offered only
+        // by name (`--candidates`), as the glue around its calls may then hand on several tensors.
+        let in_a_row = |m: &&String| runs.get(*m).is_some_and(|c| c.windows(2).all(|w| w[1].0 == w[0].1 + 1));
+        let layer_runs: Vec<_> = layers(&modules, &runs)
+            .iter()
+            .filter(in_a_row)
+            .flat_map(calls_of)
+            .collect();
+        let layer_runs = whole_calls(disjoint(layer_runs), &runs);
         match opts.granularity {
             Granularity::Layer => units = cut(graph, 0, n - 1, &layer_runs, 0),
             Granularity::Block | Granularity::Nested => {
                 units = Vec::new();
                 let outer = cut(graph, 0, n - 1, &layer_runs, 0);
+                let inner_runs = whole_calls(disjoint(children_runs(&outer, &modules, calls_of)), &runs);
                 for u in outer {
-                    if !u.candidate {
+                    // A layer called several times stays whole at nested granularity: its
+                    // calls would be groups of one name, which the runtime's groups are not.
+                    let shared = runs.get(&u.name).is_some_and(|c| c.len() > 1);
+                    if !u.candidate || (shared && opts.granularity == Granularity::Nested) {
                         units.push(u);
                         continue;
                     }
-                    let kids: Vec<_> = children(&u.name, &modules).into_iter().filter_map(run_of).collect();
                     let depth = u.name.split('.').count();
-                    let inner = cut(graph, u.first, u.last, &disjoint(kids), depth);
+                    let inner = cut(graph, u.first, u.last, &inner_runs, depth);
                     // A layer of one child is not a group (a group spans two blocks or more):
                     // its child is the candidate, as in the built-in models.
                     let nested = opts.granularity == Granularity::Nested && inner.len() >= 2;
@@ -82,6 +127,47 @@ pub(super) fn cut_into_units(path: &Path, graph: &Graph, opts: &ModelOptions, si
         groups: group_units,
         modules,
     })
+}
+
+/// A candidate module's call: its name and node range.
+type Run = (String, usize, usize);
+
+/// Per module, the node range of each of its calls, in program order.
+type Calls = HashMap<String, Vec<(usize, usize)>>;
+
+/// The calls of the candidate layers' children inside each layer call, each child called once
+/// per call of its layer (ALBERT's shared layer's children, once per call of it); a child called
+/// twice within one call (torchvision BasicBlock's `relu`) is left to the glue, as the built-in
+/// models have it.
+fn children_runs(outer: &[Unit], modules: &[String], calls_of: impl Fn(&String) -> Vec<Run>) -> Vec<Run> {
+    let mut out = Vec::new();
+    for u in outer.iter().filter(|u| u.candidate) {
+        let kids: Vec<Run> = (children(&u.name, modules).into_iter().flat_map(&calls_of))
+            .filter(|(_, a, b)| *a >= u.first && *b <= u.last)
+            .collect();
+        out.extend(
+            (kids.iter())
+                .filter(|(m, _, _)| kids.iter().filter(|k| &k.0 == m).count() == 1)
+                .cloned(),
+        );
+    }
+    out
+}
+
+/// `runs` less the modules some of whose calls are not among them (a call inside a longer
+/// candidate run): a plan that checkpoints a module checkpoints every call of it, so either
+/// every call is a unit of its own or none is.
+fn whole_calls(runs: Vec<Run>, all: &Calls) -> Vec<Run> {
+    let kept = |m: &str| runs.iter().filter(|(r, _, _)| r == m).count();
+    let whole: Vec<bool> = runs
+        .iter()
+        .map(|(m, _, _)| all.get(m).is_some_and(|c| c.len() == kept(m)))
+        .collect();
+    runs.into_iter()
+        .zip(whole)
+        .filter(|(_, w)| *w)
+        .map(|(r, _)| r)
+        .collect()
 }
 
 /// Folds each unit whose nodes make no tensor into a neighbour: a symbolic size alone
@@ -138,37 +224,44 @@ fn fold_tensor_free(
     out
 }
 
-/// Every module with the node range it covers, if its nodes form one contiguous run.
-pub(super) fn module_runs(g: &Graph) -> (Vec<String>, HashMap<String, (usize, usize)>) {
-    let mut order = Vec::new();
-    let mut seen: HashMap<String, (usize, usize, usize)> = HashMap::new();
+/// Every module in order; the node range of each call (told apart by the stack key torch.export
+/// gives each call) of the modules each of whose calls is one contiguous run of nodes; the
+/// modules with a call that is not.
+pub(super) fn module_runs(g: &Graph) -> (Vec<String>, Calls, Vec<String>) {
+    let mut order: Vec<String> = Vec::new();
+    let mut known: HashSet<String> = HashSet::new();
+    // Per call, in order of its first node: (module, first node, last node, nodes).
+    let mut calls: Vec<(String, usize, usize, usize)> = Vec::new();
+    let mut call_of: HashMap<&str, usize> = HashMap::new();
     for (k, n) in g.nodes.iter().enumerate() {
-        for m in &n.modules {
-            if !seen.contains_key(m) {
+        for (m, key) in n.modules.iter().zip(&n.calls) {
+            if known.insert(m.clone()) {
                 // Containers whose forward never runs (a ModuleList such as BERT's
                 // `encoder.layer`) appear only as prefixes; they are modules all the same.
                 let mut missing: Vec<String> = Vec::new();
                 let mut a = parent(m);
-                while !a.is_empty() && !seen.contains_key(a) && !order.iter().any(|o| o == a) {
+                while !a.is_empty() && known.insert(a.to_owned()) {
                     missing.push(a.to_owned());
                     a = parent(a);
                 }
                 order.extend(missing.into_iter().rev());
-            }
-            let e = seen.entry(m.clone()).or_insert_with(|| {
                 order.push(m.clone());
-                (k, k, 0)
+            }
+            let c = *call_of.entry(key.as_str()).or_insert_with(|| {
+                calls.push((m.clone(), k, k, 0));
+                calls.len() - 1
             });
-            e.1 = k;
-            e.2 += 1;
+            calls[c].2 = k;
+            calls[c].3 += 1;
         }
     }
-    let runs = seen
-        .into_iter()
-        .filter(|(_, (a, b, count))| b - a + 1 == *count)
-        .map(|(m, (a, b, _))| (m, (a, b)))
-        .collect();
-    (order, runs)
+    let broken: HashSet<&String> = calls.iter().filter(|c| c.2 - c.1 + 1 != c.3).map(|c| &c.0).collect();
+    let mut runs: Calls = HashMap::new();
+    for (m, a, b, _) in calls.iter().filter(|c| !broken.contains(&c.0)) {
+        runs.entry(m.clone()).or_default().push((*a, *b));
+    }
+    let split = order.iter().filter(|m| broken.contains(m)).cloned().collect();
+    (order, runs, split)
 }
 
 fn parent(m: &str) -> &str {
@@ -190,8 +283,8 @@ pub(super) fn children<'a>(m: &str, modules: &'a [String]) -> Vec<&'a String> {
 /// with the most of them are (BERT's `encoder.layer.N`, Llama's `model.layers.N`, ViT's
 /// `encoder.layers.encoder_layer_N` rather than its `heads.0`, MobileNet's and EfficientNet's
 /// `features.N` rather than `features` and `classifier`). Without any container the top-level
-/// modules are. Only modules whose nodes form one contiguous run qualify.
-pub fn layers(modules: &[String], runs: &HashMap<String, (usize, usize)>) -> Vec<String> {
+/// modules are. Only modules each of whose calls is one contiguous run of nodes qualify.
+pub fn layers<V>(modules: &[String], runs: &HashMap<String, V>) -> Vec<String> {
     let numbered = |c: &str| {
         c.rsplit('.')
             .next()

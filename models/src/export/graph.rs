@@ -128,6 +128,9 @@ pub(crate) struct Node {
     /// Qualified names of the modules whose forward ran this node, outermost first, the root
     /// excluded (`["layer1", "layer1.0", "layer1.0.conv1"]`).
     pub modules: Vec<String>,
+    /// Per entry of `modules`, which call of that module ran the node: torch.export's stack
+    /// key, distinct per call (`L__self__layer`, then `L__self__layer@1` for its second call).
+    pub calls: Vec<String>,
 }
 
 impl Node {
@@ -345,15 +348,19 @@ fn parse_output(j: &Json, ids: &mut Ids<'_>) -> GResult<Output> {
 }
 
 /// `"L__self__,,reference.ResNet;L__self__layer1,layer1,torch.nn...Sequential"` →
-/// `["layer1"]`: the second field of each entry, the root (empty) left out.
-fn parse_module_stack(s: &str) -> Vec<String> {
+/// `(["L__self__layer1"], ["layer1"])`: each entry's key (which call) and module path, the root
+/// (empty path) left out.
+fn parse_module_stack(s: &str) -> (Vec<String>, Vec<String>) {
     s.split(';')
-        .filter_map(|entry| entry.split(',').nth(1))
+        .filter_map(|entry| {
+            let mut fields = entry.split(',');
+            Some((fields.next()?, fields.next()?))
+        })
         // torch.export marks nodes it made without a module (`sym_size` of an input) with a
         // placeholder entry that is no module.
-        .filter(|path| !path.is_empty() && !path.starts_with("_empty_nn_module_stack"))
-        .map(str::to_owned)
-        .collect()
+        .filter(|(_, path)| !path.is_empty() && !path.starts_with("_empty_nn_module_stack"))
+        .map(|(key, path)| (key.to_owned(), path.to_owned()))
+        .unzip()
 }
 
 fn parse_target(node: &str, t: &str) -> GResult<Target> {
@@ -478,7 +485,7 @@ impl Graph {
                     .flatten()
                     .map(|o| parse_output(o, &mut ids))
                     .collect::<GResult<Vec<_>>>()?;
-                let modules = n
+                let (calls, modules) = n
                     .get("metadata")
                     .and_then(|m| m.get("nn_module_stack"))
                     .and_then(Json::as_str)
@@ -491,6 +498,7 @@ impl Graph {
                     args,
                     outputs: outs,
                     modules,
+                    calls,
                 });
             }
             for o in j.get("outputs").and_then(Json::as_array).into_iter().flatten() {

@@ -6,7 +6,7 @@
 //! solver never needs to know where the list came from. Other regimes (gradient
 //! accumulation, `set_to_none = false`) can supply their own list.
 
-use crate::problem::{peak_of, ConfigProblem, Moment, Occurs, UNDECIDED};
+use crate::problem::{peak_of, ties_by_name, ConfigProblem, Moment, Occurs, UNDECIDED};
 
 /// Measured terms of one block, all bytes as `i64` (they are differences of allocator
 /// counters), named as in docs/memory-model.md.
@@ -651,6 +651,25 @@ pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem
             .filter_map(|(b, v)| v.and(b.sel.as_ref()))
     };
     exclusive.extend(sel_var.iter().enumerate().filter_map(|(j, v)| v.map(|v| vec![j, v])));
+    // A module's calls share its name and so its decision: blocks, groups checkpointed, groups
+    // fused and the calls' selective variables, each class on its own.
+    let name = |j: usize| step.blocks[j].name.as_str();
+    let mut tied = ties_by_name((0..n).filter(|&j| step.blocks[j].candidate).map(|j| (j, name(j))));
+    tied.extend(ties_by_name(
+        step.groups
+            .iter()
+            .enumerate()
+            .map(|(g, grp)| (n + g, grp.name.as_str())),
+    ));
+    tied.extend(ties_by_name(
+        step.groups
+            .iter()
+            .enumerate()
+            .map(|(g, grp)| (n + m + g, grp.name.as_str())),
+    ));
+    tied.extend(ties_by_name(
+        sel_var.iter().enumerate().filter_map(|(j, v)| v.map(|v| (v, name(j)))),
+    ));
     ConfigProblem {
         key: key.into(),
         moments: moments(step),
@@ -672,6 +691,7 @@ pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem
             .chain(selective().map(|_| true))
             .collect(),
         exclusive,
+        tied,
     }
 }
 
@@ -764,6 +784,11 @@ pub fn permute(p: ConfigProblem, order: &[usize]) -> ConfigProblem {
             .exclusive
             .into_iter()
             .map(|g| g.into_iter().map(|u| inverse[u]).collect())
+            .collect(),
+        tied: p
+            .tied
+            .into_iter()
+            .map(|c| c.into_iter().map(|u| inverse[u]).collect())
             .collect(),
     }
 }

@@ -28,6 +28,32 @@ pub struct ConfigProblem {
     pub candidate: Vec<bool>,
     /// Groups of blocks of which at most one may be checkpointed (nested candidates).
     pub exclusive: Vec<Vec<usize>>,
+    /// Classes of variables that are checkpointed together or not at all: the calls of a module
+    /// that runs several times (ALBERT's shared layer), each call a block of its own, which
+    /// `torch.utils.checkpoint` on that module checkpoints every one of ([`ties_by_name`]).
+    pub tied: Vec<Vec<usize>>,
+}
+
+impl ConfigProblem {
+    /// Whether `x` gives every variable of each tied class the same value.
+    pub fn ties_hold(&self, x: &[bool]) -> bool {
+        self.tied
+            .iter()
+            .all(|class| class.iter().all(|&v| x.get(v) == class.first().and_then(|&f| x.get(f))))
+    }
+}
+
+/// The classes of variables sharing a name, among `(variable, name)` pairs: a module's calls,
+/// which the plan's regex (a set of names) can only select together. Names met once tie nothing.
+pub fn ties_by_name<'a>(vars: impl IntoIterator<Item = (usize, &'a str)>) -> Vec<Vec<usize>> {
+    let mut classes: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (v, name) in vars {
+        match classes.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, class)) => class.push(v),
+            None => classes.push((name, vec![v])),
+        }
+    }
+    classes.into_iter().map(|(_, c)| c).filter(|c| c.len() > 1).collect()
 }
 
 /// One moment of the step: `constant + Σ_i coef[i] · x_i`, in bytes.

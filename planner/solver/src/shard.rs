@@ -10,7 +10,7 @@
 //! rank r's unpadded chunk, what the optimizer state covers; `G_u` its unsharded gradients.
 
 use crate::chain_model::{phantom, Affine, BlockTerms, StepTerms};
-use crate::problem::{ConfigProblem, Moment, Occurs};
+use crate::problem::{ties_by_name, ConfigProblem, Moment, Occurs};
 
 /// The FSDP units `plan --shard` wraps unless told otherwise: the candidate blocks whose names
 /// end in their index, a model's repeated layers (`layer3`, `encoder.layer.11`, `h.5`,
@@ -654,6 +654,11 @@ impl ShardStep {
             seconds_coef: self.chain.blocks.iter().map(|b| b.recompute_seconds).collect(),
             candidate: self.chain.blocks.iter().map(|b| b.candidate).collect(),
             exclusive: Vec::new(),
+            tied: ties_by_name(
+                (self.chain.blocks.iter().enumerate())
+                    .filter(|(_, b)| b.candidate)
+                    .map(|(j, b)| (j, b.name.as_str())),
+            ),
         }
     }
 

@@ -24,6 +24,7 @@ struct Reference {
 
 fn allowed(p: &ConfigProblem, x: &[bool]) -> bool {
     x.iter().zip(&p.candidate).all(|(&on, &c)| !on || c)
+        && p.tied.iter().all(|class| class.iter().all(|&v| x[v] == x[class[0]]))
         && p.exclusive.iter().all(|g| {
             let mut g = g.clone();
             g.sort_unstable();
@@ -350,6 +351,17 @@ fn random_problem(rng: &mut StdRng, n: usize, c: usize) -> ConfigProblem {
             exclusive.push((a..=b).collect());
         }
     }
+    // A module called several times: its calls, anywhere in the chain, decided together.
+    let mut tied = Vec::new();
+    if n >= 3 && rng.random_bool(0.4) {
+        for _ in 0..rng.random_range(1..3) {
+            let mut class: Vec<usize> = (0..n).filter(|_| rng.random_bool(0.4)).collect();
+            if class.len() < 2 {
+                class = vec![rng.random_range(0..n / 2), rng.random_range(n / 2..n)];
+            }
+            tied.push(class);
+        }
+    }
     ConfigProblem {
         key: format!("config{c}"),
         moments,
@@ -357,6 +369,7 @@ fn random_problem(rng: &mut StdRng, n: usize, c: usize) -> ConfigProblem {
         seconds_coef,
         candidate,
         exclusive,
+        tied,
     }
 }
 

@@ -136,3 +136,35 @@ fn seconds_add_recompute_time() {
     let t = step_seconds(&s, &[true, false, true]);
     assert!((t - 1.4).abs() < 1e-12);
 }
+
+/// A module called twice is two blocks of one name: the problem ties them (and their selective
+/// variables), and the solver never checkpoints one call without the other.
+#[test]
+fn calls_of_one_module_are_tied() {
+    let mut s = step();
+    s.blocks[2].name = "a".into();
+    for b in &mut s.blocks {
+        b.sel = Some(SelTerms {
+            kf: b.kg / 2,
+            kb: b.krec / 2,
+            fwd: b.fg,
+            frec: b.frec,
+            btb: b.btb,
+            recompute_seconds: b.recompute_seconds / 2.0,
+        });
+    }
+    let p = config_problem("tied", &s);
+    assert_eq!(p.tied, vec![vec![0, 2], vec![3, 5]]);
+    let q = permute(p.clone(), &step_order(&s));
+    let order = step_order(&s);
+    let min = crate::solver::min_peak(&q).unwrap();
+    let mut checkpointed = 0;
+    for budget in (min.peak..=1700).step_by(7) {
+        let sol = crate::solver::solve_config(&q, budget).unwrap();
+        let x = unpermute(&sol.x, &order);
+        assert_eq!((x[0], x[3]), (x[2], x[5]), "budget {budget}: {x:?}");
+        assert!(p.ties_hold(&x));
+        checkpointed += usize::from(x[0] || x[3]);
+    }
+    assert!(checkpointed > 0, "no budget checkpointed the tied module");
+}

@@ -31,6 +31,7 @@ mod pool;
 mod presolve;
 mod search;
 mod solution;
+mod tie;
 
 pub use error::SolveError;
 pub use options::{Backend, Engine, SolveOptions, MAX_ENUMERATE};
@@ -190,6 +191,13 @@ fn validate(p: &ConfigProblem) -> Result<(), SolveError> {
             )));
         }
     }
+    for c in &p.tied {
+        if let Some(&i) = c.iter().find(|&&i| i >= n) {
+            return Err(bad(format!(
+                "tied class {c:?} names block {i}, but there are {n} blocks"
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -228,6 +236,7 @@ mod tests {
             seconds_coef: vec![0.5, 0.25],
             candidate: vec![true, true],
             exclusive: vec![],
+            tied: vec![],
         }
     }
 

@@ -8,6 +8,7 @@ use super::milp::milp_exact;
 use super::options::{Engine, SolveOptions, MAX_ENUMERATE};
 use super::presolve::{dedup, presolve, Goal};
 use super::solution::SolveStats;
+use super::tie::{retie, untie};
 use crate::problem::ConfigProblem;
 
 /// Presolve and search for `goal`; `Some(x)` (full length) or `None` if nothing fits.
@@ -19,6 +20,21 @@ pub(super) fn search(
     opts: SolveOptions,
     stats: &mut SolveStats,
 ) -> Result<Option<Vec<bool>>, SolveError> {
+    if !p.tied.is_empty() {
+        let (q, rep) = untie(p);
+        let x = search(&q, goal, limit, warm, opts, stats)?.map(|y| retie(&y, &rep));
+        if let Some(x) = &x {
+            if goal != Goal::Peak && !fits(p, x, limit) {
+                return Err(SolveError::Numerical {
+                    key: p.key.clone(),
+                    operation: goal.operation(),
+                    free: stats.free_vars,
+                    detail: "a returned choice failed the exact check of the tied problem".to_string(),
+                });
+            }
+        }
+        return Ok(x);
+    }
     let Some(red) = presolve(p, goal, limit) else {
         return Ok(None);
     };
@@ -95,6 +111,7 @@ pub(super) fn search(
 /// Exact check that `x` is allowed (candidates, exclusive groups) and fits `limit`.
 fn fits(p: &ConfigProblem, x: &[bool], limit: i64) -> bool {
     x.iter().zip(&p.candidate).all(|(&on, &c)| !on || c)
+        && p.ties_hold(x)
         && p.exclusive
             .iter()
             .all(|g| dedup(g).iter().filter(|&&i| x[i]).count() <= 1)

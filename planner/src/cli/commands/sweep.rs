@@ -20,24 +20,31 @@ use crate::cli::output::{outln, print_json};
 use crate::cli::setup::{model_json, Setup};
 
 /// Every allowed choice of candidates (blocks and groups, never a group with one of its
-/// blocks), as masks over the chain's units.
+/// blocks), as masks over the chain's units. A candidate is a name: the calls of a module called
+/// several times are checkpointed together, as a plan's regex checkpoints them.
 fn all_subsets(chain: &Chain) -> Result<Vec<Vec<bool>>> {
-    let idx: Vec<usize> = (0..chain.units()).filter(|&i| chain.unit_candidate(i)).collect();
-    if idx.len() > 10 {
+    let names = chain.candidates();
+    if names.len() > 10 {
         return Err(UsageError(format!(
             "--all-subsets: {} candidates would be up to {} subsets; pass --checkpoint regexes instead",
-            idx.len(),
-            1u64 << idx.len().min(63)
+            names.len(),
+            1u64 << names.len().min(63)
         ))
         .into());
     }
-    Ok((0..1u32 << idx.len())
+    let of: Vec<Option<usize>> = (0..chain.units())
+        .map(|i| {
+            let name = chain.unit_name(i);
+            (chain.unit_candidate(i))
+                .then(|| names.iter().position(|n| *n == name))
+                .flatten()
+        })
+        .collect();
+    Ok((0..1u32 << names.len())
         .map(|m| {
-            let mut mask = vec![false; chain.units()];
-            for (k, &i) in idx.iter().enumerate() {
-                mask[i] = m >> k & 1 == 1;
-            }
-            mask
+            of.iter()
+                .map(|k| k.is_some_and(|k| m >> k & 1 == 1))
+                .collect::<Vec<bool>>()
         })
         .filter(|mask| chain.nested_conflict(mask).is_none())
         .collect())

@@ -18,16 +18,18 @@ use ckptune_solver::{chain_model, regex_emit};
 use crate::cli::error::UsageError;
 
 /// Names of the checkpointed units of choice `x` (unit order), in execution order: a group
-/// where its first block would be.
+/// where its first block would be, a module called several times once, at its first call.
 fn chosen_names(model: &ModelJson, x: &[bool]) -> Vec<String> {
     let n = model.blocks.len();
     let groups: Vec<(usize, usize)> = model.groups.iter().map(|g| (g.first, g.last)).collect();
     let names: Vec<&str> = model.unit_names().collect();
-    chain_model::solver_order(n, &groups)
-        .into_iter()
-        .filter(|&u| x.get(u) == Some(&true))
-        .map(|u| names[u].to_string())
-        .collect()
+    let mut out: Vec<String> = Vec::new();
+    for u in chain_model::solver_order(n, &groups) {
+        if x.get(u) == Some(&true) && !out.iter().any(|o| o == names[u]) {
+            out.push(names[u].to_string());
+        }
+    }
+    out
 }
 
 /// The plan's checkpoint section for the runtime's choice (`runtime_choice`) of config `c`: the
@@ -72,6 +74,14 @@ impl ShardRequest {
     }
 }
 
+/// An FSDP unit of `req` that is several blocks of one name (a module called several times).
+fn called_repeatedly<'a>(model: &'a ModelJson, req: &ShardRequest) -> Option<&'a str> {
+    let names: Vec<&str> = model.blocks.iter().map(|b| b.name.as_str()).collect();
+    (names.iter().enumerate())
+        .find(|&(i, n)| names[..i].contains(n) && req.is_unit(model, n))
+        .map(|(_, n)| *n)
+}
+
 /// One problem the solver sees: a profiled config, and for a sharded plan one
 /// `reshard_after_forward` setting of it with its per-rank model.
 pub(super) struct Candidate {
@@ -103,6 +113,13 @@ pub(super) fn candidates(profile: &ProfileJson, shard: Option<&ShardRequest>) ->
             });
             continue;
         };
+        if let Some(name) = called_repeatedly(&profile.model, req) {
+            return Err(UsageError(format!(
+                "--shard: unit {name:?} is a module the model calls several times (a block per call); \
+                 FSDP2 on such a module is not modelled: name other units with --shard-units REGEX"
+            ))
+            .into());
+        }
         let step = shard_step(
             c,
             &profile.model.parameters,
