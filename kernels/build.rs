@@ -9,7 +9,7 @@ const FIX: &str = "run `scripts/setup` (it installs torch==2.13.0 from PyPI and 
                    .libtorch, which .cargo/config.toml points LIBTORCH at)";
 
 /// The shim's sources in `csrc/`, compiled on every build.
-const SOURCES: [&str; 11] = [
+const SOURCES: [&str; 12] = [
     "shim.cpp",
     "meter.cpp",
     "fake.cpp",
@@ -21,6 +21,7 @@ const SOURCES: [&str; 11] = [
     "meta_attention.cpp",
     "learned_scratch.cpp",
     "sac.cpp",
+    "cuda_reductions.cpp",
 ];
 
 /// The headers they include.

@@ -140,6 +140,8 @@ void meter_mark_backward_start() { g_backward_start.store(meter_current(), std::
 // Keyed 0: a learned scratch is freed right after it is counted, before any other key-0 event.
 void meter_alloc(int64_t n) { count_alloc(n, nullptr); }
 void meter_free(int64_t n) { count_free(n, nullptr); }
+void meter_alloc_keyed(int64_t n, const void* key) { count_alloc(n, key); }
+void meter_free_keyed(int64_t n, const void* key) { count_free(n, key); }
 void meter_meta_resized(c10::StorageImpl* storage) {
   const c10::DataPtr& data = storage->data_ptr();
   if (data.get_deleter() != &meta_delete) return;

@@ -17,6 +17,10 @@ void meter_mark_backward_start();
 // Counts an allocation of `n` bytes, or a free.
 void meter_alloc(int64_t n);
 void meter_free(int64_t n);
+// As meter_alloc/meter_free, logged under `key`, so that a reader pairs each free with its own
+// allocation when several are open at once.
+void meter_alloc_keyed(int64_t n, const void* key);
+void meter_free_keyed(int64_t n, const void* key);
 // Counts the growth of a meta storage since it was allocated or last seen here: resizing a meta
 // tensor only sets its size, where the CPU allocates the new bytes before freeing the old.
 // Storages not from the counting meta allocator are left alone.

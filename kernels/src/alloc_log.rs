@@ -65,6 +65,26 @@ impl AllocLog {
     }
 }
 
+/// Each allocation and free of `events` with its bytes, named as PyTorch's allocator history
+/// names them (`"alloc"`, `"free_completed"`), to compare a trace with a GPU's. Empty storages
+/// are left out: the caching allocator hands out no block for 0 bytes (and the meta device's
+/// `where` makes one before it resizes it).
+pub fn history(events: &[AllocEvent]) -> Vec<(&'static str, u64)> {
+    let mut sizes = HashMap::new();
+    events
+        .iter()
+        .filter_map(|e| match e {
+            AllocEvent::Alloc { id, bytes } => {
+                sizes.insert(*id, *bytes);
+                Some(("alloc", *bytes))
+            }
+            AllocEvent::Free { id } => Some(("free_completed", sizes.get(id).copied().unwrap_or(0))),
+            AllocEvent::Mark(_) => None,
+        })
+        .filter(|(_, bytes)| *bytes > 0)
+        .collect()
+}
+
 /// An allocation log being recorded; stops when finished or dropped.
 #[derive(Debug)]
 pub struct Recording {

@@ -19,22 +19,57 @@ use crate::{ffi, meter, KernelError};
 #[derive(Debug)]
 pub struct FakeMode {
     _thread: PhantomData<*const ()>,
+    cuda_reductions: bool,
+}
+
+/// What decides how CUDA's reductions split their work across thread blocks, and so the
+/// staging buffer they allocate (`csrc/cuda_reductions.cpp`): the GPU's multiprocessor count
+/// and the threads one multiprocessor holds (`cudaDeviceProp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuGeometry {
+    pub multiprocessors: u32,
+    pub threads_per_multiprocessor: u32,
 }
 
 impl FakeMode {
     /// Turns fake mode on, with the meter installed in the CPU and meta allocator slots.
     pub fn enter() -> Result<FakeMode, KernelError> {
+        Self::enter_for(None)
+    }
+
+    /// Fake mode for a step traced as `gpu` runs it (`None`: as the CPU does): each `sum` and
+    /// `mean` that CUDA splits across thread blocks allocates and frees, as it ends, the staging
+    /// buffer and semaphores it takes there. Process-wide while the mode is alive.
+    pub fn enter_for(gpu: Option<GpuGeometry>) -> Result<FakeMode, KernelError> {
         meter::install()?;
         ffi::check("installing the meta memory meter", |e| unsafe {
             ffi::ckpt_meter_install_meta(e)
         })?;
         ffi::check("entering fake mode", |e| unsafe { ffi::ckpt_fake_enter(e) })?;
-        Ok(FakeMode { _thread: PhantomData })
+        let mode = FakeMode {
+            _thread: PhantomData,
+            cuda_reductions: gpu.is_some(),
+        };
+        if let Some(g) = gpu {
+            set_cuda_reductions(g.multiprocessors as i32, g.threads_per_multiprocessor as i32)?;
+        }
+        Ok(mode)
     }
+}
+
+fn set_cuda_reductions(multiprocessors: i32, threads: i32) -> Result<(), KernelError> {
+    ffi::check("setting the GPU of fake mode's reductions", |e| unsafe {
+        ffi::ckpt_fake_set_cuda_reductions(multiprocessors, threads, e)
+    })
 }
 
 impl Drop for FakeMode {
     fn drop(&mut self) {
+        if self.cuda_reductions {
+            // Removing a callback cannot fail once adding it did; a failure would only leave
+            // reductions observed, which checks that fake mode is on before anything else.
+            let _ = set_cuda_reductions(0, 0);
+        }
         unsafe { ffi::ckpt_fake_exit() }
     }
 }

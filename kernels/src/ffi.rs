@@ -85,6 +85,11 @@ extern "C" {
         n: i64,
         err: *mut *mut c_char,
     ) -> c_int;
+    pub(crate) fn ckpt_fake_set_cuda_reductions(
+        multiprocessors: c_int,
+        threads_per_multiprocessor: c_int,
+        err: *mut *mut c_char,
+    ) -> c_int;
     pub(crate) fn ckpt_is_fake(t: CTensor) -> c_int;
     pub(crate) fn ckpt_same_tensor(a: CTensor, b: CTensor) -> c_int;
 

@@ -2,39 +2,22 @@
 //! H200 (kernels/tests/fixtures/efficient_attention_h200.json: the allocator's history of
 //! PyTorch's SDPA, forward and backward, with the inputs made as a transformer makes them).
 
-use ckptune_kernels::alloc_log::{AllocEvent, Recording};
+use ckptune_kernels::alloc_log::{history, AllocEvent, Recording};
 use ckptune_kernels::autocast::AutocastGuard;
 use ckptune_kernels::fake::FakeMode;
+use ckptune_kernels::meter;
 use ckptune_kernels::optrace::{self, OpEvent};
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
 use ckptune_models::cuda_efficient_attention as cuda_efficient;
 
-/// Each event as the GPU's history names it: ("alloc" | "free_completed", requested bytes).
-/// Empty storages are left out: the caching allocator hands out no block for 0 bytes (and the
-/// meta device's `where` makes one before it resizes it).
-fn events(log: &[AllocEvent]) -> Vec<(String, u64)> {
-    let mut sizes = std::collections::HashMap::new();
-    log.iter()
-        .filter_map(|e| match e {
-            AllocEvent::Alloc { id, bytes } => {
-                sizes.insert(*id, *bytes);
-                Some(("alloc".to_owned(), *bytes))
-            }
-            AllocEvent::Free { id } => Some(("free_completed".to_owned(), sizes[id])),
-            AllocEvent::Mark(_) => None,
-        })
-        .filter(|(_, bytes)| *bytes > 0)
-        .collect()
-}
-
-fn expected(case: &Value, key: &str) -> Vec<(String, u64)> {
+fn expected<'a>(case: &'a Value, key: &str) -> Vec<(&'a str, u64)> {
     case[key]
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| (e[0].as_str().unwrap().to_owned(), e[1].as_u64().unwrap()))
+        .map(|e| (e[0].as_str().unwrap(), e[1].as_u64().unwrap()))
         .collect()
 }
 
@@ -54,6 +37,8 @@ fn inputs(b: i64, h: i64, s: i64, d: i64, mask: bool) -> (Vec<Tensor>, Option<Te
 
 #[test]
 fn efficient_attention_allocates_what_the_gpu_did() {
+    // The allocation log is process-wide: the other test's steps must not land in it.
+    let _lock = meter::exclusive();
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../kernels/tests/fixtures/efficient_attention_h200.json"
@@ -97,8 +82,8 @@ fn efficient_attention_allocates_what_the_gpu_did() {
         ckptune_kernels::autograd::backward(out.shallow_clone(), grad.shallow_clone()).unwrap();
         let log = rec.finish().events;
         let split = log.iter().position(|e| matches!(e, AllocEvent::Mark(_))).unwrap();
-        let all = events(&log);
-        let forward_len = events(&log[..split]).len();
+        let all = history(&log);
+        let forward_len = history(&log[..split]).len();
         let (forward, backward) = (all[..forward_len].to_vec(), all[forward_len..].to_vec());
         drop((out, grad, qkv, leaves, mask));
         drop(fake);
@@ -136,6 +121,7 @@ fn casts_before(events: &[OpEvent], kernel: &str) -> Casts {
 /// before its attention, as `scripts/autocast_census.py` records).
 #[test]
 fn efficient_attention_under_autocast_casts_its_inputs_as_autocast_does() {
+    let _lock = meter::exclusive();
     let (b, h, s, d) = (2, 4, 16, 8);
     let cases: [(&str, [Kind; 3], Option<Kind>); 4] = [
         (

@@ -17,6 +17,11 @@ pub struct CudaOverheads {
     pub context_source: &'static str,
     /// One cuBLAS workspace (PyTorch's `parseChosenWorkspaceSize` default for `sm_major`).
     pub workspace_bytes: u64,
+    /// Multiprocessors and the threads one holds (`cudaDeviceProp`): how CUDA's reductions split
+    /// across thread blocks, and so the staging buffer they allocate (kernels/csrc/
+    /// cuda_reductions.cpp). The H200's were read on one; the others are NVIDIA's published figures.
+    pub multiprocessors: u32,
+    pub threads_per_multiprocessor: u32,
 }
 
 impl CudaOverheads {
@@ -52,13 +57,14 @@ const ESTIMATED: &str = "an estimate, docs/cuda-allocator.md";
 pub const WORKSPACES_PER_STEP: usize = 2;
 
 pub const OVERHEADS: &[CudaOverheads] = &[
-    overheads("h100", 9, CONTEXT_MEASURED_H200_BYTES, MEASURED),
-    overheads("h200", 9, CONTEXT_MEASURED_H200_BYTES, MEASURED),
-    overheads("a100-80gb", 8, CONTEXT_ESTIMATE_BYTES, ESTIMATED),
-    overheads("l40s", 8, CONTEXT_ESTIMATE_BYTES, ESTIMATED),
-    overheads("rtx4090", 8, CONTEXT_ESTIMATE_BYTES, ESTIMATED),
-    // A GPU not named: the larger workspace and the larger context, so the plan errs toward fitting.
-    overheads("cuda", 9, CONTEXT_MEASURED_H200_BYTES, MEASURED),
+    overheads("h100", 9, CONTEXT_MEASURED_H200_BYTES, MEASURED, (132, 2048)),
+    overheads("h200", 9, CONTEXT_MEASURED_H200_BYTES, MEASURED, (132, 2048)),
+    overheads("a100-80gb", 8, CONTEXT_ESTIMATE_BYTES, ESTIMATED, (108, 2048)),
+    overheads("l40s", 8, CONTEXT_ESTIMATE_BYTES, ESTIMATED, (142, 1536)),
+    overheads("rtx4090", 8, CONTEXT_ESTIMATE_BYTES, ESTIMATED, (128, 1536)),
+    // A GPU not named: the larger workspace and the larger context, so the plan errs toward
+    // fitting; the H200's multiprocessors, where the reductions were measured.
+    overheads("cuda", 9, CONTEXT_MEASURED_H200_BYTES, MEASURED, (132, 2048)),
 ];
 
 const fn overheads(
@@ -66,6 +72,7 @@ const fn overheads(
     sm_major: u32,
     context_bytes: u64,
     context_source: &'static str,
+    (multiprocessors, threads_per_multiprocessor): (u32, u32),
 ) -> CudaOverheads {
     CudaOverheads {
         key,
@@ -73,6 +80,8 @@ const fn overheads(
         context_bytes,
         context_source,
         workspace_bytes: cublas_workspace_bytes(sm_major),
+        multiprocessors,
+        threads_per_multiprocessor,
     }
 }
 

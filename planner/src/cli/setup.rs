@@ -4,12 +4,14 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use ckptune_kernels::fake::GpuGeometry;
 use ckptune_kernels::sac::SacPolicy;
 use ckptune_models::{Attention, Chain, Granularity, ModelOptions, TraceKernels};
 /// The CPU's identity (model name and vector extensions): the runtime's, which keys the cost
 /// model's calibration cache as it keys the profile cache here.
 pub use ckptune_runtime::cost::cpu_identity;
 use ckptune_runtime::{OptimizerImpl, OptimizerKind, Precision, Session, TrainConfig};
+use ckptune_solver::cuda_overheads::{cuda_overheads, CudaOverheads};
 use ckptune_solver::formats::{BlockJson, DeviceJson, GroupJson, ModelJson};
 use ckptune_solver::rates::{self, GpuSpec};
 use ckptune_solver::shard::Parameter;
@@ -39,6 +41,8 @@ pub struct Setup {
     /// The kernels of a step traced on the meta device: CUDA's for a plan for a GPU
     /// (`for_cuda`), else the device's.
     pub fake_kernels: TraceKernels,
+    /// The GPU whose reductions a step traced for it allocates as (`for_cuda`).
+    pub cuda_reductions: Option<GpuGeometry>,
     /// What `--device auto` chose and why.
     pub device_note: Option<String>,
     /// `--selective POLICY` (`plan`, `profile`): each candidate layer may also run selective
@@ -131,6 +135,7 @@ impl Setup {
             threads_auto: a.threads.is_none(),
             gpu: None,
             fake_kernels: TraceKernels::Device,
+            cuda_reductions: None,
             device_note: resolved.note,
             selective: None,
         })
@@ -192,7 +197,7 @@ impl Setup {
             trace_kernels: self.fake_kernels,
             ..self.opts.clone()
         };
-        let session = Session::new_fake(
+        let session = Session::new_fake_for(
             || {
                 self.chain_with(&opts).map_err(|e| {
                     let message = format!("{e:#}");
@@ -202,6 +207,7 @@ impl Setup {
             },
             cfg.clone(),
             self.device,
+            self.cuda_reductions,
         );
         // The loader's own error (its exit code) rather than its message wrapped.
         match (session, built) {
@@ -211,11 +217,21 @@ impl Setup {
         }
     }
 
-    /// Traces on the meta device as a GPU would run the step: transformers' attention through
-    /// CUDA's memory-efficient kernel, dropout through its fused kernel (steps run here are the
-    /// CPU's).
+    /// Traces on the meta device as the `--target` GPU (`gpu`, else an unnamed one) would run
+    /// the step: transformers' attention through CUDA's memory-efficient kernel, dropout through
+    /// its fused kernel, reductions with the staging buffers they take on that GPU (steps run
+    /// here are the CPU's).
     pub fn for_cuda(&mut self) {
+        self.for_cuda_on(&cuda_overheads(self.gpu.map(|g| g.key)));
+    }
+
+    /// [`Setup::for_cuda`] for the GPU of `ov`.
+    pub fn for_cuda_on(&mut self, ov: &CudaOverheads) {
         self.fake_kernels = TraceKernels::Cuda;
+        self.cuda_reductions = Some(GpuGeometry {
+            multiprocessors: ov.multiprocessors,
+            threads_per_multiprocessor: ov.threads_per_multiprocessor,
+        });
     }
 
     pub fn device_json(&self) -> DeviceJson {
@@ -280,11 +296,17 @@ impl Setup {
             self.device,
             self.threads,
             self.repeats
-        ) + if self.fake_kernels == TraceKernels::Cuda {
-            // Traced as the GPU runs it (its attention and dropout kernels): not the CPU's profile.
-            "|kernels=cuda(efficient-attention-autocast,fused-dropout)"
+        ) + &if self.fake_kernels == TraceKernels::Cuda {
+            // Traced as the GPU runs it (its attention, dropout and reduction kernels, the last
+            // sized by its multiprocessors): not the CPU's profile.
+            format!(
+                "|kernels=cuda(efficient-attention-autocast,fused-dropout,reductions{})",
+                self.cuda_reductions
+                    .map(|g| format!("@{}x{}", g.multiprocessors, g.threads_per_multiprocessor))
+                    .unwrap_or_default()
+            )
         } else {
-            ""
+            String::new()
         } + &self
             .selective
             // A profile with step S holds terms one without it lacks (and the converse is a

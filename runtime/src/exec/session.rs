@@ -2,7 +2,7 @@
 //! restores, the memory probe, and what the rest of the step asks of them.
 
 use ckptune_kernels::autocast::AutocastGuard;
-use ckptune_kernels::fake::FakeMode;
+use ckptune_kernels::fake::{FakeMode, GpuGeometry};
 use ckptune_kernels::sac::SacPolicy;
 use ckptune_models::{Batch, Chain};
 use tch::{Device, Kind, Tensor};
@@ -129,7 +129,18 @@ impl Session {
     /// step fake too. Memory is what a real step on the CPU allocates (docs/memory-model.md, "Fake
     /// mode"); times are not measured. The session must stay on this thread.
     pub fn new_fake(build: impl FnOnce() -> Result<Chain>, cfg: TrainConfig, device: Device) -> Result<Self> {
-        let mode = FakeMode::enter()?;
+        Self::new_fake_for(build, cfg, device, None)
+    }
+
+    /// [`Session::new_fake`] for a step traced as `gpu` runs it: its reductions take the
+    /// staging buffers CUDA's take there (`FakeMode::enter_for`).
+    pub fn new_fake_for(
+        build: impl FnOnce() -> Result<Chain>,
+        cfg: TrainConfig,
+        device: Device,
+        gpu: Option<GpuGeometry>,
+    ) -> Result<Self> {
+        let mode = FakeMode::enter_for(gpu)?;
         let chain = build()?;
         let mut s = Session::new(chain, cfg, device)?;
         s.fake = Some(mode);

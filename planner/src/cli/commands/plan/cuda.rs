@@ -71,7 +71,7 @@ pub(super) fn plan_within_reserved(
         if rounds.iter().any(seen) {
             break;
         }
-        let sim = simulate(&plan, &workspaces, quiet).map_err(|e| NotRecorded(format!("{e:#}")))?;
+        let sim = simulate(&plan, &ov, quiet).map_err(|e| NotRecorded(format!("{e:#}")))?;
         let best = &sim.peaks[sim.best];
         rounds.push(CudaRoundJson {
             planning_budget_bytes: planning,
@@ -146,9 +146,10 @@ fn solve_or_smallest(profile: &ProfileJson, planning: i64, shape: &ShapeJson, ti
 /// Records two steps of `plan` on the meta device (the second the steady state, the first
 /// making the optimizer state), puts `workspaces` in front, and replays the trace under
 /// every candidate setting.
-fn simulate(plan: &PlanJson, workspaces: &[u64], quiet: bool) -> Result<Simulated> {
+fn simulate(plan: &PlanJson, ov: &CudaOverheads, quiet: bool) -> Result<Simulated> {
+    let workspaces = &[ov.workspace_bytes; WORKSPACES_PER_STEP];
     let (mut setup, cfg) = setup_for_plan(plan, quiet)?;
-    setup.for_cuda();
+    setup.for_cuda_on(ov);
     let _lock = meter::exclusive();
     // Started before the model is built, so its parameters are in the trace.
     let rec = Recording::start()?;
