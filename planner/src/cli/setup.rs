@@ -340,6 +340,8 @@ struct ConfigSpace {
     set_to_none: bool,
     autocast_cache: bool,
     loss_chunks: Vec<i64>,
+    /// Per `--optimizer-step` value: whether the optimizer steps in backward.
+    in_backward: Vec<bool>,
 }
 
 impl ConfigSpace {
@@ -361,6 +363,7 @@ impl ConfigSpace {
             set_to_none: !a.zero_grad_in_place,
             autocast_cache: a.autocast_cache,
             loss_chunks: loss_chunks(a)?,
+            in_backward: optimizer_steps(a)?,
         })
     }
 
@@ -368,6 +371,7 @@ impl ConfigSpace {
     /// global batch.
     fn configs(&self) -> Result<Vec<TrainConfig>> {
         let mut configs = Vec::new();
+        let mut refused: Option<(String, String)> = None;
         for &p in &self.precisions {
             for &(o, imp) in &self.variants {
                 for &mb in &self.batches {
@@ -381,17 +385,28 @@ impl ConfigSpace {
                         }
                         continue;
                     }
-                    for &chunks in &self.loss_chunks {
+                    for (&chunks, &in_backward) in iproduct(&self.loss_chunks, &self.in_backward) {
                         let mut c = TrainConfig::new(p, o, mb);
                         c.optimizer_impl = imp;
                         c.grad_accum = self.global_batch / mb;
                         c.set_to_none = self.set_to_none;
                         c.autocast_cache = self.autocast_cache && p.autocast().is_some();
                         c.loss_chunks = chunks;
-                        configs.push(c);
+                        c.optimizer_in_backward = in_backward;
+                        // A config that cannot step in backward is left out; if that leaves
+                        // nothing, the reason is the error.
+                        match c.in_backward_refusal().filter(|_| in_backward) {
+                            Some(why) => refused = refused.or(Some((c.label(), why))),
+                            None => configs.push(c),
+                        }
                     }
                 }
             }
+        }
+        if let (true, Some((label, why))) = (configs.is_empty(), refused) {
+            return Err(usage(format!(
+                "--optimizer-step in-backward: config {label} cannot step its optimizer in backward: {why}"
+            )));
         }
         if configs.is_empty() {
             return Err(usage(format!(
@@ -503,6 +518,45 @@ fn loss_chunks(a: &ModelArgs) -> Result<Vec<i64>> {
     positive_counts(&a.loss_chunks, 1, |c| {
         format!("--loss-chunks {c}: the loss needs at least one chunk (1 computes it whole)")
     })
+}
+
+/// `--optimizer-step` as its values say (`after` first): whether the optimizer steps in
+/// backward; default `after`.
+fn optimizer_steps(a: &ModelArgs) -> Result<Vec<bool>> {
+    let mut steps = Vec::new();
+    for v in &a.optimizer_step {
+        let in_backward = match v.trim().to_ascii_lowercase().as_str() {
+            "after" => false,
+            "in-backward" => true,
+            other => {
+                return Err(usage(format!(
+                    "--optimizer-step {other:?}: expected after (after backward) or in-backward (each parameter \
+                     stepped as its gradient is complete)"
+                )))
+            }
+        };
+        steps.push(in_backward);
+    }
+    if steps.is_empty() {
+        steps.push(false);
+    }
+    steps.sort_unstable();
+    steps.dedup();
+    Ok(steps)
+}
+
+/// The `--optimizer-step` value of a config.
+pub fn step_name(in_backward: bool) -> &'static str {
+    if in_backward {
+        "in-backward"
+    } else {
+        "after"
+    }
+}
+
+/// Every pair of an item of `a` and an item of `b`.
+fn iproduct<'a, A, B>(a: &'a [A], b: &'a [B]) -> impl Iterator<Item = (&'a A, &'a B)> {
+    a.iter().flat_map(move |x| b.iter().map(move |y| (x, y)))
 }
 
 /// A list flag's values sorted without repeats (`default` when none is given); a value below 1
