@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{execute_snippet, ok, read, refused, verify, COMMON};
+use common::{ckptune, execute_snippet, ok, read, refused, verify, COMMON};
 
 /// The fp32 tiny GPT-2 (its lm_head tied to wte) at batch 2, sequence 16.
 const GPT2: [&str; 7] = ["tiny-gpt2", "--batch", "2", "--seq", "16", "--precision", "fp32"];
@@ -117,7 +117,7 @@ fn verify_pytorch(dir: &std::path::Path, budget: &str, model: &[&str], flags: &[
     args.extend(COMMON);
     ok(&args);
     let report = dir.join("torch.json");
-    ok(&[
+    let out = ckptune(&[
         "verify",
         "--pytorch",
         plan.to_str().unwrap(),
@@ -127,6 +127,13 @@ fn verify_pytorch(dir: &std::path::Path, budget: &str, model: &[&str], flags: &[
         report.to_str().unwrap(),
         "--quiet",
     ]);
+    // Exit 1 says a peak is over the budget; at 0% the budget is the prediction, and PyTorch's
+    // peak may exceed it by the known limits. The report is written either way.
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     read(&report)
 }
 
@@ -150,15 +157,36 @@ fn pytorch_stepping_in_backward_peaks_at_the_prediction() {
             assert_eq!(r["pytorch_peak_error_bytes"], 0, "{what}: {}", r["pytorch"]);
         }
     }
-    // The tiny BERT: PyTorch's distance from the prediction is the one it has stepping after
-    // backward (its additive mask, README's known limits), nothing more.
-    let bert = ["tiny-bert", "--seq", "16"];
-    let gap = |step: &str| {
-        let r = verify_pytorch(dir.path(), "100%", &bert, &["--optimizer-step", step]);
-        assert_eq!(r["ckptune"]["mismatches"], serde_json::json!([]), "tiny-bert {step}");
+    // PyTorch's distance from the prediction, stepping after backward or in it.
+    let gap = |model: &[&str], budget: &str, step: &str| {
+        let r = verify_pytorch(dir.path(), budget, model, &["--optimizer-step", step]);
+        assert_eq!(
+            r["ckptune"]["mismatches"],
+            serde_json::json!([]),
+            "{model:?} {budget} {step}"
+        );
         r["pytorch_peak_error_bytes"].as_i64().unwrap()
     };
-    assert_eq!(gap("in-backward"), gap("after"));
+    // The tiny BERT, with nothing and with layers checkpointed: the distance it has stepping
+    // after backward (README's known limits: its additive mask, a checkpointed layer's wrapped
+    // numbers), nothing more.
+    let bert = ["tiny-bert", "--seq", "16"];
+    for budget in ["100%", "0%"] {
+        assert_eq!(
+            gap(&bert, budget, "in-backward"),
+            gap(&bert, budget, "after"),
+            "tiny-bert {budget}"
+        );
+    }
+    // The tiny Llama: PyTorch's peak is in lm_head's hook, after lm_head's matmul backward freed
+    // the final norm's [batch 2, 16 tokens, hidden 32] f32 output, which the runtime's block
+    // boundary keeps until model.norm's backward (docs/memory-model.md).
+    let llama = ["tiny-llama", "--seq", "16"];
+    let norm_output = 2 * 16 * 32 * 4;
+    assert_eq!(
+        gap(&llama, "100%", "in-backward"),
+        gap(&llama, "100%", "after") - norm_output
+    );
 }
 
 /// The plan's python snippet trains the reference with `ckptune.optimizer_in_backward` (one
