@@ -233,3 +233,43 @@ fn the_python_snippet_steps_in_backward() {
     }
     assert_eq!(result["trained"], true, "{result}");
 }
+
+/// Asked for both steps, a micro-batch that needs gradient accumulation is planned stepping
+/// after backward only, and the plan's notes say which config was left out and why.
+#[test]
+fn configs_that_cannot_step_in_backward_are_left_out_with_a_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    let mut args = vec!["plan", "--budget", "100%", "--optimizer-step", "after,in-backward"];
+    args.extend([
+        "tiny-bert",
+        "--seq",
+        "8",
+        "--batch",
+        "2,4",
+        "--global-batch",
+        "4",
+        "--precision",
+        "fp32",
+    ]);
+    args.extend(["-o", plan.to_str().unwrap(), "--measure", "meta"]);
+    args.extend(COMMON);
+    ok(&args);
+    let doc = read(&plan);
+    let labels: Vec<(i64, bool)> = doc["alternatives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let c = &a["config"];
+            (c["grad_accum"].as_i64().unwrap(), c["optimizer_in_backward"] == true)
+        })
+        .collect();
+    assert_eq!(labels.len(), 3, "{labels:?}");
+    assert!(!labels.contains(&(2, true)), "{labels:?}");
+    let notes = doc["notes"].to_string();
+    assert!(
+        notes.contains("1 config(s) cannot step the optimizer in backward and were left out"),
+        "{notes}"
+    );
+}

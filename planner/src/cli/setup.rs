@@ -41,6 +41,8 @@ pub struct Setup {
     pub fake_kernels: TraceKernels,
     /// What `--device auto` chose and why.
     pub device_note: Option<String>,
+    /// Configs the flags asked for that cannot run and were left out, and why.
+    pub config_note: Option<String>,
     /// `--selective POLICY` (`plan`, `profile`): each candidate layer may also run selective
     /// under this policy, measured by the profile's step S.
     pub selective: Option<SacPolicy>,
@@ -89,7 +91,7 @@ impl Setup {
         }
         let granularity = granularity(&a.granularity)?;
         let space = ConfigSpace::resolve(a, default_precisions, device)?;
-        let configs = space.configs()?;
+        let (configs, config_note) = space.configs()?;
         if a.repeats == 0 {
             return Err(usage("--repeats 0: at least one timed repeat is needed".into()));
         }
@@ -132,6 +134,7 @@ impl Setup {
             gpu: None,
             fake_kernels: TraceKernels::Device,
             device_note: resolved.note,
+            config_note,
             selective: None,
         })
     }
@@ -369,9 +372,11 @@ impl ConfigSpace {
 
     /// Every precision × optimizer × micro-batch × loss chunks whose micro-batch divides the
     /// global batch.
-    fn configs(&self) -> Result<Vec<TrainConfig>> {
+    /// With a note naming the configs that cannot step in backward, left out.
+    fn configs(&self) -> Result<(Vec<TrainConfig>, Option<String>)> {
         let mut configs = Vec::new();
         let mut refused: Option<(String, String)> = None;
+        let mut left_out = 0;
         for &p in &self.precisions {
             for &(o, imp) in &self.variants {
                 for &mb in &self.batches {
@@ -396,25 +401,35 @@ impl ConfigSpace {
                         // A config that cannot step in backward is left out; if that leaves
                         // nothing, the reason is the error.
                         match c.in_backward_refusal().filter(|_| in_backward) {
-                            Some(why) => refused = refused.or(Some((c.label(), why))),
+                            Some(why) => {
+                                left_out += 1;
+                                refused = refused.or(Some((c.label(), why)));
+                            }
                             None => configs.push(c),
                         }
                     }
                 }
             }
         }
-        if let (true, Some((label, why))) = (configs.is_empty(), refused) {
-            return Err(usage(format!(
-                "--optimizer-step in-backward: config {label} cannot step its optimizer in backward: {why}"
-            )));
-        }
+        let note = match refused {
+            Some((label, why)) if configs.is_empty() => {
+                return Err(usage(format!(
+                    "--optimizer-step in-backward: config {label} cannot step its optimizer in backward: {why}"
+                )))
+            }
+            Some((label, why)) => Some(format!(
+                "--optimizer-step in-backward: {left_out} config(s) cannot step the optimizer in backward and \
+                 were left out ({label}: {why})"
+            )),
+            None => None,
+        };
         if configs.is_empty() {
             return Err(usage(format!(
                 "no config to measure: no --batch among {:?} divides --global-batch {}",
                 self.batches, self.global_batch
             )));
         }
-        Ok(configs)
+        Ok((configs, note))
     }
 }
 

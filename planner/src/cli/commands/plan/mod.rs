@@ -47,7 +47,7 @@ pub fn plan_cmd(mut a: PlanArgs) -> Result<ExitCode> {
     if target.as_ref().is_some_and(|t| t.0 == "cuda") {
         setup.for_cuda();
     }
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = setup.config_note.iter().cloned().collect();
     if ckptune_models::hf::is_config_only(std::path::Path::new(&setup.model)) {
         notes.push(format!(
             "{} has a config but no weights: planned with seeded random weights (memory and time do \
