@@ -71,9 +71,7 @@ impl InBackward {
     pub(super) fn loss_running(&self) {
         self.running.set((LOSS, LOSS));
     }
-}
 
-impl InBackward {
     /// Runs `f` (a micro-step's loss and backward) with the parameters' hooks stepping `opt`
     /// on each parameter whose gradient is complete, then freeing that gradient. Returns `f`'s
     /// result and the first error a hook met (the engine then stopped the backward).
