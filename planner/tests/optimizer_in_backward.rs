@@ -29,6 +29,12 @@ fn a_plan_in_backward_records_it_and_verifies_to_the_byte() {
     assert_eq!(r["config"]["optimizer_in_backward"], true);
     assert_eq!(r["mismatches"], serde_json::json!([]), "{r}");
     assert_eq!(r["measured"]["peak_bytes"], doc["predicted"]["peak_bytes"]);
+    // A trainer's snippet steps after backward: verifying the plan in it is refused.
+    let p = plan.to_str().unwrap();
+    refused(
+        &["verify", "--pytorch", p, "--trainer", "hf", "--steps", "2", "--quiet"],
+        &["--trainer hf", "steps the optimizer in backward", "--trainer eager"],
+    );
 }
 
 #[test]
