@@ -3,6 +3,7 @@
 //  - an exact CPU tensor-memory meter (a counting allocator in libtorch's CPU allocator slot);
 //  - CPU/CUDA autocast state (enable, dtype, nesting, cache);
 //  - backward with an explicit output gradient that does not keep the caller's handles alive;
+//  - post-accumulate-grad hooks on parameters (the optimizer step in backward);
 //  - a non-leaf alias of a leaf, which in-place operators may write under grad mode;
 //  - the default CPU generator's state (dropout must replay bitwise under recompute);
 //  - TorchScript modules: load, named children, forward, parameters, train/eval;
@@ -87,6 +88,20 @@ torch::autograd::Edge output_edge(const at::Tensor& out, const at::Tensor& grad)
   TORCH_CHECK(edge.function != nullptr, "backward: the output has no gradient function");
   return edge;
 }
+
+// Post-accumulate-grad hook (what `Tensor.register_post_accumulate_grad_hook` registers from
+// Python): the AccumulateGrad node calls it after adding into `.grad`, inside the engine, as
+// torchtune's optimizer-in-backward relies on. It calls back into Rust with the parameter's
+// index; a failure there is thrown into the engine, which ends the backward with it.
+using PostAccCb = int (*)(int64_t index);
+struct IndexedPostAccHook final : torch::autograd::PostAccumulateGradHook {
+  IndexedPostAccHook(PostAccCb cb, int64_t index) : cb_(cb), index_(index) {}
+  void operator()(const torch::autograd::Variable& /*tensor*/) override {
+    TORCH_CHECK(cb_(index_) == 0, "the optimizer step in backward failed for parameter ", index_);
+  }
+  PostAccCb cb_;
+  int64_t index_;
+};
 
 }  // namespace
 
@@ -195,6 +210,19 @@ int ckpt_backward_seeded(at::Tensor* out, at::Tensor* grad, const at::Tensor* le
 // `param.grad = None`, as zero_grad(set_to_none=True) does.
 int ckpt_clear_grad(at::Tensor* t, char** err) {
   return guarded(err, [&] { t->mutable_grad().reset(); });
+}
+
+// Sets (cb non-null) or removes (cb null) the post-accumulate-grad hook of leaf `t`.
+int ckpt_set_post_accumulate_hook(at::Tensor* t, PostAccCb cb, int64_t index, char** err) {
+  return guarded(err, [&] {
+    TORCH_CHECK(t->is_leaf() && t->requires_grad(),
+                "a post-accumulate-grad hook needs a leaf that requires grad");
+    if (cb == nullptr) {
+      torch::autograd::impl::post_acc_grad_hooks(*t).reset();
+    } else {
+      torch::autograd::impl::set_post_acc_grad_hooks(*t, std::make_unique<IndexedPostAccHook>(cb, index));
+    }
+  });
 }
 
 // A handle on `t` that an in-place operator may write as PyTorch lets it write the previous

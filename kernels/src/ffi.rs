@@ -122,6 +122,12 @@ extern "C" {
     ) -> c_int;
 
     pub(crate) fn ckpt_clear_grad(t: CTensor, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_set_post_accumulate_hook(
+        t: CTensor,
+        cb: Option<extern "C" fn(i64) -> c_int>,
+        index: i64,
+        err: *mut *mut c_char,
+    ) -> c_int;
     pub(crate) fn ckpt_writable_alias(t: CTensor, out: *mut CTensor, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_rng_get_state(out: *mut CTensor, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_rng_set_state(state: CTensor, err: *mut *mut c_char) -> c_int;

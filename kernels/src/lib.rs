@@ -1,5 +1,6 @@
 //! ckptune's native code: a C++ shim over libtorch for what `tch` does not expose (an exact
-//! CPU memory meter and its allocation log, autocast, backward with an explicit output gradient, RNG state,
+//! CPU memory meter and its allocation log, autocast, backward with an explicit output gradient,
+//! post-accumulate-grad hooks, RNG state,
 //! TorchScript children, a generic boxed call of any dispatcher operator), and behind the `cuda` feature the CUDA allocator's statistics and
 //! device facts. This is the only crate of the workspace with native code.
 
@@ -14,6 +15,7 @@ pub mod jit;
 pub mod meter;
 pub mod ops;
 pub mod optrace;
+pub mod post_accumulate;
 pub mod rng;
 pub mod sac;
 

@@ -9,15 +9,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::OnceLock;
 
-use common::{ckptune, edited, ok, read, refused, COMMON};
+use common::{ckptune, edited, execute_snippet as execute, ok, read, refused, COMMON};
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// A plan for `model` whose budget lies halfway between checkpointing everything and nothing,
 /// so the plan checkpoints a proper subset. Made once per model for the whole test binary.
@@ -117,47 +113,6 @@ fn candidates(doc: &Value) -> Vec<String> {
 fn emit(kind: &str, plan: &Path) -> String {
     let out = ok(&["emit", kind, plan.to_str().unwrap()]);
     String::from_utf8(out.stdout).unwrap()
-}
-
-/// Runs the harness on the snippet; the JSON line it prints.
-fn execute(kind: &str, snippet: &str, model: &str, steps: usize, watch: &[String]) -> Value {
-    let trainers = root().join(".trainers");
-    // The plain-PyTorch snippets run with torch and the companion alone.
-    let plain = kind == "python" || kind == "fsdp2";
-    assert!(
-        plain || trainers.exists(),
-        "{} missing: scripts/setup installs the trainers of python/requirements-trainers.txt there",
-        trainers.display()
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("snippet.py");
-    std::fs::write(&path, snippet).unwrap();
-    let mut pythonpath = root().join("python").into_os_string();
-    if !plain {
-        pythonpath.push(":");
-        pythonpath.push(&trainers);
-    }
-    let out: Output = Command::new(root().join(".venv/bin/python"))
-        .arg(root().join("python/tests/snippet_harness.py"))
-        .args([kind])
-        .arg(&path)
-        .args([model, &steps.to_string(), &serde_json::to_string(watch).unwrap()])
-        .env("PYTHONPATH", pythonpath)
-        .env("TOKENIZERS_PARALLELISM", "false")
-        .current_dir(dir.path())
-        .output()
-        .expect("runs the venv's python");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{kind} snippet failed:\n{snippet}\n--- stderr\n{}\n--- stdout\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .unwrap_or_else(|| panic!("no RESULT line: {stdout}"));
-    serde_json::from_str(line).unwrap()
 }
 
 /// Every watched candidate ran once per micro-step, the planned ones twice (their recompute).

@@ -25,6 +25,7 @@ fn config() -> ConfigSpec {
         set_to_none: true,
         autocast_cache: false,
         loss_chunks: None,
+        optimizer_in_backward: false,
     }
 }
 

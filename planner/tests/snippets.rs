@@ -208,3 +208,21 @@ fn a_cuda_plan_sets_its_allocator_setting() {
         }
     }
 }
+
+/// A plan that steps the optimizer in backward: `--emit python` builds
+/// `ckptune.optimizer_in_backward` and a loop without `opt.step()`; the trainers, which step
+/// after backward, say they do not express it.
+#[test]
+fn a_step_in_backward_is_emitted_or_declined() {
+    for (name, kind) in [
+        ("python-tinyllama-in-backward", EmitKind::Python),
+        ("hf-tinyllama-in-backward", EmitKind::Hf),
+        ("lightning-tinyllama-in-backward", EmitKind::Lightning),
+        ("torchtitan-tinyllama-in-backward", EmitKind::Torchtitan),
+    ] {
+        let mut p = plan_for(TINYLLAMA, kind);
+        p.config.optimizer_in_backward = true;
+        let text = snippet(&p, kind).unwrap_or_else(|e| panic!("{name}: {e}"));
+        expect_file![format!("snapshots/{name}.py")].assert_eq(&text);
+    }
+}

@@ -51,7 +51,11 @@ class TrainingConfig:
     whose peak counts the cached casts; False otherwise. When `loss_chunks` is above 1, compute
     a language model's loss with
     `ckptune.chunked_causal_lm_loss(hidden, lm_head.weight, labels, loss_chunks)` from the
-    model's last hidden states instead of from its logits, inside that same region.
+    model's last hidden states instead of from its logits, inside that same region. When
+    `optimizer_in_backward` is True, build the optimizer with
+    `ckptune.optimizer_in_backward(model.parameters(), optimizer_class, lr=..., **optimizer_kwargs)`
+    instead: each parameter is stepped in backward, and the loop calls no `step()` (nor
+    `zero_grad`, nor any gradient clipping).
     """
 
     precision: str
@@ -67,6 +71,7 @@ class TrainingConfig:
     grad_scaler: bool
     autocast_cache: bool = False
     loss_chunks: int = 1
+    optimizer_in_backward: bool = False
 
 
 def training_config(plan: PlanLike) -> TrainingConfig:
@@ -84,9 +89,13 @@ def training_config(plan: PlanLike) -> TrainingConfig:
         set_to_none = bool(config["set_to_none"])
         autocast_cache = bool(config.get("autocast_cache", False))
         loss_chunks = int(config.get("loss_chunks", 1))
+        in_backward = bool(config.get("optimizer_in_backward", False))
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"plan's config lacks {e}; re-plan with this ckptune") from None
 
+    if in_backward and (grad_accum != 1 or not set_to_none or precision == "fp16"):
+        raise ValueError("the plan steps the optimizer in backward with gradient accumulation, "
+                         "set_to_none false or fp16, which cannot run so; re-plan with this ckptune")
     if loss_chunks < 1:
         raise ValueError(f"loss_chunks {loss_chunks} in the plan must be at least 1")
     if precision not in _PRECISIONS:
@@ -122,4 +131,5 @@ def training_config(plan: PlanLike) -> TrainingConfig:
         grad_scaler=precision == "fp16",
         autocast_cache=autocast_cache and autocast_dtype is not None,
         loss_chunks=loss_chunks,
+        optimizer_in_backward=in_backward,
     )

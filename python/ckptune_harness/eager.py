@@ -7,7 +7,8 @@ ckptune checkout: torchvision ResNet, Hugging Face BERT, GPT-2 and Llama in eage
 module names), its modules checkpointed with `ckptune.apply`. Per step, as ckptune's runtime
 does it: reset the peak; per micro-batch make the batch (the shapes and dtypes of ckptune's
 `Chain::make_batch`), forward and loss (under CPU autocast for bf16), `backward()`; then the
-optimizer step and `zero_grad(set_to_none=...)`: the loop of ckptune's docs/memory-model.md, in
+optimizer step and `zero_grad(set_to_none=...)` (or, for a plan that steps the optimizer in
+backward, `ckptune.optimizer_in_backward`'s hooks during `backward()`): the loop of ckptune's docs/memory-model.md, in
 which each micro-batch and its loss are released after its backward except the last one's,
 which stay alive through the optimizer step, as a loop's variables do. The meter is installed before the model is built, so absolute levels count the
 same tensors as ckptune's.
@@ -27,7 +28,7 @@ from typing import Any, Callable, List, NamedTuple
 import torch
 from torch import nn
 
-from ckptune import apply, load_plan, plan_root, selective_policy, training_config
+from ckptune import apply, load_plan, optimizer_in_backward, plan_root, selective_policy, training_config
 
 from . import meter as meter_mod
 from . import reference
@@ -46,7 +47,7 @@ class _Training(NamedTuple):
     device: torch.device
     make_batch: Callable[[], Any]
     loss_of: Callable[[Any], torch.Tensor]
-    opt: torch.optim.Optimizer
+    opt: Any  # a torch.optim.Optimizer, or ckptune.OptimizerInBackward
 
 
 def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warmup=2, threads=2, lr=1e-3,
@@ -114,7 +115,10 @@ def _build(ref, model_name, doc, cfg, image, seq, attention, lr, device):
     def make_batch():
         return tuple(x.to(device) if torch.is_tensor(x) else x for x in draw())
 
-    opt = cfg.optimizer_class(model.parameters(), lr=lr, **cfg.optimizer_kwargs)
+    if cfg.optimizer_in_backward:
+        opt = optimizer_in_backward(model.parameters(), cfg.optimizer_class, lr=lr, **cfg.optimizer_kwargs)
+    else:
+        opt = cfg.optimizer_class(model.parameters(), lr=lr, **cfg.optimizer_kwargs)
     return _Training(model, backbone, wrapped, device, make_batch, loss_of, opt)
 
 
@@ -137,8 +141,9 @@ def _step(number, t, cfg, meter, autocast_cache):
         loss_sum += loss.item()
         if k + 1 < cfg.grad_accum:
             del loss, batch
-    t.opt.step()
-    t.opt.zero_grad(set_to_none=cfg.set_to_none)
+    if not cfg.optimizer_in_backward:  # stepped in backward otherwise, by the hooks
+        t.opt.step()
+        t.opt.zero_grad(set_to_none=cfg.set_to_none)
     del loss, batch
     peak = meter.peak()  # on CUDA this waits for the step's kernels
     seconds = time.perf_counter() - t0
@@ -167,7 +172,8 @@ def _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_
         "autocast_cache": autocast_cache,
         "optimizer": cfg.optimizer,
         "optimizer_class": f"{cfg.optimizer_class.__module__}.{cfg.optimizer_class.__name__}",
-        "optimizer_kwargs": optimizer_settings(t.opt),
+        "optimizer_kwargs": optimizer_settings(t.opt.optimizers[0] if cfg.optimizer_in_backward else t.opt),
+        "optimizer_in_backward": cfg.optimizer_in_backward,
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
         "set_to_none": cfg.set_to_none,

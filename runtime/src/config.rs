@@ -240,6 +240,10 @@ pub struct TrainConfig {
     /// A language model's loss in this many chunks of tokens (1: whole), each chunk's logits
     /// and their gradient freed before the next (`exec/chunked_loss.rs`).
     pub loss_chunks: i64,
+    /// Step each parameter in backward, in its post-accumulate-grad hook, and free its gradient
+    /// there ([`ConfigSpec::optimizer_in_backward`]); [`TrainConfig::validate`] refuses what
+    /// cannot run so.
+    pub optimizer_in_backward: bool,
     pub lr: f64,
 }
 
@@ -254,6 +258,7 @@ impl TrainConfig {
             set_to_none: true,
             autocast_cache: false,
             loss_chunks: 1,
+            optimizer_in_backward: false,
             lr: 1e-3,
         }
     }
@@ -277,6 +282,7 @@ impl TrainConfig {
             set_to_none: self.set_to_none,
             autocast_cache: self.autocast_cache && self.precision.autocast().is_some(),
             loss_chunks: (self.loss_chunks > 1).then_some(self.loss_chunks),
+            optimizer_in_backward: self.optimizer_in_backward,
         }
     }
 
@@ -312,6 +318,7 @@ impl TrainConfig {
         }
         t.autocast_cache = c.autocast_cache;
         t.loss_chunks = c.chunks();
+        t.optimizer_in_backward = c.optimizer_in_backward;
         Ok(t)
     }
 
@@ -322,13 +329,14 @@ impl TrainConfig {
             n => format!("/loss{n}"),
         };
         format!(
-            "{}/{}/mb{}x{}/{}{}{chunks}",
+            "{}/{}/mb{}x{}/{}{}{chunks}{}",
             self.precision,
             self.spec().optimizer_label(),
             self.micro_batch,
             self.grad_accum,
             if self.set_to_none { "none" } else { "zero" },
-            if self.spec().autocast_cache { "/cache" } else { "" }
+            if self.spec().autocast_cache { "/cache" } else { "" },
+            if self.optimizer_in_backward { "/in-bwd" } else { "" }
         )
     }
 
@@ -352,6 +360,9 @@ impl TrainConfig {
                 self.loss_chunks
             )));
         }
+        if self.optimizer_in_backward {
+            self.check_in_backward()?;
+        }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(RuntimeError::Config(format!(
                 "learning rate {} must be a positive number",
@@ -359,5 +370,52 @@ impl TrainConfig {
             )));
         }
         Ok(())
+    }
+}
+
+impl TrainConfig {
+    /// Why this config cannot step its optimizer in backward, if it cannot: the step then runs
+    /// on each parameter as soon as its gradient is complete, so anything that must see every
+    /// gradient first (or sum several backwards into one) rules it out.
+    pub fn in_backward_refusal(&self) -> Option<String> {
+        if self.grad_accum > 1 {
+            return Some(format!(
+                "gradient accumulation {} sums {} backwards into each gradient before the step, and the step in \
+                 backward runs after each one; use gradient accumulation 1",
+                self.grad_accum, self.grad_accum
+            ));
+        }
+        if self.precision == Precision::Fp16 {
+            return Some(
+                "fp16's loss scaling unscales every gradient and checks all of them for inf/nan before any step \
+                 (a global operation over all gradients); use bf16 or fp32"
+                    .into(),
+            );
+        }
+        if self.optimizer.is_8bit() {
+            return Some(format!(
+                "optimizer {} updates its parameters as one list; the step per parameter is not modelled for it \
+                 (sgd, sgd-momentum, adam, adamw and lion step per parameter)",
+                self.optimizer
+            ));
+        }
+        if !self.set_to_none {
+            return Some(
+                "the step in backward frees each gradient after its update (zero_grad(set_to_none=True)); \
+                 set_to_none=false keeps them all"
+                    .into(),
+            );
+        }
+        None
+    }
+
+    fn check_in_backward(&self) -> Result<(), RuntimeError> {
+        match self.in_backward_refusal() {
+            Some(why) => Err(RuntimeError::Config(format!(
+                "config {}: the optimizer step in backward cannot run: {why}",
+                self.label()
+            ))),
+            None => Ok(()),
+        }
     }
 }

@@ -51,6 +51,12 @@ pub trait Optimizer: Send {
     /// Applies one update from the parameters' `.grad` (parameters without a gradient are
     /// skipped, as in PyTorch).
     fn step(&mut self) -> Result<()>;
+    /// The same update for the parameters `idx` alone, as an optimizer over just those
+    /// parameters would make it (torchtune's optimizer in backward: one optimizer per
+    /// parameter, stepped in its post-accumulate-grad hook). Each parameter's update is the
+    /// same arithmetic as in [`Optimizer::step`], so the weights after a step are equal bit for
+    /// bit; what differs is the temporaries alive at once.
+    fn step_params(&mut self, idx: &[usize]) -> Result<()>;
     /// Bytes of optimizer state currently allocated.
     fn state_bytes(&self) -> i64;
     /// The parameters it updates.
@@ -109,6 +115,32 @@ pub fn build(kind: OptimizerKind, imp: OptimizerImpl, params: Vec<Tensor>, lr: f
             },
         ))),
     }
+}
+
+/// What holds a session's optimizer while its parameters' hooks own the real one (the step in
+/// backward): no parameters, and a step is a bug.
+struct Placeholder;
+
+impl Optimizer for Placeholder {
+    fn step(&mut self) -> Result<()> {
+        Err(RuntimeError::Invalid(
+            "the optimizer stepped while its hooks held it".into(),
+        ))
+    }
+    fn step_params(&mut self, _idx: &[usize]) -> Result<()> {
+        self.step()
+    }
+    fn state_bytes(&self) -> i64 {
+        0
+    }
+    fn params(&self) -> &[Tensor] {
+        &[]
+    }
+}
+
+/// The stand-in for an optimizer lent to the hooks of a step in backward.
+pub(crate) fn placeholder() -> Box<dyn Optimizer> {
+    Box::new(Placeholder)
 }
 
 fn bytes(t: &Tensor) -> i64 {
@@ -274,7 +306,11 @@ impl Sgd {
     /// fills it), then one `_fused_sgd_` per group.
     fn fused(&mut self, idx: &[usize]) -> Result<()> {
         let h = self.h;
-        let first = self.momentum.as_ref().is_some_and(|b| b.iter().all(Option::is_none));
+        // `_fused_sgd`'s first step: no momentum buffer yet among the parameters it updates.
+        let first = self
+            .momentum
+            .as_ref()
+            .is_some_and(|b| idx.iter().all(|&i| b[i].is_none()));
         if first {
             let bufs = self.momentum.as_mut().expect("momentum buffers");
             for &i in idx {
@@ -349,10 +385,13 @@ fn momentum_buffer(slot: &mut Option<Tensor>, g: &Tensor, h: Hyper) -> Result<Te
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
         let idx = with_grad(&self.params);
+        self.step_params(&idx)
+    }
+    fn step_params(&mut self, idx: &[usize]) -> Result<()> {
         tch::no_grad(|| match self.imp {
-            OptimizerImpl::Single => self.single(&idx),
-            OptimizerImpl::Foreach => self.foreach(&idx),
-            OptimizerImpl::Fused => self.fused(&idx),
+            OptimizerImpl::Single => self.single(idx),
+            OptimizerImpl::Foreach => self.foreach(idx),
+            OptimizerImpl::Fused => self.fused(idx),
         })
     }
     fn state_bytes(&self) -> i64 {
@@ -669,12 +708,15 @@ fn bias_corrections(h: Hyper, step: f64) -> (f64, f64) {
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
         let idx = with_grad(&self.params);
+        self.step_params(&idx)
+    }
+    fn step_params(&mut self, idx: &[usize]) -> Result<()> {
         tch::no_grad(|| {
-            self.init_state(&idx)?;
+            self.init_state(idx)?;
             match self.imp {
-                OptimizerImpl::Single => self.single(&idx),
-                OptimizerImpl::Foreach => self.foreach(&idx),
-                OptimizerImpl::Fused => self.fused(&idx),
+                OptimizerImpl::Single => self.single(idx),
+                OptimizerImpl::Foreach => self.foreach(idx),
+                OptimizerImpl::Fused => self.fused(idx),
             }
         })
     }
@@ -695,9 +737,14 @@ struct Lion {
 
 impl Optimizer for Lion {
     fn step(&mut self) -> Result<()> {
+        let all: Vec<usize> = (0..self.params.len()).collect();
+        self.step_params(&all)
+    }
+    fn step_params(&mut self, idx: &[usize]) -> Result<()> {
         let h = self.h;
         tch::no_grad(|| -> Result<()> {
-            for (i, p) in self.params.iter().enumerate() {
+            for &i in idx {
+                let p = &self.params[i];
                 let g = p.grad();
                 if !g.defined() {
                     continue;
@@ -733,6 +780,13 @@ struct Adam8bit(Adam8bitKernel);
 impl Optimizer for Adam8bit {
     fn step(&mut self) -> Result<()> {
         Ok(self.0.step()?)
+    }
+    fn step_params(&mut self, _idx: &[usize]) -> Result<()> {
+        Err(RuntimeError::Config(
+            "the 8-bit optimizers update their parameters as one list; the optimizer step in backward \
+             is not modelled for them"
+                .into(),
+        ))
     }
     fn state_bytes(&self) -> i64 {
         self.0.state_bytes()

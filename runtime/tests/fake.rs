@@ -1,7 +1,8 @@
 //! A profile measured on the meta device (fake mode) against the same profile measured on the
 //! CPU: every memory term of docs/memory-model.md, the fixed bytes and the optimizer peak, term
 //! for term. Transformers in fp32 are equal to the byte, with eager and with SDPA attention (the
-//! CPU's flash attention without dropout, the math path with it). Where a CPU kernel allocates scratch of
+//! CPU's flash attention without dropout, the math path with it), and with the optimizer stepped in
+//! backward. Where a CPU kernel allocates scratch of
 //! its own (oneDNN's matrix products under bf16, its convolutions), every operator whose peak
 //! differs is listed, each must be one of those kernels, the bytes kept are still equal, and
 //! each transient term may be short by no more than the largest scratch listed.
@@ -167,6 +168,21 @@ fn a_chunked_loss_measured_on_meta_equals_the_cpu_to_the_byte() {
         let mut case = Case::new(model, Granularity::Layer, Precision::Fp32).sdpa(16);
         case.cfg.loss_chunks = 3;
         case.assert_equal_to_the_byte();
+    }
+}
+
+/// The optimizer step in backward (each parameter's update inside its block's VJP) measured on
+/// the meta device equals the CPU's, term for term, with layers and with nested groups (a fused
+/// group's parameters stepped in its one VJP), a tied head included.
+#[test]
+fn the_optimizer_step_in_backward_measured_on_meta_equals_the_cpu_to_the_byte() {
+    let _lock = setup();
+    for model in ["tiny-bert", "tiny-gpt2", "tiny-llama"] {
+        for granularity in [Granularity::Layer, Granularity::Nested] {
+            let mut case = Case::new(model, granularity, Precision::Fp32);
+            case.cfg.optimizer_in_backward = true;
+            case.assert_equal_to_the_byte();
+        }
     }
 }
 

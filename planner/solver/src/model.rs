@@ -348,6 +348,7 @@ mod tests {
                 set_to_none: true,
                 autocast_cache: false,
                 loss_chunks: None,
+                optimizer_in_backward: false,
             },
             fixed: FixedBytes::default(),
             regimes: Vec::new(),

@@ -33,6 +33,13 @@ pub struct ConfigSpec {
     /// loss at once, as in documents written before the choice existed.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub loss_chunks: Option<i64>,
+    /// Each parameter's optimizer update runs in backward, as soon as its gradient is
+    /// accumulated, and the gradient is freed right after (torchtune's `optimizer_in_bwd`: one
+    /// optimizer per parameter, stepped in a post-accumulate-grad hook), so parameter gradients
+    /// never all exist at once. Absent (off: the step after backward) in documents written
+    /// before it was a choice.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "std::ops::Not::not"))]
+    pub optimizer_in_backward: bool,
 }
 
 impl ConfigSpec {
@@ -81,10 +88,11 @@ impl ConfigSpec {
     }
 
     /// `bf16/adamw/mb8x1`, with `/zero` when gradients are zeroed in place, `/cache` when the
-    /// loop keeps autocast's cache on and `/loss4` when the loss runs in 4 chunks.
+    /// loop keeps autocast's cache on, `/loss4` when the loss runs in 4 chunks and `/in-bwd`
+    /// when the optimizer steps in backward.
     pub fn label(&self) -> String {
         format!(
-            "{}/{}/mb{}x{}{}{}{}",
+            "{}/{}/mb{}x{}{}{}{}{}",
             self.precision,
             self.optimizer_label(),
             self.micro_batch,
@@ -94,7 +102,8 @@ impl ConfigSpec {
             match self.chunks() {
                 1 => String::new(),
                 n => format!("/loss{n}"),
-            }
+            },
+            if self.optimizer_in_backward { "/in-bwd" } else { "" }
         )
     }
 }

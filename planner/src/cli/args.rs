@@ -126,6 +126,14 @@ pub struct ModelArgs {
     /// Default: 1. GPT-2 and the Llama family only.
     #[arg(long, value_delimiter = ',')]
     pub loss_chunks: Vec<i64>,
+    /// When the optimizer steps, comma-separated to let the planner choose: `after` (after
+    /// backward, `opt.step()` in the loop; the default) or `in-backward` (each parameter updated
+    /// as soon as its gradient is complete, in a post-accumulate-grad hook, its gradient freed
+    /// there: `ckptune.optimizer_in_backward` in the loop), so parameter gradients never all
+    /// exist at once. Not with gradient accumulation, fp16, the 8-bit optimizers,
+    /// --zero-grad-in-place or --shard.
+    #[arg(long, value_delimiter = ',')]
+    pub optimizer_step: Vec<String>,
     /// auto (CUDA when a device is visible, else the CPU; the output says which), cpu or cuda
     /// (exit 2 when no CUDA device is visible, naming what was looked for).
     #[arg(long, default_value = "auto")]

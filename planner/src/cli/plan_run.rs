@@ -11,12 +11,13 @@ use ckptune_runtime::{Session, StepTrace, TrainConfig};
 use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, MeasuredRun, MismatchJson, PlanJson, PredictedRun, SelectiveJson, VerifyJson};
 use ckptune_solver::model::moments_at_selective;
+use ckptune_solver::profile::ConfigSpec;
 
 use crate::cli::args::{Measure, ModelArgs};
 use crate::cli::error::UsageError;
 use crate::cli::measure::check_fits_here;
 use crate::cli::output::{group_digits, outln};
-use crate::cli::setup::Setup;
+use crate::cli::setup::{step_name, Setup};
 use crate::cli::timing::{contention_note, range_text};
 
 /// A setup that rebuilds the plan's model and config.
@@ -39,6 +40,7 @@ pub fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfi
         zero_grad_in_place: !plan.config.set_to_none,
         autocast_cache: plan.config.autocast_cache,
         loss_chunks: vec![plan.config.chunks()],
+        optimizer_step: vec![step_name(plan.config.optimizer_in_backward).to_owned()],
         allow_8bit: false,
         device: plan.device.device.split(':').next().unwrap_or("cpu").to_owned(),
         threads: Some(plan.device.threads),
@@ -186,18 +188,32 @@ pub fn selective_text(sel: Option<&SelectiveJson>) -> String {
     })
 }
 
-pub fn print_verify(r: &VerifyJson) {
-    outln!(
-        "verify {} ({} / {} / micro-batch {} × {}{}), checkpoint {}{}",
-        r.model,
-        r.config.precision,
-        r.config.optimizer,
-        r.config.micro_batch,
-        r.config.grad_accum,
-        match r.config.chunks() {
+/// `fp32 / adamw / micro-batch 2 × 1`, with the loss's chunks and the step in backward when the
+/// config has them: how `verify` names the config it ran.
+pub fn config_text(c: &ConfigSpec) -> String {
+    format!(
+        "{} / {} / micro-batch {} × {}{}{}",
+        c.precision,
+        c.optimizer,
+        c.micro_batch,
+        c.grad_accum,
+        match c.chunks() {
             1 => String::new(),
             n => format!(" / loss in {n} chunks"),
         },
+        if c.optimizer_in_backward {
+            " / optimizer step in backward"
+        } else {
+            ""
+        }
+    )
+}
+
+pub fn print_verify(r: &VerifyJson) {
+    outln!(
+        "verify {} ({}), checkpoint {}{}",
+        r.model,
+        config_text(&r.config),
         r.regex,
         selective_text(r.selective.as_ref())
     );

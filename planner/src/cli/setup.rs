@@ -45,6 +45,8 @@ pub struct Setup {
     pub cuda_reductions: Option<GpuGeometry>,
     /// What `--device auto` chose and why.
     pub device_note: Option<String>,
+    /// Configs the flags asked for that cannot run and were left out, and why.
+    pub config_note: Option<String>,
     /// `--selective POLICY` (`plan`, `profile`): each candidate layer may also run selective
     /// under this policy, measured by the profile's step S.
     pub selective: Option<SacPolicy>,
@@ -93,7 +95,7 @@ impl Setup {
         }
         let granularity = granularity(&a.granularity)?;
         let space = ConfigSpace::resolve(a, default_precisions, device)?;
-        let configs = space.configs()?;
+        let (configs, config_note) = space.configs()?;
         if a.repeats == 0 {
             return Err(usage("--repeats 0: at least one timed repeat is needed".into()));
         }
@@ -137,6 +139,7 @@ impl Setup {
             fake_kernels: TraceKernels::Device,
             cuda_reductions: None,
             device_note: resolved.note,
+            config_note,
             selective: None,
         })
     }
@@ -362,6 +365,8 @@ struct ConfigSpace {
     set_to_none: bool,
     autocast_cache: bool,
     loss_chunks: Vec<i64>,
+    /// Per `--optimizer-step` value: whether the optimizer steps in backward.
+    in_backward: Vec<bool>,
 }
 
 impl ConfigSpace {
@@ -383,13 +388,17 @@ impl ConfigSpace {
             set_to_none: !a.zero_grad_in_place,
             autocast_cache: a.autocast_cache,
             loss_chunks: loss_chunks(a)?,
+            in_backward: optimizer_steps(a)?,
         })
     }
 
     /// Every precision × optimizer × micro-batch × loss chunks whose micro-batch divides the
     /// global batch.
-    fn configs(&self) -> Result<Vec<TrainConfig>> {
+    /// With a note naming the configs that cannot step in backward, left out.
+    fn configs(&self) -> Result<(Vec<TrainConfig>, Option<String>)> {
         let mut configs = Vec::new();
+        let mut refused: Option<(String, String)> = None;
+        let mut left_out = 0;
         for &p in &self.precisions {
             for &(o, imp) in &self.variants {
                 for &mb in &self.batches {
@@ -403,25 +412,46 @@ impl ConfigSpace {
                         }
                         continue;
                     }
-                    for &chunks in &self.loss_chunks {
+                    for (&chunks, &in_backward) in iproduct(&self.loss_chunks, &self.in_backward) {
                         let mut c = TrainConfig::new(p, o, mb);
                         c.optimizer_impl = imp;
                         c.grad_accum = self.global_batch / mb;
                         c.set_to_none = self.set_to_none;
                         c.autocast_cache = self.autocast_cache && p.autocast().is_some();
                         c.loss_chunks = chunks;
-                        configs.push(c);
+                        c.optimizer_in_backward = in_backward;
+                        // A config that cannot step in backward is left out; if that leaves
+                        // nothing, the reason is the error.
+                        match c.in_backward_refusal().filter(|_| in_backward) {
+                            Some(why) => {
+                                left_out += 1;
+                                refused = refused.or(Some((c.label(), why)));
+                            }
+                            None => configs.push(c),
+                        }
                     }
                 }
             }
         }
+        let note = match refused {
+            Some((label, why)) if configs.is_empty() => {
+                return Err(usage(format!(
+                    "--optimizer-step in-backward: config {label} cannot step its optimizer in backward: {why}"
+                )))
+            }
+            Some((label, why)) => Some(format!(
+                "--optimizer-step in-backward: {left_out} config(s) cannot step the optimizer in backward and \
+                 were left out ({label}: {why})"
+            )),
+            None => None,
+        };
         if configs.is_empty() {
             return Err(usage(format!(
                 "no config to measure: no --batch among {:?} divides --global-batch {}",
                 self.batches, self.global_batch
             )));
         }
-        Ok(configs)
+        Ok((configs, note))
     }
 }
 
@@ -525,6 +555,45 @@ fn loss_chunks(a: &ModelArgs) -> Result<Vec<i64>> {
     positive_counts(&a.loss_chunks, 1, |c| {
         format!("--loss-chunks {c}: the loss needs at least one chunk (1 computes it whole)")
     })
+}
+
+/// `--optimizer-step` as its values say (`after` first): whether the optimizer steps in
+/// backward; default `after`.
+fn optimizer_steps(a: &ModelArgs) -> Result<Vec<bool>> {
+    let mut steps = Vec::new();
+    for v in &a.optimizer_step {
+        let in_backward = match v.trim().to_ascii_lowercase().as_str() {
+            "after" => false,
+            "in-backward" => true,
+            other => {
+                return Err(usage(format!(
+                    "--optimizer-step {other:?}: expected after (after backward) or in-backward (each parameter \
+                     stepped as its gradient is complete)"
+                )))
+            }
+        };
+        steps.push(in_backward);
+    }
+    if steps.is_empty() {
+        steps.push(false);
+    }
+    steps.sort_unstable();
+    steps.dedup();
+    Ok(steps)
+}
+
+/// The `--optimizer-step` value of a config.
+pub fn step_name(in_backward: bool) -> &'static str {
+    if in_backward {
+        "in-backward"
+    } else {
+        "after"
+    }
+}
+
+/// Every pair of an item of `a` and an item of `b`.
+fn iproduct<'a, A, B>(a: &'a [A], b: &'a [B]) -> impl Iterator<Item = (&'a A, &'a B)> {
+    a.iter().flat_map(move |x| b.iter().map(move |y| (x, y)))
 }
 
 /// A list flag's values sorted without repeats (`default` when none is given); a value below 1

@@ -1,6 +1,6 @@
 //! Set-up shared by the binary's integration tests: running `ckptune`, its refusals, reading and
-//! editing its JSON, the fixtures' paths, and the fp32 tiny-BERT several files profile, plan and
-//! verify. Each test file uses what it needs.
+//! editing its JSON, the fixtures' paths, the fp32 tiny-BERT several files profile, plan and
+//! verify, and a trainer snippet run by python/tests/snippet_harness.py. Each test file uses what it needs.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -102,4 +102,50 @@ pub fn verify(plan: &Path, dir: &Path) -> Value {
         "--quiet",
     ]);
     read(&report)
+}
+
+/// The checkout this test binary was built from.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Runs the harness on the snippet; the JSON line it prints.
+pub fn execute_snippet(kind: &str, snippet: &str, model: &str, steps: usize, watch: &[String]) -> Value {
+    let trainers = root().join(".trainers");
+    // The plain-PyTorch snippets run with torch and the companion alone.
+    let plain = kind == "python" || kind == "fsdp2";
+    assert!(
+        plain || trainers.exists(),
+        "{} missing: scripts/setup installs the trainers of python/requirements-trainers.txt there",
+        trainers.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("snippet.py");
+    std::fs::write(&path, snippet).unwrap();
+    let mut pythonpath = root().join("python").into_os_string();
+    if !plain {
+        pythonpath.push(":");
+        pythonpath.push(&trainers);
+    }
+    let out: Output = Command::new(root().join(".venv/bin/python"))
+        .arg(root().join("python/tests/snippet_harness.py"))
+        .args([kind])
+        .arg(&path)
+        .args([model, &steps.to_string(), &serde_json::to_string(watch).unwrap()])
+        .env("PYTHONPATH", pythonpath)
+        .env("TOKENIZERS_PARALLELISM", "false")
+        .current_dir(dir.path())
+        .output()
+        .expect("runs the venv's python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{kind} snippet failed:\n{snippet}\n--- stderr\n{}\n--- stdout\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line: {stdout}"));
+    serde_json::from_str(line).unwrap()
 }

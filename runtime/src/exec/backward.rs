@@ -42,6 +42,9 @@ impl Session {
             if let Some((first, last)) = schedule.segments[i].filter(|&(_, last)| last == i) {
                 segment_rng = Some(self.recompute_segment(first, last, acts, batch, ctx, tr.as_deref_mut())?);
             }
+            if let Some(ib) = &self.in_backward {
+                ib.blocks_running(start, i);
+            }
             grad = self.block_backward(i, start, grad, acts, &mut segment_rng, tr.as_deref_mut())?;
         }
         Ok(grad)

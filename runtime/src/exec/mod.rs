@@ -22,7 +22,8 @@
 
 //!
 //! Files: [`session`] holds a chain prepared for training; `step` runs a step (micro-steps,
-//! then the optimizer) as `forward`, `loss` (`chunked_loss` for a language model's loss in chunks) and `backward`, following the `schedule` a
+//! then the optimizer, or the optimizer inside backward: `in_backward`) as `forward`, `loss`
+//! (`chunked_loss` for a language model's loss in chunks) and `backward`, following the `schedule` a
 //! checkpoint mask gives; `boundary` makes the leaves between blocks; [`trace`] is what an
 //! instrumented step records; `select` turns a checkpoint regex into a mask; [`scope`] names the
 //! user scopes a step opens around each block's forward, recompute and backward, the loss and
@@ -32,6 +33,7 @@ mod backward;
 mod boundary;
 mod chunked_loss;
 mod forward;
+mod in_backward;
 mod loss;
 mod schedule;
 pub mod scope;

@@ -7,6 +7,7 @@ use ckptune_kernels::sac::SacPolicy;
 use ckptune_models::{Batch, Chain};
 use tch::{Device, Kind, Tensor};
 
+use super::in_backward::InBackward;
 use super::select::select;
 use crate::config::{Precision, TrainConfig};
 use crate::error::{Result, RuntimeError};
@@ -41,6 +42,9 @@ pub struct Session {
     /// operators the policy saves and its recompute computes only the rest. Empty: every
     /// checkpointed block is checkpointed whole.
     pub selective: Vec<Option<SacPolicy>>,
+    /// For a config that steps the optimizer in backward: the parameters' hooks are set, and
+    /// this says when a gradient is complete.
+    pub(super) in_backward: Option<InBackward>,
     /// Fake mode, for a session measured on the meta device ([`Session::new_fake`]): its
     /// tensors are fake, and so is everything its steps create. Declared last, so it ends after
     /// every tensor of the session is gone.
@@ -106,6 +110,11 @@ impl Session {
             chain.vs.trainable_variables(),
             cfg.lr,
         );
+        let in_backward = if cfg.optimizer_in_backward {
+            Some(InBackward::new(&chain, opt.as_ref())?)
+        } else {
+            None
+        };
         let probe = Probe::new(device)?;
         let hold_casts = cfg.autocast_cache;
         Ok(Self {
@@ -120,6 +129,7 @@ impl Session {
             fuse_groups: true,
             hold_casts,
             selective: Vec::new(),
+            in_backward,
             fake: None,
         })
     }

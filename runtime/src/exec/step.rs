@@ -7,13 +7,15 @@ use ckptune_kernels::optrace::{self, OpEvent};
 use ckptune_models::{Batch, Ctx};
 use tch::Tensor;
 
+use super::in_backward;
 use super::schedule::Schedule;
 use super::scope::{self, Phase};
 use super::session::Session;
 use super::trace::{BlockTrace, MicroTrace, StepReport, StepTrace};
 use crate::config::Precision;
-use crate::error::Result;
+use crate::error::{Result, RuntimeError};
 use crate::load::CpuCounters;
+use crate::optim;
 
 impl Session {
     /// The operators of one step with the blocks flagged in `checkpoint` checkpointed (after an
@@ -123,18 +125,24 @@ impl Session {
         let schedule = Schedule::new(&self.chain, checkpoint, self.fuse_groups, &self.selective);
         let held = self.cast_region()?;
         let mut acts = self.forward(batch, &ctx, &schedule, tr.as_deref_mut())?;
-        let loss = self.loss(&acts, batch, held, tr.as_deref_mut())?;
-        let grad = self.backward(&mut acts, loss.grad, batch, &ctx, &schedule, tr.as_deref_mut())?;
-        drop(grad);
+        let (value, var, seed) = self.stepping_in_backward(|s| {
+            if let Some(ib) = &s.in_backward {
+                ib.loss_running();
+            }
+            let loss = s.loss(&acts, batch, held, tr.as_deref_mut())?;
+            let grad = s.backward(&mut acts, loss.grad, batch, &ctx, &schedule, tr.as_deref_mut())?;
+            drop(grad);
+            Ok((loss.value, loss.var, loss.seed))
+        })?;
         drop(mask);
         if let Some(t) = tr.as_deref_mut() {
             t.bwd_end = self.probe.current();
         }
-        drop(loss.seed);
+        drop(seed);
         if let Some(t) = tr {
             t.end = self.probe.current();
         }
-        Ok((loss.value, loss.var))
+        Ok((value, var))
     }
 
     /// Optimizer step and `zero_grad`. For fp16, unscales the gradients and skips the step on
@@ -172,7 +180,10 @@ impl Session {
                 applied = false;
             }
         }
-        if applied {
+        if self.in_backward.is_some() {
+            // Every parameter stepped in its hook during backward.
+            self.check_stepped_in_backward()?;
+        } else if applied {
             self.opt.step()?;
         }
         self.opt.zero_grad(self.cfg.set_to_none)?;
@@ -183,5 +194,37 @@ impl Session {
             t.opt_seconds = t0.elapsed().as_secs_f64();
         }
         Ok(applied)
+    }
+
+    /// Runs `f` (a micro-step's loss and backward) with the parameters' hooks stepping the
+    /// optimizer, when the config steps it in backward (`in_backward`); otherwise just `f`.
+    fn stepping_in_backward<R>(&mut self, f: impl FnOnce(&mut Session) -> Result<R>) -> Result<R> {
+        let Some(ib) = self.in_backward.clone() else {
+            return f(self);
+        };
+        // The hooks own the optimizer while backward runs; `f` has the session.
+        let mut opt = std::mem::replace(&mut self.opt, optim::placeholder());
+        let (out, failed) = ib.stepping(opt.as_mut(), || f(self));
+        self.opt = opt;
+        match failed {
+            Some(why) => Err(RuntimeError::Invalid(format!(
+                "model {}: the optimizer step in backward failed: {why}",
+                self.chain.name
+            ))),
+            None => out,
+        }
+    }
+
+    /// After a step in backward, that every gradient was stepped and freed.
+    fn check_stepped_in_backward(&self) -> Result<()> {
+        match in_backward::unstepped(&self.chain, self.opt.as_ref()) {
+            None => Ok(()),
+            Some(name) => Err(RuntimeError::Config(format!(
+                "model {}: parameter {name} still has its gradient after backward: a block other than its owner \
+                 adds to it after the owner's backward, so the optimizer step in backward cannot run on this \
+                 model; step after backward instead",
+                self.chain.name
+            ))),
+        }
     }
 }

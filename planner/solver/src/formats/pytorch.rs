@@ -28,6 +28,10 @@ pub struct PytorchRunJson {
     /// The chunks the run computed the loss in (absent: whole, as in runs from before the choice).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_chunks: Option<i64>,
+    /// Whether the run stepped each parameter in backward (`ckptune.optimizer_in_backward`;
+    /// absent: after backward, as in runs from before the choice).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optimizer_in_backward: bool,
     pub regex: String,
     /// The modules `ckptune.apply` wrapped.
     pub modules: Vec<String>,

@@ -43,6 +43,13 @@ pub(super) fn header(plan: &PlanJson, trainer: &str) -> String {
         c.grad_accum,
         c.set_to_none
     );
+    if c.optimizer_in_backward {
+        let _ = writeln!(
+            s,
+            "#   optimizer step in backward: each parameter updated as soon as its gradient is complete, in its \
+             post-accumulate-grad hook, its gradient freed there (ckptune.optimizer_in_backward)"
+        );
+    }
     let mut shape = Vec::new();
     if let Some(i) = plan.shape.image {
         shape.push(format!("images {i}x{i}"));
@@ -175,6 +182,19 @@ pub(super) fn loss_note(plan: &PlanJson, unexpressed: Option<&str>) -> String {
              their gradient at once, so it can peak above the plan's prediction.\n"
         ),
     }
+}
+
+/// For a plan that steps the optimizer in backward, in a trainer that steps it after backward
+/// (`trainer` says how): that the snippet does not express it.
+pub(super) fn step_note(plan: &PlanJson, trainer: &str) -> String {
+    if !plan.config.optimizer_in_backward {
+        return String::new();
+    }
+    format!(
+        "# NOT EXPRESSED: the plan steps the optimizer in backward (`ckptune.optimizer_in_backward`); {trainer} \
+         steps it after backward, holding every parameter gradient at once, so it can peak above the plan's \
+         prediction. `ckptune emit python` writes a loop that steps in backward.\n"
+    )
 }
 
 /// For the one-process snippets of a sharded plan: what they leave out.

@@ -4,7 +4,7 @@
 use ckptune_solver::formats::PlanJson;
 
 use super::facts::Facts;
-use super::header::{header, loss_note, one_process_note, root_comment};
+use super::header::{header, loss_note, one_process_note, root_comment, step_note};
 use super::literals::plan_literal;
 use super::template::Template;
 
@@ -38,7 +38,8 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
             "header",
             header(plan, "Hugging Face Trainer")
                 + one_process_note(plan)
-                + &loss_note(plan, Some("Trainer computes it whole from the model's logits")),
+                + &loss_note(plan, Some("Trainer computes it whole from the model's logits"))
+                + &step_note(plan, "the Trainer (its `optimizers` argument takes one optimizer)"),
         )
         .set("checkpointing_comment", checkpointing_comment(plan, f, native))
         .set("layer_import", layer_import)

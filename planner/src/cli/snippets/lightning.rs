@@ -4,7 +4,7 @@
 use ckptune_solver::formats::PlanJson;
 
 use super::facts::Facts;
-use super::header::{header, loss_note, one_process_note, root_comment};
+use super::header::{header, loss_note, one_process_note, root_comment, step_note};
 use super::literals::{plan_literal, py_str};
 use super::template::Template;
 
@@ -20,7 +20,8 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
             "header",
             header(plan, "Lightning")
                 + one_process_note(plan)
-                + &loss_note(plan, Some("this module computes it whole from the model's logits")),
+                + &loss_note(plan, Some("this module computes it whole from the model's logits"))
+                + &step_note(plan, "this module's automatic optimization"),
         )
         .set("plan", plan_literal(plan))
         .set("root_comment", root_comment(f))

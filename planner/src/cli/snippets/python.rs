@@ -17,8 +17,33 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
         .set("plan", plan_literal(plan))
         .set("root_comment", root_comment(f))
         .set("micro_batch", plan.config.micro_batch.to_string())
-        .set("training_loop", training_loop("device", "loss_fn(model, batch)"))
+        .set("optimizer", optimizer_line(plan))
+        .set("training_loop", loop_for(plan))
         .fill()
+}
+
+/// How the snippet builds the optimizer: one per parameter stepped in backward where the plan
+/// says so, else `torch.optim`'s over all of them.
+fn optimizer_line(plan: &PlanJson) -> &'static str {
+    if plan.config.optimizer_in_backward {
+        "    # The plan steps the optimizer in backward: one optimizer per parameter, stepped in its\n\
+         \x20   # post-accumulate-grad hook as soon as its gradient is complete (no opt.step() below).\n\
+         \x20   opt = ckptune.optimizer_in_backward(model.parameters(), cfg.optimizer_class, lr=lr, **cfg.optimizer_kwargs)\n"
+    } else {
+        "    opt = cfg.optimizer_class(model.parameters(), lr=lr, **cfg.optimizer_kwargs)\n"
+    }
+}
+
+/// The plain loop, or for a plan that steps the optimizer in backward the loop without a step.
+fn loop_for(plan: &PlanJson) -> String {
+    if plan.config.optimizer_in_backward {
+        Template::new(include_str!("templates/training_loop_in_backward.py"))
+            .set("device_type", "device")
+            .set("loss", "loss_fn(model, batch)")
+            .fill_part()
+    } else {
+        training_loop("device", "loss_fn(model, batch)")
+    }
 }
 
 /// The loop of every plain-PyTorch snippet, one step per batch: `device_type` names the

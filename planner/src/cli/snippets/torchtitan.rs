@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use ckptune_solver::formats::{PlanJson, SelectiveJson, ShardJson};
 
 use super::facts::Facts;
-use super::header::{header, loss_note};
+use super::header::{header, loss_note, step_note};
 use super::literals::{py, py_bool, py_str, unit_list};
 use super::template::Template;
 use crate::cli::error::UsageError;
@@ -42,7 +42,9 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
     Ok(Template::new(include_str!("templates/torchtitan.py"))
         .set(
             "header",
-            header(plan, "torchtitan") + &loss_note(plan, Some("torchtitan computes it whole from the model's logits")),
+            header(plan, "torchtitan")
+                + &loss_note(plan, Some("torchtitan computes it whole from the model's logits"))
+                + &step_note(plan, "torchtitan's train loop"),
         )
         .set("choice_comment", choice_comment)
         .set("selective_class", selective_class)

@@ -250,3 +250,21 @@ pub(super) fn shard_request(
     }
     Ok(req)
 }
+
+/// `--shard` with `--optimizer-step in-backward`, refused before anything is measured.
+pub(super) fn check_shard_step(a: &PlanArgs) -> Result<()> {
+    let in_backward = a
+        .model
+        .optimizer_step
+        .iter()
+        .any(|s| s.trim().eq_ignore_ascii_case("in-backward"));
+    if a.shard.is_some() && in_backward {
+        return Err(UsageError(
+            "plan --shard --optimizer-step in-backward: FSDP2's step in backward (each rank stepping its \
+             shard of a parameter after its reduce-scatter) is not modelled; drop one of them"
+                .into(),
+        )
+        .into());
+    }
+    Ok(())
+}

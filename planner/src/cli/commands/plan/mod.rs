@@ -19,7 +19,7 @@ use ckptune_solver::formats::{
 };
 
 use cuda::{plan_within_reserved, NotRecorded};
-use flags::{budget_share, read_profile, reserve_bytes, shard_request};
+use flags::{budget_share, check_shard_step, read_profile, reserve_bytes, shard_request};
 use print::{eight_bit_note, print_plan};
 use solve::{fastest_per_config, plan_from_profile, PlanFailure, ShardRequest};
 
@@ -39,6 +39,7 @@ pub fn plan_cmd(mut a: PlanArgs) -> Result<ExitCode> {
     }
     let requested = parse_budget(&a.budget).context("--budget")?;
     check_alloc_trace_flag(&a)?;
+    check_shard_step(&a)?;
     let mut setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
     setup.set_selective(a.selective.as_deref(), &a.model.granularity)?;
     let target = a.target.as_deref().map(parse_target).transpose()?;
@@ -46,7 +47,7 @@ pub fn plan_cmd(mut a: PlanArgs) -> Result<ExitCode> {
     if target.as_ref().is_some_and(|t| t.0 == "cuda") {
         setup.for_cuda();
     }
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = setup.config_note.iter().cloned().collect();
     if ckptune_models::hf::is_config_only(std::path::Path::new(&setup.model)) {
         notes.push(format!(
             "{} has a config but no weights: planned with seeded random weights (memory and time do \

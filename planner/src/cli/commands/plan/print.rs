@@ -20,6 +20,7 @@ pub(super) fn eight_bit_note(p: &PlanJson) -> Option<String> {
             && a.config.micro_batch == p.config.micro_batch
             && a.config.set_to_none == p.config.set_to_none
             && a.config.chunks() == p.config.chunks()
+            && a.config.optimizer_in_backward == p.config.optimizer_in_backward
     })?;
     let chosen = p.alternatives.iter().find(|a| a.config == p.config)?;
     let saved = full.baseline_peak_bytes - chosen.baseline_peak_bytes;
@@ -142,7 +143,7 @@ pub(super) fn print_plan(p: &PlanJson) {
         100.0 * p.predicted.throughput_loss
     );
     outln!(
-        "  training config:  precision {}, optimizer {}, micro-batch {}, gradient accumulation {}, set_to_none {}{}",
+        "  training config:  precision {}, optimizer {}, micro-batch {}, gradient accumulation {}, set_to_none {}{}{}",
         p.config.precision,
         optimizer_in_pytorch(&p.config),
         p.config.micro_batch,
@@ -151,6 +152,11 @@ pub(super) fn print_plan(p: &PlanJson) {
         match p.config.chunks() {
             1 => String::new(),
             n => format!(", loss in {n} chunks (ckptune.chunked_causal_lm_loss)"),
+        },
+        if p.config.optimizer_in_backward {
+            ", optimizer step in backward (ckptune.optimizer_in_backward)"
+        } else {
+            ""
         }
     );
 }

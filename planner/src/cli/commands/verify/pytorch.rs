@@ -17,7 +17,7 @@ use crate::cli::args::VerifyArgs;
 use crate::cli::companion::{companion, harness_run, python};
 use crate::cli::error::UsageError;
 use crate::cli::output::{group_digits, outln, print_json};
-use crate::cli::plan_run::{selective_text, verify_plan};
+use crate::cli::plan_run::{config_text, selective_text, verify_plan};
 
 /// Runs `python -m ckptune_harness.eager` on the plan file. Its exit code 2 (a plan the PyTorch run
 /// cannot follow: names that differ from the reference's, a model without a reference) is bad
@@ -59,6 +59,14 @@ pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
              (is the ckptune package on its path this checkout's?)",
             selective_text(pytorch.selective.as_ref()).trim(),
             selective_text(plan.checkpoint.selective.as_ref()).trim()
+        );
+    }
+    if pytorch.optimizer_in_backward != plan.config.optimizer_in_backward {
+        anyhow::bail!(
+            "the PyTorch run stepped the optimizer {}, the plan says {} (is the ckptune package on its path \
+             this checkout's?)",
+            step_text(pytorch.optimizer_in_backward),
+            step_text(plan.config.optimizer_in_backward)
         );
     }
     let trainer_run = trainer_run(a.trainer, plan, &a.plan, steps, &py)?;
@@ -122,16 +130,9 @@ fn print_side_by_side(r: &VerifyPytorchJson) {
     let c: &VerifyJson = &r.ckptune;
     let p = &r.pytorch;
     outln!(
-        "verify {} ({} / {} / micro-batch {} × {}{}), checkpoint {}{}",
+        "verify {} ({}), checkpoint {}{}",
         c.model,
-        c.config.precision,
-        c.config.optimizer,
-        c.config.micro_batch,
-        c.config.grad_accum,
-        match c.config.chunks() {
-            1 => String::new(),
-            n => format!(" / loss in {n} chunks"),
-        },
+        config_text(&c.config),
         c.regex,
         selective_text(c.selective.as_ref())
     );
@@ -224,4 +225,13 @@ fn print_side_by_side(r: &VerifyPytorchJson) {
         verdict(c.within_budget, c.measured.peak_bytes),
         verdict(r.pytorch_within_budget, p.peak_bytes)
     );
+}
+
+/// When a run stepped the optimizer, in words.
+fn step_text(in_backward: bool) -> &'static str {
+    if in_backward {
+        "in backward"
+    } else {
+        "after backward"
+    }
 }

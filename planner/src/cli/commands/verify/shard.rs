@@ -86,6 +86,9 @@ fn check_plan(path: &Path, plan: &PlanJson, s: &ShardJson) -> Result<()> {
     if !c.set_to_none {
         return bad("the FSDP run zeroes gradients with set_to_none=True; the plan's set_to_none is false".into());
     }
+    if c.optimizer_in_backward {
+        return bad("the FSDP run steps the optimizer after backward; the plan steps it in backward".into());
+    }
     if c.chunks() > 1 {
         return bad(format!(
             "the FSDP run computes the loss whole; the plan's loss is in {} chunks",

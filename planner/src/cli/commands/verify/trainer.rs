@@ -26,6 +26,14 @@ pub(super) fn trainer_run(
         VerifyTrainer::Hf => (EmitKind::Hf, "hf"),
         VerifyTrainer::Lightning => (EmitKind::Lightning, "lightning"),
     };
+    if plan.config.optimizer_in_backward {
+        return Err(crate::cli::error::UsageError(format!(
+            "verify --pytorch --trainer {name}: the plan steps the optimizer in backward, which the {} \
+             snippet cannot express (the trainer steps after backward); verify it with --trainer eager",
+            label(name)
+        ))
+        .into());
+    }
     let text = snippet(plan, kind)
         .map_err(|e| crate::cli::error::UsageError(format!("verify --pytorch --trainer {name}: {}", e.0)))?;
     let dir = run_dir()?;

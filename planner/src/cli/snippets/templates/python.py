@@ -13,6 +13,5 @@ def train(model, loader, loss_fn, lr=1e-3, device="cpu"):
     wrapped = ckptune.apply(model, PLAN)
     cfg = ckptune.training_config(PLAN)
     model.to(device=device, dtype=cfg.param_dtype).train()
-    opt = cfg.optimizer_class(model.parameters(), lr=lr, **cfg.optimizer_kwargs)
-    scaler = torch.amp.GradScaler(device) if cfg.grad_scaler else None
+${optimizer}    scaler = torch.amp.GradScaler(device) if cfg.grad_scaler else None
 ${training_loop}
