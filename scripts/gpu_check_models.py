@@ -31,10 +31,13 @@ MODELS = {
     "tinyllama": ["tinyllama-1.1b", "--batch", "2", "--seq", "1024", "--precision", "fp32"],
     "bert-base-bf16": ["bert-base-uncased", "--batch", "16", "--seq", "512", "--precision", "bf16"],
     "tinyllama-bf16": ["tinyllama-1.1b", "--batch", "2", "--seq", "1024", "--precision", "bf16"],
+    # The optimizer step in backward (each parameter's AdamW step in its gradient's hook).
+    "bert-base-in-bwd": ["bert-base-uncased", "--batch", "4", "--seq", "512", "--precision", "fp32",
+                         "--optimizer-step", "in-backward"],
     "tiny-resnet": ["tiny-resnet", "--batch", "8", "--image", "32", "--precision", "fp32"],
     "tiny-bert": ["tiny-bert", "--batch", "4", "--seq", "32", "--precision", "fp32"],
 }
-DEFAULT_MODELS = "resnet50,bert-base,tinyllama,bert-base-bf16,tinyllama-bf16"
+DEFAULT_MODELS = "resnet50,bert-base,tinyllama,bert-base-bf16,tinyllama-bf16,bert-base-in-bwd"
 # Nothing checkpointed (an unlimited budget), AdamW: the same plan on both sides.
 COMMON = ["--budget", "1TiB", "--optimizer", "adamw", "--quiet"]
 GPU_TIMEOUT_S = 240

@@ -204,7 +204,8 @@ class ArgumentsTest(unittest.TestCase):
         self.assertEqual(replay.parse_args(["run", "--models", "tiny-bert,resnet50"]).models, ["tiny-bert", "resnet50"])
         self.assertEqual(replay.parse_args(["run", "--models", ""]).models, [])
         self.assertEqual(replay.parse_args(["run"]).models,
-                         ["resnet50", "bert-base", "tinyllama", "bert-base-bf16", "tinyllama-bf16"])
+                         ["resnet50", "bert-base", "tinyllama", "bert-base-bf16", "tinyllama-bf16",
+                          "bert-base-in-bwd"])
 
     def test_measure_needs_the_variable_set_at_start(self):
         args = replay.parse_args(["measure", "--traces", "d", "--conf", "expandable_segments:True", "--out", "o"])
