@@ -162,18 +162,12 @@ fn a_step_the_meta_device_cannot_record_keeps_the_fixed_reserve() {
     assert!(notes.contains("kept in reserve"), "{notes}");
 }
 
-/// A budget barely above the context and workspaces: tightening takes the planning budget below
-/// zero, and the plan fails as any plan that does not fit (exit 1, saying so), not as bad input.
-#[test]
-fn a_budget_that_only_holds_the_context_does_not_fit() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("plan.json");
-    // The unnamed GPU's context (734,855,168 B) and two 32 MiB workspaces, plus 1 MB.
-    let budget = (734_855_168u64 + 2 * 32 * 1024 * 1024 + 1_000_000).to_string();
-    let run = common::ckptune(&[
+/// `plan --target cuda` of tiny BERT under `budget`, measured `measure`, written to `out`.
+fn tiny_bert_for_a_gpu(budget: &str, measure: &str, out: &Path) -> std::process::Output {
+    let args = [
         "plan",
         "--budget",
-        &budget,
+        budget,
         "tiny-bert",
         "--batch",
         "4",
@@ -183,13 +177,29 @@ fn a_budget_that_only_holds_the_context_does_not_fit() {
         "fp32",
         "--optimizer",
         "adamw",
+        "--threads",
+        "1",
         "--measure",
-        "estimate",
+        measure,
         "--target",
         "cuda",
+        "--no-cache",
         "-o",
-        out.to_str().unwrap(),
-    ]);
+    ];
+    let mut args = args.to_vec();
+    args.push(out.to_str().unwrap());
+    common::ckptune(&args)
+}
+
+/// A budget barely above the context and workspaces: tightening takes the planning budget below
+/// zero, and the plan fails as any plan that does not fit (exit 1, saying so), not as bad input.
+#[test]
+fn a_budget_that_only_holds_the_context_does_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plan.json");
+    // The unnamed GPU's context (734,855,168 B) and two 32 MiB workspaces, plus 1 MB.
+    let budget = (734_855_168u64 + 2 * 32 * 1024 * 1024 + 1_000_000).to_string();
+    let run = tiny_bert_for_a_gpu(&budget, "estimate", &out);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(1), "{stderr}");
     assert!(
@@ -197,4 +207,23 @@ fn a_budget_that_only_holds_the_context_does_not_fit() {
         "{stderr}"
     );
     assert!(!out.exists());
+}
+
+/// With times from real steps (`--measure auto`), a plan for a GPU keeps the meta device's
+/// memory, traced with CUDA's kernels: the CPU's step is timed, never measured for the GPU's
+/// bytes. Tiny BERT's dropout and attention run other kernels on the CPU (so the two steps do
+/// not line up operator for operator); its unconstrained peak must equal the one measured with
+/// nothing run for real (`--measure estimate`).
+#[test]
+fn a_plan_for_a_gpu_timed_on_real_steps_keeps_the_gpus_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let peak = |measure: &str| {
+        let out = dir.path().join(format!("{measure}.json"));
+        let run = tiny_bert_for_a_gpu("1TiB", measure, &out);
+        let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+        assert!(run.status.success(), "{stderr}");
+        assert!(!stderr.contains("does not line up"), "{stderr}");
+        int(&read(&out)["predicted"]["peak_bytes"])
+    };
+    assert_eq!(peak("auto"), peak("estimate"));
 }

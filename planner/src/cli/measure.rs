@@ -17,7 +17,7 @@ use ckptune_solver::rates::DeviceRates;
 use super::args::Measure;
 use super::error::{is_bad_input_error, message, UsageError};
 use super::setup::{fnv1a, model_json, Setup};
-use ckptune_models::ModelError;
+use ckptune_models::{ModelError, TraceKernels};
 use ckptune_runtime::RuntimeError;
 
 mod contenders;
@@ -401,7 +401,8 @@ fn real_profile(setup: &Setup, cfg: &TrainConfig) -> Result<(ModelJson, ConfigPr
 /// checkpointed). The first real step is traced; what its kernels allocate beyond the meta
 /// kernels (oneDNN's scratch, by operator and inputs) is learned from it against the first step
 /// of a fake session, and the meta profile is measured with that scratch. Where the two steps
-/// do not line up, every step runs for real.
+/// do not line up, every step runs for real. A step traced for a GPU learns nothing from the
+/// CPU's: its memory is the meta device's, with CUDA's kernels.
 fn meta_timed_profile(
     setup: &Setup,
     cfg: &TrainConfig,
@@ -418,6 +419,14 @@ fn meta_timed_profile(
     let (times, real_ops) = times_from_steps(&mut real, &unlearned.recompute_class, &settings)
         .with_context(|| format!("timing {} under {}", setup.model, cfg.label()))?;
     drop(real);
+    if setup.fake_kernels == TraceKernels::Cuda {
+        // A step traced for a GPU runs CUDA's kernels where the CPU's differ: the CPU's scratch
+        // is not the GPU's, and the two steps are not meant to line up (nor would a profile of
+        // the CPU's step hold the GPU's memory).
+        let (mj, mut p) = meta_profile(setup, cfg)?;
+        times.apply(&mut p);
+        return Ok((mj, p));
+    }
     let fake_ops = {
         let mut fake = setup.fake_session(cfg)?;
         let all = fake.chain.every_candidate();
