@@ -219,8 +219,11 @@ std::optional<Scratch> config(const Iter& it, int64_t esize, int64_t arg_size, i
 std::optional<Iter> iterator(const at::Tensor& self, std::vector<int64_t> dims, int64_t esize, int64_t osize) {
   const auto n = static_cast<int64_t>(self.dim());
   std::vector<int64_t> shape(self.sizes().begin(), self.sizes().end());
+  // A 0-d tensor has no dimension to name (its `dim` 0 or -1 is the tensor itself).
   std::vector<bool> reduced(n, dims.empty());
-  for (int64_t d : dims) reduced[((d % n) + n) % n] = true;
+  if (n > 0) {
+    for (int64_t d : dims) reduced[((d % n) + n) % n] = true;
+  }
   std::vector<int64_t> oshape(shape);
   for (int64_t d = 0; d < n; ++d) if (reduced[d]) oshape[d] = 1;
   auto ost = contiguous(oshape);

@@ -121,6 +121,23 @@ fn reductions_allocate_what_the_gpu_did() {
     );
 }
 
+/// A 0-d tensor summed over its dimension 0 (as `x.sum(0)` allows): nothing to split, and no
+/// dimension to wrap the index by.
+#[test]
+fn a_scalar_reduced_over_dimension_zero_takes_no_scratch() {
+    let _lock = meter::exclusive();
+    let gpu = GpuGeometry {
+        multiprocessors: 132,
+        threads_per_multiprocessor: 2048,
+    };
+    let _fake = FakeMode::enter_for(Some(gpu)).unwrap();
+    let x = Tensor::empty([0i64; 0].as_slice(), (Kind::Float, Device::Cpu));
+    let rec = Recording::start().unwrap();
+    let y = x.sum_dim_intlist([0i64].as_slice(), false, None::<Kind>);
+    assert_eq!(history(&rec.finish().events), [("alloc", 4)]);
+    drop(y);
+}
+
 #[test]
 fn fake_steps_for_the_cpu_allocate_no_reduction_scratch() {
     let _lock = meter::exclusive();
