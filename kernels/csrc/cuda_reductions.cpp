@@ -32,6 +32,7 @@
 
 #include "common.h"
 #include "meter.h"
+#include "shape_code.h"
 
 extern "C" int ckpt_fake_active();
 
@@ -283,9 +284,7 @@ bool is_reduction(const std::string& name) {
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (ckpt_fake_active() == 0 || g_multiprocessors.load() == 0) return nullptr;
-  std::string name = fn.name();
-  std::string overload = fn.overload_name();
-  if (!overload.empty()) name += "." + overload;
+  const std::string name = ckpt::op_name(fn);
   if (!is_reduction(name)) return nullptr;
   auto open = std::make_unique<Open>(t_open == 0 ? scratch_of(name, fn.inputs()) : std::nullopt);
   ++t_open;

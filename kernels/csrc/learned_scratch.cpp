@@ -55,9 +55,7 @@ bool is_operator(const std::string& name) {
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (ckpt_fake_active() == 0) return nullptr;
-  std::string name = fn.name();
-  std::string overload = fn.overload_name();
-  if (!overload.empty()) name += "." + overload;
+  const std::string name = ckpt::op_name(fn);
   const bool under = !t_under_operator.empty() && t_under_operator.back();
   const bool op = is_operator(name);
   t_under_operator.push_back(under || op);

@@ -74,9 +74,7 @@ void numbers(c10::ArrayRef<c10::IValue> values, std::vector<int64_t>& out) {
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   Event e;
-  e.name = fn.name();
-  std::string overload = fn.overload_name();
-  if (!overload.empty()) e.name += "." + overload;
+  e.name = ckpt::op_name(fn);
   // A scope keeps the depth of what runs inside it: the operators a step calls stay at depth 0,
   // so traces with and without scopes line up.
   e.scope = fn.scope() == at::RecordScope::USER_SCOPE;

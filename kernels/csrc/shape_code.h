@@ -1,11 +1,12 @@
-// An operator call's inputs as numbers, the same in the operator trace (`optrace.cpp`) and in
-// fake mode (`learned_scratch.cpp`): each tensor as `[dtype, ndim, sizes..., strides...]` (oneDNN's
+// An operator call's name and inputs as numbers, the same in the operator trace (`optrace.cpp`),
+// in fake mode (`learned_scratch.cpp`) and in its reductions (`cuda_reductions.cpp`): each tensor as `[dtype, ndim, sizes..., strides...]` (oneDNN's
 // scratch depends on the layout: a product of a transposed operand reorders it), anything else
 // as `[-1]`. With the operator's name it keys what fake mode learns of a call from a real one
 // (its scratch).
 #pragma once
 
 #include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
 #include <c10/util/ArrayRef.h>
 
 #include <cstdint>
@@ -26,6 +27,14 @@ inline void shape_codes(c10::ArrayRef<c10::IValue> args, std::vector<int64_t>& o
       out.push_back(-1);
     }
   }
+}
+
+// The operator a RecordFunction event is for, with its overload: `aten::add.Tensor`, `aten::mm`.
+inline std::string op_name(const at::RecordFunction& fn) {
+  std::string name = fn.name();
+  std::string overload = fn.overload_name();
+  if (!overload.empty()) name += "." + overload;
+  return name;
 }
 
 // `name|code,code,...`: `optrace::op_key` writes the same in Rust.
