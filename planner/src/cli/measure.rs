@@ -418,15 +418,15 @@ fn meta_timed_profile(
     };
     let (times, real_ops) = times_from_steps(&mut real, &unlearned.recompute_class, &settings)
         .with_context(|| format!("timing {} under {}", setup.model, cfg.label()))?;
-    drop(real);
-    if setup.fake_kernels == TraceKernels::Cuda {
+    if setup.fake_kernels() == TraceKernels::Cuda {
         // A step traced for a GPU runs CUDA's kernels where the CPU's differ: the CPU's scratch
         // is not the GPU's, and the two steps are not meant to line up (nor would a profile of
-        // the CPU's step hold the GPU's memory).
-        let (mj, mut p) = meta_profile(setup, cfg)?;
+        // the CPU's step hold the GPU's memory). The meta profile already made is the GPU's.
+        let mut p = unlearned;
         times.apply(&mut p);
-        return Ok((mj, p));
+        return Ok((model_json(&real.chain), p));
     }
+    drop(real);
     let fake_ops = {
         let mut fake = setup.fake_session(cfg)?;
         let all = fake.chain.every_candidate();
