@@ -38,11 +38,9 @@ pub struct Setup {
     pub threads_auto: bool,
     /// `--target cuda:NAME`: the GPU whose rates the cost model estimates step times over.
     pub gpu: Option<&'static GpuSpec>,
-    /// The kernels of a step traced on the meta device: CUDA's for a plan for a GPU
-    /// (`for_cuda`), else the device's.
-    pub fake_kernels: TraceKernels,
-    /// The GPU whose reductions a step traced for it allocates as (`for_cuda`).
-    pub cuda_reductions: Option<GpuGeometry>,
+    /// The GPU a step traced on the meta device is traced for (`for_cuda`): its kernels are
+    /// CUDA's, its reductions allocate as on that GPU. `None`: the device's own.
+    pub traced_for: Option<GpuGeometry>,
     /// What `--device auto` chose and why.
     pub device_note: Option<String>,
     /// Configs the flags asked for that cannot run and were left out, and why.
@@ -136,8 +134,7 @@ impl Setup {
             measure: a.measure,
             threads_auto: a.threads.is_none(),
             gpu: None,
-            fake_kernels: TraceKernels::Device,
-            cuda_reductions: None,
+            traced_for: None,
             device_note: resolved.note,
             config_note,
             selective: None,
@@ -197,7 +194,7 @@ impl Setup {
     pub fn fake_session(&self, cfg: &TrainConfig) -> Result<Session> {
         let mut built = None;
         let opts = ModelOptions {
-            trace_kernels: self.fake_kernels,
+            trace_kernels: self.fake_kernels(),
             ..self.opts.clone()
         };
         let session = Session::new_fake_for(
@@ -210,7 +207,7 @@ impl Setup {
             },
             cfg.clone(),
             self.device,
-            self.cuda_reductions,
+            self.traced_for,
         );
         // The loader's own error (its exit code) rather than its message wrapped.
         match (session, built) {
@@ -228,10 +225,19 @@ impl Setup {
         self.for_cuda_on(&cuda_overheads(self.gpu.map(|g| g.key)));
     }
 
+    /// The kernels of a step traced on the meta device: CUDA's for a plan for a GPU, else the
+    /// device's.
+    pub fn fake_kernels(&self) -> TraceKernels {
+        if self.traced_for.is_some() {
+            TraceKernels::Cuda
+        } else {
+            TraceKernels::Device
+        }
+    }
+
     /// [`Setup::for_cuda`] for the GPU of `ov`.
     pub fn for_cuda_on(&mut self, ov: &CudaOverheads) {
-        self.fake_kernels = TraceKernels::Cuda;
-        self.cuda_reductions = Some(GpuGeometry {
+        self.traced_for = Some(GpuGeometry {
             multiprocessors: ov.multiprocessors,
             threads_per_multiprocessor: ov.threads_per_multiprocessor,
         });
@@ -299,12 +305,12 @@ impl Setup {
             self.device,
             self.threads,
             self.repeats
-        ) + &if self.fake_kernels == TraceKernels::Cuda {
+        ) + &if self.fake_kernels() == TraceKernels::Cuda {
             // Traced as the GPU runs it (its attention, dropout and reduction kernels, the last
             // sized by its multiprocessors): not the CPU's profile.
             format!(
                 "|kernels=cuda(efficient-attention-autocast,fused-dropout,reductions{})",
-                self.cuda_reductions
+                self.traced_for
                     .map(|g| format!("@{}x{}", g.multiprocessors, g.threads_per_multiprocessor))
                     .unwrap_or_default()
             )
