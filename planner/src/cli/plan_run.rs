@@ -209,7 +209,8 @@ pub fn config_text(c: &ConfigSpec) -> String {
     )
 }
 
-pub fn print_verify(r: &VerifyJson) {
+/// `verify MODEL (CONFIG), checkpoint REGEX`: the first line of every verification's report.
+pub fn print_verify_heading(r: &VerifyJson) {
     outln!(
         "verify {} ({}), checkpoint {}{}",
         r.model,
@@ -217,6 +218,10 @@ pub fn print_verify(r: &VerifyJson) {
         r.regex,
         selective_text(r.selective.as_ref())
     );
+}
+
+pub fn print_verify(r: &VerifyJson) {
+    print_verify_heading(r);
     outln!(
         "  peak: measured {} ({} B), predicted {} ({} B), error {} B ({:+.4}%)",
         format_size(r.measured.peak_bytes as u64),

@@ -17,7 +17,7 @@ use crate::cli::args::VerifyArgs;
 use crate::cli::companion::{companion, harness_run, python};
 use crate::cli::error::UsageError;
 use crate::cli::output::{group_digits, outln, print_json};
-use crate::cli::plan_run::{config_text, selective_text, verify_plan};
+use crate::cli::plan_run::{print_verify_heading, selective_text, verify_plan};
 
 /// Runs `python -m ckptune_harness.eager` on the plan file. Its exit code 2 (a plan the PyTorch run
 /// cannot follow: names that differ from the reference's, a model without a reference) is bad
@@ -129,13 +129,7 @@ pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
 fn print_side_by_side(r: &VerifyPytorchJson) {
     let c: &VerifyJson = &r.ckptune;
     let p = &r.pytorch;
-    outln!(
-        "verify {} ({}), checkpoint {}{}",
-        c.model,
-        config_text(&c.config),
-        c.regex,
-        selective_text(c.selective.as_ref())
-    );
+    print_verify_heading(c);
     outln!(
         "  {:<15} {:>12} {:>18} {:>14} {:>10}",
         "",
