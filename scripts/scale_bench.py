@@ -165,6 +165,8 @@ def fits_here(args, out_dir):
                        step_seconds_range=p["predicted"].get("step_seconds_range"),
                        steps_run=p["profile"]["steps_run"],
                        configs=len(p["alternatives"]),
+                       timing_notes=[l[len("note: "):] for l in err.splitlines()
+                                     if l.startswith("note: ") and " timed" in l],
                        configs_timed=sum(1 for a in p["alternatives"]
                                          if not a["predicted"].get("step_seconds_estimated")))
         rows.append(row)

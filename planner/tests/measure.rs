@@ -236,6 +236,18 @@ fn plan_times_only_the_configs_that_can_win() {
         args.extend(["--no-cache", "--json", "-o", out.to_str().unwrap()]);
         let stderr = String::from_utf8_lossy(&ok(&args).stderr).into_owned();
         let plan = read(&out);
+        // With nothing to checkpoint (the whole budget), `auto` times the chosen config's steps
+        // with nothing checkpointed only; a budget that forces checkpointing times both kinds.
+        let chosen = format!("note: {}/", plan["config"]["precision"].as_str().unwrap());
+        let plain_only = stderr.lines().any(|l| {
+            l.starts_with(&chosen)
+                && l.contains("its fastest choice checkpoints nothing, so only its steps with nothing checkpointed")
+        });
+        assert_eq!(
+            plain_only,
+            (budget, measure) == ("100GiB", "auto"),
+            "{budget} --measure {measure}: {stderr}"
+        );
         let alternatives = plan["alternatives"].as_array().unwrap();
         let estimated = |a: &Value| !a["predicted"]["step_seconds_estimated"].is_null();
         let seconds = |a: &Value| a["predicted"]["step_seconds"].as_f64().unwrap();

@@ -5,10 +5,7 @@
 //! are for a GPU). Cached per config: an interrupted run resumes where it stopped.
 
 use anyhow::{Context, Result};
-use ckptune_kernels::{fake, optrace};
-use ckptune_runtime::profile::{
-    profile, times_from_fake_step, times_from_steps, ConfigProfile, ProfileSettings, RetimePolicy,
-};
+use ckptune_runtime::profile::{profile, times_from_fake_step, ConfigProfile, ProfileSettings, RetimePolicy};
 use ckptune_runtime::TrainConfig;
 use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, CachedConfig, ModelJson, ProfileJson};
@@ -17,10 +14,11 @@ use ckptune_solver::rates::DeviceRates;
 use super::args::Measure;
 use super::error::{is_bad_input_error, message, UsageError};
 use super::setup::{fnv1a, model_json, Setup};
-use ckptune_models::{ModelError, TraceKernels};
+use ckptune_models::ModelError;
 use ckptune_runtime::RuntimeError;
 
 mod contenders;
+mod staged;
 pub use contenders::Rank;
 
 /// How a config's profile is measured.
@@ -117,7 +115,7 @@ fn measure(setup: &Setup, rank: Option<Rank<'_>>) -> Result<ProfileJson> {
         .into());
     }
     let (model, configs) = match rank {
-        Some(rank) if how == How::MetaTimed && setup.measure == Measure::Auto && setup.configs.len() > 1 => {
+        Some(rank) if how == How::MetaTimed && setup.measure == Measure::Auto => {
             timed_where_they_can_win(setup, unlearned, rank)?
         }
         _ => {
@@ -149,10 +147,10 @@ fn each_config(
     Ok((model.context("no config was profiled")?, configs))
 }
 
-/// `plan`'s `--measure auto` with several configs: memory from the meta device (`unlearned`, per
-/// config, where `decide` measured it) and times from the cost model over this CPU's rates for
-/// every config, then from real steps for those that can win (`contenders`), each cached as it
-/// is measured; notes which were not timed and why.
+/// `plan`'s `--measure auto`: memory from the meta device (`unlearned`, per config, where
+/// `decide` measured it) and times from the cost model over this CPU's rates for every config,
+/// then from real steps for those that can win (`contenders`), each only as far as the plan
+/// needs (`staged`) and cached as it is measured; notes which were not timed and why.
 fn timed_where_they_can_win(
     setup: &Setup,
     unlearned: Vec<Option<ConfigProfile>>,
@@ -160,25 +158,45 @@ fn timed_where_they_can_win(
 ) -> Result<(ModelJson, Vec<ConfigProfile>)> {
     let (model, configs) = each_config(setup, How::Estimated, unlearned.clone(), Some(&rates(setup)?))?;
     let configs = std::cell::RefCell::new(configs);
-    let (ranks, timed) = contenders::time_until_none_can_win(
+    // The plan's ranks with config `c`'s profile replaced by `p`.
+    let rank_with = |replaced: Option<(usize, &ConfigProfile)>| {
+        let mut profiles = configs.borrow().clone();
+        if let Some((c, p)) = replaced {
+            profiles[c] = p.clone();
+        }
+        rank(&profile_json(setup, How::MetaTimed, model.clone(), profiles))
+    };
+    let (ranks, states) = contenders::time_until_none_can_win(
         setup.configs.len(),
-        || {
-            rank(&profile_json(
-                setup,
-                How::MetaTimed,
-                model.clone(),
-                configs.borrow().clone(),
-            ))
-        },
-        |c| {
-            let timed = cached_or_measured(setup, &setup.configs[c], How::MetaTimed, unlearned[c].clone(), None)?;
-            configs.borrow_mut()[c] = timed.1;
-            Ok(())
+        || rank_with(None),
+        |c, fastest| {
+            let needs_checkpointed = |p: &ConfigProfile| {
+                let rank = rank_with(Some((c, p)))?[c];
+                Ok(contenders::needs_checkpointed(rank, p.seconds_none.median, fastest))
+            };
+            let stages = staged::Stages {
+                fastest,
+                needs_checkpointed: &needs_checkpointed,
+            };
+            match staged::staged_profile(setup, &setup.configs[c], unlearned[c].clone(), &stages)? {
+                staged::Staged::Measured(m) => {
+                    if m.kinds == staged::Kinds::Plain && !setup.quiet {
+                        eprintln!(
+                            "note: {}: its fastest choice checkpoints nothing, so only its steps with nothing \
+                             checkpointed were timed (its recompute estimates come from its first step)",
+                            setup.configs[c].label()
+                        );
+                    }
+                    configs.borrow_mut()[c] = m.profile;
+                    Ok(contenders::State::Timed)
+                }
+                staged::Staged::RuledOut(plain) => Ok(contenders::State::RuledOut(plain)),
+            }
         },
     )?;
     if !setup.quiet {
         let labels: Vec<String> = setup.configs.iter().map(|c| c.label()).collect();
-        for note in contenders::untimed_notes(&labels, &ranks, &timed) {
+        for note in contenders::untimed_notes(&labels, &ranks, &states) {
             eprintln!("note: {note}");
         }
     }
@@ -212,9 +230,11 @@ fn decide(setup: &Setup) -> Result<(How, Vec<Option<ConfigProfile>>)> {
     for cfg in &setup.configs {
         let cached = [How::MetaTimed, How::Estimated]
             .into_iter()
-            .find_map(|how| read_cache(setup, &(setup.cache_key(cfg) + &how.key(setup))));
+            .find_map(|how| read_cache(setup, &(setup.cache_key(cfg) + &how.key(setup))))
+            .map(|c| c.profile)
+            .or_else(|| staged::cached_plain(setup, cfg));
         if let Some(cached) = cached {
-            largest = largest.max(cached.profile.peak_all);
+            largest = largest.max(cached.peak_all);
             unlearned.push(None);
             continue;
         }
@@ -362,22 +382,28 @@ fn cached_or_measured(
             }
             real_profile(setup, cfg)?
         }
-        (How::MetaTimed, _) => meta_timed_profile(setup, cfg, unlearned)?,
+        (How::MetaTimed, _) => staged::full_profile(setup, cfg, unlearned)?,
         (How::Estimated, Some(rates)) => estimated_profile(setup, cfg, unlearned, rates)?,
         (How::Estimated, None) => anyhow::bail!("estimating {}: no rates to estimate over", cfg.label()),
     };
-    if let Some(f) = cache_file(setup, &key) {
+    write_cache(setup, &key, &mj, &p)?;
+    Ok((mj, p))
+}
+
+/// Caches `profile` under `key`, where the setup caches.
+fn write_cache(setup: &Setup, key: &str, model: &ModelJson, profile: &ConfigProfile) -> Result<()> {
+    if let Some(f) = cache_file(setup, key) {
         formats::write_atomic(
             &f,
             &CachedConfig {
                 format: formats::CACHE_FORMAT.into(),
-                key,
-                model: mj.clone(),
-                profile: p.clone(),
+                key: key.into(),
+                model: model.clone(),
+                profile: profile.clone(),
             },
         )?;
     }
-    Ok((mj, p))
+    Ok(())
 }
 
 /// Every step for real.
@@ -394,67 +420,6 @@ fn real_profile(setup: &Setup, cfg: &TrainConfig) -> Result<(ModelJson, ConfigPr
         },
     )
     .with_context(|| format!("profiling {} under {}", setup.model, cfg.label()))?;
-    Ok((mj, p))
-}
-
-/// Memory on the meta device, exact for this CPU, and times from real steps B (every candidate
-/// checkpointed). The first real step is traced; what its kernels allocate beyond the meta
-/// kernels (oneDNN's scratch, by operator and inputs) is learned from it against the first step
-/// of a fake session, and the meta profile is measured with that scratch. Where the two steps
-/// do not line up, every step runs for real. A step traced for a GPU learns nothing from the
-/// CPU's: its memory is the meta device's, with CUDA's kernels.
-fn meta_timed_profile(
-    setup: &Setup,
-    cfg: &TrainConfig,
-    unlearned: Option<ConfigProfile>,
-) -> Result<(ModelJson, ConfigProfile)> {
-    let unlearned = given_or_meta(setup, cfg, unlearned)?;
-    let mut real = setup.session(cfg)?;
-    let settings = ProfileSettings {
-        repeats: setup.repeats,
-        quiet: setup.quiet,
-        selective: setup.selective,
-        ..Default::default()
-    };
-    let (times, real_ops) = times_from_steps(&mut real, &unlearned.recompute_class, &settings)
-        .with_context(|| format!("timing {} under {}", setup.model, cfg.label()))?;
-    if setup.fake_kernels() == TraceKernels::Cuda {
-        // A step traced for a GPU runs CUDA's kernels where the CPU's differ: the CPU's scratch
-        // is not the GPU's, and the two steps are not meant to line up (nor would a profile of
-        // the CPU's step hold the GPU's memory). The meta profile already made is the GPU's.
-        let mut p = unlearned;
-        times.apply(&mut p);
-        return Ok((model_json(&real.chain), p));
-    }
-    drop(real);
-    let fake_ops = {
-        let mut fake = setup.fake_session(cfg)?;
-        let all = fake.chain.every_candidate();
-        optrace::start()?;
-        let stepped = fake.step(&all, None);
-        let ops = optrace::stop()?;
-        stepped?;
-        ops
-    };
-    let scratch = match optrace::learned_scratch(&real_ops, &fake_ops) {
-        Ok(s) => s,
-        Err(why) => {
-            if !setup.quiet {
-                eprintln!(
-                    "note: {} under {}: the meta device's step does not line up with the real one ({why}); \
-                     measuring every step for real",
-                    setup.model,
-                    cfg.label()
-                );
-            }
-            return real_profile(setup, cfg);
-        }
-    };
-    fake::set_scratch(&scratch)?;
-    let measured = meta_profile(setup, cfg);
-    fake::set_scratch(&[])?;
-    let (mj, mut p) = measured?;
-    times.apply(&mut p);
     Ok((mj, p))
 }
 

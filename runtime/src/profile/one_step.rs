@@ -5,7 +5,8 @@
 //! as B less its no-grad forwards: a step keeping every activation faults in fresh pages for
 //! them and streams more memory, and BERT-large's came out 15-27% above B's difference. A first
 //! step B warms the session up (optimizer state, oneDNN's primitives) and is traced; then A and B
-//! alternate, timed and re-timed as the profiler's are, until each settles (docs/timing.md).
+//! are timed and re-timed as the profiler's are, until each settles (docs/timing.md): alternating
+//! for `profile`, in stages for `plan`, which may stop after any stage ([`StagedSteps`]).
 //! Units doing the same work share one estimate over all their samples, so a model of identical
 //! layers is timed as one class. A profile offering selective checkpointing also runs steps S
 //! for real, each block's selective recompute timed there.
@@ -58,63 +59,158 @@ impl StepTimes {
 /// (what the kernels allocated, call by call: fake mode learns from them the scratch its meta
 /// kernels do not allocate). `recompute_class` is the profile's: per unit (blocks, then
 /// groups), the first unit doing the same work. A group's recompute is its blocks' no-grad
-/// forwards.
+/// forwards. Steps A and B alternate, so a drift of the machine falls on both.
 pub fn times_from_steps(
     session: &mut Session,
     recompute_class: &[usize],
     settings: &ProfileSettings,
 ) -> Result<(StepTimes, Vec<OpEvent>)> {
-    let t0 = Instant::now();
-    let all = session.chain.every_candidate();
-    optrace::start()?;
-    let first = step_b(session, &all);
-    let ops = optrace::stop()?;
-    first?;
-    // Steps A (nothing checkpointed) and B alternate, so a drift of the machine falls on both,
-    // until each kind has settled or run `repeats` times.
-    let none_mask = vec![false; session.chain.units()];
-    let repeats = settings.repeats.max(1);
-    let (mut samples_a, mut samples) = (Vec::with_capacity(repeats), Vec::with_capacity(repeats));
-    loop {
-        let more_a = samples_a.len() < repeats && !settled(&samples_a);
-        let more_b = samples.len() < repeats && !settled(&samples);
-        if !more_a && !more_b {
-            break;
+    let (mut steps, ops) = StagedSteps::start(session, recompute_class, settings)?;
+    steps.time(true, true)?;
+    steps.time_selective()?;
+    Ok((steps.times(), ops))
+}
+
+/// A session's real steps timed in stages, for a caller that may stop early: the first step B
+/// (traced; it warms the session up: optimizer state, oneDNN's primitives), then steps A until
+/// they settle, then steps B until they settle. `plan` stops after the first step where that
+/// step already shows the config cannot win, and after steps A where the config's fastest
+/// choice checkpoints nothing (its step is step A; its recompute estimates then come from the
+/// first step alone).
+pub struct StagedSteps<'s> {
+    session: &'s mut Session,
+    recompute_class: Vec<usize>,
+    repeats: usize,
+    selective: Option<ckptune_kernels::sac::SacPolicy>,
+    all: Vec<bool>,
+    first: Sample<Vec<f64>>,
+    samples_a: Vec<Sample<()>>,
+    samples_b: Vec<Sample<Vec<f64>>>,
+    retimer: Retimer,
+    selective_seconds: Option<(Vec<f64>, usize)>,
+    t0: Instant,
+}
+
+impl<'s> StagedSteps<'s> {
+    /// Runs the first step B, traced: returns the timer and the step's operators.
+    pub fn start(
+        session: &'s mut Session,
+        recompute_class: &[usize],
+        settings: &ProfileSettings,
+    ) -> Result<(Self, Vec<OpEvent>)> {
+        let t0 = Instant::now();
+        let all = session.chain.every_candidate();
+        optrace::start()?;
+        let first = step_b(session, &all);
+        let ops = optrace::stop()?;
+        let first = first?.0;
+        let steps = StagedSteps {
+            session,
+            recompute_class: recompute_class.to_vec(),
+            repeats: settings.repeats.max(1),
+            selective: settings.selective,
+            all,
+            first,
+            samples_a: Vec::new(),
+            samples_b: Vec::new(),
+            retimer: Retimer::new(settings.retime),
+            selective_seconds: None,
+            t0,
+        };
+        Ok((steps, ops))
+    }
+
+    /// The first step less its blocks' no-grad forwards: the step with nothing checkpointed it
+    /// implies, and whether the first step was long and quiet enough to say so. It runs below
+    /// the measured step A (which faults in fresh pages for every activation it keeps: 15-27%
+    /// below on BERT-large, docs/timing.md), and above it only by the first step's one-time
+    /// work, a small part of a long step.
+    pub fn first_plain_seconds(&self) -> Option<f64> {
+        let s = &self.first;
+        (s.seconds >= FIRST_STEP_BOUNDS_SECONDS && !s.contended()).then(|| s.seconds - s.extra.iter().sum::<f64>())
+    }
+
+    /// Times steps A (`plain`) and B (`checkpointed`), alternating where both, until each kind
+    /// has settled or run `repeats` times; then re-times their contended samples.
+    pub fn time(&mut self, plain: bool, checkpointed: bool) -> Result<()> {
+        let none_mask = vec![false; self.session.chain.units()];
+        loop {
+            let more_a = plain && self.samples_a.len() < self.repeats && !settled(&self.samples_a);
+            let more_b = checkpointed && self.samples_b.len() < self.repeats && !settled(&self.samples_b);
+            if !more_a && !more_b {
+                break;
+            }
+            if more_a {
+                self.samples_a
+                    .push(Sample::of(&self.session.step(&none_mask, None)?, ()));
+            }
+            if more_b {
+                self.samples_b.push(step_b(self.session, &self.all)?.0);
+            }
         }
-        if more_a {
-            samples_a.push(Sample::of(&session.step(&none_mask, None)?, ()));
+        let (session, all) = (&mut *self.session, &self.all);
+        if plain {
+            self.retimer.retime(&mut self.samples_a, || {
+                Ok(Sample::of(&session.step(&none_mask, None)?, ()))
+            })?;
         }
-        if more_b {
-            samples.push(step_b(session, &all)?.0);
+        if checkpointed {
+            self.retimer
+                .retime(&mut self.samples_b, || Ok(step_b(session, all)?.0))?;
+        }
+        Ok(())
+    }
+
+    /// Times each block's selective recompute, where the profile offers it (steps S).
+    pub fn time_selective(&mut self) -> Result<()> {
+        if let Some(policy) = self.selective {
+            self.selective_seconds = Some(super::selective::real_seconds(
+                self.session,
+                policy,
+                &self.all,
+                self.repeats,
+            )?);
+        }
+        Ok(())
+    }
+
+    /// Whether steps B were timed after the first: without them, the times with everything
+    /// checkpointed and the recompute estimates are the first step's.
+    pub fn checkpointed_timed(&self) -> bool {
+        !self.samples_b.is_empty()
+    }
+
+    /// The times measured so far (steps A must have been timed).
+    pub fn times(&self) -> StepTimes {
+        let samples_b = match self.samples_b.is_empty() {
+            true => std::slice::from_ref(&self.first),
+            false => &self.samples_b[..],
+        };
+        let used: Vec<&[f64]> = timing::used(samples_b).iter().map(|s| s.extra.as_slice()).collect();
+        let unit_seconds = unit_forwards(&self.session.chain, &used);
+        let mut tally = ContentionTally::default();
+        tally.add(&self.samples_a);
+        tally.add(samples_b);
+        let (selective_seconds, selective_steps) = match &self.selective_seconds {
+            Some((s, n)) => (Some(s.clone()), *n),
+            None => (None, 0),
+        };
+        StepTimes {
+            seconds_none: timing::seconds(&self.samples_a),
+            seconds_all: timing::seconds(samples_b),
+            recompute_spread: pooled_by_class(&unit_seconds, &self.recompute_class),
+            contention: tally.finish(self.retimer.retimed),
+            steps_run: 1 + self.samples_a.len() + self.samples_b.len() + self.retimer.retimed + selective_steps,
+            wall_seconds: self.t0.elapsed().as_secs_f64(),
+            selective_seconds,
         }
     }
-    let mut retimer = Retimer::new(settings.retime);
-    retimer.retime(&mut samples_a, || Ok(Sample::of(&session.step(&none_mask, None)?, ())))?;
-    retimer.retime(&mut samples, || Ok(step_b(session, &all)?.0))?;
-    let used: Vec<&[f64]> = timing::used(&samples).iter().map(|s| s.extra.as_slice()).collect();
-    let unit_seconds = unit_forwards(&session.chain, &used);
-    let recompute_spread = pooled_by_class(&unit_seconds, recompute_class);
-    let mut tally = ContentionTally::default();
-    tally.add(&samples_a);
-    tally.add(&samples);
-    let (selective_seconds, selective_steps) = match settings.selective {
-        Some(policy) => {
-            let (s, n) = super::selective::real_seconds(session, policy, &all, repeats)?;
-            (Some(s), n)
-        }
-        None => (None, 0),
-    };
-    let times = StepTimes {
-        seconds_none: timing::seconds(&samples_a),
-        seconds_all: timing::seconds(&samples),
-        recompute_spread,
-        contention: tally.finish(retimer.retimed),
-        steps_run: 1 + samples_a.len() + samples.len() + retimer.retimed + selective_steps,
-        wall_seconds: t0.elapsed().as_secs_f64(),
-        selective_seconds,
-    };
-    Ok((times, ops))
 }
+
+/// A first step at least this long bounds the config's step with nothing checkpointed
+/// ([`StagedSteps::first_plain_seconds`]): its one-time work (oneDNN's primitives, the
+/// optimizer's state, a few hundred milliseconds) is then a small part of it.
+const FIRST_STEP_BOUNDS_SECONDS: f64 = 10.0;
 
 /// Steps at least this long settle early: two agreeing samples are the statistic's median.
 const LONG_STEP_SECONDS: f64 = 2.0;

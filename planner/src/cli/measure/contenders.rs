@@ -1,12 +1,17 @@
-//! Timing only the configs that can win. Under `--measure auto`, memory comes from the meta
-//! device and times from real steps, a warm-up and at least two steps of each kind per config
-//! (BERT-large at 512 tokens: 15-30 s a step here). A config's memory alone says whether it can
-//! fit the budget, and the cost model says roughly how fast it can be, so `plan` estimates
-//! every config first, then times for real the ones that fit, fastest estimate first, and stops
-//! timing once the next estimate is more than [`MARGIN`] times the fastest step measured so
-//! far: the cost model's steps run 6-19% *below* measured ones on this CPU's larger models
-//! (results/cost), so such a config's real step is slower still and cannot win. Configs not
-//! timed keep their estimated times, labelled as such in the plan's alternatives.
+//! Timing only the configs that can win, and each only as far as the plan needs. Under
+//! `--measure auto`, memory comes from the meta device and times from real steps (BERT-large at
+//! 512 tokens: 15-30 s a step here). A config's memory alone says whether it can fit the budget,
+//! and the cost model says roughly how fast it can be, so `plan` estimates every config first,
+//! then times for real the ones that fit, fastest estimate first, and stops timing once the next
+//! estimate is more than [`MARGIN`] times the fastest step measured so far: the cost model's
+//! steps run 6-19% *below* measured ones on this CPU's larger models (results/cost), so such a
+//! config's real step is slower still and cannot win. Configs not timed keep their estimated
+//! times, labelled as such in the plan's alternatives.
+//!
+//! A config being timed stops early where its own steps settle the plan (`staged`): after its
+//! first step, when that step less its recompute is already no faster than the fastest measured
+//! step ([`ruled_out`]), and after its steps with nothing checkpointed, when its fastest choice
+//! checkpoints nothing ([`needs_checkpointed`]).
 
 use anyhow::Result;
 use ckptune_solver::formats::ProfileJson;
@@ -19,53 +24,84 @@ pub type Rank<'a> = &'a dyn Fn(&ProfileJson) -> Result<Vec<Option<f64>>>;
 /// The estimates err low, so this only guards against the rarer estimate that errs high.
 pub const MARGIN: f64 = 1.25;
 
+/// Where a config stands in `plan`'s timing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum State {
+    /// Its times are the cost model's.
+    Untimed,
+    /// Timed for real, as far as the plan needs (`staged`).
+    Timed,
+    /// Its first real step implied a step with nothing checkpointed of this many seconds, no
+    /// faster than the fastest measured then: it cannot win, and keeps its estimated times.
+    RuledOut(f64),
+}
+
 /// Times configs one by one, as [`next_to_time`] says, until no config left untimed can win:
 /// `rank()` solves the plan over the profile as it stands (a budget given as a share moves with
-/// the fastest config, so it is solved again after each), `time(c)` times config `c` for real.
-/// Returns the last ranks and which configs were timed.
+/// the fastest config, so it is solved again after each), `time(c, fastest)` times config `c`
+/// for real, told the fastest step measured so far. Returns the last ranks and where each config
+/// stands.
 pub(super) fn time_until_none_can_win(
     configs: usize,
     mut rank: impl FnMut() -> Result<Vec<Option<f64>>>,
-    mut time: impl FnMut(usize) -> Result<()>,
-) -> Result<(Vec<Option<f64>>, Vec<bool>)> {
-    let mut timed = vec![false; configs];
+    mut time: impl FnMut(usize, Option<f64>) -> Result<State>,
+) -> Result<(Vec<Option<f64>>, Vec<State>)> {
+    let mut states = vec![State::Untimed; configs];
     loop {
         let ranks = rank()?;
-        let Some(c) = next_to_time(&ranks, &timed) else {
-            return Ok((ranks, timed));
+        let Some(c) = next_to_time(&ranks, &states) else {
+            return Ok((ranks, states));
         };
-        time(c)?;
-        timed[c] = true;
+        states[c] = time(c, fastest_timed(&ranks, &states))?;
     }
 }
 
 /// The timing policy: `ranks[c]` is config `c`'s fastest step within the budget (`None`: it
-/// cannot fit), measured where `timed[c]`, else estimated. The next config to time is the
-/// untimed one that fits with the fastest estimate, unless that estimate is over [`MARGIN`]
+/// cannot fit), measured where `states[c]` is timed, else estimated. The next config to time is
+/// the untimed one that fits with the fastest estimate, unless that estimate is over [`MARGIN`]
 /// times the fastest measured step.
-fn next_to_time(ranks: &[Option<f64>], timed: &[bool]) -> Option<usize> {
-    let fastest = fastest_timed(ranks, timed);
+fn next_to_time(ranks: &[Option<f64>], states: &[State]) -> Option<usize> {
+    let fastest = fastest_timed(ranks, states);
     (0..ranks.len())
-        .filter(|&c| !timed[c])
+        .filter(|&c| states[c] == State::Untimed)
         .filter_map(|c| Some((c, ranks[c]?)))
         .filter(|&(_, e)| fastest.is_none_or(|f| e <= MARGIN * f))
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(c, _)| c)
 }
 
-fn fastest_timed(ranks: &[Option<f64>], timed: &[bool]) -> Option<f64> {
+fn fastest_timed(ranks: &[Option<f64>], states: &[State]) -> Option<f64> {
     (0..ranks.len())
-        .filter(|&c| timed[c])
+        .filter(|&c| states[c] == State::Timed)
         .filter_map(|c| ranks[c])
         .min_by(f64::total_cmp)
 }
 
+/// The step with nothing checkpointed that a config's first real step implies (`first_plain`,
+/// where that step could say: `StagedSteps::first_plain_seconds`), when it is no faster than
+/// the `fastest` step measured: checkpointing only adds recompute to that step, so the config
+/// cannot win.
+pub(super) fn ruled_out(first_plain: Option<f64>, fastest: Option<f64>) -> Option<f64> {
+    let (plain, fastest) = (first_plain?, fastest?);
+    (plain >= fastest).then_some(plain)
+}
+
+/// Whether a config whose step with nothing checkpointed measured `plain` seconds needs its
+/// steps B timed: its fastest choice within the budget (`rank`, solved with the first step's
+/// recompute estimates) checkpoints something, and it is faster than the `fastest` step
+/// measured, so it may still win. A config whose plain step fits the budget is settled by its
+/// steps A: it checkpoints nothing, and its step is theirs.
+pub(super) fn needs_checkpointed(rank: Option<f64>, plain: f64, fastest: Option<f64>) -> bool {
+    rank.is_some_and(|r| r > plain) && fastest.is_none_or(|f| plain < f)
+}
+
 /// What `plan` says of the configs not timed for real (`labels` name them): those that cannot
-/// fit, and those whose estimate is too slow to win.
-pub(super) fn untimed_notes(labels: &[String], ranks: &[Option<f64>], timed: &[bool]) -> Vec<String> {
+/// fit, those whose estimate is too slow to win, and those their first step ruled out.
+pub(super) fn untimed_notes(labels: &[String], ranks: &[Option<f64>], states: &[State]) -> Vec<String> {
     let mut notes = Vec::new();
+    let untimed = |c: usize| states[c] == State::Untimed;
     let unfit: Vec<&str> = (0..ranks.len())
-        .filter(|&c| ranks[c].is_none() && !timed[c])
+        .filter(|&c| ranks[c].is_none() && untimed(c))
         .map(|c| labels[c].as_str())
         .collect();
     if !unfit.is_empty() {
@@ -75,15 +111,31 @@ pub(super) fn untimed_notes(labels: &[String], ranks: &[Option<f64>], timed: &[b
             unfit.join(", ")
         ));
     }
+    let fastest = fastest_timed(ranks, states);
     let slow: Vec<String> = (0..ranks.len())
-        .filter(|&c| !timed[c])
+        .filter(|&c| untimed(c))
         .filter_map(|c| Some(format!("{} (estimated {:.3} s)", labels[c], ranks[c]?)))
         .collect();
-    if let (false, Some(f)) = (slow.is_empty(), fastest_timed(ranks, timed)) {
+    if let (false, Some(f)) = (slow.is_empty(), fastest) {
         notes.push(format!(
             "not timed for real, as the cost model puts them over {MARGIN}x the fastest measured step \
              ({f:.3} s): {}; --measure meta times every config",
             slow.join(", ")
+        ));
+    }
+    let ruled: Vec<String> = (0..ranks.len())
+        .filter_map(|c| match states[c] {
+            State::RuledOut(plain) => Some(format!("{} (at least {plain:.3} s)", labels[c])),
+            _ => None,
+        })
+        .collect();
+    if !ruled.is_empty() {
+        notes.push(format!(
+            "timed for one step only, as that step, less its recompute, was already no faster than the \
+             fastest measured step{}: {} (their times are the cost model's estimates); --measure meta times \
+             every config",
+            fastest.map_or(String::new(), |f| format!(" ({f:.3} s)")),
+            ruled.join(", ")
         ));
     }
     notes
@@ -101,11 +153,11 @@ mod tests {
         time_until_none_can_win(
             estimates.len(),
             || Ok(ranks.borrow().clone()),
-            |c| {
+            |c, _| {
                 assert!(!order.contains(&c), "config {c} timed twice");
                 ranks.borrow_mut()[c] = measured[c];
                 order.push(c);
-                Ok(())
+                Ok(State::Timed)
             },
         )
         .unwrap();
@@ -148,5 +200,60 @@ mod tests {
     fn a_timed_config_that_no_longer_fits_hands_on_to_the_next() {
         // Learned scratch can lift a config's peak over the budget once it is timed.
         assert_eq!(run(&[Some(1.0), Some(3.0)], &[None, Some(3.5)]), vec![0, 1]);
+    }
+
+    #[test]
+    fn a_config_ruled_out_by_its_first_step_is_not_timed_again_and_sets_no_pace() {
+        // Config 0 measures 10 s; config 1's first step implies 12 s; config 2 (estimate 12 s,
+        // within 1.25 x 10) is timed next, against config 0's 10 s, not config 1's.
+        let ranks = std::cell::RefCell::new(vec![Some(8.0), Some(9.0), Some(12.0)]);
+        let mut told = Vec::new();
+        let (_, states) = time_until_none_can_win(
+            3,
+            || Ok(ranks.borrow().clone()),
+            |c, fastest| {
+                told.push((c, fastest));
+                Ok(match c {
+                    1 => State::RuledOut(12.0),
+                    _ => {
+                        ranks.borrow_mut()[c] = Some(10.0 + c as f64);
+                        State::Timed
+                    }
+                })
+            },
+        )
+        .unwrap();
+        assert_eq!(told, vec![(0, None), (1, Some(10.0)), (2, Some(10.0))]);
+        assert_eq!(states, vec![State::Timed, State::RuledOut(12.0), State::Timed]);
+        let labels: Vec<String> = ["a", "b", "c"].map(String::from).into();
+        let notes = untimed_notes(&labels, &ranks.borrow(), &states);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains("b (at least 12.000 s)") && notes[0].contains("(10.000 s)"),
+            "{notes:?}"
+        );
+    }
+
+    #[test]
+    fn a_first_step_rules_out_only_against_a_measured_step_it_does_not_beat() {
+        assert_eq!(ruled_out(Some(12.0), Some(10.0)), Some(12.0));
+        assert_eq!(ruled_out(Some(10.0), Some(10.0)), Some(10.0));
+        assert_eq!(ruled_out(Some(9.9), Some(10.0)), None);
+        // The first config has nothing to lose to; a short or busy first step says nothing.
+        assert_eq!(ruled_out(Some(12.0), None), None);
+        assert_eq!(ruled_out(None, Some(10.0)), None);
+    }
+
+    #[test]
+    fn steps_b_are_timed_only_where_the_plan_checkpoints_and_may_win() {
+        // The plain step fits: the fastest choice is the plain step itself.
+        assert!(!needs_checkpointed(Some(10.0), 10.0, None));
+        // Checkpointing is needed, and nothing measured is faster.
+        assert!(needs_checkpointed(Some(11.0), 10.0, None));
+        assert!(needs_checkpointed(Some(11.0), 10.0, Some(10.5)));
+        // Its plain step already loses: checkpointing only adds to it.
+        assert!(!needs_checkpointed(Some(11.0), 10.0, Some(10.0)));
+        // Nothing fits (learned scratch lifted the peak): no choice to time.
+        assert!(!needs_checkpointed(None, 10.0, None));
     }
 }
