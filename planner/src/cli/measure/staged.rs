@@ -179,7 +179,9 @@ fn timed(setup: &Setup, cfg: &TrainConfig, unlearned: &ConfigProfile, stages: Op
             steps.time(true, false).with_context(timing)?;
             let mut plain = unlearned.clone();
             steps.times().apply(&mut plain);
-            if !(s.needs_checkpointed)(&plain)? {
+            // A selective recompute is timed only in steps S, after steps B: a profile offering it
+            // is timed whole.
+            if setup.selective.is_none() && !(s.needs_checkpointed)(&plain)? {
                 return Ok(timed_as(mj, steps.times(), real_ops, Kinds::Plain));
             }
             steps.time(false, true).with_context(timing)?;
