@@ -3,8 +3,11 @@
 //! timed: the rates are given, and a fake step computes nothing.
 
 use ckptune_kernels::meter;
+use ckptune_kernels::optrace::OpEvent;
+use ckptune_kernels::sac::SacPolicy;
 use ckptune_models::{builtin, Granularity, ModelOptions};
 use ckptune_runtime::cost::{self, work};
+use ckptune_runtime::exec::scope::{self, Phase};
 use ckptune_runtime::profile::times_from_fake_step;
 use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, TrainConfig};
 use ckptune_solver::rates::{gpu, Curve, DeviceRates, Dtype, Engine, GPU_OVERHEAD_SECONDS};
@@ -70,7 +73,7 @@ fn a_fake_step_gives_every_block_a_time_and_flat_rates_give_the_sum_by_hand() {
     for model in ["tiny-bert", "tiny-resnet"] {
         let mut s = fake(model);
         let units = s.chain.units();
-        let (times, est) = times_from_fake_step(&mut s, &[], &flat()).expect("estimate");
+        let (times, est) = times_from_fake_step(&mut s, &[], &flat(), None).expect("estimate");
         assert_eq!(est.traced_on, "meta");
         let all = times.seconds_all.median;
         let none = times.seconds_none.median;
@@ -102,14 +105,81 @@ fn a_fake_step_gives_every_block_a_time_and_flat_rates_give_the_sum_by_hand() {
 fn a_gpu_of_the_table_does_the_work_faster_than_flat_cpu_rates_and_is_labelled_unmeasured() {
     let mut s = fake("tiny-bert");
     let h100 = gpu("h100").expect("h100").rates();
-    let (gpu_times, est) = times_from_fake_step(&mut s, &[], &h100).expect("estimate");
+    let (gpu_times, est) = times_from_fake_step(&mut s, &[], &h100, None).expect("estimate");
     // The same per-call overhead on both: the GPU's work is what is faster.
     let cpu = DeviceRates {
         overhead_seconds: GPU_OVERHEAD_SECONDS,
         ..flat()
     };
-    let (cpu_times, _) = times_from_fake_step(&mut s, &[], &cpu).expect("estimate");
+    let (cpu_times, _) = times_from_fake_step(&mut s, &[], &cpu, None).expect("estimate");
     assert!(!est.rates.measured && est.rates.device == "cuda:h100");
     assert!(gpu_times.seconds_all.median > 0.0);
     assert!(gpu_times.seconds_all.median < cpu_times.seconds_all.median);
+}
+
+/// Per block, the seconds at [`flat`] rates of the counted operators of `events` that ran in
+/// the block's recompute scope and that `policy` saves.
+fn saved_in_recompute(events: &[OpEvent], blocks: usize, policy: SacPolicy) -> Vec<f64> {
+    let seconds = cost::event_seconds(events, &flat());
+    let mut out = vec![0.0; blocks];
+    for c in work::counted(events, &mut work::traits) {
+        let e = &events[c.index];
+        if !policy.saves(&e.name) {
+            continue;
+        }
+        // The innermost block scope open at the operator.
+        let scope = (0..c.index)
+            .rev()
+            .find(|&j| {
+                events[j].scope
+                    && events[j].end > c.index
+                    && scope::parse(&events[j].name).is_some_and(|(_, b)| b.is_some())
+            })
+            .and_then(|j| scope::parse(&events[j].name));
+        if let Some((Phase::Recompute, Some(b))) = scope {
+            out[b] += seconds[c.index] - flat().overhead_seconds * f64::from(u8::from(is_call(events, c.index)));
+        }
+    }
+    out
+}
+
+/// Whether event `i` pays a call's overhead ([`work::calls`]).
+fn is_call(events: &[OpEvent], i: usize) -> bool {
+    work::calls(events).contains(&i)
+}
+
+#[test]
+fn a_selective_recompute_is_the_full_recompute_less_the_work_of_what_its_policy_saves() {
+    for model in ["tiny-bert", "tiny-llama"] {
+        let mut s = fake(model);
+        let n = s.chain.blocks.len();
+        let policy = SacPolicy::Matmul;
+        let (times, est) = times_from_fake_step(&mut s, &[], &flat(), Some(policy)).expect("estimate");
+        // The reference: step B (every candidate checkpointed in full), its recomputes less the
+        // work of the operators the policy saves there. Step S's replayed calls still pay a
+        // call's overhead, as B's calls of them do.
+        let events = s.op_trace(&s.chain.every_candidate()).expect("trace");
+        let full = cost::phase_seconds(&events, n, &flat()).recompute;
+        let saved = saved_in_recompute(&events, n, policy);
+        let selective = times.selective_seconds.as_ref().expect("selective seconds");
+        // Layers' products are saved; a block without any (embeddings) recomputes everything.
+        assert!(saved.iter().filter(|&&s| s > 0.0).count() >= 2, "{model}: {saved:?}");
+        for (i, b) in s.chain.blocks.iter().enumerate() {
+            let e = &est.blocks[i];
+            if !b.candidate {
+                assert_eq!(e.selective_recompute, None, "{model} {}", b.name);
+                continue;
+            }
+            let reference = full[i] - saved[i];
+            let got = e.selective_recompute.expect("a candidate's selective recompute");
+            assert!(
+                (got - reference).abs() <= 1e-9 * full[i],
+                "{model} {}: selective {got} s, full {} s less saved {} s",
+                b.name,
+                full[i],
+                saved[i]
+            );
+            assert_eq!(selective[i], got, "{model} {}", b.name);
+        }
+    }
 }

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use ckptune_kernels::optrace::OpEvent;
+use ckptune_kernels::sac::SacPolicy;
 use ckptune_solver::formats::{self, CachedRates};
 use ckptune_solver::rates::DeviceRates;
 
@@ -111,10 +112,16 @@ impl PhaseSeconds {
 /// operator's work ([`work::counted`]), and the per-call overhead on each call
 /// ([`work::calls`]).
 pub fn event_seconds(events: &[OpEvent], rates: &DeviceRates) -> Vec<f64> {
+    event_seconds_except(events, rates, &[])
+}
+
+/// [`event_seconds`], the calls flagged in `replayed` ([`replayed`]) doing no work: each pays
+/// its call's overhead only.
+fn event_seconds_except(events: &[OpEvent], rates: &DeviceRates, replayed: &[bool]) -> Vec<f64> {
     let mut known: HashMap<String, work::Traits> = HashMap::new();
     let mut traits = |name: &str| *known.entry(name.to_owned()).or_insert_with(|| work::traits(name));
     let mut seconds = vec![0.0; events.len()];
-    for c in work::counted(events, &mut traits) {
+    for c in work::counted_except(events, replayed, &mut traits) {
         seconds[c.index] += rates.op_seconds(work::base(&events[c.index].name), &c.work);
     }
     for i in work::calls(events) {
@@ -129,7 +136,64 @@ type ScopeName = (Phase, Option<usize>);
 /// A trace of a step of a chain of `blocks` blocks, timed over `rates` and summed by the
 /// scope each event ran in (`exec::scope`).
 pub fn phase_seconds(events: &[OpEvent], blocks: usize, rates: &DeviceRates) -> PhaseSeconds {
-    let seconds = event_seconds(events, rates);
+    by_phase(events, blocks, &event_seconds(events, rates))
+}
+
+/// [`phase_seconds`] of a step whose blocks ran selective as `selective` says (per block, its
+/// policy): the operators a selective block's recompute takes from its forward's cache do no
+/// work ([`replayed`]), so each such block's `recompute` is the operators its policy recomputes.
+pub fn selective_phase_seconds(
+    events: &[OpEvent],
+    selective: &[Option<SacPolicy>],
+    rates: &DeviceRates,
+) -> PhaseSeconds {
+    let replayed = replayed(events, selective);
+    by_phase(events, selective.len(), &event_seconds_except(events, rates, &replayed))
+}
+
+/// Per event of a step's trace, whether a selective block's recompute answered it from its
+/// forward's cache: an operator the block's policy saves (`SacPolicy::saves`, the recompute's
+/// own test), called in the block's recompute scope from no operator that reaches the
+/// dispatcher's kernels itself (the policy sees only those: what runs inside one is its
+/// business, and a decomposition such as `linear` reaches them through its parts).
+pub fn replayed(events: &[OpEvent], selective: &[Option<SacPolicy>]) -> Vec<bool> {
+    let mut saves: HashMap<(SacPolicy, &str), bool> = HashMap::new();
+    let mut traits: HashMap<&str, work::Traits> = HashMap::new();
+    let mut out = vec![false; events.len()];
+    // Open scopes and operators at each event: (its end, the block whose selective recompute it
+    // is, whether it is an operator that reaches the kernels).
+    let mut open: Vec<(usize, Option<usize>, bool)> = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        while open.last().is_some_and(|&(end, _, _)| end <= i) {
+            open.pop();
+        }
+        let end = e.end.max(i + 1);
+        if e.scope {
+            let block = match scope::parse(&e.name) {
+                Some((Phase::Recompute, Some(b))) => Some(b),
+                _ => None,
+            };
+            open.push((end, block, false));
+            continue;
+        }
+        let inside_kernel = open.iter().any(|&(_, _, kernel)| kernel);
+        let block = open.iter().rev().find_map(|&(_, b, _)| b);
+        let policy = block.and_then(|b| selective.get(b).copied().flatten());
+        if let (Some(p), false, true) = (policy, inside_kernel, work::is_operator(e)) {
+            out[i] = *saves.entry((p, e.name.as_str())).or_insert_with(|| p.saves(&e.name));
+        }
+        let kernel = work::is_operator(e)
+            && !traits
+                .entry(e.name.as_str())
+                .or_insert_with(|| work::traits(&e.name))
+                .decomposition;
+        open.push((end, None, kernel));
+    }
+    out
+}
+
+/// `seconds` (per event) summed by the scope each event ran in, for a chain of `blocks` blocks.
+fn by_phase(events: &[OpEvent], blocks: usize, seconds: &[f64]) -> PhaseSeconds {
     let mut out = PhaseSeconds {
         forward: vec![0.0; blocks],
         recompute: vec![0.0; blocks],
