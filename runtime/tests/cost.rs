@@ -31,6 +31,11 @@ fn flat() -> DeviceRates {
 }
 
 fn fake(model: &str) -> Session {
+    fake_with(model, false)
+}
+
+/// [`fake`], stepping the optimizer in backward where `in_backward` says.
+fn fake_with(model: &str, in_backward: bool) -> Session {
     meter::install().expect("meter");
     let resnet = model.contains("resnet");
     let opts = ModelOptions {
@@ -39,7 +44,8 @@ fn fake(model: &str) -> Session {
         granularity: Granularity::Layer,
         ..Default::default()
     };
-    let cfg = TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, 2);
+    let mut cfg = TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, 2);
+    cfg.optimizer_in_backward = in_backward;
     tch::manual_seed(0);
     Session::new_fake(
         || builtin(model, &opts).map_err(|e| RuntimeError::Invalid(e.to_string())),
@@ -181,5 +187,39 @@ fn a_selective_recompute_is_the_full_recompute_less_the_work_of_what_its_policy_
             );
             assert_eq!(selective[i], got, "{model} {}", b.name);
         }
+    }
+}
+
+/// Each counted operator's name and work, in a canonical order: what a step does, wherever it
+/// runs it.
+fn work_done(events: &[OpEvent]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = work::counted(events, &mut work::traits)
+        .iter()
+        .map(|c| (events[c.index].name.clone(), format!("{:?}", c.work)))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn the_optimizer_step_in_backward_does_the_work_of_the_step_after_it() {
+    for model in ["tiny-bert", "tiny-llama"] {
+        let (mut after, mut in_bwd) = (fake_with(model, false), fake_with(model, true));
+        let all = after.chain.every_candidate();
+        let (a, b) = (
+            after.op_trace(&all).expect("trace"),
+            in_bwd.op_trace(&all).expect("trace"),
+        );
+        // The same operators with the same FLOPs and bytes, each parameter's AdamW step in its
+        // gradient's hook instead of one loop after backward: counted once either way.
+        assert_eq!(work_done(&a), work_done(&b), "{model}");
+        assert_eq!(work::calls(&a).len(), work::calls(&b).len(), "{model}");
+        let (ta, _) = times_from_fake_step(&mut after, &[], &flat(), None).expect("estimate");
+        let (tb, _) = times_from_fake_step(&mut in_bwd, &[], &flat(), None).expect("estimate");
+        let (sa, sb) = (ta.seconds_all.median, tb.seconds_all.median);
+        assert!(
+            (sa - sb).abs() <= 1e-12 * sa,
+            "{model}: after {sa} s, in backward {sb} s"
+        );
     }
 }

@@ -14,6 +14,7 @@ use ckptune_solver::rates::DeviceRates;
 
 use crate::error::{Result, RuntimeError};
 use crate::exec::scope::{self, Phase};
+use crate::load::{CpuCounters, Load, QUIET_CORES};
 
 mod calibrate;
 pub mod work;
@@ -54,7 +55,9 @@ fn cache_dir() -> PathBuf {
 
 /// This CPU's rates with `threads` intra-op threads: the cached calibration of this CPU
 /// ([`cpu_identity`]) and thread count, else a calibration run ([`calibrate`], at most about
-/// [`BUDGET_SECONDS`]) whose result is cached. A cache that cannot be written is not an error.
+/// [`BUDGET_SECONDS`]) whose result is cached. A cached calibration the rest of the machine
+/// contended ([`calibration_was_busy`]) is used while the machine is still busy and measured
+/// again once it is quiet. A cache that cannot be written is not an error.
 pub fn cpu_rates(threads: i32) -> Result<DeviceRates> {
     if threads < 1 {
         return Err(RuntimeError::Invalid(format!(
@@ -66,22 +69,64 @@ pub fn cpu_rates(threads: i32) -> Result<DeviceRates> {
     // One file per thread count; the key inside says which CPU it was measured on (a home
     // shared by several machines recalibrates when it moves between them).
     let file = cache_dir().join(format!("cpu-{threads}-threads.json"));
-    if let Ok(cached) = formats::read_tagged::<CachedRates>(&file, formats::RATES_FORMAT) {
-        if cached.key == key && cached.rates.check().is_ok() {
-            return Ok(cached.rates);
+    let cached = formats::read_tagged::<CachedRates>(&file, formats::RATES_FORMAT)
+        .ok()
+        .filter(|c| c.key == key && c.rates.check().is_ok());
+    if let Some(c) = &cached {
+        if !calibration_was_busy(c.other_cores) || !machine_is_quiet() {
+            return Ok(c.rates.clone());
         }
     }
-    let rates = calibrate(threads, &identity)?;
+    let before = CpuCounters::read();
+    let mut rates = calibrate(threads, &identity)?;
+    let other_cores = before
+        .zip(CpuCounters::read())
+        .map(|(b, a)| busy_cores(&b.until(&a, threads as usize)));
     rates
         .check()
         .map_err(|e| RuntimeError::Invalid(format!("calibrating the CPU's rates: {e}")))?;
+    if calibration_was_busy(other_cores) {
+        // A busy recalibration replaces a busy cache only where it was quieter.
+        if let Some(c) = cached.filter(|c| c.other_cores <= other_cores) {
+            return Ok(c.rates);
+        }
+        rates.source += &format!(
+            "; the rest of the machine kept {:.1} cores busy meanwhile, so the rates may be low \
+             (measured again when the machine is quiet)",
+            other_cores.unwrap_or(0.0)
+        );
+    }
     let doc = CachedRates {
         format: formats::RATES_FORMAT.into(),
         key,
         rates: rates.clone(),
+        other_cores,
     };
     let _ = formats::write_atomic(&file, &doc);
     Ok(rates)
+}
+
+/// Cores the rest of the machine kept busy over `load`, less the counters' rounding.
+fn busy_cores(load: &Load) -> f64 {
+    (load.other_cores() - load.resolution_cores()).max(0.0)
+}
+
+/// Whether a calibration ran while the rest of the machine kept more than [`QUIET_CORES`]
+/// busy. Stricter than a timed step's rule, which leaves the CPUs its threads do not use to
+/// others: the rates stand for a step alone on the machine, and another busy core shares the
+/// memory bandwidth and, where two CPUs are one core's hyperthreads, the core. On the
+/// 2-core machine of results/cost/, a 1-thread calibration cached while other builds ran gave
+/// half the products' rate and a third to a half of the bandwidth of the benchmark's rounds,
+/// and estimated BERT-base's step at 7.9 s where it measures 4.1 s
+/// (results/cost/optimizer-in-backward/). Unknown load (no `/proc`) is not busy.
+pub fn calibration_was_busy(other_cores: Option<f64>) -> bool {
+    other_cores.is_some_and(|c| c > QUIET_CORES)
+}
+
+/// Whether the rest of the machine keeps no more than [`QUIET_CORES`] busy now (over a
+/// 200 ms window; unknown: quiet).
+fn machine_is_quiet() -> bool {
+    crate::load::free_cpus(std::time::Duration::from_millis(200)).is_none_or(|(_, other)| other <= QUIET_CORES)
 }
 
 /// A step's estimated seconds by part: per block its forward (under no-grad where the block
