@@ -223,3 +223,15 @@ fn the_optimizer_step_in_backward_does_the_work_of_the_step_after_it() {
         );
     }
 }
+
+#[test]
+fn a_calibration_is_busy_when_others_kept_more_than_a_quarter_core() {
+    use ckptune_runtime::load::QUIET_CORES;
+    // Unknown load (no /proc) and background daemons are quiet; one busy process is not, even
+    // where the calibration's threads left its CPU free.
+    assert!(!cost::calibration_was_busy(None));
+    assert!(!cost::calibration_was_busy(Some(0.0)));
+    assert!(!cost::calibration_was_busy(Some(QUIET_CORES)));
+    assert!(cost::calibration_was_busy(Some(QUIET_CORES + 0.01)));
+    assert!(cost::calibration_was_busy(Some(1.0)));
+}
