@@ -235,3 +235,35 @@ fn a_calibration_is_busy_when_others_kept_more_than_a_quarter_core() {
     assert!(cost::calibration_was_busy(Some(QUIET_CORES + 0.01)));
     assert!(cost::calibration_was_busy(Some(1.0)));
 }
+
+#[test]
+fn the_calls_counted_as_replayed_are_those_the_cache_answers() {
+    let mut s = fake("tiny-llama");
+    let policy = SacPolicy::Matmul;
+    let all = s.chain.every_candidate();
+    let selective: Vec<_> = all.iter().map(|&c| c.then_some(policy)).collect();
+    s.selective = selective.clone();
+    let events = s.op_trace(&all).expect("trace");
+    let replayed = cost::replayed(&events, &selective);
+    // The cache answers a call without running it: nothing allocated. Each output the forward
+    // saved (an allocation there) is taken once.
+    let mut saved_in_forward = 0;
+    for (i, e) in events.iter().enumerate() {
+        let block_scope = (0..i)
+            .rev()
+            .find(|&j| {
+                events[j].scope && events[j].end > i && scope::parse(&events[j].name).is_some_and(|(_, b)| b.is_some())
+            })
+            .and_then(|j| scope::parse(&events[j].name));
+        if replayed[i] {
+            assert!(matches!(block_scope, Some((Phase::Recompute, _))), "{}", e.name);
+            assert_eq!((e.enter, e.peak), (e.exit, e.exit), "{} allocated in a replay", e.name);
+        } else if matches!(block_scope, Some((Phase::Forward, _))) && policy.saves(&e.name) {
+            assert!(e.peak > e.enter, "{} in a forward allocated nothing", e.name);
+            saved_in_forward += 1;
+        }
+    }
+    let count = replayed.iter().filter(|&&r| r).count();
+    assert!(count > 0);
+    assert_eq!(count, saved_in_forward);
+}
