@@ -234,6 +234,13 @@ fn a_calibration_is_busy_when_others_kept_more_than_a_quarter_core() {
     assert!(!cost::calibration_was_busy(Some(QUIET_CORES)));
     assert!(cost::calibration_was_busy(Some(QUIET_CORES + 0.01)));
     assert!(cost::calibration_was_busy(Some(1.0)));
+    // A busy calibration's rates say so, and a plan notes it.
+    assert_eq!(cost::busy_calibration_note(&flat()), None);
+    let busy = DeviceRates {
+        source: format!("calibration run; {} (1.2 cores)", cost::BUSY_CALIBRATION),
+        ..flat()
+    };
+    assert!(cost::busy_calibration_note(&busy).is_some_and(|n| n.contains("calibrated again")));
 }
 
 #[test]

@@ -78,7 +78,13 @@ fn rates_device(setup: &Setup) -> String {
 fn rates(setup: &Setup) -> Result<DeviceRates> {
     match setup.gpu {
         Some(g) => Ok(g.rates()),
-        None => Ok(ckptune_runtime::cost::cpu_rates(setup.threads)?),
+        None => {
+            let rates = ckptune_runtime::cost::cpu_rates(setup.threads)?;
+            if let Some(note) = ckptune_runtime::cost::busy_calibration_note(&rates).filter(|_| !setup.quiet) {
+                eprintln!("note: {note}");
+            }
+            Ok(rates)
+        }
     }
 }
 

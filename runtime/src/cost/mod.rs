@@ -91,8 +91,7 @@ pub fn cpu_rates(threads: i32) -> Result<DeviceRates> {
             return Ok(c.rates);
         }
         rates.source += &format!(
-            "; the rest of the machine kept {:.1} cores busy meanwhile, so the rates may be low \
-             (measured again when the machine is quiet)",
+            "; {BUSY_CALIBRATION} ({:.1} cores), so the rates may be low (measured again when the machine is quiet)",
             other_cores.unwrap_or(0.0)
         );
     }
@@ -104,6 +103,19 @@ pub fn cpu_rates(threads: i32) -> Result<DeviceRates> {
     };
     let _ = formats::write_atomic(&file, &doc);
     Ok(rates)
+}
+
+/// What a busy calibration's `source` says ([`cpu_rates`]).
+pub const BUSY_CALIBRATION: &str = "the rest of the machine kept cores busy while these rates were calibrated";
+
+/// Where `rates` come from a calibration the rest of the machine kept busy ([`cpu_rates`]): a
+/// note for the user saying so and what to expect.
+pub fn busy_calibration_note(rates: &DeviceRates) -> Option<String> {
+    rates.source.contains(BUSY_CALIBRATION).then(|| {
+        "this CPU's rates were calibrated while the rest of the machine kept cores busy, so the \
+         estimated times may be too long; they are calibrated again when the machine is quiet"
+            .to_owned()
+    })
 }
 
 /// Cores the rest of the machine kept busy over `load`, less the counters' rounding.
