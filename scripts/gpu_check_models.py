@@ -34,10 +34,17 @@ MODELS = {
     # The optimizer step in backward (each parameter's AdamW step in its gradient's hook).
     "bert-base-in-bwd": ["bert-base-uncased", "--batch", "4", "--seq", "512", "--precision", "fp32",
                          "--optimizer-step", "in-backward"],
+    # Selective checkpointing offered per layer (matmul outputs saved, the rest recomputed): the
+    # checkpointed plan may run layers selective; its recompute times are the cost model's here.
+    "tinyllama-selective": ["tinyllama-1.1b", "--batch", "2", "--seq", "1024", "--precision", "bf16",
+                            "--selective", "matmul"],
     "tiny-resnet": ["tiny-resnet", "--batch", "8", "--image", "32", "--precision", "fp32"],
     "tiny-bert": ["tiny-bert", "--batch", "4", "--seq", "32", "--precision", "fp32"],
+    "tiny-llama-selective": ["tiny-llama", "--batch", "16", "--seq", "512", "--precision", "fp32",
+                             "--selective", "matmul"],
 }
-DEFAULT_MODELS = "resnet50,bert-base,tinyllama,bert-base-bf16,tinyllama-bf16,bert-base-in-bwd"
+DEFAULT_MODELS = ("resnet50,bert-base,tinyllama,bert-base-bf16,tinyllama-bf16,bert-base-in-bwd,"
+                  "tinyllama-selective")
 # Nothing checkpointed (an unlimited budget), AdamW: the same plan on both sides.
 COMMON = ["--budget", "1TiB", "--optimizer", "adamw", "--quiet"]
 GPU_TIMEOUT_S = 240

@@ -187,4 +187,22 @@ int64_t ckpt_sac_left(const CkptSacCache* cache) {
 
 void ckpt_sac_free(CkptSacCache* cache) { delete cache; }
 
+// Whether `policy` saves operator `name` (`aten::addmm`, `aten::add.Tensor`: with its overload,
+// as the operator trace names it), so a selective block's recompute takes its outputs from the
+// cache rather than running it: the cost model times a selective recompute without it. The same
+// test `sac_call` applies; an operator libtorch lacks is saved by no policy.
+int ckpt_sac_saves(int policy, const char* name) {
+  try {
+    const std::string full(name);
+    const auto colons = full.find("::");
+    const auto dot = full.find('.', colons == std::string::npos ? 0 : colons + 2);
+    const std::string base = dot == std::string::npos ? full : full.substr(0, dot);
+    const std::string overload = dot == std::string::npos ? "" : full.substr(dot + 1);
+    auto op = c10::Dispatcher::singleton().findSchema({base, overload});
+    return op.has_value() && saves(policy, *op) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
 }  // extern "C"

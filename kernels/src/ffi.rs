@@ -74,6 +74,7 @@ extern "C" {
     pub(crate) fn ckpt_sac_stop();
     pub(crate) fn ckpt_sac_left(cache: *const CSacCache) -> i64;
     pub(crate) fn ckpt_sac_free(cache: *mut CSacCache);
+    pub(crate) fn ckpt_sac_saves(policy: c_int, name: *const c_char) -> c_int;
     pub(crate) fn ckpt_fake_enter(err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_fake_exit();
     pub(crate) fn ckpt_fake_active() -> c_int;

@@ -35,6 +35,18 @@ impl SacPolicy {
         SacPolicy::ALL.into_iter().find(|p| p.name() == name)
     }
 
+    /// Whether this policy saves operator `name` (`aten::addmm`, `aten::add.Tensor`: with its
+    /// overload, as [`crate::optrace::OpEvent::name`] has it): a selective block's recompute
+    /// returns its cached outputs instead of running it. Answered by the test the recompute
+    /// applies (`csrc/sac.cpp`); an operator libtorch lacks is saved by no policy.
+    pub fn saves(self, name: &str) -> bool {
+        let Ok(c) = std::ffi::CString::new(name) else {
+            return false;
+        };
+        // SAFETY: `c` is a NUL-terminated string alive for the call; the shim only reads it.
+        unsafe { ffi::ckpt_sac_saves(self.code(), c.as_ptr()) != 0 }
+    }
+
     fn code(self) -> c_int {
         match self {
             SacPolicy::Matmul => 0,

@@ -4,12 +4,15 @@
 //! candidate's state, its step time counts their selective recomputes, `verify` runs them
 //! selective and matches every moment to the byte, and `verify --pytorch` runs them selective
 //! through `ckptune.apply`, PyTorch's peak as far from the prediction as with the same modules
-//! checkpointed whole. Refusals: an unknown policy, nested candidates, a profile without step S.
+//! checkpointed whole. `profile`'s table shows each layer selective beside checkpointed, its
+//! recompute estimated where the cost model times the profile. Refusals: an unknown policy,
+//! nested candidates, a profile without step S.
 
 mod common;
 
 use std::path::Path;
 
+use ckptune_solver::budget::format_size;
 use common::{ckptune, edited, ok, read, refused, COMMON};
 use serde_json::Value;
 
@@ -67,6 +70,56 @@ fn the_profile_measures_every_candidate_selective_and_the_cache_keeps_them_apart
     }
     for b in candidates(&plain["configs"][0]) {
         assert!(b.get("selective").is_none_or(Value::is_null), "{}", b["name"]);
+    }
+}
+
+#[test]
+fn the_profile_table_shows_each_layer_selective_beside_checkpointed_and_estimates_its_recompute() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("est.json");
+    let mut args = vec!["profile"];
+    args.extend(MODEL);
+    args.extend(["-o", path.to_str().unwrap(), "--threads", "1", "--no-cache"]);
+    args.extend([
+        "--selective",
+        "matmul",
+        "--measure",
+        "estimate",
+        "--target",
+        "cuda:h100",
+    ]);
+    let out = ok(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let doc = read(&path);
+    let config = &doc["configs"][0];
+    assert!(text.contains("if matmul"), "{text}");
+    let size = |v: &Value| format_size(v.as_i64().unwrap().max(0) as u64);
+    let ms = |v: &Value| format!("{:.1}ms", v.as_f64().unwrap() * 1e3);
+    let estimates = config["estimated"]["blocks"].as_array().unwrap();
+    let blocks = config["regimes"][0]["blocks"].as_array().unwrap();
+    for (i, b) in blocks.iter().enumerate().filter(|(_, b)| b["candidate"] == true) {
+        let s = &b["selective"];
+        // The estimate's selective recompute is the profile's.
+        assert_eq!(estimates[i]["selective_recompute"], s["rec_seconds"], "{}", b["name"]);
+        let kept = b["kept_grad"].as_i64().unwrap();
+        let row = [
+            size(&b["kept_grad"]),
+            size(&b["kept_nograd"]),
+            size(&Value::from(kept - b["kept_nograd"].as_i64().unwrap())),
+            ms(&config["recompute_seconds"][i]),
+            size(&s["kept"]),
+            size(&Value::from(kept - s["kept"].as_i64().unwrap())),
+            ms(&s["rec_seconds"]),
+        ];
+        let name = b["name"].as_str().unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no row for {name}: {text}"));
+        // Sizes print as a number and a unit: compare word by word.
+        let printed: Vec<&str> = line.split_whitespace().skip(1).collect();
+        let expected: Vec<&str> = row.iter().flat_map(|r| r.split_whitespace()).collect();
+        assert_eq!(printed, expected, "{line}");
     }
 }
 

@@ -179,7 +179,7 @@ fn gpu_check_pipeline_runs_without_a_gpu() {
             "--ckptune",
             env!("CARGO_BIN_EXE_ckptune"),
             "--models",
-            "tiny-resnet,tiny-bert",
+            "tiny-resnet,tiny-bert,tiny-llama-selective",
         ])
         .output()
         .expect("runs scripts/gpu_check");
@@ -201,11 +201,12 @@ fn gpu_check_pipeline_runs_without_a_gpu() {
     // predictions in models.json, nothing measured on the stand-in.
     let models = read(&out.join("models.json"));
     assert_eq!(models["fake_backend"], true);
-    for (row, name) in models["models"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .zip(["tiny-resnet", "tiny-bert"])
+    for (row, name) in
+        models["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(["tiny-resnet", "tiny-bert", "tiny-llama-selective"])
     {
         assert_eq!(row["model"], name);
         assert!(out.join(format!("work/traces/model-{name}.json")).exists());
@@ -226,6 +227,24 @@ fn gpu_check_pipeline_runs_without_a_gpu() {
     assert!(std::fs::read_to_string(out.join("models.md"))
         .unwrap()
         .contains("FAKE BACKEND"));
+    // A model offered selective checkpointing is planned from the cost model too: every
+    // candidate layer's selective recompute estimated, and the plan's times labelled so.
+    let plan = read(&out.join("work/models/tiny-llama-selective.predicted.json"));
+    assert!(
+        plan["predicted"]["step_seconds_estimated"].is_string(),
+        "{}",
+        plan["predicted"]
+    );
+    let layers: Vec<_> = plan["profile"]["estimated"]["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| Some((b["selective_recompute"].as_f64()?, b["nograd_forward"].as_f64()?)))
+        .collect();
+    assert_eq!(layers.len(), 4, "{}", plan["profile"]["estimated"]);
+    // The decoder layers' products are saved; the embedding and the norm have none to save.
+    assert!(layers.iter().all(|&(s, full)| 0.0 < s && s <= full), "{layers:?}");
+    assert_eq!(layers.iter().filter(|&&(s, full)| s < full).count(), 2, "{layers:?}");
 }
 
 /// Allocator histories recorded on an H200 (torch 2.11) while PyTorch trained ResNet-50 and

@@ -205,7 +205,7 @@ class ArgumentsTest(unittest.TestCase):
         self.assertEqual(replay.parse_args(["run", "--models", ""]).models, [])
         self.assertEqual(replay.parse_args(["run"]).models,
                          ["resnet50", "bert-base", "tinyllama", "bert-base-bf16", "tinyllama-bf16",
-                          "bert-base-in-bwd"])
+                          "bert-base-in-bwd", "tinyllama-selective"])
 
     def test_measure_needs_the_variable_set_at_start(self):
         args = replay.parse_args(["measure", "--traces", "d", "--conf", "expandable_segments:True", "--out", "o"])

@@ -8,10 +8,11 @@
 //! and its `README.md` table:
 //!
 //!     cargo run --release -p ckptune-runtime --example cost_bench -- [--rounds 5] [--threads 2]
-//!         [--models tiny-resnet,resnet18] [--out results/cost] [--diagnose MODEL]
+//!         [--models tiny-resnet,resnet18] [--out results/cost] [--diagnose MODEL] [--rates FILE]
 //!
 //! `--diagnose MODEL` prints, for one real traced step of MODEL, measured and estimated seconds
 //! per operator name, largest gap first (what to improve in the model), and writes nothing.
+//! `--rates FILE` estimates every round over a cached calibration instead of calibrating.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -22,6 +23,7 @@ use ckptune_runtime::cost::{self, work};
 use ckptune_runtime::profile::times_from_fake_step;
 use ckptune_runtime::profile::{profile, ProfileSettings, RetimePolicy};
 use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, StepTrace, TrainConfig};
+use ckptune_solver::formats::{self, CachedRates};
 use ckptune_solver::profile::Stats;
 use ckptune_solver::rates::DeviceRates;
 use serde_json::json;
@@ -33,54 +35,55 @@ struct Case {
     seq: Option<i64>,
     image: Option<i64>,
     batch: i64,
+    /// Each parameter's optimizer step in its gradient's hook (`--optimizer-step in-backward`).
+    in_backward: bool,
 }
 
-const CASES: [Case; 6] = [
-    Case {
-        model: "tiny-resnet",
-        seq: None,
-        image: Some(32),
-        batch: 8,
-    },
-    Case {
-        model: "resnet18",
-        seq: None,
-        image: Some(224),
-        batch: 8,
-    },
-    Case {
-        model: "resnet50",
-        seq: None,
-        image: Some(224),
-        batch: 8,
-    },
-    Case {
-        model: "bert-base-uncased",
-        seq: Some(128),
-        image: None,
-        batch: 8,
-    },
-    Case {
-        model: "gpt2",
-        seq: Some(128),
-        image: None,
-        batch: 8,
-    },
-    Case {
-        model: "tiny-llama",
-        seq: Some(128),
-        image: None,
-        batch: 8,
-    },
+const CASES: [Case; 7] = [
+    Case::images("tiny-resnet", 32),
+    Case::images("resnet18", 224),
+    Case::images("resnet50", 224),
+    Case::tokens("bert-base-uncased", false),
+    Case::tokens("gpt2", false),
+    Case::tokens("tiny-llama", false),
+    Case::tokens("bert-base-uncased", true),
 ];
 
 impl Case {
+    /// An image model at batch 8.
+    const fn images(model: &'static str, image: i64) -> Case {
+        Case {
+            model,
+            seq: None,
+            image: Some(image),
+            batch: 8,
+            in_backward: false,
+        }
+    }
+
+    /// A language model at sequence 128, batch 8.
+    const fn tokens(model: &'static str, in_backward: bool) -> Case {
+        Case {
+            model,
+            seq: Some(128),
+            image: None,
+            batch: 8,
+            in_backward,
+        }
+    }
+
     fn label(&self) -> String {
-        match (self.seq, self.image) {
+        let shape = match (self.seq, self.image) {
             (Some(s), _) => format!("{} seq {s} batch {}", self.model, self.batch),
             (_, Some(i)) => format!("{} {i}px batch {}", self.model, self.batch),
             _ => format!("{} batch {}", self.model, self.batch),
-        }
+        };
+        shape
+            + if self.in_backward {
+                ", optimizer step in backward"
+            } else {
+                ""
+            }
     }
 
     fn build(&self) -> Result<ckptune_models::Chain, RuntimeError> {
@@ -94,7 +97,9 @@ impl Case {
     }
 
     fn config(&self) -> TrainConfig {
-        TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, self.batch)
+        let mut cfg = TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, self.batch);
+        cfg.optimizer_in_backward = self.in_backward;
+        cfg
     }
 }
 
@@ -146,7 +151,7 @@ impl Estimated {
 
     /// One round's estimate, over that round's rates, from a fresh fake session's step.
     fn round(&mut self, case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
-        let (times, est) = times_from_fake_step(&mut fake(case)?, &self.class, rates)?;
+        let (times, est) = times_from_fake_step(&mut fake(case)?, &self.class, rates, None)?;
         self.none.push(times.seconds_none.median);
         self.all.push(times.seconds_all.median);
         for (f, b) in self.nograd_forward.iter_mut().zip(&est.blocks) {
@@ -305,20 +310,31 @@ fn pct(v: &serde_json::Value) -> String {
 }
 
 /// The README's table of the cases.
-fn readme(cpu: &str, rounds: usize, threads: i32, load: (f64, f64), rows: &[serde_json::Value]) -> String {
+fn readme(a: &Args, cpu: &str, load: (f64, f64), rows: &[serde_json::Value]) -> String {
+    let (rounds, threads) = (a.rounds, a.threads);
+    let command: Vec<String> = std::env::args().skip(1).collect();
+    let rates = match &a.rates {
+        Some(f) => format!(
+            "every round estimates over the cached calibration `{}` (not calibrated afresh)",
+            f.display()
+        ),
+        None => "every round calibrates the rates afresh (about 8 s)".into(),
+    };
     let mut s = format!(
         "# Cost model against measured times\n\n\
          CPU: {cpu}, {threads} intra-op thread(s).\n\n\
-         Written by `nice -n -15 cargo run --release -p ckptune-runtime --example cost_bench -- --rounds {rounds} \
-         --threads {threads}`. Estimated: a fake (meta) step's operator trace over this CPU's rates; \
+         Written by `cargo run{} -p ckptune-runtime --example cost_bench -- {}`. Estimated: a fake (meta) step's operator trace over this CPU's rates; \
          measured: real steps of the same config (fp32, AdamW, layer granularity). The machine has 2 cores \
-         shared with other builds (1-minute load average {:.1} to {:.1} at the rounds' starts), so every round calibrates the rates \
-         afresh (about 8 s), then estimates and times every case: {rounds} rounds, each error the median \
+         shared with other builds (1-minute load average {:.1} to {:.1} at the rounds' starts), so {rates}, \
+         then estimates and times every case: {rounds} rounds, each error the median \
          over rounds of estimated / measured − 1. Per block: the no-grad forward (the recompute estimate), \
          pooled by work class as the profiler pools it. Targets: 15% per block, 10% per step \
          (docs/cost-model.md).\n\n\
          | case | step, none ckpt (est / measured) | step, all ckpt (est / measured) | blocks within 15% | median / max block error | same ranking (Kendall τ over pairs the estimate orders) |\n\
          |---|---|---|---|---|---|\n",
+        // A debug build's steps pay its slower Rust between the operators.
+        if cfg!(debug_assertions) { " (debug build)" } else { " --release" },
+        command.join(" "),
         load.0,
         load.1
     );
@@ -414,6 +430,9 @@ struct Args {
     models: Option<Vec<String>>,
     out: PathBuf,
     diagnose: Option<String>,
+    /// A cached calibration (`ckptune.cpu-rates/1`) every round estimates over instead of
+    /// calibrating: what a plan estimated over that cache.
+    rates: Option<PathBuf>,
 }
 
 fn args() -> Args {
@@ -423,6 +442,7 @@ fn args() -> Args {
         models: None,
         out: PathBuf::from("results/cost"),
         diagnose: None,
+        rates: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for w in argv.chunks(2) {
@@ -433,6 +453,7 @@ fn args() -> Args {
             "--models" => a.models = Some(v.split(',').map(str::to_owned).collect()),
             "--out" => a.out = PathBuf::from(v),
             "--diagnose" => a.diagnose = Some(v),
+            "--rates" => a.rates = Some(PathBuf::from(v)),
             other => panic!("unknown argument {other}"),
         }
     }
@@ -479,7 +500,14 @@ fn main() -> Result<(), RuntimeError> {
     for r in 0..a.rounds {
         eprintln!("round {} of {}", r + 1, a.rounds);
         loads.push(load_average());
-        let round_rates = cost::calibrate(a.threads, &identity)?;
+        let round_rates = match &a.rates {
+            Some(f) => {
+                formats::read_tagged::<CachedRates>(f, formats::RATES_FORMAT)
+                    .map_err(|e| RuntimeError::Invalid(format!("reading {}: {e}", f.display())))?
+                    .rates
+            }
+            None => cost::calibrate(a.threads, &identity)?,
+        };
         for ((c, e), m) in cases.iter().zip(estimated.iter_mut()).zip(measured.iter_mut()) {
             e.round(c, &round_rates)?;
             m.round()?;
@@ -513,7 +541,7 @@ fn main() -> Result<(), RuntimeError> {
     let load = loads
         .iter()
         .fold((f64::INFINITY, 0.0f64), |(lo, hi), &l| (lo.min(l), hi.max(l)));
-    let text = readme(&identity, a.rounds, a.threads, load, &rows);
+    let text = readme(&a, &identity, load, &rows);
     print!("{text}");
     write("README.md", text)
 }

@@ -3,8 +3,11 @@
 //! timed: the rates are given, and a fake step computes nothing.
 
 use ckptune_kernels::meter;
+use ckptune_kernels::optrace::OpEvent;
+use ckptune_kernels::sac::SacPolicy;
 use ckptune_models::{builtin, Granularity, ModelOptions};
 use ckptune_runtime::cost::{self, work};
+use ckptune_runtime::exec::scope::{self, Phase};
 use ckptune_runtime::profile::times_from_fake_step;
 use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, TrainConfig};
 use ckptune_solver::rates::{gpu, Curve, DeviceRates, Dtype, Engine, GPU_OVERHEAD_SECONDS};
@@ -28,6 +31,11 @@ fn flat() -> DeviceRates {
 }
 
 fn fake(model: &str) -> Session {
+    fake_with(model, false)
+}
+
+/// [`fake`], stepping the optimizer in backward where `in_backward` says.
+fn fake_with(model: &str, in_backward: bool) -> Session {
     meter::install().expect("meter");
     let resnet = model.contains("resnet");
     let opts = ModelOptions {
@@ -36,7 +44,8 @@ fn fake(model: &str) -> Session {
         granularity: Granularity::Layer,
         ..Default::default()
     };
-    let cfg = TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, 2);
+    let mut cfg = TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, 2);
+    cfg.optimizer_in_backward = in_backward;
     tch::manual_seed(0);
     Session::new_fake(
         || builtin(model, &opts).map_err(|e| RuntimeError::Invalid(e.to_string())),
@@ -70,7 +79,7 @@ fn a_fake_step_gives_every_block_a_time_and_flat_rates_give_the_sum_by_hand() {
     for model in ["tiny-bert", "tiny-resnet"] {
         let mut s = fake(model);
         let units = s.chain.units();
-        let (times, est) = times_from_fake_step(&mut s, &[], &flat()).expect("estimate");
+        let (times, est) = times_from_fake_step(&mut s, &[], &flat(), None).expect("estimate");
         assert_eq!(est.traced_on, "meta");
         let all = times.seconds_all.median;
         let none = times.seconds_none.median;
@@ -102,14 +111,166 @@ fn a_fake_step_gives_every_block_a_time_and_flat_rates_give_the_sum_by_hand() {
 fn a_gpu_of_the_table_does_the_work_faster_than_flat_cpu_rates_and_is_labelled_unmeasured() {
     let mut s = fake("tiny-bert");
     let h100 = gpu("h100").expect("h100").rates();
-    let (gpu_times, est) = times_from_fake_step(&mut s, &[], &h100).expect("estimate");
+    let (gpu_times, est) = times_from_fake_step(&mut s, &[], &h100, None).expect("estimate");
     // The same per-call overhead on both: the GPU's work is what is faster.
     let cpu = DeviceRates {
         overhead_seconds: GPU_OVERHEAD_SECONDS,
         ..flat()
     };
-    let (cpu_times, _) = times_from_fake_step(&mut s, &[], &cpu).expect("estimate");
+    let (cpu_times, _) = times_from_fake_step(&mut s, &[], &cpu, None).expect("estimate");
     assert!(!est.rates.measured && est.rates.device == "cuda:h100");
     assert!(gpu_times.seconds_all.median > 0.0);
     assert!(gpu_times.seconds_all.median < cpu_times.seconds_all.median);
+}
+
+/// Per block, the seconds at [`flat`] rates of the counted operators of `events` that ran in
+/// the block's recompute scope and that `policy` saves.
+fn saved_in_recompute(events: &[OpEvent], blocks: usize, policy: SacPolicy) -> Vec<f64> {
+    let seconds = cost::event_seconds(events, &flat());
+    let mut out = vec![0.0; blocks];
+    for c in work::counted(events, &mut work::traits) {
+        let e = &events[c.index];
+        if !policy.saves(&e.name) {
+            continue;
+        }
+        // The innermost block scope open at the operator.
+        let scope = (0..c.index)
+            .rev()
+            .find(|&j| {
+                events[j].scope
+                    && events[j].end > c.index
+                    && scope::parse(&events[j].name).is_some_and(|(_, b)| b.is_some())
+            })
+            .and_then(|j| scope::parse(&events[j].name));
+        if let Some((Phase::Recompute, Some(b))) = scope {
+            out[b] += seconds[c.index] - flat().overhead_seconds * f64::from(u8::from(is_call(events, c.index)));
+        }
+    }
+    out
+}
+
+/// Whether event `i` pays a call's overhead ([`work::calls`]).
+fn is_call(events: &[OpEvent], i: usize) -> bool {
+    work::calls(events).contains(&i)
+}
+
+#[test]
+fn a_selective_recompute_is_the_full_recompute_less_the_work_of_what_its_policy_saves() {
+    for model in ["tiny-bert", "tiny-llama"] {
+        let mut s = fake(model);
+        let n = s.chain.blocks.len();
+        let policy = SacPolicy::Matmul;
+        let (times, est) = times_from_fake_step(&mut s, &[], &flat(), Some(policy)).expect("estimate");
+        // The reference: step B (every candidate checkpointed in full), its recomputes less the
+        // work of the operators the policy saves there. Step S's replayed calls still pay a
+        // call's overhead, as B's calls of them do.
+        let events = s.op_trace(&s.chain.every_candidate()).expect("trace");
+        let full = cost::phase_seconds(&events, n, &flat()).recompute;
+        let saved = saved_in_recompute(&events, n, policy);
+        let selective = times.selective_seconds.as_ref().expect("selective seconds");
+        // Layers' products are saved; a block without any (embeddings) recomputes everything.
+        assert!(saved.iter().filter(|&&s| s > 0.0).count() >= 2, "{model}: {saved:?}");
+        for (i, b) in s.chain.blocks.iter().enumerate() {
+            let e = &est.blocks[i];
+            if !b.candidate {
+                assert_eq!(e.selective_recompute, None, "{model} {}", b.name);
+                continue;
+            }
+            let reference = full[i] - saved[i];
+            let got = e.selective_recompute.expect("a candidate's selective recompute");
+            assert!(
+                (got - reference).abs() <= 1e-9 * full[i],
+                "{model} {}: selective {got} s, full {} s less saved {} s",
+                b.name,
+                full[i],
+                saved[i]
+            );
+            assert_eq!(selective[i], got, "{model} {}", b.name);
+        }
+    }
+}
+
+/// Each counted operator's name and work, in a canonical order: what a step does, wherever it
+/// runs it.
+fn work_done(events: &[OpEvent]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = work::counted(events, &mut work::traits)
+        .iter()
+        .map(|c| (events[c.index].name.clone(), format!("{:?}", c.work)))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn the_optimizer_step_in_backward_does_the_work_of_the_step_after_it() {
+    for model in ["tiny-bert", "tiny-llama"] {
+        let (mut after, mut in_bwd) = (fake_with(model, false), fake_with(model, true));
+        let all = after.chain.every_candidate();
+        let (a, b) = (
+            after.op_trace(&all).expect("trace"),
+            in_bwd.op_trace(&all).expect("trace"),
+        );
+        // The same operators with the same FLOPs and bytes, each parameter's AdamW step in its
+        // gradient's hook instead of one loop after backward: counted once either way.
+        assert_eq!(work_done(&a), work_done(&b), "{model}");
+        assert_eq!(work::calls(&a).len(), work::calls(&b).len(), "{model}");
+        let (ta, _) = times_from_fake_step(&mut after, &[], &flat(), None).expect("estimate");
+        let (tb, _) = times_from_fake_step(&mut in_bwd, &[], &flat(), None).expect("estimate");
+        let (sa, sb) = (ta.seconds_all.median, tb.seconds_all.median);
+        assert!(
+            (sa - sb).abs() <= 1e-12 * sa,
+            "{model}: after {sa} s, in backward {sb} s"
+        );
+    }
+}
+
+#[test]
+fn a_calibration_is_busy_when_others_kept_more_than_a_quarter_core() {
+    use ckptune_runtime::load::QUIET_CORES;
+    // Unknown load (no /proc) and background daemons are quiet; one busy process is not, even
+    // where the calibration's threads left its CPU free.
+    assert!(!cost::calibration_was_busy(None));
+    assert!(!cost::calibration_was_busy(Some(0.0)));
+    assert!(!cost::calibration_was_busy(Some(QUIET_CORES)));
+    assert!(cost::calibration_was_busy(Some(QUIET_CORES + 0.01)));
+    assert!(cost::calibration_was_busy(Some(1.0)));
+    // A busy calibration's rates say so, and a plan notes it.
+    assert_eq!(cost::busy_calibration_note(&flat()), None);
+    let busy = DeviceRates {
+        source: format!("calibration run; {} (1.2 cores)", cost::BUSY_CALIBRATION),
+        ..flat()
+    };
+    assert!(cost::busy_calibration_note(&busy).is_some_and(|n| n.contains("calibrated again")));
+}
+
+#[test]
+fn the_calls_counted_as_replayed_are_those_the_cache_answers() {
+    let mut s = fake("tiny-llama");
+    let policy = SacPolicy::Matmul;
+    let all = s.chain.every_candidate();
+    let selective: Vec<_> = all.iter().map(|&c| c.then_some(policy)).collect();
+    s.selective = selective.clone();
+    let events = s.op_trace(&all).expect("trace");
+    let replayed = cost::replayed(&events, &selective);
+    // The cache answers a call without running it: nothing allocated. Each output the forward
+    // saved (an allocation there) is taken once.
+    let mut saved_in_forward = 0;
+    for (i, e) in events.iter().enumerate() {
+        let block_scope = (0..i)
+            .rev()
+            .find(|&j| {
+                events[j].scope && events[j].end > i && scope::parse(&events[j].name).is_some_and(|(_, b)| b.is_some())
+            })
+            .and_then(|j| scope::parse(&events[j].name));
+        if replayed[i] {
+            assert!(matches!(block_scope, Some((Phase::Recompute, _))), "{}", e.name);
+            assert_eq!((e.enter, e.peak), (e.exit, e.exit), "{} allocated in a replay", e.name);
+        } else if matches!(block_scope, Some((Phase::Forward, _))) && policy.saves(&e.name) {
+            assert!(e.peak > e.enter, "{} in a forward allocated nothing", e.name);
+            saved_in_forward += 1;
+        }
+    }
+    let count = replayed.iter().filter(|&&r| r).count();
+    assert!(count > 0);
+    assert_eq!(count, saved_in_forward);
 }

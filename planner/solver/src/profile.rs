@@ -455,6 +455,10 @@ pub struct BlockEstimate {
     pub nograd_forward: f64,
     /// Its VJP.
     pub backward: f64,
+    /// Its recompute run selective (a profile offering selective checkpointing): only the
+    /// operators its policy does not save, as [`SelectiveProfile::rec_seconds`] holds it.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub selective_recompute: Option<f64>,
 }
 
 impl ConfigProfile {

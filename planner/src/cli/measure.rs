@@ -38,7 +38,13 @@ impl How {
         match self {
             How::Run => String::new(),
             How::MetaTimed => "|measure=meta+steps-ab".into(),
-            How::Estimated => format!("|measure=meta+estimated:{}", rates_device(setup)),
+            // A profile offering selective checkpointing has its selective recomputes estimated
+            // too; one cached before they were held the meta device's times for them.
+            How::Estimated => format!(
+                "|measure=meta+estimated:{}{}",
+                rates_device(setup),
+                if setup.selective.is_some() { "+selective" } else { "" }
+            ),
         }
     }
 
@@ -70,7 +76,13 @@ fn rates_device(setup: &Setup) -> String {
 fn rates(setup: &Setup) -> Result<DeviceRates> {
     match setup.gpu {
         Some(g) => Ok(g.rates()),
-        None => Ok(ckptune_runtime::cost::cpu_rates(setup.threads)?),
+        None => {
+            let rates = ckptune_runtime::cost::cpu_rates(setup.threads)?;
+            if let Some(note) = ckptune_runtime::cost::busy_calibration_note(&rates).filter(|_| !setup.quiet) {
+                eprintln!("note: {note}");
+            }
+            Ok(rates)
+        }
     }
 }
 
@@ -102,18 +114,6 @@ fn measure(setup: &Setup, rank: Option<Rank<'_>>) -> Result<ProfileJson> {
         _ => decide(setup)?,
     };
     unlearned.resize(setup.configs.len(), None);
-    if let (How::Estimated, Some(policy)) = (how, setup.selective) {
-        // The cost model has no estimate of a selective recompute (which operators the cache
-        // answers): its time is measured or not offered.
-        return Err(UsageError(format!(
-            "--selective {}: selective recompute times are measured from real steps, and this profile's \
-             times are estimated by the cost model ({}); drop --selective, or plan a step that fits here \
-             without --target cuda:NAME or --measure estimate",
-            policy.name(),
-            how.describe(setup)
-        ))
-        .into());
-    }
     let (model, configs) = match rank {
         Some(rank) if how == How::MetaTimed && setup.measure == Measure::Auto => {
             timed_where_they_can_win(setup, unlearned, rank)?
@@ -435,7 +435,7 @@ fn estimated_profile(
     let mut p = given_or_meta(setup, cfg, unlearned)?;
     let mut session = setup.fake_session(cfg)?;
     let mj = model_json(&session.chain);
-    let (times, estimate) = times_from_fake_step(&mut session, &p.recompute_class, rates)
+    let (times, estimate) = times_from_fake_step(&mut session, &p.recompute_class, rates, setup.selective)
         .with_context(|| format!("estimating the times of {} under {}", setup.model, cfg.label()))?;
     times.apply(&mut p);
     p.estimated = Some(estimate);

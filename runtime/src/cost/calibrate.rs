@@ -17,8 +17,9 @@ use super::work;
 use crate::error::{torch, Result};
 
 /// Bumped whenever what is measured changes: cached calibrations of another version are
-/// measured again.
-pub const CALIBRATION_VERSION: u32 = 3;
+/// measured again. Version 4 records the machine's other load while it ran (a version 3
+/// cache may hold a busy machine's rates).
+pub const CALIBRATION_VERSION: u32 = 4;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured).

@@ -8,11 +8,13 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use ckptune_kernels::optrace::OpEvent;
+use ckptune_kernels::sac::SacPolicy;
 use ckptune_solver::formats::{self, CachedRates};
 use ckptune_solver::rates::DeviceRates;
 
 use crate::error::{Result, RuntimeError};
 use crate::exec::scope::{self, Phase};
+use crate::load::{CpuCounters, Load, QUIET_CORES};
 
 mod calibrate;
 pub mod work;
@@ -53,7 +55,9 @@ fn cache_dir() -> PathBuf {
 
 /// This CPU's rates with `threads` intra-op threads: the cached calibration of this CPU
 /// ([`cpu_identity`]) and thread count, else a calibration run ([`calibrate`], at most about
-/// [`BUDGET_SECONDS`]) whose result is cached. A cache that cannot be written is not an error.
+/// [`BUDGET_SECONDS`]) whose result is cached. A cached calibration the rest of the machine
+/// contended ([`calibration_was_busy`]) is used while the machine is still busy and measured
+/// again once it is quiet. A cache that cannot be written is not an error.
 pub fn cpu_rates(threads: i32) -> Result<DeviceRates> {
     if threads < 1 {
         return Err(RuntimeError::Invalid(format!(
@@ -65,22 +69,76 @@ pub fn cpu_rates(threads: i32) -> Result<DeviceRates> {
     // One file per thread count; the key inside says which CPU it was measured on (a home
     // shared by several machines recalibrates when it moves between them).
     let file = cache_dir().join(format!("cpu-{threads}-threads.json"));
-    if let Ok(cached) = formats::read_tagged::<CachedRates>(&file, formats::RATES_FORMAT) {
-        if cached.key == key && cached.rates.check().is_ok() {
-            return Ok(cached.rates);
+    let cached = formats::read_tagged::<CachedRates>(&file, formats::RATES_FORMAT)
+        .ok()
+        .filter(|c| c.key == key && c.rates.check().is_ok());
+    if let Some(c) = &cached {
+        if !calibration_was_busy(c.other_cores) || !machine_is_quiet() {
+            return Ok(c.rates.clone());
         }
     }
-    let rates = calibrate(threads, &identity)?;
+    let before = CpuCounters::read();
+    let mut rates = calibrate(threads, &identity)?;
+    let other_cores = before
+        .zip(CpuCounters::read())
+        .map(|(b, a)| busy_cores(&b.until(&a, threads as usize)));
     rates
         .check()
         .map_err(|e| RuntimeError::Invalid(format!("calibrating the CPU's rates: {e}")))?;
+    if calibration_was_busy(other_cores) {
+        // A busy recalibration replaces a busy cache only where it was quieter.
+        if let Some(c) = cached.filter(|c| c.other_cores <= other_cores) {
+            return Ok(c.rates);
+        }
+        rates.source += &format!(
+            "; {BUSY_CALIBRATION} ({:.1} cores), so the rates may be low (measured again when the machine is quiet)",
+            other_cores.unwrap_or(0.0)
+        );
+    }
     let doc = CachedRates {
         format: formats::RATES_FORMAT.into(),
         key,
         rates: rates.clone(),
+        other_cores,
     };
     let _ = formats::write_atomic(&file, &doc);
     Ok(rates)
+}
+
+/// What a busy calibration's `source` says ([`cpu_rates`]).
+pub const BUSY_CALIBRATION: &str = "the rest of the machine kept cores busy while these rates were calibrated";
+
+/// Where `rates` come from a calibration the rest of the machine kept busy ([`cpu_rates`]): a
+/// note for the user saying so and what to expect.
+pub fn busy_calibration_note(rates: &DeviceRates) -> Option<String> {
+    rates.source.contains(BUSY_CALIBRATION).then(|| {
+        "this CPU's rates were calibrated while the rest of the machine kept cores busy, so the \
+         estimated times may be too long; they are calibrated again when the machine is quiet"
+            .to_owned()
+    })
+}
+
+/// Cores the rest of the machine kept busy over `load`, less the counters' rounding.
+fn busy_cores(load: &Load) -> f64 {
+    (load.other_cores() - load.resolution_cores()).max(0.0)
+}
+
+/// Whether a calibration ran while the rest of the machine kept more than [`QUIET_CORES`]
+/// busy. Stricter than a timed step's rule, which leaves the CPUs its threads do not use to
+/// others: the rates stand for a step alone on the machine, and another busy core shares the
+/// memory bandwidth and, where two CPUs are one core's hyperthreads, the core. On the
+/// 2-core machine of results/cost/, a 1-thread calibration cached while other builds ran gave
+/// half the products' rate and a third to a half of the bandwidth of the benchmark's rounds,
+/// and estimated BERT-base's step at 7.9 s where it measures 4.1 s
+/// (results/cost/optimizer-in-backward/). Unknown load (no `/proc`) is not busy.
+pub fn calibration_was_busy(other_cores: Option<f64>) -> bool {
+    other_cores.is_some_and(|c| c > QUIET_CORES)
+}
+
+/// Whether the rest of the machine keeps no more than [`QUIET_CORES`] busy now (over a
+/// 200 ms window; unknown: quiet).
+fn machine_is_quiet() -> bool {
+    crate::load::free_cpus(std::time::Duration::from_millis(200)).is_none_or(|(_, other)| other <= QUIET_CORES)
 }
 
 /// A step's estimated seconds by part: per block its forward (under no-grad where the block
@@ -111,10 +169,16 @@ impl PhaseSeconds {
 /// operator's work ([`work::counted`]), and the per-call overhead on each call
 /// ([`work::calls`]).
 pub fn event_seconds(events: &[OpEvent], rates: &DeviceRates) -> Vec<f64> {
+    event_seconds_except(events, rates, &[])
+}
+
+/// [`event_seconds`], the calls flagged in `replayed` ([`replayed`]) doing no work: each pays
+/// its call's overhead only.
+fn event_seconds_except(events: &[OpEvent], rates: &DeviceRates, replayed: &[bool]) -> Vec<f64> {
     let mut known: HashMap<String, work::Traits> = HashMap::new();
     let mut traits = |name: &str| *known.entry(name.to_owned()).or_insert_with(|| work::traits(name));
     let mut seconds = vec![0.0; events.len()];
-    for c in work::counted(events, &mut traits) {
+    for c in work::counted_except(events, replayed, &mut traits) {
         seconds[c.index] += rates.op_seconds(work::base(&events[c.index].name), &c.work);
     }
     for i in work::calls(events) {
@@ -129,7 +193,64 @@ type ScopeName = (Phase, Option<usize>);
 /// A trace of a step of a chain of `blocks` blocks, timed over `rates` and summed by the
 /// scope each event ran in (`exec::scope`).
 pub fn phase_seconds(events: &[OpEvent], blocks: usize, rates: &DeviceRates) -> PhaseSeconds {
-    let seconds = event_seconds(events, rates);
+    by_phase(events, blocks, &event_seconds(events, rates))
+}
+
+/// [`phase_seconds`] of a step whose blocks ran selective as `selective` says (per block, its
+/// policy): the operators a selective block's recompute takes from its forward's cache do no
+/// work ([`replayed`]), so each such block's `recompute` is the operators its policy recomputes.
+pub fn selective_phase_seconds(
+    events: &[OpEvent],
+    selective: &[Option<SacPolicy>],
+    rates: &DeviceRates,
+) -> PhaseSeconds {
+    let replayed = replayed(events, selective);
+    by_phase(events, selective.len(), &event_seconds_except(events, rates, &replayed))
+}
+
+/// Per event of a step's trace, whether a selective block's recompute answered it from its
+/// forward's cache: an operator the block's policy saves (`SacPolicy::saves`, the recompute's
+/// own test), called in the block's recompute scope from no operator that reaches the
+/// dispatcher's kernels itself (the policy sees only those: what runs inside one is its
+/// business, and a decomposition such as `linear` reaches them through its parts).
+pub fn replayed(events: &[OpEvent], selective: &[Option<SacPolicy>]) -> Vec<bool> {
+    let mut saves: HashMap<(SacPolicy, &str), bool> = HashMap::new();
+    let mut traits: HashMap<&str, work::Traits> = HashMap::new();
+    let mut out = vec![false; events.len()];
+    // Open scopes and operators at each event: (its end, the block whose selective recompute it
+    // is, whether it is an operator that reaches the kernels).
+    let mut open: Vec<(usize, Option<usize>, bool)> = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        while open.last().is_some_and(|&(end, _, _)| end <= i) {
+            open.pop();
+        }
+        let end = e.end.max(i + 1);
+        if e.scope {
+            let block = match scope::parse(&e.name) {
+                Some((Phase::Recompute, Some(b))) => Some(b),
+                _ => None,
+            };
+            open.push((end, block, false));
+            continue;
+        }
+        let inside_kernel = open.iter().any(|&(_, _, kernel)| kernel);
+        let block = open.iter().rev().find_map(|&(_, b, _)| b);
+        let policy = block.and_then(|b| selective.get(b).copied().flatten());
+        if let (Some(p), false, true) = (policy, inside_kernel, work::is_operator(e)) {
+            out[i] = *saves.entry((p, e.name.as_str())).or_insert_with(|| p.saves(&e.name));
+        }
+        let kernel = work::is_operator(e)
+            && !traits
+                .entry(e.name.as_str())
+                .or_insert_with(|| work::traits(&e.name))
+                .decomposition;
+        open.push((end, None, kernel));
+    }
+    out
+}
+
+/// `seconds` (per event) summed by the scope each event ran in, for a chain of `blocks` blocks.
+fn by_phase(events: &[OpEvent], blocks: usize, seconds: &[f64]) -> PhaseSeconds {
     let mut out = PhaseSeconds {
         forward: vec![0.0; blocks],
         recompute: vec![0.0; blocks],

@@ -332,57 +332,90 @@ pub struct Counted {
 /// returns (a wrapper). `traits` says what
 /// the dispatcher knows of an operator ([`traits`] in production).
 pub fn counted(events: &[OpEvent], traits: &mut dyn FnMut(&str) -> Traits) -> Vec<Counted> {
+    counted_except(events, &[], traits)
+}
+
+/// [`counted`], with the calls flagged in `replayed` doing no work: a selective block's
+/// recompute takes their outputs from its forward's cache. An operator that one of them ran
+/// inside (`linear` over a replayed `addmm`) counts only through its other parts.
+pub fn counted_except(events: &[OpEvent], replayed: &[bool], traits: &mut dyn FnMut(&str) -> Traits) -> Vec<Counted> {
     let mut out = Vec::new();
-    count_range(events, 0, events.len(), traits, &mut out);
+    let mut range = CountRange {
+        events,
+        replayed,
+        traits,
+        out: &mut out,
+    };
+    range.count(0, events.len());
     out
 }
 
-/// [`counted`] over events `lo..hi`, siblings in order.
-fn count_range(
-    events: &[OpEvent],
-    lo: usize,
-    hi: usize,
-    traits: &mut dyn FnMut(&str) -> Traits,
-    out: &mut Vec<Counted>,
-) {
-    let mut i = lo;
-    while i < hi {
-        let e = &events[i];
-        let end = e.end.clamp(i + 1, hi);
-        if !is_operator(e) {
-            count_range(events, i + 1, end, traits, out);
-        } else {
-            let t = traits(&e.name);
-            let formula = has_flops(&e.name);
-            if formula && !t.decomposition {
-                out.push(Counted {
-                    index: i,
-                    work: work_of(e, t.writes_input),
-                });
-            } else {
-                let first_part = out.len();
-                count_range(events, i + 1, end, traits, out);
-                // A part that writes (about) as many elements as the operator returns did its
-                // work (`_to_copy`'s `copy_`, `embedding`'s `index_select`); a smaller one is
-                // its own (`div_.Tensor` first casts its scalar with `to`).
-                let size = elements_written(e);
-                let computes = reads_other_shapes(e);
-                let done_by_parts = out[first_part..].iter().any(|c| {
-                    let part = &events[c.index];
-                    let init = INITIALIZES.contains(&base(&part.name));
-                    (!init || !computes) && 2.0 * elements_written(part) >= size
-                });
-                let done_by_parts = done_by_parts || (t.decomposition && out.len() > first_part);
-                let bookkeeping = BOOKKEEPING.contains(&base(&e.name)) || t.view;
-                if !done_by_parts && !bookkeeping && (formula || !t.decomposition) {
-                    out.push(Counted {
-                        index: i,
-                        work: work_of(e, t.writes_input),
-                    });
-                }
+/// What [`counted_except`] walks, and what it has counted so far.
+struct CountRange<'a, 't> {
+    events: &'a [OpEvent],
+    replayed: &'a [bool],
+    traits: &'t mut dyn FnMut(&str) -> Traits,
+    out: &'t mut Vec<Counted>,
+}
+
+impl CountRange<'_, '_> {
+    fn replayed_in(&self, lo: usize, hi: usize) -> bool {
+        self.replayed
+            .get(lo..hi.min(self.replayed.len()))
+            .is_some_and(|r| r.contains(&true))
+    }
+
+    /// Events `lo..hi`, siblings in order.
+    fn count(&mut self, lo: usize, hi: usize) {
+        let mut i = lo;
+        while i < hi {
+            let end = self.events[i].end.clamp(i + 1, hi);
+            if !self.replayed_in(i, i + 1) {
+                self.count_event(i, end);
             }
+            i = end;
         }
-        i = end;
+    }
+
+    /// Event `i`, whose calls inside it end before `end`.
+    fn count_event(&mut self, i: usize, end: usize) {
+        let events = self.events;
+        let e = &events[i];
+        if !is_operator(e) {
+            self.count(i + 1, end);
+            return;
+        }
+        let t = (self.traits)(&e.name);
+        let formula = has_flops(&e.name);
+        let replayed_inside = self.replayed_in(i + 1, end);
+        if formula && !t.decomposition && !replayed_inside {
+            self.out.push(Counted {
+                index: i,
+                work: work_of(e, t.writes_input),
+            });
+            return;
+        }
+        let first_part = self.out.len();
+        self.count(i + 1, end);
+        let out = &mut *self.out;
+        // A part that writes (about) as many elements as the operator returns did its work
+        // (`_to_copy`'s `copy_`, `embedding`'s `index_select`); a smaller one is its own
+        // (`div_.Tensor` first casts its scalar with `to`).
+        let size = elements_written(e);
+        let computes = reads_other_shapes(e);
+        let done_by_parts = out[first_part..].iter().any(|c| {
+            let part = &events[c.index];
+            let init = INITIALIZES.contains(&base(&part.name));
+            (!init || !computes) && 2.0 * elements_written(part) >= size
+        });
+        let done_by_parts = done_by_parts || replayed_inside || (t.decomposition && out.len() > first_part);
+        let bookkeeping = BOOKKEEPING.contains(&base(&e.name)) || t.view;
+        if !done_by_parts && !bookkeeping && (formula || !t.decomposition) {
+            out.push(Counted {
+                index: i,
+                work: work_of(e, t.writes_input),
+            });
+        }
     }
 }
 

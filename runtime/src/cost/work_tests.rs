@@ -365,3 +365,56 @@ fn counting_takes_each_piece_of_work_once() {
         ]
     );
 }
+
+#[test]
+fn calls_replayed_from_a_selective_cache_do_no_work_nor_does_what_they_ran_inside() {
+    let x = || f32(&[32, 32]);
+    let trace = nest(vec![
+        (0, op("aten::linear", vec![x(), x(), f32(&[32])], &[], vec![x()])),
+        (1, op("aten::t", vec![x()], &[], vec![x()])),
+        (1, op("aten::addmm", vec![f32(&[32]), x(), x()], &[], vec![x()])),
+        (0, op("aten::matmul", vec![x(), x()], &[], vec![x()])),
+        (1, op("aten::clone", vec![x()], &[], vec![x()])),
+        (1, op("aten::mm", vec![x(), x()], &[], vec![x()])),
+        // A product with a formula of its own that reaches the kernels: its formula's work is
+        // the replayed part's.
+        (0, op("aten::mkldnn_linear", vec![x(), x()], &[], vec![x()])),
+        (1, op("aten::mm", vec![x(), x()], &[], vec![x()])),
+        (1, op("aten::clone", vec![x()], &[], vec![x()])),
+        (
+            0,
+            op(
+                "aten::bmm",
+                vec![f32(&[2, 32, 32]), f32(&[2, 32, 32])],
+                &[],
+                vec![f32(&[2, 32, 32])],
+            ),
+        ),
+    ]);
+    let names =
+        |c: &[Counted]| -> Vec<(usize, String)> { c.iter().map(|c| (c.index, trace[c.index].name.clone())).collect() };
+    let all = counted(&trace, &mut traits_of);
+    assert_eq!(
+        names(&all),
+        [
+            (2, "aten::addmm"),
+            (4, "aten::clone"),
+            (5, "aten::mm"),
+            (6, "aten::mkldnn_linear"),
+            (9, "aten::bmm")
+        ]
+        .map(|(i, n)| (i, n.to_owned()))
+    );
+    // Nothing replayed: the same count.
+    assert_eq!(counted_except(&trace, &[false; 10], &mut traits_of), all);
+    let mut replayed = [false; 10];
+    for i in [2, 5, 7, 9] {
+        replayed[i] = true;
+    }
+    let left = counted_except(&trace, &replayed, &mut traits_of);
+    assert_eq!(
+        names(&left),
+        [(4, "aten::clone"), (8, "aten::clone")].map(|(i, n)| (i, n.to_owned()))
+    );
+    assert_eq!(left[0].work, work_of(&trace[4], false));
+}

@@ -6,6 +6,7 @@
 
 use std::time::Instant;
 
+use ckptune_kernels::sac::SacPolicy;
 use ckptune_solver::profile::{BlockEstimate, Contention, Estimate, Stats};
 use ckptune_solver::rates::DeviceRates;
 
@@ -20,16 +21,27 @@ use crate::exec::Session;
 /// class share one estimate, as measured ones do. A group's recompute is its blocks' no-grad
 /// forwards. The estimate says where the operators were traced (`meta` for a fake session) and
 /// over which rates, with each block's forward, no-grad forward and backward.
+///
+/// With `selective`, a profile offering selective checkpointing under that policy, one more
+/// step is traced with every candidate block selective (step S), and each block's selective
+/// recompute is the work of the operators its recompute runs, those the policy saves taken
+/// from the forward's cache at a call's overhead ([`cost::selective_phase_seconds`]).
 pub fn times_from_fake_step(
     session: &mut Session,
     recompute_class: &[usize],
     rates: &DeviceRates,
+    selective: Option<SacPolicy>,
 ) -> Result<(StepTimes, Estimate)> {
     let t0 = Instant::now();
     let all = session.chain.every_candidate();
     let events = session.op_trace(&all)?;
     let phases = cost::phase_seconds(&events, session.chain.blocks.len(), rates);
-    let times = step_times(session, recompute_class, &phases, t0.elapsed().as_secs_f64());
+    let selective_seconds = match selective {
+        Some(policy) => Some(selective_recomputes(session, policy, &all, rates)?),
+        None => None,
+    };
+    let mut times = step_times(session, recompute_class, &phases, t0.elapsed().as_secs_f64());
+    times.selective_seconds = selective_seconds.clone();
     let chain = &session.chain;
     let blocks = (0..chain.blocks.len())
         .map(|i| {
@@ -43,6 +55,7 @@ pub fn times_from_fake_step(
                 },
                 nograd_forward: if candidate { phases.forward[i] } else { 0.0 },
                 backward: phases.backward[i],
+                selective_recompute: selective_seconds.as_ref().filter(|_| candidate).map(|s| s[i]),
             }
         })
         .collect();
@@ -52,6 +65,24 @@ pub fn times_from_fake_step(
         blocks,
     };
     Ok((times, estimate))
+}
+
+/// Per block, its recompute's estimated seconds in a step with every candidate block of
+/// `session` selective under `policy` (0 for a block that is not a candidate).
+fn selective_recomputes(
+    session: &mut Session,
+    policy: SacPolicy,
+    all: &[bool],
+    rates: &DeviceRates,
+) -> Result<Vec<f64>> {
+    let n = session.chain.blocks.len();
+    let selective: Vec<Option<SacPolicy>> = (0..n)
+        .map(|i| session.chain.blocks[i].candidate.then_some(policy))
+        .collect();
+    let before = std::mem::replace(&mut session.selective, selective.clone());
+    let traced = session.op_trace(all);
+    session.selective = before;
+    Ok(cost::selective_phase_seconds(&traced?, &selective, rates).recompute)
 }
 
 /// The profile's times from a step's estimated parts (every candidate block checkpointed).

@@ -13,4 +13,8 @@ pub struct CachedRates {
     /// version); a file whose key differs is not used.
     pub key: String,
     pub rates: DeviceRates,
+    /// Cores the rest of the machine kept busy while the calibration ran (`None`: not known,
+    /// `/proc` unreadable). A busy calibration is measured again once the machine is quiet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_cores: Option<f64>,
 }

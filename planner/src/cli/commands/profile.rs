@@ -6,6 +6,7 @@ use anyhow::Result;
 use ckptune_runtime::Precision;
 use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, ProfileJson};
+use ckptune_solver::profile::ConfigProfile;
 
 use crate::cli::args::ProfileArgs;
 use crate::cli::error::UsageError;
@@ -92,27 +93,8 @@ fn print_profile(p: &ProfileJson) {
             format_size(c.fixed.gradients as u64),
             format_size(c.fixed.batch as u64)
         );
-        outln!(
-            "  {:<28} {:>12} {:>12} {:>12} {:>10}",
-            "block",
-            "kept",
-            "if ckpt",
-            "saves",
-            "recompute"
-        );
-        for (b, rec) in c.regimes[0].blocks.iter().zip(&c.recompute_seconds) {
-            if !b.candidate {
-                outln!("  {:<28} {:>12}", b.name, format_size(b.kept_grad.max(0) as u64));
-                continue;
-            }
-            outln!(
-                "  {:<28} {:>12} {:>12} {:>12} {:>8.1}ms",
-                b.name,
-                format_size(b.kept_grad.max(0) as u64),
-                format_size(b.kept_nograd.max(0) as u64),
-                format_size((b.kept_grad - b.kept_nograd).max(0) as u64),
-                rec * 1e3
-            );
+        for line in block_table(c) {
+            outln!("{line}");
         }
         let n = c.regimes[0].blocks.len();
         // Groups: kept when run plain (fused, one graph) and when checkpointed whole.
@@ -128,4 +110,48 @@ fn print_profile(p: &ProfileJson) {
             );
         }
     }
+}
+
+/// The first regime's candidate table: each block's kept bytes run plain, checkpointed in full
+/// and the bytes that saves, and its recompute; with selective measurements, the same run
+/// selective beside them (kept, saved, recompute: the operators its policy does not save).
+fn block_table(c: &ConfigProfile) -> Vec<String> {
+    let blocks = &c.regimes[0].blocks;
+    let selective = blocks
+        .iter()
+        .find_map(|b| b.selective.as_ref())
+        .map(|s| s.policy.clone());
+    let mut head = format!(
+        "  {:<28} {:>12} {:>12} {:>12} {:>10}",
+        "block", "kept", "if ckpt", "saves", "recompute"
+    );
+    if let Some(policy) = &selective {
+        head += &format!(" {:>12} {:>12} {:>10}", format!("if {policy}"), "saves", "recompute");
+    }
+    let mut lines = vec![head];
+    let size = |b: i64| format_size(b.max(0) as u64);
+    for (b, rec) in blocks.iter().zip(&c.recompute_seconds) {
+        if !b.candidate {
+            lines.push(format!("  {:<28} {:>12}", b.name, size(b.kept_grad)));
+            continue;
+        }
+        let mut line = format!(
+            "  {:<28} {:>12} {:>12} {:>12} {:>8.1}ms",
+            b.name,
+            size(b.kept_grad),
+            size(b.kept_nograd),
+            size(b.kept_grad - b.kept_nograd),
+            rec * 1e3
+        );
+        if let Some(s) = &b.selective {
+            line += &format!(
+                " {:>12} {:>12} {:>8.1}ms",
+                size(s.kept),
+                size(b.kept_grad - s.kept),
+                s.rec_seconds * 1e3
+            );
+        }
+        lines.push(line);
+    }
+    lines
 }
