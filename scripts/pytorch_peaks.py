@@ -121,6 +121,7 @@ def row(model, label, regex, precision, optimizer, impl, p, e, autocast_cache=Fa
         "model": model, "precision": precision, "optimizer": optimizer,
         "impl": impl, "set": label, "regex": regex, "autocast_cache": autocast_cache,
         "modules": p["modules"], "eager_modules": e["modules"],
+        **({"attention": e["attention"]} if "attention" in e else {}),
         "predicted_peak": p["predicted_peak_bytes"],
         "predicted_moment": p["predicted_moment"],
         "ckptune_peak": p["peak_bytes"],

@@ -98,7 +98,6 @@ fn lightning_peaks_at_the_documented_loops_bytes_plus_what_it_explains() {
 #[test]
 fn hf_trainer_peaks_at_the_documented_loops_bytes_plus_the_prefetched_batch() {
     let dir = tempfile::tempdir().unwrap();
-    let mut unexplained = vec![];
     for (model, shape, batch_bytes) in [
         // ids, mask (int64, 4 × 16) and labels (int64, 4)
         ("tiny-bert", ["--batch", "4", "--seq", "16"], 4 * 16 * 8 * 2 + 4 * 8),
@@ -115,10 +114,15 @@ fn hf_trainer_peaks_at_the_documented_loops_bytes_plus_the_prefetched_batch() {
             report["trainer"]["run"]["explained"][0]["bytes"].as_i64(),
             Some(batch_bytes)
         );
-        unexplained.push(check(&report, &p));
+        // The loss accelerate's backward divides by its accumulation steps and runs on: one f32.
+        let copy = report["trainer"]["run"]["explained"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["why"].as_str().unwrap().contains("Accelerator.backward"));
+        assert_eq!(copy.map(|e| e["bytes"].as_i64()), Some(Some(4)), "{model}");
+        assert_eq!(check(&report, &p), 0, "{model}: every byte explained");
     }
-    // What is not explained is the Trainer's bookkeeping, the same whatever the model.
-    assert_eq!(unexplained[0], unexplained[1], "{unexplained:?}");
 }
 
 #[test]

@@ -118,6 +118,7 @@ class _Steps:
         self.meter, self.log, self.loop_tensors, self.records = meter, log, loop_tensors, []
         self.start = self.t0 = None
         self.accum, self.losses = accum, []
+        self.backward_copy_bytes = 0  # the largest loss copy a trainer's backward ran on (Hugging Face)
 
     def loss(self, loss):
         """Counts a micro-batch's loss (a float: `.item()` allocates nothing) and returns it."""
@@ -131,9 +132,9 @@ class _Steps:
     def end(self):
         r = {"step": len(self.records) + 1, "loss": sum(self.losses) / self.accum, "seconds": time.perf_counter() - self.t0,
              "peak_bytes": self.meter.peak(), "start_bytes": self.start, "end_bytes": self.meter.current(),
-             "loop_tensor_bytes": self.loop_tensors()}
+             "loop_tensor_bytes": self.loop_tensors(), "backward_copy_bytes": self.backward_copy_bytes}
         self.records.append(r)
-        self.losses = []
+        self.losses, self.backward_copy_bytes = [], 0
         if self.log:
             self.log(f"  step {r['step']:>3}  {r['seconds']:.3f} s  peak {r['peak_bytes']:,} B")
         self.begin()
@@ -256,8 +257,36 @@ def _run_hf(mod, ref, t, cfg, n, lr, steps, out_dir, meter, log, before):
         max_steps=steps, use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
         disable_tqdm=True, remove_unused_columns=False, dataloader_num_workers=0, max_grad_norm=0.0)
     holder["opt"] = trainer.optimizer
+    trainer.accelerator.backward = _BackwardCopy(trainer.accelerator.backward, rec)
     trainer.train()
     return rec.records, trainer.optimizer, batches.bytes
+
+
+class _BackwardCopy:
+    """`Accelerator.backward`, recording the bytes of the tensor it runs backward on when that is
+    not the loss it was handed: accelerate divides the loss by its gradient_accumulation_steps
+    (even by 1) and runs backward on the quotient, so while the backward runs the Trainer holds
+    that copy beside its own `loss`, where eager's loop holds the one `loss`. Keeps no tensor."""
+
+    def __init__(self, backward, rec):
+        self.backward, self.rec = backward, rec
+
+    def __call__(self, loss, **kwargs):
+        plain = torch.Tensor.backward
+        given = loss.untyped_storage().data_ptr()
+        rec = self.rec
+
+        def spy(tensor, *args, **kw):
+            storage = tensor.untyped_storage()
+            rec.backward_copy_bytes = max(rec.backward_copy_bytes,
+                                          0 if storage.data_ptr() == given else storage.nbytes())
+            return plain(tensor, *args, **kw)
+
+        torch.Tensor.backward = spy
+        try:
+            return self.backward(loss, **kwargs)
+        finally:
+            torch.Tensor.backward = plain
 
 
 # ------------------------------------------------------------------------------ Lightning
@@ -370,12 +399,18 @@ def explained(trainer, timed, batch):
     (measured in this run): the Hugging Face Trainer's next micro-batch, which accelerate's
     DataLoaderShard fetches one ahead, and the tensors either loop keeps from one step to the next
     (its running loss, the last loss, the gradient norm the Trainer computes even without clipping;
-    Lightning's detached copy of the loss)."""
+    Lightning's detached copy of the loss), and during the Hugging Face Trainer's backward the
+    quotient accelerate runs it on."""
     name = TRAINERS[trainer][0]
     out = []
     if trainer == "hf":
         out.append({"bytes": batch, "why": "the next micro-batch, fetched one ahead by accelerate's "
                                            "DataLoaderShard"})
+    copy = max(r["backward_copy_bytes"] for r in timed)
+    if copy:
+        out.append({"bytes": copy, "why": "the loss divided by accelerate's gradient_accumulation_steps in "
+                                          "Accelerator.backward, the tensor backward runs on, beside the "
+                                          "Trainer's own loss"})
     kept = max(r["loop_tensor_bytes"] for r in timed)
     if kept:
         out.append({"bytes": kept, "why": f"tensors {name}'s loop keeps from one step to the next "

@@ -99,6 +99,68 @@ class PytorchBehaviourTest(unittest.TestCase):
         # Saved-tensor hooks (which drop what a checkpointed forward saves) skip wrapped numbers.
         self.assertEqual(held(lambda: checkpoint(f, x, use_reentrant=False)), 16)
 
+    def test_autocast_caches_a_leaf_inputs_cast_and_not_a_layer_outputs(self):
+        """A BERT layer reading a leaf that requires grad (ckptune's boundary) against one reading
+        the previous layer's output (the reference's encoder), autocast's cache on: the three
+        projections share the leaf's one cached cast, which a no-grad forward keeps while the
+        region is open, where the output is cast anew by each projection and, without grad, kept
+        by none; with grad the three casts are saved, two more than the shared one."""
+        from ckptune_harness import meter as meter_mod
+        from ckptune_harness import reference
+
+        meter = meter_mod.Meter(meter_mod.build())
+        ref = reference.load()
+        torch.manual_seed(0)
+        model, _ = ref.build("tiny-bert", "sdpa")
+        layer = model.bert.encoder.layer[0].eval()  # no dropout: the two runs allocate alike
+        config = model.bert.config
+        batch, seq, hidden = 2, 16, config.hidden_size
+        cast = batch * seq * hidden * 2  # one bf16 cast of the layer's input
+        ids = torch.randint(config.vocab_size, (batch, seq))
+        mask = torch.ones(batch, seq, dtype=torch.long)
+        mask[1, seq - 4:] = 0
+
+        def run(leaf, grad):
+            with torch.no_grad():
+                h = model.bert.embeddings(ids)
+                m = ref.sdpa_mask(mask, seq, False, h.device)
+            if leaf:
+                x = h.requires_grad_(True)
+            else:
+                start = h.requires_grad_(True)
+                x = start * 1.0  # an output, as the previous layer's is
+            meter.reset_peak()
+            before = meter.current()
+            with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=torch.bfloat16):
+                y = layer(x, m)[0]
+                held = meter.current() - before
+                peak = meter.peak() - before
+            del y
+            return held, peak
+
+        for grad in (False, True):
+            leaf_held, leaf_peak = run(True, grad)
+            output_held, output_peak = run(False, grad)
+            if grad:
+                self.assertEqual(output_held - leaf_held, 2 * cast)
+                self.assertEqual(output_peak - leaf_peak, 2 * cast)
+            else:
+                self.assertEqual(leaf_held - output_held, cast)
+
+    def test_checkpoint_recomputes_from_the_saved_input_not_a_leaf(self):
+        """Autocast would cache a leaf's cast: the recompute's input is the forward's own tensor."""
+        from torch.utils.checkpoint import checkpoint
+
+        seen = []
+
+        def f(t):
+            seen.append(t.is_leaf)
+            return (t * t).sum()  # saves t: the backward recomputes
+
+        x = torch.randn(4, requires_grad=True) * 1.0
+        checkpoint(f, x, use_reentrant=False).backward()
+        self.assertEqual(seen, [False, False])
+
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

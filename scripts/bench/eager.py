@@ -44,6 +44,8 @@ def main():
                     help="torch.optim's implementation (single = foreach=False, PyTorch's CPU default)")
     ap.add_argument("--no-autocast-cache", action="store_true",
                     help="torch.autocast(..., cache_enabled=False): bf16 weight casts are not cached")
+    ap.add_argument("--attention", choices=["eager", "sdpa"],
+                    help="a transformer's attn_implementation (default: the reference's, sdpa)")
     ap.add_argument("-o", "--output")
     a = ap.parse_args()
 
@@ -53,6 +55,7 @@ def main():
     try:
         r = eager.run(a.model, plan, image=a.image, seq=a.seq, steps=a.steps, warmup=a.warmup,
                       threads=a.threads, lr=a.lr, root=ROOT, log=lambda m: print(m, file=sys.stderr),
+                      attention=a.attention,
                       autocast_cache=not a.no_autocast_cache)
     except ValueError as e:
         raise SystemExit(f"eager.py: {e}")
@@ -68,6 +71,8 @@ def main():
                              "peak_bytes", "start_bytes", "meter")},
     }
     out["regex"] = a.checkpoint
+    if r["seq"] is not None:  # a transformer: the attention it ran, the reference's default if not given
+        out["attention"] = a.attention or "sdpa"
     if "peak_varies" in r:
         out["peak_varies"] = r["peak_varies"]
     if a.output:
