@@ -574,10 +574,10 @@ fn a_layer_handing_on_two_tensors_is_refused_naming_them() {
     let _lock = ckptune_kernels::meter::exclusive();
     // Each layer returns `(hidden, gate)`, both made from the batch and both read by the next
     // layer: a cut would carry two tensors, which a block cannot hand on yet (issue #27, item 1).
-    let e = load("two_tensors.pt2", ModelOptions::default())
-        .err()
-        .expect("two tensors across a cut are refused")
-        .to_string();
+    let Err(e) = load("two_tensors.pt2", ModelOptions::default()) else {
+        panic!("two tensors across a cut are refused");
+    };
+    let e = e.to_string();
     for needle in [
         "block layers.0",
         "hands 2 tensors",
