@@ -103,6 +103,22 @@ struct IndexedPostAccHook final : torch::autograd::PostAccumulateGradHook {
   int64_t index_;
 };
 
+// Runs the engine from one SeededRoot handing `seeds` out along `edges`, accumulating into
+// leaves' .grad; the root keeps nothing once it ran.
+void run_seeded(torch::autograd::edge_list edges, torch::autograd::variable_list seeds) {
+  ckpt::meter_mark_backward_start();
+  auto root = c10::make_intrusive<SeededRoot>(std::move(edges), std::move(seeds));
+  // The engine feeds its one root a gradient: an empty one, which allocates nothing.
+  at::Tensor none = at::empty({0});
+  root->add_input_metadata(none);
+  torch::autograd::edge_list roots{torch::autograd::Edge(root, 0)};
+  torch::autograd::variable_list inputs{std::move(none)};
+  root.reset();
+  torch::autograd::Engine::get_default_engine().execute(roots, inputs, /*keep_graph=*/false,
+                                                        /*create_graph=*/false,
+                                                        /*accumulate_grad=*/true);
+}
+
 }  // namespace
 
 using ckpt::dup_str;
@@ -192,18 +208,54 @@ int ckpt_backward_seeded(at::Tensor* out, at::Tensor* grad, const at::Tensor* le
                 " differs from the leaf's ", leaf->sizes());
     torch::autograd::edge_list edges{output_edge(o, g), torch::autograd::impl::gradient_edge(*leaf)};
     o.reset();
-    ckpt::meter_mark_backward_start();
-    auto root = c10::make_intrusive<SeededRoot>(std::move(edges),
-                                             torch::autograd::variable_list{std::move(g), std::move(lg)});
-    // The engine feeds its one root a gradient: an empty one, which allocates nothing.
-    at::Tensor none = at::empty({0});
-    root->add_input_metadata(none);
-    torch::autograd::edge_list roots{torch::autograd::Edge(root, 0)};
-    torch::autograd::variable_list inputs{std::move(none)};
-    root.reset();
-    torch::autograd::Engine::get_default_engine().execute(roots, inputs, /*keep_graph=*/false,
-                                                          /*create_graph=*/false,
-                                                          /*accumulate_grad=*/true);
+    // Pushed, not a braced list: an initializer list's copies would live until the call
+    // returns, holding both gradients through the whole backward.
+    torch::autograd::variable_list seeds;
+    seeds.push_back(std::move(g));
+    seeds.push_back(std::move(lg));
+    run_seeded(std::move(edges), std::move(seeds));
+  });
+}
+
+// As ckpt_backward_seeded for a block that hands on several tensors: the `n` outputs with their
+// gradients and the `m` leaves with the gradients later readers left on them (taken off by the
+// caller) are handed out by one root, so every gradient enters the block's graph before its own
+// nodes run, as they would in one fused graph. Takes ownership of every output, gradient and
+// leaf gradient, and deletes the handles before the graph runs.
+int ckpt_backward_roots(at::Tensor** outs, at::Tensor** grads, int64_t n, at::Tensor* const* leaves,
+                        at::Tensor** leaf_grads, int64_t m, char** err) {
+  return guarded(err, [&] {
+    std::vector<at::Tensor> o, g, lg;
+    for (int64_t i = 0; i < n; ++i) {
+      o.push_back(std::move(*outs[i]));
+      g.push_back(std::move(*grads[i]));
+      delete outs[i];
+      delete grads[i];
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      lg.push_back(std::move(*leaf_grads[j]));
+      delete leaf_grads[j];
+    }
+    TORCH_CHECK(n > 0, "backward: no output to start from");
+    torch::autograd::edge_list edges;
+    torch::autograd::variable_list seeds;
+    for (int64_t i = 0; i < n; ++i) {
+      edges.push_back(output_edge(o[i], g[i]));
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      const at::Tensor* leaf = leaves[j];
+      TORCH_CHECK(leaf->requires_grad() && leaf->is_leaf(), "backward: seeded tensor ", j,
+                  " is not a leaf that requires grad");
+      TORCH_CHECK(lg[j].sizes() == leaf->sizes(), "backward: seed gradient shape ", lg[j].sizes(),
+                  " differs from the leaf's ", leaf->sizes());
+      edges.push_back(torch::autograd::impl::gradient_edge(*leaf));
+    }
+    o.clear();
+    for (auto& t : g) seeds.push_back(std::move(t));
+    for (auto& t : lg) seeds.push_back(std::move(t));
+    g.clear();
+    lg.clear();
+    run_seeded(std::move(edges), std::move(seeds));
   });
 }
 

@@ -40,6 +40,40 @@ pub fn backward_seeded(output: Tensor, grad_output: Tensor, leaf: &Tensor) -> Re
     })
 }
 
+/// [`backward_seeded`] for a block that hands on several tensors: one backward from every
+/// `(output, gradient)` of `roots`, with the gradient each of `leaves` (the block's inputs)
+/// already holds from later readers fed in ahead of the block's own contributions, so each
+/// leaf ends with the sum one fused graph computes. With one root and one leaf it is
+/// [`backward_seeded`], allocation for allocation. Outputs and gradients are consumed as in
+/// [`backward`].
+pub fn backward_roots(roots: Vec<(Tensor, Tensor)>, leaves: &[&Tensor]) -> Result<(), KernelError> {
+    let mut seeded: Vec<ffi::CTensor> = Vec::new();
+    let mut seeds: Vec<ffi::CTensor> = Vec::new();
+    for leaf in leaves {
+        let pending = leaf.grad();
+        if pending.defined() {
+            clear_grad(leaf)?;
+            seeded.push(leaf.as_ptr() as ffi::CTensor);
+            seeds.push(ffi::into_raw(pending));
+        }
+    }
+    let (outs, grads): (Vec<ffi::CTensor>, Vec<ffi::CTensor>) = roots
+        .into_iter()
+        .map(|(o, g)| (ffi::into_raw(o), ffi::into_raw(g)))
+        .unzip();
+    ffi::check("backward from several outputs", |e| unsafe {
+        ffi::ckpt_backward_roots(
+            outs.as_ptr(),
+            grads.as_ptr(),
+            outs.len() as i64,
+            seeded.as_ptr(),
+            seeds.as_ptr(),
+            seeds.len() as i64,
+            e,
+        )
+    })
+}
+
 /// Sets a tensor's `.grad` to None (`zero_grad(set_to_none=True)`), freeing it if no one else
 /// holds it. tch can only zero a gradient in place.
 pub fn clear_grad(t: &Tensor) -> Result<(), KernelError> {

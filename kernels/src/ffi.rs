@@ -122,6 +122,16 @@ extern "C" {
         err: *mut *mut c_char,
     ) -> c_int;
 
+    pub(crate) fn ckpt_backward_roots(
+        outs: *const CTensor,
+        grads: *const CTensor,
+        n: i64,
+        leaves: *const CTensor,
+        leaf_grads: *const CTensor,
+        m: i64,
+        err: *mut *mut c_char,
+    ) -> c_int;
+
     pub(crate) fn ckpt_clear_grad(t: CTensor, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_set_post_accumulate_hook(
         t: CTensor,

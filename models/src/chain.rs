@@ -102,6 +102,16 @@ pub trait Block: Send {
     fn try_forward(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Result<Tensor, BlockFailure> {
         Ok(self.forward(xs, ctx))
     }
+
+    /// The node whose backward fails, when the block's backward failed: the block runs again on
+    /// `xs` (a leaf that requires grad) and `ctx`, and after each node the backward of what
+    /// has run so far, until one fails; `None` if none does or the block cannot tell. An engine
+    /// error names no node (it names an autograd function, `SigmoidBackward0`, or a derivative,
+    /// `'zeta'`), so the block finds it. Only a block that runs the user's graph needs this: a
+    /// block ckptune built has a derivative for every operator it calls.
+    fn locate_backward_failure(&self, _xs: &Tensor, _ctx: &Ctx<'_>) -> Option<BlockFailure> {
+        None
+    }
 }
 
 /// A node of a block's graph that failed on the tensors the step gave it.

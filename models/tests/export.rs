@@ -570,6 +570,25 @@ fn a_further_output_made_beside_the_first_is_left_out_of_the_loss() {
 }
 
 #[test]
+fn a_layer_handing_on_two_tensors_is_refused_naming_them() {
+    let _lock = ckptune_kernels::meter::exclusive();
+    // Each layer returns `(hidden, gate)`, both made from the batch and both read by the next
+    // layer: a cut would carry two tensors, which a block cannot hand on yet (issue #27, item 1).
+    let Err(e) = load("two_tensors.pt2", ModelOptions::default()) else {
+        panic!("two tensors across a cut are refused");
+    };
+    let e = e.to_string();
+    for needle in [
+        "block layers.0",
+        "hands 2 tensors",
+        "(add, linear_2)",
+        "--candidates REGEX",
+    ] {
+        assert!(e.contains(needle), "{needle:?} not in {e}");
+    }
+}
+
+#[test]
 fn values_every_layer_reads_are_computed_where_they_are_read() {
     // Loading a program runs it once on a sample batch, saving and restoring the global RNG:
     // serialized with every other test that runs a model.

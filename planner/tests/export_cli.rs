@@ -210,7 +210,13 @@ fn every_export_fixture_fails_only_with_exit_2() {
                     for bad in ["panicked", "Exception raised from", "RUST_BACKTRACE"] {
                         assert!(!err.contains(bad), "{args:?}: {err}");
                     }
-                    if err.contains("the program ran on a sample batch") {
+                    // A node that fails in the step, forward or backward, is named with its
+                    // block and operator.
+                    let in_step = ["the program ran on a sample batch", ") fails ("];
+                    if in_step.iter().any(|s| err.contains(s)) {
+                        for needle in [": block ", "node ", "torch.ops."] {
+                            assert!(err.contains(needle), "{args:?}: {needle:?} not in {err}");
+                        }
                         step_failures.push((program.rsplit('/').next().unwrap().to_string(), setting, err));
                     }
                 }
@@ -232,6 +238,62 @@ fn every_export_fixture_fails_only_with_exit_2() {
     ] {
         assert!(fixed.contains(needle), "{needle:?} not in {fixed}");
     }
+}
+
+/// A node whose backward fails (an operator without a derivative; an in-place write of a tensor
+/// an earlier node saved for backward), which the load-time forward trial cannot see, fails the
+/// step with exit 2 naming its block, the node, its operator and what to do, whether the block
+/// runs plain or checkpointed (its backward after a recompute), measured for real or on the meta
+/// device, and writes nothing.
+#[test]
+fn a_node_whose_backward_fails_exits_2_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.json");
+    let out = out.to_str().unwrap();
+    for (file, node, target) in [
+        (
+            "no_derivative.pt2",
+            "node special_zeta",
+            "torch.ops.aten.special_zeta.other_scalar",
+        ),
+        ("writes_saved.pt2", "node mul_", "torch.ops.aten.mul_.Tensor"),
+    ] {
+        let model = fixture(file);
+        for measure in ["run", "meta"] {
+            for checkpoint in ["", "mid"] {
+                let mut args = vec![
+                    "sweep",
+                    model.as_str(),
+                    "--measure",
+                    measure,
+                    "--checkpoint",
+                    checkpoint,
+                    "--repeats",
+                    "1",
+                    "-o",
+                    out,
+                ];
+                args.extend(COMMON);
+                let err = refused(
+                    &args,
+                    &[
+                        "block mid",
+                        node,
+                        target,
+                        "the backward of",
+                        "register_autograd",
+                        "x.clone()",
+                    ],
+                );
+                for bad in ["Exception raised from", "Hint:"] {
+                    assert!(!err.contains(bad), "{args:?}: {err}");
+                }
+            }
+        }
+        let args = ["plan", "--budget", "1GiB", model.as_str(), "--output", out];
+        refused(&args, &["block mid", node, target]);
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
 }
 
 #[test]

@@ -46,6 +46,25 @@ pub enum RuntimeError {
         block: String,
         failure: ckptune_models::BlockFailure,
     },
+    /// A node of a block of the user's graph whose backward fails: an operator without a
+    /// derivative, or an in-place write of a tensor an earlier node saved for backward. The
+    /// load-time trial runs forward only; PyTorch's own backward of the program fails the same way.
+    #[error(
+        "{model}: block {block}: the backward of node {} ({}) fails ({}); training needs a \
+         derivative for every operator between the loss and the parameters, and no in-place \
+         write of a tensor that an earlier node saved for backward: export a model whose \
+         operators have derivatives (torch.library.register_autograd for a custom operator), or \
+         that writes a copy (`x = x.clone()` before the in-place operator)",
+        failure.node,
+        failure.target,
+        failure.why
+    )]
+    Backward {
+        model: String,
+        block: String,
+        /// Boxed: a second variant as large as [`RuntimeError::Block`] would grow every result.
+        failure: Box<ckptune_models::BlockFailure>,
+    },
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
@@ -57,8 +76,8 @@ impl RuntimeError {
         let why = match &self {
             RuntimeError::Kernel(KernelError::Torch { message, .. }) => ckptune_kernels::fake::meta_failure(message),
             RuntimeError::Torch { source, .. } => ckptune_kernels::fake::meta_failure(&source.to_string()),
-            RuntimeError::Block { failure, .. } => ckptune_kernels::fake::meta_failure(&failure.why)
-                .map(|why| format!("node {} ({}): {why}", failure.node, failure.target)),
+            RuntimeError::Block { failure, .. } => meta_node(failure),
+            RuntimeError::Backward { failure, .. } => meta_node(failure),
             _ => None,
         };
         match why {
@@ -66,6 +85,12 @@ impl RuntimeError {
             None => self,
         }
     }
+}
+
+/// A node's failure as a fake step's refusal, when it says fake mode cannot run the node.
+fn meta_node(failure: &ckptune_models::BlockFailure) -> Option<String> {
+    ckptune_kernels::fake::meta_failure(&failure.why)
+        .map(|why| format!("node {} ({}): {why}", failure.node, failure.target))
 }
 
 pub(crate) fn torch(op: impl Into<String>) -> impl FnOnce(tch::TchError) -> RuntimeError {

@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use tch::Tensor;
 
+use ckptune_kernels::ops::Value;
+
 use super::graph::{Graph, GraphError};
 use super::interpret::Env;
 use crate::chain::{Block, BlockFailure, Ctx};
@@ -68,47 +70,11 @@ impl Block for ExportBlock {
 
     fn try_forward(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Result<Tensor, BlockFailure> {
         let p = &self.prog;
-        let mut env = Env {
-            local: (0..p.graph.names.len()).map(|_| None).collect(),
-            statics: &p.statics,
-            syms: &p.syms,
-        };
-        if let Some(v) = self.input {
-            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(self.handle(v, xs)?));
-        }
-        if let Some(v) = self.batch_input {
-            let batch = ctx
-                .batch_input
-                .ok_or_else(|| self.value_failure(v, "the block reads the batch, but the step gave it none"))?;
-            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(batch.shallow_clone()));
-        }
-        for (k, &v) in self.skips.iter().enumerate() {
-            let skip = ctx
-                .skips
-                .get(k)
-                .ok_or_else(|| self.value_failure(v, "no earlier block handed it on"))?;
-            env.local[v] = Some(ckptune_kernels::ops::Value::Tensor(self.handle(v, skip)?));
-        }
-        for &(cast, src) in &self.aliases {
-            if let Some(ckptune_kernels::ops::Value::Tensor(t)) = &env.local[src] {
-                env.local[cast] = Some(ckptune_kernels::ops::Value::Tensor(t.shallow_clone()));
-            }
-        }
+        let mut env = self.bind(xs, ctx)?;
         let out = self.output;
         let keep = |v: usize| v == out || p.mutations.contains_key(&v);
         for &k in &self.runs {
-            let reads = p.graph.nodes[k].reads();
-            for &v in &reads {
-                if p.side_values[v] && env.local[v].is_none() {
-                    self.compute_side(v, k, &mut env, ctx)?;
-                }
-            }
-            self.run(k, &mut env, &keep)?;
-            for v in reads {
-                if self.side_reads.get(&v) == Some(&k) {
-                    env.local[v] = None;
-                }
-            }
+            self.step(k, &mut env, ctx, &keep)?;
         }
         // Buffer mutations (core ATen's functional batch norm returns the new running
         // statistics): the buffer takes the new value's storage with `set_data`, not `copy_`,
@@ -117,12 +83,12 @@ impl Block for ExportBlock {
         for (v, buffer) in &p.mutations {
             let t = if *v == out {
                 env.local[*v].as_ref().and_then(|t| match t {
-                    ckptune_kernels::ops::Value::Tensor(t) => Some(t.shallow_clone()),
+                    Value::Tensor(t) => Some(t.shallow_clone()),
                     _ => None,
                 })
             } else {
                 match env.local[*v].take() {
-                    Some(ckptune_kernels::ops::Value::Tensor(t)) => Some(t),
+                    Some(Value::Tensor(t)) => Some(t),
                     _ => None,
                 }
             };
@@ -131,13 +97,119 @@ impl Block for ExportBlock {
             }
         }
         match env.local[out].take() {
-            Some(ckptune_kernels::ops::Value::Tensor(t)) => Ok(t),
+            Some(Value::Tensor(t)) => Ok(t),
             other => Err(self.value_failure(out, &format!("the block's output is {other:?}, not a tensor"))),
         }
+    }
+
+    fn locate_backward_failure(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Option<BlockFailure> {
+        let p = &self.prog;
+        let mut env = self.bind(xs, ctx).ok()?;
+        // The probes differentiate with respect to what the block reads (its inputs and
+        // parameters): the engine hands those gradients back instead of accumulating them in
+        // `.grad`, so a probe leaves no trace on the step's gradients.
+        let bound = env.local.iter().flatten().filter_map(|v| match v {
+            Value::Tensor(t) => Some(t.shallow_clone()),
+            _ => None,
+        });
+        let params = self
+            .runs
+            .iter()
+            .flat_map(|&k| p.graph.nodes[k].reads())
+            .collect::<BTreeSet<usize>>()
+            .into_iter()
+            .filter_map(|v| p.statics[v].as_ref().map(Tensor::shallow_clone));
+        let wrt: Vec<Tensor> = bound.chain(params).filter(Tensor::requires_grad).collect();
+        if wrt.is_empty() {
+            return None;
+        }
+        for &k in &self.runs {
+            // Nothing is freed: a later probe goes back through every node run so far.
+            self.step(k, &mut env, ctx, &|_| true).ok()?;
+            let made: Vec<Tensor> = p.graph.nodes[k]
+                .defines()
+                .into_iter()
+                .filter_map(|v| match &env.local[v] {
+                    Some(Value::Tensor(t)) if t.requires_grad() => Some(t.shallow_clone()),
+                    _ => None,
+                })
+                .collect();
+            // The first node after which backward fails is the one at fault: the operator
+            // without a derivative, or the in-place write of a tensor an earlier node saved.
+            if made.is_empty() {
+                continue;
+            }
+            if let Err(e) = Tensor::f_run_backward(&made, &wrt, true, false) {
+                let node = &p.graph.nodes[k];
+                return Some(BlockFailure {
+                    node: node.name.clone(),
+                    target: node.target_text.clone(),
+                    why: without_hint(&crate::error::first_line(&e.to_string())),
+                });
+            }
+        }
+        None
     }
 }
 
 impl ExportBlock {
+    /// An environment holding what the block reads from earlier blocks and the batch.
+    fn bind<'p>(&'p self, xs: &Tensor, ctx: &Ctx<'_>) -> Result<Env<'p>, BlockFailure> {
+        let p = &self.prog;
+        let mut env = Env {
+            local: (0..p.graph.names.len()).map(|_| None).collect(),
+            statics: &p.statics,
+            syms: &p.syms,
+        };
+        if let Some(v) = self.input {
+            env.local[v] = Some(Value::Tensor(self.handle(v, xs)?));
+        }
+        if let Some(v) = self.batch_input {
+            let batch = ctx
+                .batch_input
+                .ok_or_else(|| self.value_failure(v, "the block reads the batch, but the step gave it none"))?;
+            env.local[v] = Some(Value::Tensor(batch.shallow_clone()));
+        }
+        for (k, &v) in self.skips.iter().enumerate() {
+            let skip = ctx
+                .skips
+                .get(k)
+                .ok_or_else(|| self.value_failure(v, "no earlier block handed it on"))?;
+            env.local[v] = Some(Value::Tensor(self.handle(v, skip)?));
+        }
+        for &(cast, src) in &self.aliases {
+            if let Some(Value::Tensor(t)) = &env.local[src] {
+                env.local[cast] = Some(Value::Tensor(t.shallow_clone()));
+            }
+        }
+        Ok(env)
+    }
+
+    /// Runs node `k` of the block, computing first the side values it reads that are not there
+    /// yet and freeing after it those it read last.
+    fn step(
+        &self,
+        k: usize,
+        env: &mut Env<'_>,
+        ctx: &Ctx<'_>,
+        keep: &dyn Fn(usize) -> bool,
+    ) -> Result<(), BlockFailure> {
+        let p = &self.prog;
+        let reads = p.graph.nodes[k].reads();
+        for &v in &reads {
+            if p.side_values[v] && env.local[v].is_none() {
+                self.compute_side(v, k, env, ctx)?;
+            }
+        }
+        self.run(k, env, keep)?;
+        for v in reads {
+            if self.side_reads.get(&v) == Some(&k) {
+                env.local[v] = None;
+            }
+        }
+        Ok(())
+    }
+
     /// The block's handle on `t`, what an earlier block handed it for value `v`: a writable alias
     /// where its nodes write `v` in place. The runtime hands a block a leaf that requires grad
     /// (its input gradient collects there), which PyTorch refuses to write in place under grad
@@ -198,7 +270,7 @@ impl ExportBlock {
             let Some(mask) = ctx.batch_mask else {
                 return Err(self.value_failure(m, "the program reads an attention mask, but the batch has none"));
             };
-            env.local[m] = Some(ckptune_kernels::ops::Value::Tensor(mask.shallow_clone()));
+            env.local[m] = Some(Value::Tensor(mask.shallow_clone()));
         }
         for &d in &needed {
             self.run(d, env, &|_| true)?;
@@ -214,4 +286,11 @@ impl ExportBlock {
         }
         Ok(())
     }
+}
+
+/// An engine error without its closing hint: it suggests anomaly detection to find the
+/// operation, which the node the error now names has done.
+fn without_hint(why: &str) -> String {
+    let why = why.split(" Hint: ").next().unwrap_or(why);
+    why.trim_end_matches('.').to_string()
 }

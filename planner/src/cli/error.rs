@@ -49,6 +49,8 @@ fn is_bad_input(e: &(dyn std::error::Error + 'static)) -> bool {
                 | RuntimeError::NotMeasurableOnMeta { .. }
                 // A node of the user's program rejects what the step gives it.
                 | RuntimeError::Block { .. }
+                // A node of the user's program has no derivative or breaks its own backward.
+                | RuntimeError::Backward { .. }
         );
     }
     if let Some(s) = e.downcast_ref::<SolveError>() {

@@ -45,7 +45,9 @@ impl Session {
             if let Some(ib) = &self.in_backward {
                 ib.blocks_running(start, i);
             }
-            grad = self.block_backward(i, start, grad, acts, &mut segment_rng, tr.as_deref_mut())?;
+            grad = self
+                .block_backward(i, start, grad, acts, &mut segment_rng, tr.as_deref_mut())
+                .map_err(|e| self.backward_failed((start, i), acts, batch, ctx, e))?;
         }
         Ok(grad)
     }
