@@ -17,16 +17,24 @@ pub enum SacPolicy {
     /// `linear` and `matmul`) and the scaled-dot-product attention kernels; the cheap operators
     /// between them (norms, activations, rotary, residual adds, casts) are recomputed.
     Matmul,
+    /// Megatron's selective recompute of the attention core: recomputed are the attention
+    /// kernels, every operator reading or writing a tensor of the score shape `[..., s, s]`
+    /// (three dimensions or more, the last two equal: q@k^T, its scale, the mask's add, softmax
+    /// and its casts, dropout, probabilities@v), random, pointwise and factory operators, views,
+    /// and in-place writes into recomputed tensors; every other output is kept (projections,
+    /// norms, reductions, concatenations), in-place writes into kept ones too.
+    Attention,
 }
 
 impl SacPolicy {
     /// Every policy, in the order the CLI and the plan name them.
-    pub const ALL: [SacPolicy; 1] = [SacPolicy::Matmul];
+    pub const ALL: [SacPolicy; 2] = [SacPolicy::Matmul, SacPolicy::Attention];
 
-    /// The name plans, the CLI and the companion use: `matmul`.
+    /// The name plans, the CLI and the companion use: `matmul`, `attention`.
     pub fn name(self) -> &'static str {
         match self {
             SacPolicy::Matmul => "matmul",
+            SacPolicy::Attention => "attention",
         }
     }
 
@@ -38,6 +46,7 @@ impl SacPolicy {
     fn code(self) -> c_int {
         match self {
             SacPolicy::Matmul => 0,
+            SacPolicy::Attention => 1,
         }
     }
 }
