@@ -4,7 +4,8 @@
 //! candidate's state, its step time counts their selective recomputes, `verify` runs them
 //! selective and matches every moment to the byte, and `verify --pytorch` runs them selective
 //! through `ckptune.apply`, PyTorch's peak as far from the prediction as with the same modules
-//! checkpointed whole. Refusals: an unknown policy, nested candidates, a profile without step S.
+//! checkpointed whole; for each policy, `attention` with SDPA and with eager attention.
+//! Refusals: an unknown policy, nested candidates, a profile without step S.
 
 mod common;
 
@@ -15,9 +16,18 @@ use serde_json::Value;
 
 const MODEL: [&str; 7] = ["tiny-llama", "--batch", "2", "--seq", "16", "--precision", "fp32"];
 
+/// For the `attention` policy: a sequence other than the head dimension (16), so only the
+/// scores are `[..., s, s]`, and long enough that running a layer selective keeps less than
+/// keeping it.
+const ATTENTION_MODEL: [&str; 7] = ["tiny-llama", "--batch", "2", "--seq", "64", "--precision", "fp32"];
+
 fn profile(path: &Path, flags: &[&str]) -> Value {
+    profile_of(&MODEL, path, flags)
+}
+
+fn profile_of(model: &[&str], path: &Path, flags: &[&str]) -> Value {
     let mut args = vec!["profile"];
-    args.extend(MODEL);
+    args.extend(model);
     args.extend(["-o", path.to_str().unwrap(), "--threads", "1", "--quiet"]);
     args.extend(flags);
     ok(&args);
@@ -72,9 +82,23 @@ fn the_profile_measures_every_candidate_selective_and_the_cache_keeps_them_apart
 
 #[test]
 fn a_forced_selective_plan_runs_selective_and_matches_the_model_to_the_byte() {
+    forced_selective_plan(&MODEL, "matmul", &[]);
+}
+
+#[test]
+fn a_forced_attention_core_plan_runs_selective_and_matches_the_model_to_the_byte() {
+    forced_selective_plan(&ATTENTION_MODEL, "attention", &[]);
+    forced_selective_plan(&ATTENTION_MODEL, "attention", &["--attention", "eager"]);
+}
+
+/// A plan of `model` (with `extra` flags) forced to run layers selective under `policy`, checked
+/// against the model's text, step time and moments, and run in PyTorch.
+fn forced_selective_plan(model: &[&str], policy: &str, extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let prof_path = dir.path().join("profile.json");
-    let prof = profile(&prof_path, &["--selective", "matmul", "--no-cache"]);
+    let mut flags = vec!["--selective", policy, "--no-cache"];
+    flags.extend(extra);
+    let prof = profile_of(model, &prof_path, &flags);
     // Forced: selective recomputes nearly free, so the fastest plan under a budget one byte below
     // the peak with nothing checkpointed keeps or runs selective every candidate, and some
     // selective, as long as running them all selective fits (checked by the plan below).
@@ -91,15 +115,16 @@ fn a_forced_selective_plan_runs_selective_and_matches_the_model_to_the_byte() {
     let budget = (c["peak_none"].as_i64().unwrap() - 1).to_string();
     let plan = dir.path().join("plan.json");
     let mut args = vec!["plan", "--budget", &budget];
-    args.extend(MODEL);
-    args.extend(["--profile", cheap.to_str().unwrap(), "--selective", "matmul"]);
+    args.extend(model);
+    args.extend(extra);
+    args.extend(["--profile", cheap.to_str().unwrap(), "--selective", policy]);
     args.extend(["-o", plan.to_str().unwrap()]);
     args.extend(COMMON);
     let text = String::from_utf8_lossy(&ok(&args).stdout).into_owned();
     let doc = read(&plan);
     let ck = &doc["checkpoint"];
     let (modules, selective) = (names(&ck["modules"]), names(&ck["selective"]["modules"]));
-    assert_eq!(ck["selective"]["policy"], "matmul");
+    assert_eq!(ck["selective"]["policy"], policy);
     assert!(!selective.is_empty(), "the budget forces a selective layer: {ck}");
     assert!(selective.iter().all(|m| modules.contains(m)), "{ck}");
     // Each candidate's state, in the text.
@@ -108,11 +133,11 @@ fn a_forced_selective_plan_runs_selective_and_matches_the_model_to_the_byte() {
         .map(|b| {
             let name = b["name"].as_str().unwrap();
             let state = if selective.iter().any(|m| m == name) {
-                "selective (matmul)"
+                format!("selective ({policy})")
             } else if modules.iter().any(|m| m == name) {
-                "full"
+                "full".into()
             } else {
-                "keep"
+                "keep".into()
             };
             format!("{name} {state}")
         })
