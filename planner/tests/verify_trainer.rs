@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{ckptune, edited, ok, read, refused, COMMON};
+use common::{ckptune, edited, ok, read, refused, selective_made_cheap, COMMON};
 use serde_json::Value;
 
 /// A plan of `model` under the budget halfway between checkpointing nothing and everything.
@@ -123,8 +123,8 @@ fn hf_trainer_peaks_at_the_documented_loops_bytes_plus_the_prefetched_batch() {
     assert_eq!(unexplained[0], unexplained[1], "{unexplained:?}");
 }
 
-/// tiny-bert's plan forced to run a layer selective under `policy` (its selective recomputes made
-/// nearly free, the budget one byte below the peak with nothing checkpointed), at sequence 24 (not
+/// tiny-bert's plan forced to run a layer selective under `policy` (its layers' selective recomputes
+/// made nearly free, the budget one byte below the peak with nothing checkpointed), at sequence 24 (not
 /// the head dimension, 16, so only the scores are `[..., s, s]`).
 fn selective_plan(dir: &Path, policy: &str) -> PathBuf {
     let shape = ["tiny-bert", "--batch", "4", "--seq", "24", "--precision", "fp32"];
@@ -134,15 +134,7 @@ fn selective_plan(dir: &Path, policy: &str) -> PathBuf {
     args.extend(["--selective", policy, "-o", profile.to_str().unwrap()]);
     args.extend(COMMON);
     ok(&args);
-    let cheap = edited(dir, &format!("cheap-{policy}.json"), &read(&profile), |d| {
-        for r in d["configs"][0]["regimes"].as_array_mut().unwrap() {
-            for b in r["blocks"].as_array_mut().unwrap() {
-                if let Some(s) = b.get_mut("selective").filter(|s| !s.is_null()) {
-                    s["rec_seconds"] = 1e-9.into();
-                }
-            }
-        }
-    });
+    let cheap = selective_made_cheap(dir, &format!("cheap-{policy}.json"), &read(&profile), "encoder.layer.");
     let budget = (read(&cheap)["configs"][0]["peak_none"].as_i64().unwrap() - 1).to_string();
     let out = dir.join(format!("plan-{policy}.json"));
     let mut args = vec!["plan", "--budget", &budget];
