@@ -61,7 +61,7 @@ const std::unordered_set<std::string>& matrix_products() {
 
 // Operators that make a tensor without computing its values from their inputs' values: cheap to
 // make again, and often filled in place afterwards (the CPU's dropout fills an `empty_like` with
-// `bernoulli_`), which a kept output must not be.
+// `bernoulli_`), a fill that is then recomputed with them.
 const std::unordered_set<std::string>& factories() {
   static const std::unordered_set<std::string> ops = {
       "aten::empty",     "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",

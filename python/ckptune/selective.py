@@ -27,7 +27,7 @@ MATMUL_OPS: FrozenSet[str] = frozenset({"aten::mm", "aten::addmm", "aten::bmm", 
 
 # Operators that make a tensor without computing its values from their inputs' values: the
 # `attention` policy recomputes them (cheap, and often filled in place afterwards, as the CPU's
-# dropout fills an `empty_like` with `bernoulli_`; a kept output must not be). sac.cpp's
+# dropout fills an `empty_like` with `bernoulli_`, a fill then recomputed with them). sac.cpp's
 # `factories`, compared by python/tests/test_selective.py.
 FACTORIES: FrozenSet[str] = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
