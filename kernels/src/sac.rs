@@ -17,16 +17,24 @@ pub enum SacPolicy {
     /// `linear` and `matmul`) and the scaled-dot-product attention kernels; the cheap operators
     /// between them (norms, activations, rotary, residual adds, casts) are recomputed.
     Matmul,
+    /// Megatron's selective recompute of the attention core: recomputed are the attention
+    /// kernels, every operator reading or writing a tensor of the score shape `[..., s, s]`
+    /// (three dimensions or more, the last two equal: q@k^T, its scale, the mask's add, softmax
+    /// and its casts, dropout, probabilities@v), random, pointwise and factory operators, views,
+    /// and in-place writes into recomputed tensors; every other output is kept (projections,
+    /// norms, reductions, concatenations), in-place writes into kept ones too.
+    Attention,
 }
 
 impl SacPolicy {
     /// Every policy, in the order the CLI and the plan name them.
-    pub const ALL: [SacPolicy; 1] = [SacPolicy::Matmul];
+    pub const ALL: [SacPolicy; 2] = [SacPolicy::Matmul, SacPolicy::Attention];
 
-    /// The name plans, the CLI and the companion use: `matmul`.
+    /// The name plans, the CLI and the companion use: `matmul`, `attention`.
     pub fn name(self) -> &'static str {
         match self {
             SacPolicy::Matmul => "matmul",
+            SacPolicy::Attention => "attention",
         }
     }
 
@@ -35,21 +43,30 @@ impl SacPolicy {
         SacPolicy::ALL.into_iter().find(|p| p.name() == name)
     }
 
-    /// Whether this policy saves operator `name` (`aten::addmm`, `aten::add.Tensor`: with its
-    /// overload, as [`crate::optrace::OpEvent::name`] has it): a selective block's recompute
-    /// returns its cached outputs instead of running it. Answered by the test the recompute
-    /// applies (`csrc/sac.cpp`); an operator libtorch lacks is saved by no policy.
-    pub fn saves(self, name: &str) -> bool {
-        let Ok(c) = std::ffi::CString::new(name) else {
-            return false;
-        };
+    /// Whether this policy saves every call of operator `name` (`aten::addmm`,
+    /// `aten::add.Tensor`: with its overload, as [`crate::optrace::OpEvent::name`] has it): a
+    /// selective block's recompute returns its cached outputs instead of running it. Answered by
+    /// the test the recompute applies (`csrc/sac.cpp`) for `matmul`, whose test reads the name
+    /// alone; `None` for `attention`, whose test reads each call's shapes and tags.
+    pub fn saves(self, name: &str) -> Option<bool> {
+        let c = std::ffi::CString::new(name).ok()?;
         // SAFETY: `c` is a NUL-terminated string alive for the call; the shim only reads it.
-        unsafe { ffi::ckpt_sac_saves(self.code(), c.as_ptr()) != 0 }
+        match unsafe { ffi::ckpt_sac_saves(self.code(), c.as_ptr()) } {
+            -1 => None,
+            answer => Some(answer != 0),
+        }
+    }
+
+    /// Whether the cost model can tell which calls this policy's recompute takes from the cache
+    /// by their operator's name alone ([`SacPolicy::saves`]).
+    pub fn saves_by_name(self) -> bool {
+        self == SacPolicy::Matmul
     }
 
     fn code(self) -> c_int {
         match self {
             SacPolicy::Matmul => 0,
+            SacPolicy::Attention => 1,
         }
     }
 }

@@ -4,23 +4,33 @@
 //! candidate's state, its step time counts their selective recomputes, `verify` runs them
 //! selective and matches every moment to the byte, and `verify --pytorch` runs them selective
 //! through `ckptune.apply`, PyTorch's peak as far from the prediction as with the same modules
-//! checkpointed whole. `profile`'s table shows each layer selective beside checkpointed, its
-//! recompute estimated where the cost model times the profile. Refusals: an unknown policy,
-//! nested candidates, a profile without step S.
+//! checkpointed whole; for each policy, `attention` with SDPA and with eager attention.
+//! `profile`'s table shows each layer selective beside checkpointed, its recompute estimated
+//! where the cost model times the profile. Refusals: an unknown policy, nested candidates, a
+//! profile without step S.
 
 mod common;
 
 use std::path::Path;
 
 use ckptune_solver::budget::format_size;
-use common::{ckptune, edited, ok, read, refused, COMMON};
+use common::{ckptune, edited, ok, read, refused, selective_made_cheap, COMMON};
 use serde_json::Value;
 
 const MODEL: [&str; 7] = ["tiny-llama", "--batch", "2", "--seq", "16", "--precision", "fp32"];
 
+/// For the `attention` policy: a sequence other than the head dimension (16), so only the
+/// scores are `[..., s, s]`, and long enough that running a layer selective keeps less than
+/// keeping it.
+const ATTENTION_MODEL: [&str; 7] = ["tiny-llama", "--batch", "2", "--seq", "64", "--precision", "fp32"];
+
 fn profile(path: &Path, flags: &[&str]) -> Value {
+    profile_of(&MODEL, path, flags)
+}
+
+fn profile_of(model: &[&str], path: &Path, flags: &[&str]) -> Value {
     let mut args = vec!["profile"];
-    args.extend(MODEL);
+    args.extend(model);
     args.extend(["-o", path.to_str().unwrap(), "--threads", "1", "--quiet"]);
     args.extend(flags);
     ok(&args);
@@ -125,35 +135,44 @@ fn the_profile_table_shows_each_layer_selective_beside_checkpointed_and_estimate
 
 #[test]
 fn a_forced_selective_plan_runs_selective_and_matches_the_model_to_the_byte() {
+    forced_selective_plan(&MODEL, "matmul", &[]);
+}
+
+#[test]
+fn a_forced_attention_core_plan_runs_selective_and_matches_the_model_to_the_byte() {
+    forced_selective_plan(&ATTENTION_MODEL, "attention", &[]);
+    forced_selective_plan(&ATTENTION_MODEL, "attention", &["--attention", "eager"]);
+}
+
+/// A plan of `model` (with `extra` flags) forced to run layers selective under `policy`, checked
+/// against the model's text, step time and moments, and run in PyTorch.
+fn forced_selective_plan(model: &[&str], policy: &str, extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let prof_path = dir.path().join("profile.json");
-    let prof = profile(&prof_path, &["--selective", "matmul", "--no-cache"]);
-    // Forced: selective recomputes nearly free, so the fastest plan under a budget one byte below
-    // the peak with nothing checkpointed keeps or runs selective every candidate, and some
-    // selective, as long as running them all selective fits (checked by the plan below).
-    let cheap = edited(dir.path(), "cheap.json", &prof, |d| {
-        for r in d["configs"][0]["regimes"].as_array_mut().unwrap() {
-            for b in r["blocks"].as_array_mut().unwrap() {
-                if let Some(s) = b.get_mut("selective").filter(|s| !s.is_null()) {
-                    s["rec_seconds"] = 1e-9.into();
-                }
-            }
-        }
-    });
+    let mut flags = vec!["--selective", policy, "--no-cache"];
+    flags.extend(extra);
+    let prof = profile_of(model, &prof_path, &flags);
+    // Forced: the layers' selective recomputes nearly free, so the fastest plan under a budget one
+    // byte below the peak with nothing checkpointed runs a layer selective.
+    let cheap = selective_made_cheap(dir.path(), "cheap.json", &prof, ".layers.");
     let c = &read(&cheap)["configs"][0];
     let budget = (c["peak_none"].as_i64().unwrap() - 1).to_string();
     let plan = dir.path().join("plan.json");
     let mut args = vec!["plan", "--budget", &budget];
-    args.extend(MODEL);
-    args.extend(["--profile", cheap.to_str().unwrap(), "--selective", "matmul"]);
+    args.extend(model);
+    args.extend(extra);
+    args.extend(["--profile", cheap.to_str().unwrap(), "--selective", policy]);
     args.extend(["-o", plan.to_str().unwrap()]);
     args.extend(COMMON);
     let text = String::from_utf8_lossy(&ok(&args).stdout).into_owned();
     let doc = read(&plan);
     let ck = &doc["checkpoint"];
     let (modules, selective) = (names(&ck["modules"]), names(&ck["selective"]["modules"]));
-    assert_eq!(ck["selective"]["policy"], "matmul");
-    assert!(!selective.is_empty(), "the budget forces a selective layer: {ck}");
+    assert_eq!(ck["selective"]["policy"], policy);
+    assert!(
+        selective.iter().any(|m| m.starts_with("model.layers.")),
+        "the budget forces a selective layer: {ck}"
+    );
     assert!(selective.iter().all(|m| modules.contains(m)), "{ck}");
     // Each candidate's state, in the text.
     let states: Vec<String> = candidates(c)
@@ -161,11 +180,11 @@ fn a_forced_selective_plan_runs_selective_and_matches_the_model_to_the_byte() {
         .map(|b| {
             let name = b["name"].as_str().unwrap();
             let state = if selective.iter().any(|m| m == name) {
-                "selective (matmul)"
+                format!("selective ({policy})")
             } else if modules.iter().any(|m| m == name) {
-                "full"
+                "full".into()
             } else {
-                "keep"
+                "keep".into()
             };
             format!("{name} {state}")
         })
@@ -239,6 +258,15 @@ fn selective_flags_and_profiles_that_cannot_plan_it_are_refused() {
     args.extend(MODEL);
     args.extend(["--profile", plain.to_str().unwrap(), "--selective", "matmul"]);
     refused(&args, &["was not measured with every candidate selective"]);
+    // The cost model tells the calls a recompute takes from the cache by operator name, which
+    // the attention policy's per-call test does not go by.
+    let mut args = vec!["plan", "--budget", "1GiB"];
+    args.extend(MODEL);
+    args.extend(["--selective", "attention", "--measure", "estimate", "--no-cache"]);
+    refused(
+        &args,
+        &["--selective attention", "cannot estimate", "--selective matmul"],
+    );
     let out = ckptune(&["plan", "--help"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("--selective <POLICY>"));
 }

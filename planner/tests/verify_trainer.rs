@@ -1,12 +1,13 @@
 //! `verify --pytorch --trainer hf|lightning`: the plan run by the Hugging Face `Trainer` and by
 //! Lightning through the snippets `ckptune emit` writes, on tiny-bert and tiny-resnet, each peak
-//! compared with the documented loop's and the bytes the run explains; and the refusals.
+//! compared with the documented loop's and the bytes the run explains, a plan running layers
+//! selective under each policy included; and the refusals.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{ckptune, ok, read, refused, COMMON};
+use common::{ckptune, edited, ok, read, refused, selective_made_cheap, COMMON};
 use serde_json::Value;
 
 /// A plan of `model` under the budget halfway between checkpointing nothing and everything.
@@ -79,6 +80,7 @@ fn check(report: &Value, plan: &Path) -> i64 {
         run["peak_bytes"].as_i64().unwrap() - report["predicted"]["peak_bytes"].as_i64().unwrap()
     );
     assert_eq!(run["modules"], read(plan)["checkpoint"]["modules"], "{run}");
+    assert_eq!(run["selective"], read(plan)["checkpoint"]["selective"], "{run}");
     unexplained
 }
 
@@ -122,6 +124,55 @@ fn hf_trainer_peaks_at_the_documented_loops_bytes_plus_the_prefetched_batch() {
             .find(|e| e["why"].as_str().unwrap().contains("Accelerator.backward"));
         assert_eq!(copy.map(|e| e["bytes"].as_i64()), Some(Some(4)), "{model}");
         assert_eq!(check(&report, &p), 0, "{model}: every byte explained");
+    }
+}
+
+/// tiny-bert's plan forced to run a layer selective under `policy` (its layers' selective recomputes
+/// made nearly free, the budget one byte below the peak with nothing checkpointed), at sequence 24 (not
+/// the head dimension, 16, so only the scores are `[..., s, s]`).
+fn selective_plan(dir: &Path, policy: &str) -> PathBuf {
+    let shape = ["tiny-bert", "--batch", "4", "--seq", "24", "--precision", "fp32"];
+    let profile = dir.join(format!("profile-{policy}.json"));
+    let mut args = vec!["profile"];
+    args.extend(shape);
+    args.extend(["--selective", policy, "-o", profile.to_str().unwrap()]);
+    args.extend(COMMON);
+    ok(&args);
+    let cheap = selective_made_cheap(dir, &format!("cheap-{policy}.json"), &read(&profile), "encoder.layer.");
+    let budget = (read(&cheap)["configs"][0]["peak_none"].as_i64().unwrap() - 1).to_string();
+    let out = dir.join(format!("plan-{policy}.json"));
+    let mut args = vec!["plan", "--budget", &budget];
+    args.extend(shape);
+    args.extend([
+        "--selective",
+        policy,
+        "--profile",
+        cheap.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    args.extend(COMMON);
+    ok(&args);
+    assert!(read(&out)["checkpoint"]["selective"]["modules"]
+        .as_array()
+        .is_some_and(|m| !m.is_empty()));
+    out
+}
+
+/// Each trainer runs the plan's selective layers selective (read back from the wrapped modules):
+/// Lightning at the documented loop's bytes plus what it explains, the HF Trainer with the same
+/// unexplained bookkeeping as with those layers checkpointed whole.
+#[test]
+fn trainers_run_selective_layers_as_the_documented_loop_does() {
+    let dir = tempfile::tempdir().unwrap();
+    for policy in ["matmul", "attention"] {
+        let p = selective_plan(dir.path(), policy);
+        assert_eq!(check(&verify(&p, "lightning"), &p), 0, "{policy}: every byte explained");
+        let selective = check(&verify(&p, "hf"), &p);
+        let whole = edited(dir.path(), &format!("whole-{policy}.json"), &read(&p), |d| {
+            d["checkpoint"].as_object_mut().unwrap().remove("selective");
+        });
+        assert_eq!(selective, check(&verify(&whole, "hf"), &whole), "{policy}");
     }
 }
 

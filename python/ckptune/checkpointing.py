@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .plan import PlanLike, load_plan
-from .selective import POLICIES, context_fn
+from .selective import POLICIES, context_fn, policy_fn
 
 # Where a wrapped module keeps its own forward. Its presence is also the mark `apply` looks for
 # to refuse wrapping twice (a checkpoint inside a checkpoint recomputes twice for no memory).
@@ -67,6 +67,8 @@ def _selective(doc: Dict[str, Any], planned: List[str]) -> Tuple[Optional[str], 
     if policy not in POLICIES:
         raise ValueError(f"plan's selective policy {policy!r} is not one this ckptune knows "
                          f"({', '.join(POLICIES)}); upgrade the ckptune package")
+    if modules:
+        policy_fn(policy)  # refuses, before anything is wrapped, a policy this torch cannot run
     stray = [m for m in modules if m not in planned]
     if stray:
         raise ValueError(f"plan runs {', '.join(stray)} selective but does not checkpoint them; "

@@ -1,8 +1,10 @@
 """Selective checkpointing in the companion (`ckptune.selective`, `checkpoint.selective` in a
 plan): the `matmul` policy names the operators ckptune's runtime keeps (kernels/csrc/sac.cpp),
-keeps exactly those of a real forward, `apply` runs the plan's selective modules under it with
-gradients equal to the bit to plain training, and refuses a plan it cannot follow. Run from the
-repository root:
+keeps exactly those of a real forward; the `attention` policy keeps no tensor of the attention
+score's shape and recomputes the attention kernels; `apply` runs the plan's selective modules
+under either with gradients equal to the bit to plain training (on the references and on
+transformers' BERT, GPT-2 and Llama, eager and SDPA attention), and refuses a plan it cannot
+follow. Run from the repository root:
 
     .venv/bin/python -m unittest python/tests/test_selective.py
 """
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy
 
 HERE = Path(__file__).resolve().parent
@@ -22,7 +25,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # the checkout's python/, so no install is needed
 
 import ckptune  # noqa: E402
-from ckptune.selective import MATMUL_OPS, policy_fn  # noqa: E402
+from ckptune.selective import ATTENTION_KERNELS, FACTORIES, MATMUL_OPS, POLICIES, policy_fn  # noqa: E402
 from test_companion import build, gradients, make_plan  # noqa: E402
 
 SAC_CPP = HERE.parents[1] / "kernels" / "csrc" / "sac.cpp"
@@ -51,9 +54,13 @@ class Ops(TorchDispatchMode):
 
 
 class PolicyTest(unittest.TestCase):
-    def test_the_companion_and_the_runtime_keep_the_same_operators(self):
-        body = SAC_CPP.read_text().split("matmul_class()", 1)[1].split("};", 1)[0]
-        self.assertEqual(set(re.findall(r'"(aten::[A-Za-z0-9_]+)"', body)), set(MATMUL_OPS))
+    def test_the_companion_and_the_runtime_name_the_same_operators(self):
+        def named(function):
+            body = SAC_CPP.read_text().split(function + "()", 1)[1].split("};", 1)[0]
+            return set(re.findall(r'"(aten::[A-Za-z0-9_]+)"', body))
+        self.assertEqual(named("attention_kernels"), set(ATTENTION_KERNELS))
+        self.assertEqual(named("factories"), set(FACTORIES))
+        self.assertEqual(named("matrix_products") | named("attention_kernels"), set(MATMUL_OPS))
 
     def test_a_forward_keeps_exactly_its_matrix_products_and_attention(self):
         model, _ = build("tiny-bert")
@@ -68,14 +75,54 @@ class PolicyTest(unittest.TestCase):
         self.assertGreater(len(names), len(saved))
 
 
+class Kept(TorchDispatchMode):
+    """Above a selective checkpoint's own mode: every tensor the checkpoint's policy keeps in the
+    forward, as (operator, output shapes)."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.policy, self.kept = policy_fn(policy), []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        ctx = torch.utils.checkpoint.SelectiveCheckpointContext(is_recompute=False, op_output=out)
+        if self.policy(ctx, func, *args, **(kwargs or {})) == CheckpointPolicy.MUST_SAVE:
+            shapes = [tuple(x.shape) for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
+            self.kept.append((str(func._schema.name), shapes))
+        return out
+
+
+class AttentionPolicyTest(unittest.TestCase):
+    def test_the_attention_policy_keeps_no_score_and_every_projection(self):
+        # tiny-bert: 2 heads of 16 over a sequence of 16 would make q, k, v score-shaped too; the
+        # forward here runs at sequence 12 so that only the scores are [..., s, s].
+        model, _ = build("tiny-bert")
+        mode = Kept("attention")
+        ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(1))
+        with mode:
+            model.bert(ids, torch.ones(2, 12, dtype=torch.long))
+        names = [n for n, _ in mode.kept]
+        shapes = [s for _, ss in mode.kept for s in ss]
+        self.assertFalse([s for s in shapes if len(s) >= 3 and s[-1] == s[-2]], mode.kept)
+        self.assertFalse(set(names) & set(ATTENTION_KERNELS))
+        self.assertNotIn("aten::native_dropout", names)
+        self.assertNotIn("aten::_softmax", names)
+        self.assertIn("aten::addmm", names)  # q, k, v, the output projection, the MLP
+        self.assertIn("aten::native_layer_norm", names)
+
+
 class ApplyTest(unittest.TestCase):
     def test_gradients_equal_to_the_bit_with_keep_selective_and_full_mixed(self):
-        for selective in (["encoder.layer.0"], ["encoder.layer.0", "encoder.layer.1"]):
-            with self.subTest(selective=selective):
+        # The embeddings write their sum in place (`embeddings += position_embeddings`), which the
+        # `attention` policy keeps.
+        planned = ["embeddings", "encoder.layer.0", "encoder.layer.1"]
+        for policy, selective in [(p, s) for p in POLICIES
+                                  for s in (["encoder.layer.0"], planned)]:
+            with self.subTest(policy=policy, selective=selective):
                 plain, _ = build("tiny-bert")
                 ckpt = copy.deepcopy(plain)
-                wrapped = ckptune.apply(ckpt.bert, selective_plan(["encoder.layer.0", "encoder.layer.1"], selective))
-                self.assertEqual(wrapped, ["encoder.layer.0", "encoder.layer.1"])
+                wrapped = ckptune.apply(ckpt.bert, selective_plan(planned, selective, policy))
+                self.assertEqual(wrapped, planned)
                 loss_a, grads_a = gradients("tiny-bert", plain)
                 loss_b, grads_b = gradients("tiny-bert", ckpt)
                 self.assertTrue(torch.equal(loss_a, loss_b))
@@ -100,34 +147,67 @@ class ApplyTest(unittest.TestCase):
 
 
 class TransformersTest(unittest.TestCase):
-    """On transformers' own LlamaForCausalLM (the suite's pinned transformers): its KV cache, on by
-    default, makes a selective layer's recompute differ from its forward, so `apply` turns it off
-    (with a warning); one layer whole and one selective, the gradients equal plain's bit for bit."""
+    """On transformers' own models (the suite's pinned transformers), under each policy and each
+    attention implementation: one layer whole and one selective, the gradients equal plain's bit
+    for bit. LlamaForCausalLM's KV cache, on by default, makes a selective layer's recompute differ
+    from its forward, so `apply` turns it off (with a warning)."""
 
-    def test_llama_with_its_default_cache_trains_selective_bitwise(self):
+    def _transformers(self):
         try:
-            from transformers import LlamaConfig, LlamaForCausalLM
+            import transformers
         except ImportError:
             self.fail("transformers missing: run with PYTHONPATH=$(scripts/corpus_packages)")
-        torch.manual_seed(0)
-        cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                          num_attention_heads=2, num_key_value_heads=1, attn_implementation="sdpa")
-        plain = LlamaForCausalLM(cfg).train()
-        model = copy.deepcopy(plain)
-        plan = selective_plan(["layers.0", "layers.1"], ["layers.1"])
-        plan["model"] = {"prefix": "model."}
-        with self.assertWarnsRegex(UserWarning, "use_cache=False"):
-            self.assertEqual(ckptune.apply(model, plan), ["layers.0", "layers.1"])
-        self.assertFalse(model.config.use_cache)
-        root = ckptune.plan_root(model, plan)
-        self.assertEqual([ckptune.selective_policy(root.get_submodule(f"layers.{i}")) for i in range(3)],
-                         [None, "matmul", None])
-        ids = torch.randint(0, 100, (2, 16))
+        return transformers
+
+    def _check_bitwise(self, plain, model, ids, **extra):
         for m in (plain, model):
             torch.manual_seed(1)
-            m(input_ids=ids, labels=ids).loss.backward()
+            m(input_ids=ids, labels=ids, **extra).loss.backward()
         for (name, a), (_, b) in zip(plain.named_parameters(), model.named_parameters()):
             self.assertTrue(torch.equal(a.grad, b.grad), name)
+
+    def test_llama_with_its_default_cache_trains_selective_bitwise(self):
+        tf = self._transformers()
+        for policy in POLICIES:
+            for attention in ("sdpa", "eager"):
+                with self.subTest(policy=policy, attention=attention):
+                    torch.manual_seed(0)
+                    cfg = tf.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                         num_attention_heads=2, num_key_value_heads=1, attn_implementation=attention)
+                    plain = tf.LlamaForCausalLM(cfg).train()
+                    model = copy.deepcopy(plain)
+                    plan = selective_plan(["layers.0", "layers.1"], ["layers.1"], policy)
+                    plan["model"] = {"prefix": "model."}
+                    with self.assertWarnsRegex(UserWarning, "use_cache=False"):
+                        self.assertEqual(ckptune.apply(model, plan), ["layers.0", "layers.1"])
+                    self.assertFalse(model.config.use_cache)
+                    root = ckptune.plan_root(model, plan)
+                    self.assertEqual([ckptune.selective_policy(root.get_submodule(f"layers.{i}")) for i in range(3)],
+                                     [None, policy, None])
+                    self._check_bitwise(plain, model, torch.randint(0, 100, (2, 12)))
+
+    def test_bert_and_gpt2_train_selective_bitwise_with_dropout(self):
+        tf = self._transformers()
+        models = {
+            "bert": (lambda a: tf.BertForMaskedLM(tf.BertConfig(
+                vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64,
+                attn_implementation=a)), "bert.", "encoder.layer"),
+            "gpt2": (lambda a: tf.GPT2LMHeadModel(tf.GPT2Config(
+                vocab_size=100, n_embd=32, n_layer=3, n_head=2, n_positions=32, attn_implementation=a)),
+                "transformer.", "h"),
+        }
+        for (name, (make, prefix, layers)), policy, attention in [
+                (m, p, a) for m in models.items() for p in POLICIES for a in ("sdpa", "eager")]:
+            with self.subTest(model=name, policy=policy, attention=attention):
+                torch.manual_seed(0)
+                plain = make(attention).train()
+                if hasattr(plain.config, "use_cache"):
+                    plain.config.use_cache = False
+                model = copy.deepcopy(plain)
+                plan = selective_plan([f"{layers}.0", f"{layers}.1"], [f"{layers}.1"], policy)
+                plan["model"] = {"prefix": prefix}
+                self.assertEqual(ckptune.apply(model, plan), [f"{layers}.0", f"{layers}.1"])
+                self._check_bitwise(plain, model, torch.randint(0, 100, (2, 12)))
 
 
 class RefusalTest(unittest.TestCase):

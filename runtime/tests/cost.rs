@@ -76,6 +76,8 @@ fn by_hand(events: &[ckptune_kernels::optrace::OpEvent]) -> f64 {
 
 #[test]
 fn a_fake_step_gives_every_block_a_time_and_flat_rates_give_the_sum_by_hand() {
+    // Operator traces read the process-wide meter: one test at a time.
+    let _lock = meter::exclusive();
     for model in ["tiny-bert", "tiny-resnet"] {
         let mut s = fake(model);
         let units = s.chain.units();
@@ -109,6 +111,8 @@ fn a_fake_step_gives_every_block_a_time_and_flat_rates_give_the_sum_by_hand() {
 
 #[test]
 fn a_gpu_of_the_table_does_the_work_faster_than_flat_cpu_rates_and_is_labelled_unmeasured() {
+    // Operator traces read the process-wide meter: one test at a time.
+    let _lock = meter::exclusive();
     let mut s = fake("tiny-bert");
     let h100 = gpu("h100").expect("h100").rates();
     let (gpu_times, est) = times_from_fake_step(&mut s, &[], &h100, None).expect("estimate");
@@ -130,7 +134,7 @@ fn saved_in_recompute(events: &[OpEvent], blocks: usize, policy: SacPolicy) -> V
     let mut out = vec![0.0; blocks];
     for c in work::counted(events, &mut work::traits) {
         let e = &events[c.index];
-        if !policy.saves(&e.name) {
+        if policy.saves(&e.name) != Some(true) {
             continue;
         }
         // The innermost block scope open at the operator.
@@ -156,6 +160,8 @@ fn is_call(events: &[OpEvent], i: usize) -> bool {
 
 #[test]
 fn a_selective_recompute_is_the_full_recompute_less_the_work_of_what_its_policy_saves() {
+    // Operator traces read the process-wide meter: one test at a time.
+    let _lock = meter::exclusive();
     for model in ["tiny-bert", "tiny-llama"] {
         let mut s = fake(model);
         let n = s.chain.blocks.len();
@@ -203,6 +209,8 @@ fn work_done(events: &[OpEvent]) -> Vec<(String, String)> {
 
 #[test]
 fn the_optimizer_step_in_backward_does_the_work_of_the_step_after_it() {
+    // Operator traces read the process-wide meter: one test at a time.
+    let _lock = meter::exclusive();
     for model in ["tiny-bert", "tiny-llama"] {
         let (mut after, mut in_bwd) = (fake_with(model, false), fake_with(model, true));
         let all = after.chain.every_candidate();
@@ -245,6 +253,8 @@ fn a_calibration_is_busy_when_others_kept_more_than_a_quarter_core() {
 
 #[test]
 fn the_calls_counted_as_replayed_are_those_the_cache_answers() {
+    // Operator traces read the process-wide meter: one test at a time.
+    let _lock = meter::exclusive();
     let mut s = fake("tiny-llama");
     let policy = SacPolicy::Matmul;
     let all = s.chain.every_candidate();
@@ -265,7 +275,7 @@ fn the_calls_counted_as_replayed_are_those_the_cache_answers() {
         if replayed[i] {
             assert!(matches!(block_scope, Some((Phase::Recompute, _))), "{}", e.name);
             assert_eq!((e.enter, e.peak), (e.exit, e.exit), "{} allocated in a replay", e.name);
-        } else if matches!(block_scope, Some((Phase::Forward, _))) && policy.saves(&e.name) {
+        } else if matches!(block_scope, Some((Phase::Forward, _))) && policy.saves(&e.name) == Some(true) {
             assert!(e.peak > e.enter, "{} in a forward allocated nothing", e.name);
             saved_in_forward += 1;
         }

@@ -1,17 +1,17 @@
 //! Selective checkpointing (a checkpointed block whose forward keeps the outputs of the
-//! operators its policy saves, `ckptune_kernels::sac`): gradients equal the plain step's bit for
-//! bit on every transformer family of the zoo, in fp32 and bf16 autocast with dropout active,
-//! with every candidate selective and with keep, selective and full
-//! checkpointing mixed; a selective block keeps more than a checkpointed one and less than a
-//! plain one; and one profile (with step S) predicts every moment of every choice of keep,
-//! selective and checkpointed per block, to the byte, and its selective terms measured on the
-//! meta device equal the CPU's.
+//! operators its policy saves, `ckptune_kernels::sac`), under each policy: gradients equal the
+//! plain step's bit for bit on every transformer family of the zoo, in fp32 and bf16 autocast
+//! with dropout active, with every candidate selective and with keep, selective and full
+//! checkpointing mixed; a selective block keeps more than a checkpointed one (and under `matmul`
+//! less than a plain one); and one profile (with step S) predicts every moment of every choice of
+//! keep, selective and checkpointed per block, to the byte, and its selective terms measured on
+//! the meta device equal the CPU's.
 
 mod common;
 
 use ckptune_kernels::meter;
 use ckptune_kernels::sac::SacPolicy;
-use ckptune_models::{builtin, ModelOptions};
+use ckptune_models::{builtin, Attention, ModelOptions};
 use ckptune_runtime::exec::MicroTrace;
 use ckptune_runtime::profile::{measured_moments, profile, ProfileSettings, RetimePolicy};
 use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, StepTrace, TrainConfig};
@@ -21,17 +21,22 @@ use tch::{Device, Tensor};
 
 const FAMILIES: [&str; 4] = ["tiny-bert", "tiny-gpt2", "tiny-llama", "tiny-qwen2"];
 
+/// The sequence: not the tiny models' head dimension (16), so that only the attention's scores
+/// have the `[..., s, s]` shape the `attention` policy recomputes.
+const SEQ: i64 = 12;
+
 /// One micro-step of `model` with `mask` checkpointed, the blocks `selective` names running
 /// selective; its gradients and trace.
 fn run(
-    model: &str,
+    (model, attention): (&str, Attention),
     precision: Precision,
     mask: &dyn Fn(usize, bool) -> bool,
     selective: &dyn Fn(usize) -> Option<SacPolicy>,
 ) -> (Vec<(String, Tensor)>, MicroTrace) {
     tch::manual_seed(11);
     let opts = ModelOptions {
-        seq: Some(16),
+        seq: Some(SEQ),
+        attention: Some(attention),
         ..Default::default()
     };
     let chain = builtin(model, &opts).unwrap();
@@ -56,11 +61,14 @@ fn run(
 fn selective_gradients_equal_plain_bit_for_bit() {
     let _lock = meter::exclusive();
     tch::set_num_threads(1);
-    for model in FAMILIES {
+    for model in FAMILIES
+        .into_iter()
+        .flat_map(|m| [(m, Attention::Sdpa), (m, Attention::Eager)])
+    {
         for precision in [Precision::Fp32, Precision::Bf16] {
             let (plain, _) = run(model, precision, &|_, _| false, &|_| None);
             for policy in SacPolicy::ALL {
-                let what = format!("{model} {precision} {}", policy.name());
+                let what = format!("{model:?} {precision} {}", policy.name());
                 let (all, _) = run(model, precision, &|_, c| c, &|_| Some(policy));
                 assert_bitwise(&format!("{what}, every candidate selective"), &plain, &all);
                 // Keep, selective and full in turn along the chain.
@@ -77,23 +85,36 @@ fn selective_gradients_equal_plain_bit_for_bit() {
 fn a_selective_block_keeps_more_than_checkpointed_and_matmul_less_than_plain() {
     let _lock = meter::exclusive();
     tch::set_num_threads(1);
-    for model in FAMILIES {
+    for model in FAMILIES
+        .into_iter()
+        .flat_map(|m| [(m, Attention::Sdpa), (m, Attention::Eager)])
+    {
         let kept = |tr: &MicroTrace, i: usize| tr.blocks[i].fwd_after - tr.blocks[i].fwd_before;
         let (_, plain) = run(model, Precision::Fp32, &|_, _| false, &|_| None);
         let (_, full) = run(model, Precision::Fp32, &|_, c| c, &|_| None);
-        let (_, sel) = run(model, Precision::Fp32, &|_, c| c, &|_| Some(SacPolicy::Matmul));
-        // Blocks where checkpointing saves memory (not a head whose plain output is smaller
-        // than its checkpointed one): a selective one keeps at least a checkpointed one's
-        // bytes, more where it has matrix products, and less than the plain block.
-        let mut more = 0;
-        for i in (0..plain.blocks.len()).filter(|&i| full.blocks[i].checkpointed) {
-            let (p, f, s) = (kept(&plain, i), kept(&full, i), kept(&sel, i));
-            if f < p {
-                assert!(f <= s && s < p, "{model} block {i}: full {f} <= matmul {s} < plain {p}");
-                more += usize::from(f < s);
+        for policy in SacPolicy::ALL {
+            let (_, sel) = run(model, Precision::Fp32, &|_, c| c, &|_| Some(policy));
+            // Blocks where checkpointing saves memory (not a head whose plain output is smaller
+            // than its checkpointed one): a selective one keeps at least a checkpointed one's
+            // bytes, more where its policy keeps an output; under `matmul`, less than the plain
+            // block (`attention` keeps outputs plain autograd does not, such as a dropout's).
+            let mut more = 0;
+            for i in (0..plain.blocks.len()).filter(|&i| full.blocks[i].checkpointed) {
+                let (p, f, s) = (kept(&plain, i), kept(&full, i), kept(&sel, i));
+                if f < p {
+                    assert!(f <= s, "{model:?} block {i}: full {f} <= {} {s}", policy.name());
+                    if policy == SacPolicy::Matmul {
+                        assert!(s < p, "{model:?} block {i}: matmul {s} < plain {p}");
+                    }
+                    more += usize::from(f < s);
+                }
             }
+            assert!(
+                more > 0,
+                "{model:?}: no block selective under {} kept an output",
+                policy.name()
+            );
         }
-        assert!(more > 0, "{model}: no selective block kept a matrix product's output");
     }
 }
 
@@ -123,14 +144,17 @@ fn choices(candidate: &[bool]) -> Vec<Vec<u8>> {
 fn predicted_moments_equal_measured_under_every_choice() {
     let _lock = meter::exclusive();
     tch::set_num_threads(1);
-    for (model, precision, accum) in [
+    for ((model, precision, accum), policy) in [
         ("tiny-bert", Precision::Fp32, 1),
         ("tiny-llama", Precision::Bf16, 1),
         ("tiny-gpt2", Precision::Fp32, 2),
-    ] {
+    ]
+    .into_iter()
+    .flat_map(|m| SacPolicy::ALL.map(|p| (m, p)))
+    {
         tch::manual_seed(3);
         let opts = ModelOptions {
-            seq: Some(16),
+            seq: Some(SEQ),
             ..Default::default()
         };
         let chain = builtin(model, &opts).unwrap();
@@ -141,7 +165,7 @@ fn predicted_moments_equal_measured_under_every_choice() {
             repeats: 1,
             quiet: true,
             retime: RetimePolicy::never(),
-            selective: Some(SacPolicy::Matmul),
+            selective: Some(policy),
         };
         let p = profile(&mut s, &settings).unwrap();
         let candidate: Vec<bool> = s.chain.blocks.iter().map(|b| b.candidate).collect();
@@ -160,12 +184,12 @@ fn predicted_moments_equal_measured_under_every_choice() {
         for c in all {
             let mask: Vec<bool> = c.iter().map(|&k| k != 0).collect();
             let sel: Vec<bool> = c.iter().map(|&k| k == 2).collect();
-            s.selective = sel.iter().map(|&on| on.then_some(SacPolicy::Matmul)).collect();
+            s.selective = sel.iter().map(|&on| on.then_some(policy)).collect();
             s.step(&mask, None).unwrap();
             let mut trace = StepTrace::default();
             let peak = s.step(&mask, Some(&mut trace)).unwrap().peak_bytes;
             let seen = measured_moments(&trace, &s.chain, p.regimes.len());
-            let what = format!("{model} {precision} accum {accum} choice {c:?}");
+            let what = format!("{model} {precision} accum {accum} {} choice {c:?}", policy.name());
             assert_eq!(moments_at_selective(&p, &mask, &sel), seen, "{what}: moments");
             assert_eq!(peak_at_selective(&p, &mask, &sel).0, peak, "{what}: peak");
         }
@@ -179,15 +203,18 @@ fn selective_terms_on_the_meta_device_equal_the_cpu() {
     let _lock = meter::exclusive();
     meter::install().unwrap();
     tch::set_num_threads(1);
-    let settings = ProfileSettings {
-        repeats: 1,
-        quiet: true,
-        retime: RetimePolicy::never(),
-        selective: Some(SacPolicy::Matmul),
-    };
-    for model in ["tiny-bert", "tiny-llama"] {
+    for (model, policy) in ["tiny-bert", "tiny-llama"]
+        .into_iter()
+        .flat_map(|m| SacPolicy::ALL.map(|p| (m, p)))
+    {
+        let settings = ProfileSettings {
+            repeats: 1,
+            quiet: true,
+            retime: RetimePolicy::never(),
+            selective: Some(policy),
+        };
         let opts = ModelOptions {
-            seq: Some(16),
+            seq: Some(SEQ),
             ..Default::default()
         };
         let cfg = TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, 2);
@@ -215,7 +242,13 @@ fn selective_terms_on_the_meta_device_equal_the_cpu() {
         };
         for (a, b) in cpu.regimes[0].blocks.iter().zip(&meta.regimes[0].blocks) {
             assert!(a.selective.is_some() == a.candidate, "{model} {}", a.name);
-            assert_eq!(bytes(a), bytes(b), "{model} {}: selective terms, CPU vs meta", a.name);
+            assert_eq!(
+                bytes(a),
+                bytes(b),
+                "{model} {} {}: selective terms, CPU vs meta",
+                policy.name(),
+                a.name
+            );
         }
     }
 }

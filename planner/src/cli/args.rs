@@ -185,7 +185,9 @@ pub struct ProfileArgs {
     /// Also offer each candidate layer selective activation checkpointing under this policy, a
     /// third choice beside keeping it and checkpointing it whole: `matmul` (torchtitan's `op`
     /// policy) keeps the outputs of matrix products and attention kernels and recomputes the
-    /// cheap operators between them. The profile measures one more step with every candidate
+    /// cheap operators between them; `attention` (Megatron's selective recompute) recomputes the
+    /// attention core (the operators on `[..., s, s]` scores and the attention kernels) and the
+    /// pointwise operators, and keeps the rest. One policy per plan. The profile measures one more step with every candidate
     /// selective; the plan names the selective modules (`checkpoint.selective`) and
     /// `ckptune.apply` runs them under `torch.utils.checkpoint` with
     /// `context_fn=partial(create_selective_checkpoint_contexts, policy)`. Not with
@@ -227,7 +229,9 @@ pub struct PlanArgs {
     /// Also offer each candidate layer selective activation checkpointing under this policy, a
     /// third choice beside keeping it and checkpointing it whole: `matmul` (torchtitan's `op`
     /// policy) keeps the outputs of matrix products and attention kernels and recomputes the
-    /// cheap operators between them. The profile measures one more step with every candidate
+    /// cheap operators between them; `attention` (Megatron's selective recompute) recomputes the
+    /// attention core (the operators on `[..., s, s]` scores and the attention kernels) and the
+    /// pointwise operators, and keeps the rest. One policy per plan. The profile measures one more step with every candidate
     /// selective; the plan names the selective modules (`checkpoint.selective`) and
     /// `ckptune.apply` runs them under `torch.utils.checkpoint` with
     /// `context_fn=partial(create_selective_checkpoint_contexts, policy)`. Not with

@@ -114,6 +114,19 @@ fn measure(setup: &Setup, rank: Option<Rank<'_>>) -> Result<ProfileJson> {
         _ => decide(setup)?,
     };
     unlearned.resize(setup.configs.len(), None);
+    if let (How::Estimated, Some(policy)) = (how, setup.selective) {
+        if !policy.saves_by_name() {
+            return Err(UsageError(format!(
+                "--selective {}: the cost model cannot estimate this policy's recompute (which calls it \
+                 keeps depends on each call's shapes, not its operator), and this profile's times are \
+                 estimated ({}); use --selective matmul, or plan a step that fits here without \
+                 --target cuda:NAME or --measure estimate",
+                policy.name(),
+                how.describe(setup)
+            ))
+            .into());
+        }
+    }
     let (model, configs) = match rank {
         Some(rank) if how == How::MetaTimed && setup.measure == Measure::Auto => {
             timed_where_they_can_win(setup, unlearned, rank)?

@@ -149,3 +149,19 @@ pub fn execute_snippet(kind: &str, snippet: &str, model: &str, steps: usize, wat
         .unwrap_or_else(|| panic!("no RESULT line: {stdout}"));
     serde_json::from_str(line).unwrap()
 }
+
+/// `profile` with its selective recomputes made nearly free in the blocks whose names contain
+/// `layers` and dear (1 s) elsewhere, so the fastest plan under a budget that forces some
+/// saving runs a layer selective rather than a small block (a final norm).
+pub fn selective_made_cheap(dir: &Path, name: &str, profile: &Value, layers: &str) -> PathBuf {
+    edited(dir, name, profile, |d| {
+        for r in d["configs"][0]["regimes"].as_array_mut().unwrap() {
+            for b in r["blocks"].as_array_mut().unwrap() {
+                let layer = b["name"].as_str().is_some_and(|n| n.contains(layers));
+                if let Some(s) = b.get_mut("selective").filter(|s| !s.is_null()) {
+                    s["rec_seconds"] = (if layer { 1e-9 } else { 1.0 }).into();
+                }
+            }
+        }
+    })
+}

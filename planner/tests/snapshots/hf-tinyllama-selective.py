@@ -5,11 +5,11 @@
 #   inputs: sequences of 1024 tokens
 #   predicted peak 17.94 GiB (19,264,194,156 B) of the budget 18.04 GiB (19,367,044,016 B), measured on cpu, threads: 2
 # Needs transformers (with accelerate) and the ckptune companion (`pip install ./python`).
-# The plan runs some modules selective (their matmul outputs kept), which transformers'
-# activation checkpointing cannot express (it recomputes a layer whole): ckptune.apply wraps
-# exactly the plan's modules, the selective ones with create_selective_checkpoint_contexts,
-# before the Trainer is built, and TrainingArguments(activation_checkpointing=False) keeps
-# transformers from adding more.
+# The plan runs some modules selective (matmul and attention outputs kept, the rest recomputed).
+# transformers' activation checkpointing cannot express that (it recomputes a layer
+# whole): ckptune.apply wraps exactly the plan's modules, the selective ones with
+# create_selective_checkpoint_contexts, before the Trainer is built, and
+# TrainingArguments(activation_checkpointing=False) keeps transformers from adding more.
 import torch
 from transformers import Trainer, TrainingArguments
 

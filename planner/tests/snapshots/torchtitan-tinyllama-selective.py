@@ -11,13 +11,13 @@
 # FullAC subclass that wraps just those modules with the same wrapper FullAC uses.
 # torchtitan's Llama is not the Hugging Face Llama ckptune measured (flex attention, fused
 # qkv): the plan's choice of modules carries over, its predicted bytes do not; measure there.
-# The plan runs these modules selective under its matmul policy (matmul and attention outputs
-# kept, the rest recomputed): layers.9, layers.13.
+# The plan runs these modules selective under its matmul policy
+# (matmul and attention outputs kept, the rest recomputed): layers.9, layers.13.
 # It checkpoints these whole: layers.7, layers.12, layers.20.
 # torchtitan's SelectiveAC runs every block under its own op policy (saving every other
 # matmul), so CkptuneSelectivePlanAC below wraps the plan's selective modules with ckptune's
-# policy instead. torchtitan's Llama attends with flex attention by default, an operator the
-# policy does not list: there it is recomputed.
+# policy instead. torchtitan's Llama attends with flex attention by default, a higher-order
+# operator either policy recomputes.
 from dataclasses import dataclass, field
 
 from torchtitan.distributed.activation_checkpoint import FullAC
@@ -44,8 +44,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 
 class CkptuneSelectivePlanAC(CkptunePlanAC):
     """CkptunePlanAC, with the plan's selective modules wrapped as SelectiveAC wraps a block but
-    under the plan's policy (ckptune.selective_context_fn): their matmul and attention outputs
-    kept, the rest recomputed."""
+    under the plan's policy (ckptune.selective_context_fn), which chooses the operators whose
+    outputs are kept."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(CkptunePlanAC.Config):

@@ -237,7 +237,11 @@ pub fn replayed(events: &[OpEvent], selective: &[Option<SacPolicy>]) -> Vec<bool
         let block = open.iter().rev().find_map(|&(_, b, _)| b);
         let policy = block.and_then(|b| selective.get(b).copied().flatten());
         if let (Some(p), false, true) = (policy, inside_kernel, work::is_operator(e)) {
-            out[i] = *saves.entry((p, e.name.as_str())).or_insert_with(|| p.saves(&e.name));
+            // A policy whose test a name cannot answer (`attention`) is never estimated: `plan`
+            // and `profile` refuse it (`SacPolicy::saves_by_name`); here it saves nothing.
+            out[i] = *saves
+                .entry((p, e.name.as_str()))
+                .or_insert_with(|| p.saves(&e.name).unwrap_or(false));
         }
         let kernel = work::is_operator(e)
             && !traits

@@ -5,7 +5,7 @@ use ckptune_solver::formats::PlanJson;
 
 use super::facts::Facts;
 use super::header::{header, loss_note, one_process_note, root_comment, step_note};
-use super::literals::plan_literal;
+use super::literals::{plan_literal, policy_text};
 use super::template::Template;
 
 pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
@@ -74,13 +74,15 @@ fn checkpointing_comment(plan: &PlanJson, f: &Facts, native: bool) -> String {
         s
     } else if plan.checkpoint.modules.is_empty() {
         "# The plan checkpoints nothing: activation checkpointing stays off.\n".into()
-    } else if plan.checkpoint.selective.is_some() {
-        "# The plan runs some modules selective (their matmul outputs kept), which transformers'\n\
-         # activation checkpointing cannot express (it recomputes a layer whole): ckptune.apply wraps\n\
-         # exactly the plan's modules, the selective ones with create_selective_checkpoint_contexts,\n\
-         # before the Trainer is built, and TrainingArguments(activation_checkpointing=False) keeps\n\
-         # transformers from adding more.\n"
-            .into()
+    } else if let Some(sel) = &plan.checkpoint.selective {
+        format!(
+            "# The plan runs some modules selective ({}).\n\
+             # transformers' activation checkpointing cannot express that (it recomputes a layer\n\
+             # whole): ckptune.apply wraps exactly the plan's modules, the selective ones with\n\
+             # create_selective_checkpoint_contexts, before the Trainer is built, and\n\
+             # TrainingArguments(activation_checkpointing=False) keeps transformers from adding more.\n",
+            policy_text(&sel.policy)
+        )
     } else {
         "# The plan checkpoints modules that are not whole layers (or not only layers), which\n\
          # transformers' activation checkpointing cannot express (it checkpoints every layer, or\n\

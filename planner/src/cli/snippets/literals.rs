@@ -60,3 +60,11 @@ pub(super) fn py_bool(b: bool) -> &'static str {
         "False"
     }
 }
+
+/// What a selective policy keeps and recomputes, for a snippet's comments.
+pub(super) fn policy_text(policy: &str) -> &'static str {
+    match policy {
+        "attention" => "the attention core and pointwise operators recomputed, the rest kept",
+        _ => "matmul and attention outputs kept, the rest recomputed",
+    }
+}

@@ -9,7 +9,7 @@ use ckptune_solver::formats::{PlanJson, SelectiveJson, ShardJson};
 
 use super::facts::Facts;
 use super::header::{header, loss_note, step_note};
-use super::literals::{py, py_bool, py_str, unit_list};
+use super::literals::{policy_text, py, py_bool, py_str, unit_list};
 use super::template::Template;
 use crate::cli::error::UsageError;
 
@@ -111,9 +111,9 @@ fn selective_choice(plan: &PlanJson, f: &Facts, sel: &SelectiveJson) -> Result<(
         full.is_empty() && s == all
     };
     let mut comment = format!(
-        "# The plan runs these modules selective under its {} policy (matmul and attention outputs\n\
-         # kept, the rest recomputed): {}.\n",
+        "# The plan runs these modules selective under its {} policy\n# ({}): {}.\n",
         sel.policy,
+        policy_text(&sel.policy),
         unit_list(&selective)
     );
     if !full.is_empty() {
@@ -122,8 +122,8 @@ fn selective_choice(plan: &PlanJson, f: &Facts, sel: &SelectiveJson) -> Result<(
     comment.push_str(
         "# torchtitan's SelectiveAC runs every block under its own op policy (saving every other\n\
          # matmul), so CkptuneSelectivePlanAC below wraps the plan's selective modules with ckptune's\n\
-         # policy instead. torchtitan's Llama attends with flex attention by default, an operator the\n\
-         # policy does not list: there it is recomputed.\n",
+         # policy instead. torchtitan's Llama attends with flex attention by default, a higher-order\n\
+         # operator either policy recomputes.\n",
     );
     if every_block {
         comment.push_str(

@@ -28,6 +28,27 @@ fn pytorch_run(plan_path: &Path, steps: usize, python: &Path) -> Result<PytorchR
     harness_run(cmd, steps, python, "the PyTorch run")
 }
 
+/// Fails unless `run` (the documented loop's, or a trainer's) ran the plan's selective modules
+/// under the plan's policy, as read back from the wrapped modules.
+fn check_selective(what: &str, run: &PytorchRunJson, plan: &PlanJson) -> Result<()> {
+    if run.selective != plan.checkpoint.selective {
+        anyhow::bail!(
+            "the {what} did not run the plan's selective modules: it ran {}, the plan says {} \
+             (is the ckptune package on its path this checkout's?)",
+            or_none(&selective_text(run.selective.as_ref())),
+            or_none(&selective_text(plan.checkpoint.selective.as_ref()))
+        );
+    }
+    Ok(())
+}
+
+fn or_none(text: &str) -> &str {
+    match text.trim() {
+        "" => "none",
+        t => t,
+    }
+}
+
 /// The PyTorch run first (a plan it refuses is bad input, before minutes of ckptune's run),
 /// then ckptune's.
 pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
@@ -53,14 +74,7 @@ pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
     let steps = a.steps.unwrap_or(plan.shape.repeats);
     let py = python(a.python.as_deref());
     let pytorch = pytorch_run(&a.plan, steps, &py)?;
-    if pytorch.selective != plan.checkpoint.selective {
-        anyhow::bail!(
-            "the PyTorch run did not run the plan's selective modules: it ran {}, the plan says {} \
-             (is the ckptune package on its path this checkout's?)",
-            selective_text(pytorch.selective.as_ref()).trim(),
-            selective_text(plan.checkpoint.selective.as_ref()).trim()
-        );
-    }
+    check_selective("PyTorch run", &pytorch, plan)?;
     if pytorch.optimizer_in_backward != plan.config.optimizer_in_backward {
         anyhow::bail!(
             "the PyTorch run stepped the optimizer {}, the plan says {} (is the ckptune package on its path \
@@ -70,6 +84,9 @@ pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
         );
     }
     let trainer_run = trainer_run(a.trainer, plan, &a.plan, steps, &py)?;
+    if let Some(run) = &trainer_run {
+        check_selective(&format!("{} run", trainer_label(run)), run, plan)?;
+    }
     let ckptune = verify_plan(plan, steps, a.quiet).with_context(|| format!("verifying {}", a.plan.display()))?;
     let trainer = trainer_run.map(|run| compare(run, &pytorch, ckptune.predicted.peak_bytes, plan.budget_bytes));
     let report = VerifyPytorchJson {

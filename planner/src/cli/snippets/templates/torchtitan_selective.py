@@ -4,8 +4,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 
 class CkptuneSelectivePlanAC(CkptunePlanAC):
     """CkptunePlanAC, with the plan's selective modules wrapped as SelectiveAC wraps a block but
-    under the plan's policy (ckptune.selective_context_fn): their matmul and attention outputs
-    kept, the rest recomputed."""
+    under the plan's policy (ckptune.selective_context_fn), which chooses the operators whose
+    outputs are kept."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(CkptunePlanAC.Config):
