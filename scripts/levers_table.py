@@ -1,0 +1,162 @@
+"""Writes results/levers/README.md and peaks.svg from the plans and verifications that
+scripts/results_levers wrote beside them; nothing in either is typed by hand.
+
+    levers_table.py DIR
+"""
+
+import json
+import sys
+from pathlib import Path
+
+MODELS = [
+    ("bert-base", "BERT-base (`bert-base-uncased`), sequence 128, micro-batch 2"),
+    ("smollm2-135m", "SmolLM2-135M's architecture (`configs/smollm2-135m/config.json`, random weights), "
+                     "sequence 256, micro-batch 2"),
+]
+LEVERS = ["whole", "selective-matmul", "selective-attention", "loss-chunks", "in-backward"]
+COLOURS = {"whole": "#444444", "selective-matmul": "#1f77b4", "selective-attention": "#17becf",
+           "loss-chunks": "#ff7f0e", "in-backward": "#2ca02c"}
+
+
+def gib(b):
+    return b / 2**30
+
+
+def choice(plan):
+    """What the plan chose besides the checkpoint set: the config's levers and the modules."""
+    c = plan["config"]
+    parts = []
+    if c.get("loss_chunks", 1) > 1:
+        parts.append(f"loss in {c['loss_chunks']} chunks")
+    if c.get("optimizer_step", "after") != "after":
+        parts.append(f"optimizer step {c['optimizer_step']}")
+    ck = plan["checkpoint"]
+    sel = ck.get("selective") or {}
+    whole = [m for m in ck["modules"] if m not in set(sel.get("modules", []))]
+    if whole:
+        parts.append(f"{len(whole)} checkpointed whole")
+    if sel.get("modules"):
+        parts.append(f"{len(sel['modules'])} selective ({sel['policy']})")
+    return ", ".join(parts) or "nothing"
+
+
+def rows(d, model):
+    out = []
+    for lever in LEVERS:
+        for at in ["same", "min"]:
+            plan_f = d / model / f"{lever}-{at}.json"
+            if not plan_f.exists():
+                continue
+            plan = json.loads(plan_f.read_text())
+            row = {"lever": lever, "at": at, "plan": plan, "verify": None}
+            v = d / model / f"verify-{lever}-{at}.json"
+            if v.exists():
+                row["verify"] = json.loads(v.read_text())
+            out.append(row)
+    return out
+
+
+def table(rs):
+    lines = ["| lever | budget | chosen | predicted peak (B) | at | predicted step (s) | ckptune run (B) | "
+             "PyTorch eager (B) | PyTorch − predicted |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rs:
+        p = r["plan"]
+        budget = "whole-module's smallest peak" if r["at"] == "same" else "the lever's smallest peak (0%)"
+        v = r["verify"]
+        if v and "pytorch" in v:
+            run = f"{v['ckptune']['measured']['peak_bytes']:,}"
+            torch = f"{v['pytorch']['peak_bytes']:,}"
+            err = f"{v['pytorch_peak_error_bytes']:+,}"
+        elif v:
+            # `verify` alone (a config.json model has no PyTorch reference here).
+            run = f"{v['measured']['peak_bytes']:,}"
+            torch = err = "not run"
+        else:
+            run = torch = err = "not verified"
+        lines.append(f"| {r['lever']} | {budget} | {choice(p)} | {p['predicted']['peak_bytes']:,} | "
+                     f"{p['predicted'].get('peak_moment', '')} | {p['predicted']['step_seconds']:.3f} | "
+                     f"{run} | {torch} | {err} |")
+    return lines
+
+
+def svg(panels):
+    w, h, pad = 420, 300, 52
+    out = []
+    for k, (title, rs) in enumerate(panels):
+        x0 = k * (w + 20)
+        pts = [(r["plan"]["predicted"]["step_seconds"], gib(r["plan"]["predicted"]["peak_bytes"]), r["lever"])
+               for r in rs]
+        xs = [p[0] for p in pts]
+        ys = [p[1] for p in pts]
+        xl, xh = min(xs) * 0.95, max(xs) * 1.05
+        yl, yh = min(ys) * 0.95, max(ys) * 1.05
+
+        def px(x):
+            return x0 + pad + (x - xl) / (xh - xl or 1) * (w - pad - 10)
+
+        def py(y):
+            return h - pad + 10 - (y - yl) / (yh - yl or 1) * (h - pad - 30)
+
+        out.append(f'<text x="{x0 + w / 2}" y="16" text-anchor="middle" font-size="13">{title}</text>')
+        out.append(f'<line x1="{x0 + pad}" y1="{h - pad + 10}" x2="{x0 + w - 10}" y2="{h - pad + 10}" stroke="black"/>')
+        out.append(f'<line x1="{x0 + pad}" y1="24" x2="{x0 + pad}" y2="{h - pad + 10}" stroke="black"/>')
+        for t in range(5):
+            xv = xl + (xh - xl) * t / 4
+            yv = yl + (yh - yl) * t / 4
+            out.append(f'<text x="{px(xv):.1f}" y="{h - pad + 26}" text-anchor="middle" font-size="10">{xv:.2f}</text>')
+            out.append(f'<text x="{x0 + pad - 4}" y="{py(yv) + 3:.1f}" text-anchor="end" font-size="10">{yv:.2f}</text>')
+        out.append(f'<text x="{x0 + w / 2}" y="{h - 8}" text-anchor="middle" font-size="11">predicted step (s)</text>')
+        out.append(f'<text x="{x0 + 12}" y="{h / 2}" font-size="11" transform="rotate(-90 {x0 + 12} {h / 2})" '
+                   'text-anchor="middle">predicted peak (GiB)</text>')
+        for x, y, lever in pts:
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="5" fill="{COLOURS[lever]}" '
+                       f'fill-opacity="0.8"><title>{lever}: {y:.3f} GiB, {x:.3f} s</title></circle>')
+    legend = [f'<rect x="{10 + i * 150}" y="{h + 8}" width="10" height="10" fill="{COLOURS[l]}"/>'
+              f'<text x="{24 + i * 150}" y="{h + 17}" font-size="11">{l}</text>' for i, l in enumerate(LEVERS)]
+    width = len(panels) * (w + 20)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h + 30}" '
+            f'font-family="sans-serif">\n<rect width="100%" height="100%" fill="white"/>\n'
+            + "\n".join(out + legend) + "\n</svg>\n")
+
+
+def main():
+    d = Path(sys.argv[1])
+    cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": \t")
+    doc = [
+        "# Each lever against whole-module checkpointing",
+        "",
+        "Written by `scripts/results_levers` (this file and `peaks.svg` by `scripts/levers_table.py` "
+        "from the JSON beside them). fp32, AdamW, on this machine "
+        f"({cpu}, 2 cores). Per model, per lever, one plan under the budget whole-module "
+        "checkpointing reaches at best (its smallest peak, `whole-min.json`) and one under the "
+        "lever's own smallest peak (`--budget 0%`); `whole` is whole-module checkpointing alone, "
+        "each other lever adds one choice to it: selective checkpointing per layer (`--selective "
+        "matmul`, `--selective attention`), the loss in chunks (`--loss-chunks 1,4`, a language "
+        "model's head only), the optimizer step in backward (`--optimizer-step after,in-backward`). "
+        "Each plan verified (`verify-*.json`): ckptune's run, and for BERT-base PyTorch eager running "
+        "the same plan under the same counting allocator (`verify --pytorch` runs the built-in models' "
+        "PyTorch reference; a model given as config.json has none). Step times are one run's on a 2-core machine, measured "
+        "for the configs that can win (the plan's text says which were estimated); bytes are exact on "
+        "any load. Each lever's plan is solved over its own profile, timed in its own run, so the same "
+        "choice can carry a different step time from one lever's rows to another's; the bytes compare "
+        "exactly, the times within what separate runs on a shared machine differ by.",
+        "",
+        "![predicted peak against predicted step, per lever](peaks.svg)",
+        "",
+    ]
+    panels = []
+    for model, title in MODELS:
+        rs = rows(d, model)
+        if not rs:
+            continue
+        panels.append((model, rs))
+        doc += [f"## {title}", "", *table(rs), ""]
+    (d / "peaks.svg").write_text(svg(panels))
+    tmp = d / "README.md.tmp"
+    tmp.write_text("\n".join(doc))
+    tmp.rename(d / "README.md")
+
+
+if __name__ == "__main__":
+    main()
