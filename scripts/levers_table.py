@@ -109,9 +109,12 @@ def svg(panels):
         out.append(f'<text x="{x0 + w / 2}" y="{h - 8}" text-anchor="middle" font-size="11">predicted step (s)</text>')
         out.append(f'<text x="{x0 + 12}" y="{h / 2}" font-size="11" transform="rotate(-90 {x0 + 12} {h / 2})" '
                    'text-anchor="middle">predicted peak (GiB)</text>')
-        for x, y, lever in pts:
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="5" fill="{COLOURS[lever]}" '
-                       f'fill-opacity="0.8"><title>{lever}: {y:.3f} GiB, {x:.3f} s</title></circle>')
+        # Levers often land on the same point (the same choice): each is drawn a size smaller than
+        # the one before, whole-module checkpointing largest and first, so every one shows.
+        for x, y, lever in sorted(pts, key=lambda p: LEVERS.index(p[2])):
+            r = 4 + 2.5 * (len(LEVERS) - 1 - LEVERS.index(lever))
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{r}" fill="{COLOURS[lever]}">'
+                       f'<title>{lever}: {y:.3f} GiB, {x:.3f} s</title></circle>')
     legend = [f'<rect x="{10 + i * 150}" y="{h + 8}" width="10" height="10" fill="{COLOURS[l]}"/>'
               f'<text x="{24 + i * 150}" y="{h + 17}" font-size="11">{l}</text>' for i, l in enumerate(LEVERS)]
     width = len(panels) * (w + 20)
