@@ -220,12 +220,15 @@ bool attention_keeps(const c10::OperatorHandle& op, const Inputs& in, const torc
   return true;
 }
 
+// Policy 0, `matmul`: whether it keeps a call of operator `name` (`aten::mm`, no overload); the
+// name alone decides.
+bool matmul_keeps(const std::string& name) {
+  return matrix_products().count(name) != 0 || attention_kernels().count(name) != 0;
+}
+
 // Whether the policy keeps this call's outputs; `stack` holds them, after the call.
 bool keeps(const CkptSacCache& cache, const c10::OperatorHandle& op, const Inputs& in, const torch::jit::Stack& stack) {
-  if (cache.policy == 0) {
-    const auto& name = op.operator_name().name;
-    return matrix_products().count(name) != 0 || attention_kernels().count(name) != 0;
-  }
+  if (cache.policy == 0) return matmul_keeps(op.operator_name().name);
   return attention_keeps(op, in, stack);
 }
 
@@ -320,11 +323,14 @@ void ckpt_sac_free(CkptSacCache* cache) { delete cache; }
 // not carry.
 int ckpt_sac_saves(int policy, const char* name) {
   if (policy != 0) return -1;
-  const std::string full(name);
-  const auto colons = full.find("::");
-  const auto dot = full.find('.', colons == std::string::npos ? 0 : colons + 2);
-  const std::string base = dot == std::string::npos ? full : full.substr(0, dot);
-  return matrix_products().count(base) != 0 || attention_kernels().count(base) != 0 ? 1 : 0;
+  try {
+    const std::string full(name);
+    const auto colons = full.find("::");
+    const auto dot = full.find('.', colons == std::string::npos ? 0 : colons + 2);
+    return matmul_keeps(dot == std::string::npos ? full : full.substr(0, dot)) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
 }
 
 }  // extern "C"
