@@ -444,8 +444,10 @@ impl Chain {
                     let reads_inner = (g.first..g.last).contains(&s);
                     if (!inside && reads_inner) || (inside && s + 1 < g.first) {
                         return Err(format!(
-                            "block {} reads block {} across the boundary of group {}",
-                            b.name, self.blocks[s].name, g.name
+                            "block {} reads block {} across the boundary of group {} (a checkpointed group \
+                             keeps only its last block's outputs and reads only its input's): choose candidates \
+                             without {} with --candidates REGEX, or --granularity layer",
+                            b.name, self.blocks[s].name, g.name, g.name
                         ));
                     }
                 }

@@ -598,6 +598,16 @@ fn blocks_hand_on_several_tensors_and_outputs_made_mid_network() {
     let batch = c.make_batch(3, tch::Device::Cpu, 1);
     let handed = c.forward_handed(&batch.input, None, true);
     assert_eq!(handed[at("layers.1")].len(), 2, "layers.1 hands on (hidden, gate)");
+    // At nested granularity a layer is a group over its children, and the hidden state its first
+    // child makes is read after the group: refused, naming the group and what to do.
+    let nested = ModelOptions {
+        granularity: Granularity::Nested,
+        ..Default::default()
+    };
+    let e = load("two_tensors.pt2", nested).unwrap_err().to_string();
+    for needle in ["group layers.0", "--candidates REGEX", "--granularity layer"] {
+        assert!(e.contains(needle), "{needle:?} not in {e}");
+    }
     // An auxiliary classifier inside a layer (Inception v3's `AuxLogits`): the layer hands on its
     // hidden state and the logits, which only the loss reads.
     let c = load("mid_output.pt2", ModelOptions::default()).unwrap();
