@@ -198,14 +198,20 @@ def _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_
 
 
 def _selective(t, doc):
-    """`{"selective": {"policy", "modules"}}` for the wrapped modules that run selective, read from
-    the modules themselves (`ckptune.selective_policy`); {} when none does."""
+    """`{"selective": ...}` for the wrapped modules that run selective, read from the modules
+    themselves (`ckptune.selective_policy`), as the plan writes it: one `{"policy", "modules"}`
+    when they run under one policy, a list of them, one per policy, when under several; {} when
+    none does."""
     root = plan_root(t.backbone, doc)
-    ran = [(n, selective_policy(root.get_submodule(n))) for n in t.wrapped]
-    ran = [(n, p) for n, p in ran if p is not None]
-    if not ran:
+    groups = {}
+    for n in t.wrapped:
+        p = selective_policy(root.get_submodule(n))
+        if p is not None:
+            groups.setdefault(p, []).append(n)
+    runs = [{"policy": p, "modules": ms} for p, ms in groups.items()]
+    if not runs:
         return {}
-    return {"selective": {"policy": ran[0][1], "modules": [n for n, _ in ran]}}
+    return {"selective": runs[0] if len(runs) == 1 else runs}
 
 
 def cpu_plan(path, what):
