@@ -1,5 +1,6 @@
 //! `ckptune verify --pytorch`: the plan run twice — by ckptune's runtime (as `verify` does) and
-//! in PyTorch eager on the built-in model's plain-torch reference (`python -m ckptune_harness.eager`,
+//! in PyTorch eager on the plain-torch reference of the built-in model or of the Llama-family
+//! `config.json` (`python -m ckptune_harness.eager`,
 //! the companion's run with ckptune's counting allocator loaded into the Python process) — and
 //! reported beside the prediction. Exit 1 when either run peaks over the budget. A plan with a
 //! `shard` section goes to [`super::shard`] instead: FSDP2 on its N ranks.
@@ -48,6 +49,18 @@ fn check_selective(what: &str, run: &PytorchRunJson, plan: &PlanJson) -> Result<
     Ok(())
 }
 
+/// A Hugging Face folder holding a `config.json`, or the file itself: the harness builds the
+/// reference of a Llama-family one from its fields (`models/fixtures/reference.py`,
+/// `build_config`) and says which model types it cannot.
+fn is_hf_config(path: &Path) -> bool {
+    let file = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    file.file_name().is_some_and(|n| n == "config.json") && file.is_file()
+}
+
 fn or_none(text: &str) -> &str {
     match text.trim() {
         "" => "none",
@@ -66,10 +79,11 @@ pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
         ))
         .into());
     }
-    if Path::new(&plan.shape.model).exists() {
+    if Path::new(&plan.shape.model).exists() && !is_hf_config(Path::new(&plan.shape.model)) {
         return Err(UsageError(format!(
-            "verify --pytorch runs the plain-torch reference of a built-in model; {} is a file (plan the \
-             built-in name, or apply the plan in your own loop with ckptune.apply)",
+            "verify --pytorch runs the plain-torch reference of a built-in model or of a Hugging Face \
+             config.json; {} is another file (plan the built-in name, or apply the plan in your own loop \
+             with ckptune.apply)",
             plan.shape.model
         ))
         .into());
