@@ -69,7 +69,7 @@ def table(rs):
             torch = f"{v['pytorch']['peak_bytes']:,}"
             err = f"{v['pytorch_peak_error_bytes']:+,}"
         elif v:
-            # `verify` alone (a config.json model has no PyTorch reference here).
+            # `verify` alone (a run made without --pytorch).
             run = f"{v['measured']['peak_bytes']:,}"
             torch = err = "not run"
         else:
@@ -137,9 +137,10 @@ def main():
         "each other lever adds one choice to it: selective checkpointing per layer (`--selective "
         "matmul`, `--selective attention`), the loss in chunks (`--loss-chunks 1,4`, a language "
         "model's head only), the optimizer step in backward (`--optimizer-step after,in-backward`). "
-        "Each plan verified (`verify-*.json`): ckptune's run, and for BERT-base PyTorch eager running "
-        "the same plan under the same counting allocator (`verify --pytorch` runs the built-in models' "
-        "PyTorch reference; a model given as config.json has none). Step times are one run's on a 2-core machine, measured "
+        "Each plan verified (`verify-*.json`): ckptune's run, and PyTorch eager running the same plan "
+        "under the same counting allocator (`verify --pytorch`, on the built-in model's reference or on "
+        "the reference Llama built from the config.json); a row whose PyTorch columns read \"not run\" "
+        "was verified by ckptune's run alone. Step times are one run's on a 2-core machine, measured "
         "for the configs that can win (the plan's text says which were estimated); bytes are exact on "
         "any load. Each lever's plan is solved over its own profile, timed in its own run, so the same "
         "choice can carry a different step time from one lever's rows to another's; the bytes compare "
