@@ -31,12 +31,14 @@ def choice(plan):
     if c.get("optimizer_step", "after") != "after":
         parts.append(f"optimizer step {c['optimizer_step']}")
     ck = plan["checkpoint"]
-    sel = ck.get("selective") or {}
-    whole = [m for m in ck["modules"] if m not in set(sel.get("modules", []))]
+    # One policy's selective modules are one object, a plan mixing policies lists one per policy.
+    sel = ck.get("selective") or []
+    groups = sel if isinstance(sel, list) else [sel]
+    selective = {m for g in groups for m in g["modules"]}
+    whole = [m for m in ck["modules"] if m not in selective]
     if whole:
         parts.append(f"{len(whole)} checkpointed whole")
-    if sel.get("modules"):
-        parts.append(f"{len(sel['modules'])} selective ({sel['policy']})")
+    parts.extend(f"{len(g['modules'])} selective ({g['policy']})" for g in groups if g["modules"])
     return ", ".join(parts) or "nothing"
 
 
