@@ -27,6 +27,7 @@ fn flat() -> DeviceRates {
         bandwidth: vec![Curve::flat(Dtype::Fp32, 2e10)],
         overhead_seconds: 2e-6,
         ops: Vec::new(),
+        attention: None,
     }
 }
 

@@ -44,6 +44,26 @@ pub struct Work {
     pub flops: f64,
     pub bytes: f64,
     pub size: f64,
+    /// A fused attention kernel's scores, which a device with calibrated attention rates times
+    /// beyond the FLOPs (None for every other operator).
+    pub attention: Option<AttentionWork>,
+}
+
+/// What a fused attention call does besides its products' FLOPs: each element of its score
+/// matrices is scaled, maxed, exponentiated and summed (forward; the backward also forms dP
+/// and dS), work a product's rate does not time. At head size 16 this is most of the call on
+/// the benchmark's CPU (docs/cost-model.md).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionWork {
+    /// Elements of the full score matrices: heads × query length × key length.
+    pub scores: f64,
+    /// The products' FLOPs over the full score matrices ([`Work::flops`] is halved when causal,
+    /// as a kernel that skips the masked half does).
+    pub full_flops: f64,
+    pub causal: bool,
+    /// The query length, which sets how much of the masked half a causal kernel skips.
+    pub length: f64,
+    pub backward: bool,
 }
 
 /// A rate by size: `(size, rate)` points with increasing sizes, read piecewise linearly in
@@ -110,6 +130,22 @@ pub struct DeviceRates {
     /// measured rate in bytes/s of the bytes it reads and writes. Empty for a GPU of the table.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
     pub ops: Vec<OpRate>,
+    /// Fused attention's cost per score and a causal call's share of an unmasked one's, where
+    /// measured (a CPU's calibration); without them attention is timed by its FLOPs alone.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub attention: Option<AttentionRates>,
+}
+
+/// A CPU's fused attention, measured ([`AttentionWork`]): a call takes its full products' FLOPs
+/// at the matrix product rate plus its scores at the seconds per score, times, when causal, the
+/// causal share at its query length.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct AttentionRates {
+    pub forward_seconds_per_score: f64,
+    pub backward_seconds_per_score: f64,
+    /// A causal call's time over the same call unmasked (forward and backward), by query length.
+    pub causal_share: Curve,
 }
 
 /// One operator's own streaming rate.
@@ -136,10 +172,29 @@ impl DeviceRates {
             .ops
             .iter()
             .find(|r| r.op == op && r.dtype == work.dtype.name() && r.bytes_per_second > 0.0);
-        match own {
-            Some(r) if work.engine == Engine::Memory => work.bytes / r.bytes_per_second,
+        match (own, work.attention, &self.attention) {
+            (Some(r), _, _) if work.engine == Engine::Memory => work.bytes / r.bytes_per_second,
+            (_, Some(a), Some(r)) => self.attention_seconds(work, &a, r),
             _ => self.work_seconds(work),
         }
+    }
+
+    /// A fused attention call over measured attention rates ([`AttentionRates`]), never less than
+    /// its bytes take.
+    fn attention_seconds(&self, work: &Work, a: &AttentionWork, r: &AttentionRates) -> f64 {
+        let per_score = if a.backward {
+            r.backward_seconds_per_score
+        } else {
+            r.forward_seconds_per_score
+        };
+        let full = a.full_flops / rate(&self.matmul, work.dtype, work.size) + a.scores * per_score;
+        let share = if a.causal {
+            r.causal_share.at(a.length).unwrap_or(1.0)
+        } else {
+            1.0
+        };
+        let memory = work.bytes / rate(&self.bandwidth, work.dtype, work.bytes);
+        (full * share).max(memory)
     }
 
     /// Seconds `work` takes without the per-operator overhead: the slower of its FLOPs on its
@@ -335,6 +390,7 @@ impl GpuSpec {
             bandwidth: vec![flat(Dtype::Fp32, self.memory_gbps * 1e9 * GPU_MEMORY_EFFICIENCY)],
             overhead_seconds: GPU_OVERHEAD_SECONDS,
             ops: Vec::new(),
+            attention: None,
         }
     }
 }
@@ -380,6 +436,7 @@ mod tests {
                 dtype: "fp32".into(),
                 bytes_per_second: 1e8,
             }],
+            attention: None,
         };
         let work = |engine, dtype, flops, bytes| Work {
             engine,
@@ -387,6 +444,7 @@ mod tests {
             flops,
             bytes,
             size: 64.0,
+            attention: None,
         };
         let t = r.seconds(&work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3));
         assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
@@ -407,6 +465,42 @@ mod tests {
     }
 
     #[test]
+    fn measured_attention_adds_its_scores_and_takes_the_causal_share_at_its_length() {
+        let mut r = gpu("a100-80gb").unwrap().rates();
+        r.matmul = vec![Curve::flat(Dtype::Fp32, 1e9)];
+        r.bandwidth = vec![Curve::flat(Dtype::Fp32, 1e12)];
+        let attention = |causal, backward| Work {
+            engine: Engine::Matmul,
+            dtype: Dtype::Fp32,
+            flops: if causal { 1e6 } else { 2e6 },
+            bytes: 1e3,
+            size: 64.0,
+            attention: Some(AttentionWork {
+                scores: 1e4,
+                full_flops: 2e6,
+                causal,
+                length: 100.0,
+                backward,
+            }),
+        };
+        // Without measured attention rates (a GPU of the table): its FLOPs alone.
+        assert!((r.op_seconds("x", &attention(true, false)) - 1e-3).abs() < 1e-12);
+        r.attention = Some(AttentionRates {
+            forward_seconds_per_score: 1e-7,
+            backward_seconds_per_score: 3e-7,
+            causal_share: Curve {
+                dtype: "fp32".into(),
+                points: vec![[10.0, 1.0], [1000.0, 0.25]],
+            },
+        });
+        // 2 ms of products over the full scores, plus 1 ms (forward) or 3 ms (backward) of scores.
+        assert!((r.op_seconds("x", &attention(false, false)) - 3e-3).abs() < 1e-12);
+        assert!((r.op_seconds("x", &attention(false, true)) - 5e-3).abs() < 1e-12);
+        // Causal at length 100, halfway in log length: the share is 0.5.
+        assert!((r.op_seconds("x", &attention(true, true)) - 2.5e-3).abs() < 1e-12);
+    }
+
+    #[test]
     fn every_gpu_of_the_table_gives_complete_rates_and_tensor_cores_beat_fp32() {
         for g in GPUS {
             let r = g.rates();
@@ -418,6 +512,7 @@ mod tests {
                 flops: 1e12,
                 bytes: 0.0,
                 size: 4096.0,
+                attention: None,
             };
             assert!(
                 r.seconds(&work(Dtype::Bf16)) < r.seconds(&work(Dtype::Fp32)),
