@@ -1,7 +1,9 @@
 //! The CPU's rates, measured: matrix products per dtype over sizes, convolutions over small and
 //! ResNet-50 shapes, elementwise streaming per dtype over sizes, the kernels that run slower
-//! than their bytes at an add's rate ([`PROBES`], forward and backward), and the time per call
-//! of a tiny training step (the dispatcher's and autograd's overhead, paid by every call). Each
+//! than their bytes at an add's rate ([`PROBES`], forward and backward), fused attention's cost
+//! per score beyond its FLOPs and a causal call's share ([`ATTENTION_SHAPE`], [`CAUSAL_LENGTHS`]),
+//! and the time per call of a tiny training step (the dispatcher's and autograd's overhead, paid
+//! by every call). Each
 //! point is the median of a few batches of calls writing into fresh memory as a step does
 //! ([`KEEP`]), its work rate the work over the time less the calls' overhead, so that work plus
 //! overhead gives the call back.
@@ -490,8 +492,8 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
         measured: true,
         source: format!(
             "calibration run (version {CALIBRATION_VERSION}) with {threads} threads, {seconds:.1} s: mm, conv2d \
-             3×3 and add over sizes, {} slow kernels forward and backward, a tiny training step's overhead per \
-             call; each point the median of {BATCHES} batches",
+             3×3 and add over sizes, {} slow kernels forward and backward, fused attention per score and its \
+             causal share, a tiny training step's overhead per call; each point the median of {BATCHES} batches",
             PROBES.len()
         ),
         threads: Some(threads),
