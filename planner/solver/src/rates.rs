@@ -10,8 +10,10 @@
 pub enum Engine {
     /// A matrix product (mm, addmm, bmm, attention's products).
     Matmul,
-    /// A convolution, forward or backward.
+    /// A convolution's forward.
     Conv,
+    /// A convolution's backward (its input's and weight's gradients).
+    ConvBackward,
     /// Nothing but its bytes (elementwise operators, reductions, copies, norms).
     Memory,
 }
@@ -121,6 +123,10 @@ pub struct DeviceRates {
     pub matmul: Vec<Curve>,
     /// FLOP/s of convolutions per dtype, by the mean dimension of their implicit product.
     pub conv: Vec<Curve>,
+    /// FLOP/s of convolutions' backwards per dtype, where measured (a CPU's calibration, whose
+    /// backward kernels run slower than its forward ones); a dtype without one takes `conv`'s.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub conv_backward: Vec<Curve>,
     /// Bytes/s of streaming elementwise work per dtype, by the bytes an operator moves.
     pub bandwidth: Vec<Curve>,
     /// Seconds every operator costs besides its work (dispatch, and on a GPU the launch).
@@ -209,6 +215,11 @@ impl DeviceRates {
             Engine::Memory => 0.0,
             Engine::Matmul => work.flops / rate(&self.matmul, work.dtype, work.size),
             Engine::Conv => work.flops / rate(&self.conv, work.dtype, work.size),
+            Engine::ConvBackward => {
+                let own = self.conv_backward.iter().any(|c| c.dtype == work.dtype.name());
+                let curves = if own { &self.conv_backward } else { &self.conv };
+                work.flops / rate(curves, work.dtype, work.size)
+            }
         };
         compute.max(memory)
     }
@@ -387,6 +398,7 @@ impl GpuSpec {
                 flat(Dtype::Bf16, self.bf16_tflops * t * GPU_CONV_EFFICIENCY),
                 flat(Dtype::Fp16, self.fp16_tflops * t * GPU_CONV_EFFICIENCY),
             ],
+            conv_backward: Vec::new(),
             bandwidth: vec![flat(Dtype::Fp32, self.memory_gbps * 1e9 * GPU_MEMORY_EFFICIENCY)],
             overhead_seconds: GPU_OVERHEAD_SECONDS,
             ops: Vec::new(),
@@ -429,6 +441,7 @@ mod tests {
             threads: Some(1),
             matmul: vec![Curve::flat(Dtype::Fp32, 1e9)],
             conv: vec![Curve::flat(Dtype::Fp32, 5e8)],
+            conv_backward: vec![Curve::flat(Dtype::Fp32, 2.5e8)],
             bandwidth: vec![Curve::flat(Dtype::Fp32, 1e9), Curve::flat(Dtype::Bf16, 2e9)],
             overhead_seconds: 1e-6,
             ops: vec![OpRate {
@@ -449,6 +462,11 @@ mod tests {
         let t = r.seconds(&work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3));
         assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
         let t = r.seconds(&work(Engine::Conv, Dtype::Fp32, 1e6, 1e3));
+        assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
+        // A convolution's backward at its own rate where its dtype has one, else the forward's.
+        let t = r.seconds(&work(Engine::ConvBackward, Dtype::Fp32, 1e6, 1e3));
+        assert!((t - (4e-3 + 1e-6)).abs() < 1e-12, "{t}");
+        let t = r.seconds(&work(Engine::ConvBackward, Dtype::Bf16, 1e6, 1e3));
         assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
         // Memory-bound: bytes win; bf16 has its own bandwidth, fp16 falls back to fp32's.
         let t = r.seconds(&work(Engine::Matmul, Dtype::Bf16, 1e3, 4e6));

@@ -21,7 +21,7 @@ use crate::error::{torch, Result};
 /// Bumped whenever what is measured changes: cached calibrations of another version are
 /// measured again. Version 4 records the machine's other load while it ran (a version 3
 /// cache may hold a busy machine's rates); version 5 measures fused attention's cost per score
-/// and its causal share.
+/// and its causal share, and convolutions' backward.
 pub const CALIBRATION_VERSION: u32 = 5;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
@@ -137,26 +137,36 @@ impl Run {
         })
     }
 
-    fn conv(&self, dtype: Dtype) -> Result<Curve> {
+    /// Convolutions' forward FLOP/s over [`CONVS`] (under no-grad), or with `backward` their
+    /// backward's: both gradients through autograd, timed as forward and backward less the
+    /// forward, at twice the forward's FLOPs.
+    fn conv(&self, dtype: Dtype, backward: bool) -> Result<Curve> {
         let mut points = Vec::new();
         for (batch, cin, cout, side, kernel) in CONVS {
             if self.over() {
                 break;
             }
             let x = randn(&[batch, cin, side, side], dtype)?;
-            let w = randn(&[cout, cin, kernel, kernel], dtype)?;
+            let w = randn(&[cout, cin, kernel, kernel], dtype)?.set_requires_grad(backward);
             let pad = kernel / 2;
-            let t = time_call(|| {
+            let conv = |x: &Tensor| {
                 x.f_conv2d(&w, None::<&Tensor>, [1, 1], [pad, pad], [1, 1], 1)
                     .map_err(torch("calibration: conv2d"))
-            })?;
+            };
+            let t = if backward {
+                let [(t_f, _), (t_fb, _)] = forward_backward(&x, &conv)?;
+                (t_fb - t_f).max(0.0)
+            } else {
+                time_call(|| conv(&x))?
+            };
             // The implicit product: batch·side² rows, cin·kernel² deep, cout columns.
             let (m, k, n) = (
                 (batch * side * side) as f64,
                 (cin * kernel * kernel) as f64,
                 cout as f64,
             );
-            points.push([(m * k * n).cbrt(), self.rate(2.0 * m * k * n, t)]);
+            let flops = if backward { 4.0 } else { 2.0 } * m * k * n;
+            points.push([(m * k * n).cbrt(), self.rate(flops, t)]);
         }
         points.sort_by(|a, b| a[0].total_cmp(&b[0]));
         // Shapes of one size: the slower.
@@ -457,6 +467,7 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
         threads: Some(threads),
         matmul: vec![Curve::flat(Dtype::Fp32, 1e11)],
         conv: vec![Curve::flat(Dtype::Fp32, 1e11)],
+        conv_backward: Vec::new(),
         bandwidth: bandwidth.clone(),
         overhead_seconds: run.overhead,
         ops: Vec::new(),
@@ -473,10 +484,12 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
         let _no_grad = tch::no_grad_guard();
         (
             vec![run.matmul(Dtype::Fp32)?, run.matmul(Dtype::Bf16)?],
-            vec![run.conv(Dtype::Fp32)?, run.conv(Dtype::Bf16)?],
+            vec![run.conv(Dtype::Fp32, false)?, run.conv(Dtype::Bf16, false)?],
         )
     };
     let matmul: Vec<Curve> = matmul.into_iter().filter(|c| !c.points.is_empty()).collect();
+    // fp32 only: a bf16 backward takes the bf16 forward's rate.
+    let conv_backward = run.conv(Dtype::Fp32, true)?;
     let attention = if run.over() || matmul.is_empty() {
         None
     } else {
@@ -492,13 +505,14 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
         measured: true,
         source: format!(
             "calibration run (version {CALIBRATION_VERSION}) with {threads} threads, {seconds:.1} s: mm, conv2d \
-             3×3 and add over sizes, {} slow kernels forward and backward, fused attention per score and its \
+             3×3 forward and backward and add over sizes, {} slow kernels forward and backward, fused attention per score and its \
              causal share, a tiny training step's overhead per call; each point the median of {BATCHES} batches",
             PROBES.len()
         ),
         threads: Some(threads),
         matmul,
         conv: conv.into_iter().filter(|c| !c.points.is_empty()).collect(),
+        conv_backward: [conv_backward].into_iter().filter(|c| !c.points.is_empty()).collect(),
         bandwidth: bandwidth.into_iter().filter(|c| !c.points.is_empty()).collect(),
         overhead_seconds: run.overhead,
         ops,

@@ -230,7 +230,7 @@ fn conv_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
         }
         let grads = e.outputs.iter().take(2).filter(|o| o.is_some()).count() as f64;
         let (macs, mkn) = conv_macs(input, weight, grad_out, transposed)?;
-        return Some(product(Engine::Conv, e, macs * grads, mkn, writes_input));
+        return Some(product(Engine::ConvBackward, e, macs * grads, mkn, writes_input));
     }
     let (input, weight) = (shape(0)?, shape(1)?);
     let output = e.outputs.first()?.as_ref()?.1.as_slice();

@@ -142,6 +142,7 @@ fn convolutions_count_each_output_elements_window_per_group() {
     };
     let both = backward(vec![f32(&[2, 3, 32, 32]), f32(&[8, 3, 7, 7]), None]);
     assert_eq!(flops(&both), 2.0 * 2.0 * 4096.0 * 147.0);
+    assert_eq!(work_of(&both, false).engine, Engine::ConvBackward);
     let weight_only = backward(vec![None, f32(&[8, 3, 7, 7]), f32(&[8])]);
     assert_eq!(flops(&weight_only), 2.0 * 4096.0 * 147.0);
 }
