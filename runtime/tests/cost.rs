@@ -24,9 +24,11 @@ fn flat() -> DeviceRates {
         threads: Some(1),
         matmul: vec![Curve::flat(Dtype::Fp32, 1e11)],
         conv: vec![Curve::flat(Dtype::Fp32, 5e10)],
+        conv_backward: Vec::new(),
         bandwidth: vec![Curve::flat(Dtype::Fp32, 2e10)],
         overhead_seconds: 2e-6,
         ops: Vec::new(),
+        attention: None,
     }
 }
 
@@ -67,7 +69,7 @@ fn by_hand(events: &[ckptune_kernels::optrace::OpEvent]) -> f64 {
             match w.engine {
                 Engine::Memory => bytes,
                 Engine::Matmul => (w.flops / 1e11).max(bytes),
-                Engine::Conv => (w.flops / 5e10).max(bytes),
+                Engine::Conv | Engine::ConvBackward => (w.flops / 5e10).max(bytes),
             }
         })
         .sum();
