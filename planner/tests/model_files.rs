@@ -6,18 +6,25 @@ mod common;
 
 use common::{edited, fixture, ok, read, refused, verify, COMMON};
 use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// A Hugging Face folder `dir/name` holding only `config`, as its config.json.
+fn hf_folder(dir: &Path, name: &str, config: &str) -> PathBuf {
+    let folder = dir.join(name);
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(folder.join("config.json"), config).unwrap();
+    folder
+}
 
 /// A Hugging Face folder with only its config.json is a MODEL: planned with seeded random
 /// weights, and the plan verifies to the byte (the model is rebuilt from the folder).
 #[test]
 fn a_hugging_face_config_alone_plans_and_verifies() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("qwen2");
-    std::fs::create_dir(&model).unwrap();
     let config = r#"{"model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "tie_word_embeddings": true}"#;
-    std::fs::write(model.join("config.json"), config).unwrap();
+    let model = hf_folder(dir.path(), "qwen2", config);
     let plan = dir.path().join("plan.json");
     let mut args = vec![
         "plan",
@@ -74,13 +81,11 @@ fn heads_are_given_for_a_state_dict_that_cannot_say() {
 #[test]
 fn a_llama_config_json_verifies_in_pytorch_as_its_built_in_twin() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny");
-    std::fs::create_dir(&model).unwrap();
     // models/fixtures/reference.py's tiny-llama, field for field.
     let config = r#"{"model_type": "llama", "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-6,
         "max_position_embeddings": 2048, "rope_theta": 10000.0, "tie_word_embeddings": false}"#;
-    std::fs::write(model.join("config.json"), config).unwrap();
+    let model = hf_folder(dir.path(), "tiny", config);
     let run = |name: &str, tag: &str| -> Value {
         let plan = dir.path().join(format!("{tag}.json"));
         let mut args = vec!["plan", "--budget", "1GiB", name, "--seq", "16", "--batch", "2"];
@@ -123,11 +128,9 @@ fn a_llama_config_json_verifies_in_pytorch_as_its_built_in_twin() {
     }
     assert_eq!(from_config["pytorch"]["modules"], serde_json::json!(["model.layers.1"]));
 
-    let bert = dir.path().join("bert");
-    std::fs::create_dir(&bert).unwrap();
     let config = r#"{"model_type": "bert", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
         "num_attention_heads": 2, "intermediate_size": 48, "max_position_embeddings": 32}"#;
-    std::fs::write(bert.join("config.json"), config).unwrap();
+    let bert = hf_folder(dir.path(), "bert", config);
     let plan = dir.path().join("bert-plan.json");
     let mut args = vec!["plan", "--budget", "1GiB", bert.to_str().unwrap(), "--seq", "8"];
     args.extend(["--batch", "2", "--precision", "fp32", "-o", plan.to_str().unwrap()]);

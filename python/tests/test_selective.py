@@ -131,11 +131,15 @@ class ApplyTest(unittest.TestCase):
                 ckpt = copy.deepcopy(plain)
                 wrapped = ckptune.apply(ckpt.bert, selective_plan(planned, selective, policy))
                 self.assertEqual(wrapped, planned)
-                loss_a, grads_a = gradients("tiny-bert", plain)
-                loss_b, grads_b = gradients("tiny-bert", ckpt)
-                self.assertTrue(torch.equal(loss_a, loss_b))
-                for k, g in grads_a.items():
-                    self.assertTrue(torch.equal(g, grads_b[k]), f"gradient of {k} differs")
+                self.assert_same_step(plain, ckpt)
+
+    def assert_same_step(self, plain, ckpt):
+        """tiny-BERT's loss and every gradient, bitwise, from `plain` and from `ckpt`."""
+        loss_a, grads_a = gradients("tiny-bert", plain)
+        loss_b, grads_b = gradients("tiny-bert", ckpt)
+        self.assertTrue(torch.equal(loss_a, loss_b))
+        for k, g in grads_a.items():
+            self.assertTrue(torch.equal(g, grads_b[k]), f"gradient of {k} differs")
 
     def test_each_module_runs_under_its_own_policy_bitwise(self):
         planned = ["embeddings", "encoder.layer.0", "encoder.layer.1"]
@@ -148,11 +152,7 @@ class ApplyTest(unittest.TestCase):
                 want = {m: p for p, ms in by_policy.items() for m in ms}
                 self.assertEqual({m: ckptune.selective_policy(ckpt.bert.get_submodule(m)) for m in planned},
                                  {m: want.get(m) for m in planned})
-                loss_a, grads_a = gradients("tiny-bert", plain)
-                loss_b, grads_b = gradients("tiny-bert", ckpt)
-                self.assertTrue(torch.equal(loss_a, loss_b))
-                for k, g in grads_a.items():
-                    self.assertTrue(torch.equal(g, grads_b[k]), f"gradient of {k} differs")
+                self.assert_same_step(plain, ckpt)
 
     def test_the_recompute_skips_the_kept_operators(self):
         # `addmm` (every Linear with a bias) runs in the forward only: the backward's products

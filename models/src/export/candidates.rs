@@ -326,7 +326,7 @@ pub fn layers(modules: &[String], runs: &HashMap<String, Vec<(usize, usize)>>) -
     for c in &containers {
         if siblings(c) {
             out.push((*c).clone());
-        } else if most > 0 && coverage(c) == most {
+        } else if coverage(c) == most {
             out.extend(children(c, modules).into_iter().filter(|x| numbered(x)).cloned());
         }
     }

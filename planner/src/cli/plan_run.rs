@@ -183,17 +183,14 @@ pub fn verify_plan(plan: &PlanJson, steps: usize, quiet: bool) -> Result<VerifyJ
     })
 }
 
-/// ` (h.0, h.1 selective under matmul; h.2 selective under attention)` after a checkpoint regex,
-/// for a run with selective modules; empty otherwise.
+/// `h.0, h.1 selective under matmul; h.2 selective under attention` for a run with selective
+/// modules; empty otherwise.
 pub fn selective_text(sel: &[SelectiveJson]) -> String {
-    if sel.is_empty() {
-        return String::new();
-    }
     let parts: Vec<String> = sel
         .iter()
         .map(|s| format!("{} selective under {}", s.modules.join(", "), s.policy))
         .collect();
-    format!(" ({})", parts.join("; "))
+    parts.join("; ")
 }
 
 /// `fp32 / adamw / micro-batch 2 × 1`, with the loss's chunks and the step in backward when the
@@ -219,12 +216,15 @@ pub fn config_text(c: &ConfigSpec) -> String {
 
 /// `verify MODEL (CONFIG), checkpoint REGEX`: the first line of every verification's report.
 pub fn print_verify_heading(r: &VerifyJson) {
+    let selective = match selective_text(&r.selective) {
+        t if t.is_empty() => t,
+        t => format!(" ({t})"),
+    };
     outln!(
-        "verify {} ({}), checkpoint {}{}",
+        "verify {} ({}), checkpoint {}{selective}",
         r.model,
         config_text(&r.config),
-        r.regex,
-        selective_text(&r.selective)
+        r.regex
     );
 }
 

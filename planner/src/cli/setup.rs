@@ -316,11 +316,12 @@ impl Setup {
             )
         } else {
             String::new()
-        } + &match self.selective.is_empty() {
+        } + &if self.selective.is_empty() {
+            String::new()
+        } else {
             // A profile with steps S holds terms one without them lacks (and the converse is a
             // profile that cannot plan selective).
-            true => String::new(),
-            false => format!("|selective={}", self.selective_names()),
+            format!("|selective={}", self.selective_names())
         }
     }
 

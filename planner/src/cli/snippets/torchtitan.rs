@@ -22,12 +22,11 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
         )));
     }
     let names = torchtitan_names(&plan.checkpoint.modules)?;
-    let (choice_comment, activation_checkpoint, selective_class) = match plan.checkpoint.selective.is_empty() {
-        true => {
-            let (comment, config) = choice(f, &names);
-            (comment.to_owned(), config, String::new())
-        }
-        false => selective_choice(plan, f)?,
+    let (choice_comment, activation_checkpoint, selective_class) = if plan.checkpoint.selective.is_empty() {
+        let (comment, config) = choice(f, &names);
+        (comment.to_owned(), config, String::new())
+    } else {
+        selective_choice(plan, f)?
     };
     let c = &plan.config;
     // `optimizer_impl` (single, foreach, fused) as the plan's config names it, when it does.

@@ -221,8 +221,7 @@ fn print_side_by_side(r: &VerifyPytorchJson) {
         // What PyTorch ran, from the wrapped modules themselves, not the plan.
         let ran = match selective_text(&p.selective) {
             t if t.is_empty() => "no module selective".to_owned(),
-            // ` (a selective under matmul)`: the text without its parentheses.
-            t => format!("{} (ckptune.apply)", &t[2..t.len() - 1]),
+            t => format!("{t} (ckptune.apply)"),
         };
         outln!("  PyTorch ran {ran}");
     }
