@@ -162,9 +162,12 @@ impl Estimated {
 }
 
 /// Real steps of one case: samples of step A (nothing checkpointed), step B (every candidate)
-/// and each block's no-grad forward in B.
+/// and each block's no-grad forward in B, each a median over the round's repeats.
 struct Measured {
     session: Session,
+    /// Pairs of steps A and B per round: enough for about half a second of short steps, whose
+    /// single samples are noisy; one for steps of seconds.
+    repeats: usize,
     none: Vec<f64>,
     all: Vec<f64>,
     forward: Vec<Vec<f64>>,
@@ -178,23 +181,40 @@ impl Measured {
         // Warm-up: optimizer state, lazily allocated gradients, oneDNN's primitive caches.
         session.step(&none, None)?;
         session.step(&all, None)?;
+        let pair = session.step(&none, None)?.seconds + session.step(&all, None)?.seconds;
         let blocks = session.chain.blocks.len();
         Ok(Measured {
             session,
+            repeats: (0.5 / pair.max(1e-6)).ceil().clamp(1.0, 50.0) as usize,
             none: Vec::new(),
             all: Vec::new(),
             forward: vec![Vec::new(); blocks],
         })
     }
 
-    /// One round: step A, then step B, timed.
+    /// One round: pairs of step A then step B, timed. Short steps first run one pair untimed:
+    /// the first step after the round's calibration finds cold caches (tiny-ResNet's took 22 ms
+    /// where the next took 6-11 ms), which a step of seconds does not notice.
     fn round(&mut self) -> Result<(), RuntimeError> {
         let (none, all) = masks(&self.session);
-        self.none.push(self.session.step(&none, None)?.seconds);
-        let mut trace = StepTrace::default();
-        self.all.push(self.session.step(&all, Some(&mut trace))?.seconds);
-        for (i, f) in self.forward.iter_mut().enumerate() {
-            f.push(trace.micro.iter().map(|m| m.blocks[i].fwd_seconds).sum());
+        if self.repeats > 1 {
+            self.session.step(&none, None)?;
+            self.session.step(&all, None)?;
+        }
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let mut forward = vec![Vec::new(); self.forward.len()];
+        for _ in 0..self.repeats {
+            a.push(self.session.step(&none, None)?.seconds);
+            let mut trace = StepTrace::default();
+            b.push(self.session.step(&all, Some(&mut trace))?.seconds);
+            for (i, f) in forward.iter_mut().enumerate() {
+                f.push(trace.micro.iter().map(|m| m.blocks[i].fwd_seconds).sum());
+            }
+        }
+        self.none.push(median(&a));
+        self.all.push(median(&b));
+        for (f, samples) in self.forward.iter_mut().zip(&forward) {
+            f.push(median(samples));
         }
         Ok(())
     }
@@ -324,7 +344,7 @@ fn readme(a: &Args, cpu: &str, load: (f64, f64), rows: &[serde_json::Value]) -> 
         "# Cost model against measured times\n\n\
          CPU: {cpu}, {threads} intra-op thread(s).\n\n\
          Written by `cargo run{} -p ckptune-runtime --example cost_bench -- {}`. Estimated: a fake (meta) step's operator trace over this CPU's rates; \
-         measured: real steps of the same config (fp32, AdamW, layer granularity). The machine has 2 cores \
+         measured: real steps of the same config (fp32, AdamW, layer granularity), per round the median of pairs of steps (nothing, then everything checkpointed) repeated for about half a second after one untimed pair, or one pair where a step takes seconds. The machine has 2 cores \
          shared with other builds (1-minute load average {:.1} to {:.1} at the rounds' starts), so {rates}, \
          then estimates and times every case: {rounds} rounds, each error the median \
          over rounds of estimated / measured − 1. Per block: the no-grad forward (the recompute estimate), \

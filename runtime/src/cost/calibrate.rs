@@ -2,8 +2,8 @@
 //! ResNet-50 shapes, elementwise streaming per dtype over sizes, the kernels that run slower
 //! than their bytes at an add's rate ([`PROBES`], forward and backward), fused attention's cost
 //! per score beyond its FLOPs and a causal call's share ([`ATTENTION_SHAPE`], [`CAUSAL_LENGTHS`]),
-//! and the time per call of a tiny training step (the dispatcher's and autograd's overhead, paid
-//! by every call). Each
+//! and the time per call of a small training step ([`overhead`]: the dispatcher's and autograd's
+//! overhead, paid by every call). Each
 //! point is the median of a few batches of calls writing into fresh memory as a step does
 //! ([`KEEP`]), its work rate the work over the time less the calls' overhead, so that work plus
 //! overhead gives the call back.
@@ -15,14 +15,15 @@ use ckptune_kernels::{autograd, optrace};
 use ckptune_solver::rates::{AttentionRates, Curve, DeviceRates, Dtype, OpRate, Work};
 use tch::{Device, Kind, Tensor};
 
-use super::work;
+use super::{overhead, work};
 use crate::error::{torch, Result};
 
 /// Bumped whenever what is measured changes: cached calibrations of another version are
 /// measured again. Version 4 records the machine's other load while it ran (a version 3
 /// cache may hold a busy machine's rates); version 5 measures fused attention's cost per score
-/// and its causal share, and convolutions' backward.
-pub const CALIBRATION_VERSION: u32 = 5;
+/// and its causal share, and convolutions' backward; version 6 times the overhead on a varied
+/// small step instead of a loop of two operators.
+pub const CALIBRATION_VERSION: u32 = 6;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured).
@@ -66,7 +67,7 @@ const STREAM_ELEMENTS: [i64; 7] = [64, 1024, 16 << 10, 256 << 10, 1 << 20, 4 << 
 
 /// Seconds per call of `f`: the median of [`BATCHES`] batches, each long enough to time, the
 /// last [`KEEP`] results alive.
-fn time_call(mut f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
+pub(super) fn time_call(mut f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
     let mut kept = std::collections::VecDeque::with_capacity(KEEP + 1);
     let mut call = || -> Result<()> {
         kept.push_back(f()?);
@@ -287,12 +288,12 @@ const PROBES: [Probe; 9] = [
 
 /// What one call of a probe runs, traced once: the operators that do work and how many calls
 /// pay the overhead.
-struct Traced {
+pub(super) struct Traced {
     counted: Vec<(String, work::Counted)>,
-    calls: usize,
+    pub(super) calls: usize,
 }
 
-fn traced(f: &mut dyn FnMut() -> Result<Tensor>) -> Result<Traced> {
+pub(super) fn traced(f: &mut dyn FnMut() -> Result<Tensor>) -> Result<Traced> {
     optrace::start()?;
     let out = f();
     let events = optrace::stop()?;
@@ -308,24 +309,9 @@ fn traced(f: &mut dyn FnMut() -> Result<Tensor>) -> Result<Traced> {
 }
 
 impl Run {
-    /// The time per call of a tiny training step: a chain of elementwise operators on one
-    /// element, forward and backward, over the calls that pay the overhead.
+    /// The time per call of a small varied training step ([`overhead`]).
     fn overhead(&mut self) -> Result<()> {
-        let x = randn(&[1], Dtype::Fp32)?.set_requires_grad(true);
-        let mut step = || -> Result<Tensor> {
-            let mut y = x.shallow_clone();
-            for _ in 0..4 {
-                y = y
-                    .f_mul_scalar(1.5)
-                    .and_then(|y| y.f_add_scalar(0.5))
-                    .map_err(torch("calibration: mul"))?;
-            }
-            let g = Tensor::f_ones([1], (Kind::Float, Device::Cpu)).map_err(torch("calibration: ones"))?;
-            autograd::backward(y, g)?;
-            Ok(x.grad())
-        };
-        let calls = traced(&mut step)?.calls;
-        self.overhead = time_call(step)? / calls.max(1) as f64;
+        self.overhead = overhead::per_call()?;
         Ok(())
     }
 
@@ -506,7 +492,7 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
         source: format!(
             "calibration run (version {CALIBRATION_VERSION}) with {threads} threads, {seconds:.1} s: mm, conv2d \
              3×3 forward and backward and add over sizes, {} slow kernels forward and backward, fused attention per score and its \
-             causal share, a tiny training step's overhead per call; each point the median of {BATCHES} batches",
+             causal share, a small varied training step's overhead per call; each point the median of {BATCHES} batches",
             PROBES.len()
         ),
         threads: Some(threads),

@@ -17,6 +17,7 @@ use crate::exec::scope::{self, Phase};
 use crate::load::{CpuCounters, Load, QUIET_CORES};
 
 mod calibrate;
+mod overhead;
 pub mod work;
 
 pub use calibrate::{calibrate, BUDGET_SECONDS, CALIBRATION_VERSION};
