@@ -26,7 +26,8 @@ use crate::error::{torch, Result};
 pub const CALIBRATION_VERSION: u32 = 6;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
-/// flat from the last point measured).
+/// flat from the last point measured; each curve has its first point, as the estimates need an
+/// fp32 rate of each kind).
 pub const BUDGET_SECONDS: f64 = 16.0;
 
 /// Each timed batch runs at least this long.
@@ -108,12 +109,14 @@ fn randn(shape: &[i64], dtype: Dtype) -> Result<Tensor> {
 /// The calibration's running state: what is measured so far and the time left.
 struct Run {
     t0: Instant,
+    /// Seconds after `t0` when points stop being added ([`BUDGET_SECONDS`]).
+    budget: f64,
     overhead: f64,
 }
 
 impl Run {
     fn over(&self) -> bool {
-        self.t0.elapsed().as_secs_f64() > BUDGET_SECONDS
+        self.t0.elapsed().as_secs_f64() > self.budget
     }
 
     /// The rate of `work` units per second of a call that took `seconds`, less its overhead
@@ -125,7 +128,7 @@ impl Run {
     fn matmul(&self, dtype: Dtype) -> Result<Curve> {
         let mut points = Vec::new();
         for n in MATMUL_SIDES {
-            if self.over() {
+            if self.over() && !points.is_empty() {
                 break;
             }
             let (a, b) = (randn(&[n, n], dtype)?, randn(&[n, n], dtype)?);
@@ -144,7 +147,7 @@ impl Run {
     fn conv(&self, dtype: Dtype, backward: bool) -> Result<Curve> {
         let mut points = Vec::new();
         for (batch, cin, cout, side, kernel) in CONVS {
-            if self.over() {
+            if self.over() && !points.is_empty() {
                 break;
             }
             let x = randn(&[batch, cin, side, side], dtype)?;
@@ -187,7 +190,7 @@ impl Run {
     fn bandwidth(&self, dtype: Dtype) -> Result<Curve> {
         let mut points = Vec::new();
         for n in STREAM_ELEMENTS {
-            if self.over() {
+            if self.over() && !points.is_empty() {
                 break;
             }
             let (a, b) = (randn(&[n], dtype)?, randn(&[n], dtype)?);
@@ -430,14 +433,15 @@ impl Run {
 pub fn calibrate(threads: i32, identity: &str) -> Result<DeviceRates> {
     let before = tch::get_num_threads();
     tch::set_num_threads(threads);
-    let measured = measure(threads, identity);
+    let measured = measure(threads, identity, BUDGET_SECONDS);
     tch::set_num_threads(before);
     measured
 }
 
-fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
+fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
     let mut run = Run {
         t0: Instant::now(),
+        budget,
         overhead: 0.0,
     };
     run.overhead()?;
@@ -459,13 +463,8 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
         ops: Vec::new(),
         attention: None,
     };
-    let mut ops = Vec::new();
-    for p in &PROBES {
-        if run.over() {
-            break;
-        }
-        run.probe(p, &generic, &mut ops)?;
-    }
+    // The curves every estimate needs come first, so that a busy machine's time limit cuts the
+    // slow kernels and attention (which fall back to the generic rates) rather than them.
     let (matmul, conv) = {
         let _no_grad = tch::no_grad_guard();
         (
@@ -476,6 +475,13 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
     let matmul: Vec<Curve> = matmul.into_iter().filter(|c| !c.points.is_empty()).collect();
     // fp32 only: a bf16 backward takes the bf16 forward's rate.
     let conv_backward = run.conv(Dtype::Fp32, true)?;
+    let mut ops = Vec::new();
+    for p in &PROBES {
+        if run.over() {
+            break;
+        }
+        run.probe(p, &generic, &mut ops)?;
+    }
     let attention = if run.over() || matmul.is_empty() {
         None
     } else {
@@ -504,4 +510,22 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
         ops,
         attention,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_calibration_out_of_time_still_has_every_rate_an_estimate_needs() {
+        // As on a machine so busy that the time limit passes before the first curve.
+        let rates = measure(1, "test", 0.0).unwrap();
+        rates.check().unwrap();
+        for curves in [&rates.matmul, &rates.conv, &rates.conv_backward, &rates.bandwidth] {
+            assert!(curves.iter().all(|c| c.points.len() == 1), "{curves:?}");
+        }
+        // What the limit cuts falls back to the generic rates.
+        assert!(rates.ops.is_empty());
+        assert!(rates.attention.is_none());
+    }
 }
