@@ -98,7 +98,7 @@ impl Session {
                 self.probe.reset_window();
             }
             let block = &self.chain.blocks[k];
-            let x = block_input(&self.chain, k, &batch.input, &acts.outputs, &mut acts.leaves);
+            let x = block_input(k, &batch.input, &acts.outputs, &mut acts.leaves);
             let skips: Vec<Tensor> = block.skips.iter().map(|&s| leaf(&acts.leaves, s)).collect();
             // A selective block's recompute takes the outputs its forward kept.
             let mut kept = acts.sac[k].take();

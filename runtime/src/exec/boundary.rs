@@ -1,13 +1,12 @@
-//! The tensors between blocks: each output's detached leaf, created when its first reader
-//! runs, which every reader takes as input so that their gradients accumulate in one `.grad`.
+//! The tensors between blocks: each output's detached leaf (a view, which autocast does not
+//! cache), created when its first reader runs, which every reader takes as input so that their
+//! gradients accumulate in one `.grad`.
 
-use ckptune_models::Chain;
 use tch::Tensor;
 
 /// Block `i`'s input: the batch for the first block, else the leaf of the previous output
 /// (created on first use).
 pub(super) fn block_input(
-    chain: &Chain,
     i: usize,
     input: &Tensor,
     outputs: &[Option<Tensor>],
@@ -18,17 +17,21 @@ pub(super) fn block_input(
     }
     if leaves[i - 1].is_none() {
         let out = outputs[i - 1].as_ref().expect("a block's input is alive when it runs");
-        // Inside a layer run as its children the boundary is a view: autocast caches the
-        // bf16 cast of a leaf that requires grad (meant for weights) but not of a view, so a
-        // child that casts its input more than once (Llama's q/k/v projections, gate and
-        // up) makes the casts the fused layer makes, and their gradients are summed as
-        // there, in f32. Between layers the boundary is the plain leaf both runs share.
-        let detached = out.detach();
-        let inside = chain.groups.iter().any(|g| g.first < i && i <= g.last);
-        let boundary = if inside { detached.view_as(&detached) } else { detached };
-        leaves[i - 1] = Some(boundary.set_requires_grad(true));
+        leaves[i - 1] = Some(boundary_leaf(out));
     }
     leaf(leaves, i - 1)
+}
+
+/// The leaf readers of `t` take as input: a view of `t` detached, which requires grad. Autocast
+/// caches the bf16 cast of a leaf that requires grad (meant for weights) but not of a view, so
+/// a reader that casts its input in several operators (BERT's query, key and value, Llama's gate
+/// and up) makes one cast per operator, as PyTorch does of the previous layer's output, each
+/// freed when its operator is done with it, and their gradients are summed in f32 as there.
+/// It is still a leaf (a view of a tensor that needs no grad has no graph), so every reader's
+/// gradient accumulates in its `.grad`, in the order one fused graph sums them.
+pub(super) fn boundary_leaf(t: &Tensor) -> Tensor {
+    let detached = t.detach();
+    detached.view_as(&detached).set_requires_grad(true)
 }
 
 /// A handle on leaf `k`, which must exist.

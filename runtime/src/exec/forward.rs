@@ -76,7 +76,7 @@ impl Session {
         let x = if i > 0 && inner(i - 1) {
             raw(&acts.outputs, i - 1)
         } else {
-            block_input(&self.chain, i, &batch.input, &acts.outputs, &mut acts.leaves)
+            block_input(i, &batch.input, &acts.outputs, &mut acts.leaves)
         };
         let skips: Vec<Tensor> = block
             .skips

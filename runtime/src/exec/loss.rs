@@ -8,7 +8,7 @@ use ckptune_kernels::autograd;
 use ckptune_models::Batch;
 use tch::Tensor;
 
-use super::boundary::leaf;
+use super::boundary::{boundary_leaf, leaf};
 use super::forward::Activations;
 use super::scope::{self, Phase};
 use super::session::{chunks_refused, Session};
@@ -48,7 +48,7 @@ impl Session {
                 .ok_or_else(|| chunks_refused(&self.cfg, &self.chain))?;
             return self.chunked_loss(head, last, batch, held, tr);
         }
-        let y = last.detach().set_requires_grad(true);
+        let y = boundary_leaf(last);
         // Earlier outputs the loss reads (a program with several outputs) through the leaves
         // their later readers took, so that the loss's gradient accumulates with theirs.
         let reads: Vec<Tensor> = self.chain.head.reads().iter().map(|&k| leaf(&acts.leaves, k)).collect();

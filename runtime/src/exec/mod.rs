@@ -1,8 +1,9 @@
 //! Checkpointed execution of a chain: one training step with any set of blocks checkpointed.
 //!
 //! The scheme (docs/memory-model.md, "The execution scheme the model assumes"):
-//! - every block boundary is `h.detach().set_requires_grad(true)`, a leaf sharing storage with
-//!   the producer's output, so each block's backward is a separate graph run from its output;
+//! - every block boundary is a view of `h.detach()` set to require grad, a leaf sharing storage
+//!   with the producer's output (a view, so autocast does not cache its cast), so each block's
+//!   backward is a separate graph run from its output;
 //! - a checkpointed block runs forward under no-grad, keeping only its output (its input is
 //!   the previous block's output, already kept); in backward it is recomputed with grad from
 //!   its input leaf, with the RNG state of its forward (dropout replays bitwise) and inside
