@@ -109,8 +109,8 @@ class PytorchBehaviourTest(unittest.TestCase):
         grad, kept by none; with grad the three casts are saved, two more than the shared one.
         With the cache off the three inputs allocate alike. The boundary view allocates what the
         output does, to the byte, with the cache on and off, and its input and weight gradients
-        are the output's bit for bit (the projections' gradients summed in f32, not in bf16
-        through one cast)."""
+        are the output's bit for bit (the projections' gradients summed in f32), where with the
+        cache on the plain leaf's input gradient differs (summed in bf16 through its one cast)."""
         from ckptune_harness import meter as meter_mod
         from ckptune_harness import reference
 
@@ -157,7 +157,7 @@ class PytorchBehaviourTest(unittest.TestCase):
         for grad in (False, True):
             for cache in (True, False):
                 with self.subTest(grad=grad, cache=cache):
-                    leaf_held, leaf_peak, _ = run("leaf", grad, cache)
+                    leaf_held, leaf_peak, leaf_grads = run("leaf", grad, cache)
                     view_held, view_peak, view_grads = run("view", grad, cache)
                     out_held, out_peak, out_grads = run("output", grad, cache)
                     self.assertEqual((view_held, view_peak), (out_held, out_peak))
@@ -168,6 +168,8 @@ class PytorchBehaviourTest(unittest.TestCase):
                     elif grad:
                         self.assertEqual(out_held - leaf_held, 2 * cast)
                         self.assertEqual(out_peak - leaf_peak, 2 * cast)
+                        # The shared cast sums the projections' input gradients in bf16.
+                        self.assertFalse(torch.equal(leaf_grads[0], out_grads[0]))
                     else:
                         self.assertEqual(leaf_held - out_held, cast)
 
