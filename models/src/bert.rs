@@ -483,6 +483,7 @@ fn build_chain(
     let root = vs.root();
     let mut groups = Vec::new();
     let mut blocks = vec![ChainBlock {
+        extra_reads: Vec::new(),
         name: "embeddings".into(),
         candidate: true,
         skips: Vec::new(),
@@ -503,6 +504,7 @@ fn build_chain(
         dense: Linear::hf(&(&root / "pooler" / "dense"), h, h, std, spec)?,
     };
     blocks.push(ChainBlock {
+        extra_reads: Vec::new(),
         name: "pooler".into(),
         candidate: true,
         skips: Vec::new(),
@@ -635,6 +637,7 @@ fn push_layer(
         Box::new(layer.intermediate),
     ));
     blocks.push(ChainBlock {
+        extra_reads: Vec::new(),
         name: format!("{name}.output"),
         candidate: true,
         skips: vec![first],

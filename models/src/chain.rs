@@ -103,6 +103,14 @@ pub trait Block: Send {
         Ok(self.forward(xs, ctx))
     }
 
+    /// [`Block::try_forward`] for a block that hands on several tensors: its output, then the
+    /// further outputs later blocks ([`ChainBlock::extra_reads`]) or the loss
+    /// ([`LossHead::extra_reads`]) read, by slot (slot `s` is element `s - 1`). The runtime
+    /// calls this one; a block that hands on one tensor keeps the default.
+    fn try_forward_all(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Result<(Tensor, Vec<Tensor>), BlockFailure> {
+        self.try_forward(xs, ctx).map(|out| (out, Vec::new()))
+    }
+
     /// The node whose backward fails, when the block's backward failed: the block runs again on
     /// `xs` (a leaf that requires grad) and `ctx`, and after each node the backward of what
     /// has run so far, until one fails; `None` if none does or the block cannot tell. An engine
@@ -138,6 +146,10 @@ pub struct ChainBlock {
     /// previous block's output): skip connections inside a layer, such as the residual that
     /// BERT's `output` adds to the `attention` output. They reach `forward` as [`Ctx::skips`].
     pub skips: Vec<usize>,
+    /// Further outputs of earlier blocks this block reads, `(block, slot)` with `slot >= 1`
+    /// (a block that hands on several tensors, [`Block::try_forward_all`]): they reach
+    /// `forward` after the skips' outputs in [`Ctx::skips`].
+    pub extra_reads: Vec<(usize, usize)>,
     pub block: Box<dyn Block>,
 }
 
@@ -148,8 +160,18 @@ impl ChainBlock {
             name: name.into(),
             candidate,
             skips: Vec::new(),
+            extra_reads: Vec::new(),
             block,
         }
+    }
+
+    /// What the block reads from earlier blocks besides its input, as `(block, slot)` in the
+    /// order of [`Ctx::skips`]: its skips' outputs (slot 0), then the further outputs it reads.
+    pub fn skip_reads(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.skips
+            .iter()
+            .map(|&s| (s, 0))
+            .chain(self.extra_reads.iter().copied())
     }
 }
 
@@ -188,7 +210,22 @@ pub trait LossHead: Send {
         &[]
     }
 
-    /// The loss of the last block's output and of the outputs of the [`LossHead::reads`] blocks.
+    /// Further outputs `(block, slot)` (`slot >= 1`, see [`Block::try_forward_all`]) the loss
+    /// reads, after the [`LossHead::reads`] ones in [`LossHead::loss_over`]'s `reads`: an output
+    /// made mid-network by a block that hands on another tensor (Inception v3's auxiliary
+    /// logits), or by the last block besides its output.
+    fn extra_reads(&self) -> &[(usize, usize)] {
+        &[]
+    }
+
+    /// Everything the loss reads besides the last block's output, as `(block, slot)` in the
+    /// order [`LossHead::loss_over`] takes them.
+    fn all_reads(&self) -> Vec<(usize, usize)> {
+        let reads = self.reads().iter().map(|&k| (k, 0));
+        reads.chain(self.extra_reads().iter().copied()).collect()
+    }
+
+    /// The loss of the last block's output and of the outputs [`LossHead::all_reads`] names.
     fn loss_over(&self, output: &Tensor, reads: &[Tensor], batch: &Batch) -> Tensor {
         debug_assert!(
             reads.is_empty(),
@@ -366,7 +403,7 @@ impl Chain {
     pub fn validate(&self) -> std::result::Result<(), String> {
         let n = self.blocks.len();
         for (i, b) in self.blocks.iter().enumerate() {
-            if let Some(&s) = b.skips.iter().find(|&&s| s >= i) {
+            if let Some((s, _)) = b.skip_reads().find(|&(s, _)| s >= i) {
                 return Err(format!(
                     "block {} (#{i}) reads block #{s} as a skip; skips must come from earlier blocks",
                     b.name
@@ -378,9 +415,16 @@ impl Chain {
                 "the loss reads block #{k} as an earlier output; the chain has {n} blocks and passes the last one's directly"
             ));
         }
+        if let Some(&(k, s)) = self.head.extra_reads().iter().find(|&&(k, s)| k >= n || s == 0) {
+            return Err(format!(
+                "the loss reads output {s} of block #{k} as a further output; the chain has {n} blocks and \
+                 further outputs are numbered from 1"
+            ));
+        }
         let mut prev_last: Option<usize> = None;
         for g in &self.groups {
-            if let Some(&k) = self.head.reads().iter().find(|&&k| (g.first..g.last).contains(&k)) {
+            let loss_reads = self.head.all_reads();
+            if let Some(&(k, _)) = loss_reads.iter().find(|&&(k, _)| (g.first..g.last).contains(&k)) {
                 return Err(format!(
                     "the loss reads the output of block {} inside group {} (a checkpointed group keeps \
                      only its last block's output): choose candidates without {} with --candidates REGEX",
@@ -396,12 +440,14 @@ impl Chain {
             prev_last = Some(g.last);
             for (i, b) in self.blocks.iter().enumerate() {
                 let inside = (g.first..=g.last).contains(&i);
-                for &s in &b.skips {
+                for (s, _) in b.skip_reads() {
                     let reads_inner = (g.first..g.last).contains(&s);
                     if (!inside && reads_inner) || (inside && s + 1 < g.first) {
                         return Err(format!(
-                            "block {} reads block {} across the boundary of group {}",
-                            b.name, self.blocks[s].name, g.name
+                            "block {} reads block {} across the boundary of group {} (a checkpointed group \
+                             keeps only its last block's outputs and reads only its input's): choose candidates \
+                             without {} with --candidates REGEX, or --granularity layer",
+                            b.name, self.blocks[s].name, g.name, g.name
                         ));
                     }
                 }
@@ -413,13 +459,23 @@ impl Chain {
     /// Runs the chain's forward block by block (skips included) and returns every block's
     /// output. With `grad`, outputs carry autograd history from the input.
     pub fn forward_all(&self, input: &Tensor, attention_bias: Option<&Tensor>, train: bool) -> Vec<Tensor> {
+        let handed = self.forward_handed(input, attention_bias, train);
+        handed.into_iter().map(|mut h| h.swap_remove(0)).collect()
+    }
+
+    /// [`Chain::forward_all`] with every tensor each block hands on: per block, its output and
+    /// then its further outputs (slot `s` at index `s`).
+    pub fn forward_handed(&self, input: &Tensor, attention_bias: Option<&Tensor>, train: bool) -> Vec<Vec<Tensor>> {
         let ctx = Ctx::new(attention_bias, train);
-        let mut outs: Vec<Tensor> = Vec::with_capacity(self.blocks.len());
+        let mut outs: Vec<Vec<Tensor>> = Vec::with_capacity(self.blocks.len());
         for (i, b) in self.blocks.iter().enumerate() {
-            let x = if i == 0 { input } else { &outs[i - 1] };
-            let skips: Vec<Tensor> = b.skips.iter().map(|&s| outs[s].shallow_clone()).collect();
-            let out = b.block.forward(x, &ctx.with_skips(&skips));
-            outs.push(out);
+            let x = if i == 0 { input } else { &outs[i - 1][0] };
+            let skips: Vec<Tensor> = b.skip_reads().map(|(k, s)| outs[k][s].shallow_clone()).collect();
+            let (out, more) = b
+                .block
+                .try_forward_all(x, &ctx.with_skips(&skips))
+                .unwrap_or_else(|e| panic!("block {}: {e}", b.name));
+            outs.push(std::iter::once(out).chain(more).collect());
         }
         outs
     }

@@ -39,6 +39,7 @@ pub(crate) fn push_layer<L: PreNormLayer>(
     blocks.push(ChainBlock::new(format!("{name}.{norm_1}"), false, norm_1_block));
     blocks.push(ChainBlock::new(format!("{name}.{attn}"), true, attn_block));
     blocks.push(ChainBlock {
+        extra_reads: Vec::new(),
         name: format!("{name} (attn residual)"),
         candidate: false,
         skips: vec![first - 1],
@@ -47,6 +48,7 @@ pub(crate) fn push_layer<L: PreNormLayer>(
     blocks.push(ChainBlock::new(format!("{name}.{norm_2}"), false, norm_2_block));
     blocks.push(ChainBlock::new(format!("{name}.{mlp}"), true, mlp_block));
     blocks.push(ChainBlock {
+        extra_reads: Vec::new(),
         name: format!("{name} (mlp residual)"),
         candidate: false,
         skips: vec![first + 2],

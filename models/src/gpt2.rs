@@ -511,6 +511,7 @@ fn build_chain(
     };
     let mut groups = Vec::new();
     let mut blocks = vec![ChainBlock {
+        extra_reads: Vec::new(),
         name: EMBED.into(),
         candidate: false,
         skips: Vec::new(),
@@ -564,6 +565,7 @@ fn build_chain(
     }
     let ln_f = LayerNorm::new(&(&root / "ln_f"), d, cfg.layer_norm_epsilon, spec)?;
     blocks.push(ChainBlock {
+        extra_reads: Vec::new(),
         name: "ln_f".into(),
         candidate: true,
         skips: Vec::new(),

@@ -429,6 +429,7 @@ pub(crate) fn build_with_default_image(
         bn1: BatchNorm2d::new(&(&root / "bn1"), cfg.inplanes, Init::Ones, spec)?,
     };
     let mut blocks = vec![ChainBlock {
+        extra_reads: Vec::new(),
         name: STEM.into(),
         candidate: false,
         skips: Vec::new(),
@@ -459,6 +460,7 @@ pub(crate) fn build_with_default_image(
         inplanes = planes * cfg.block.expansion();
         match opts.granularity {
             Granularity::Layer => blocks.push(ChainBlock {
+                extra_reads: Vec::new(),
                 name: layer,
                 candidate: true,
                 skips: Vec::new(),
@@ -485,6 +487,7 @@ pub(crate) fn build_with_default_image(
     }
     let fc = Linear::torch_default(&(&root / "fc"), cfg.features(), cfg.num_classes, spec)?;
     blocks.push(ChainBlock {
+        extra_reads: Vec::new(),
         name: HEAD.into(),
         candidate: false,
         skips: Vec::new(),

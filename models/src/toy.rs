@@ -97,6 +97,7 @@ pub fn toy(cfg: &ToyConfig, device: tch::Device) -> Chain {
             modules.push(format!("layers.{i}.{k}"));
         }
         blocks.push(ChainBlock {
+            extra_reads: Vec::new(),
             name: format!("layers.{i}"),
             candidate: true,
             skips: Vec::new(),

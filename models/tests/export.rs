@@ -61,12 +61,12 @@ fn candidates_regex_chooses_modules_outright() {
     let c = load("tiny_resnet.pt2", opts(r"layer[12]|layer3\.0\.conv1")).unwrap();
     assert_eq!(candidates(&c), ["layer1", "layer2", "layer3.0.conv1"]);
     // A module called twice (BasicBlock's `relu`) is a block per call; here its first call
-    // leaves the glue before it handing on two tensors (the block's input, read by the residual
-    // sum, and `bn1`'s output), which is refused naming that block.
-    let e = load("tiny_resnet.pt2", opts(r"layer1\.0\.relu"))
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("hands 2 tensors") && e.contains("--candidates"), "{e}");
+    // leaves the glue before it handing on two tensors, `bn1`'s output and the block's input
+    // (which the glue between the calls reads for the residual sum).
+    let c = load("tiny_resnet.pt2", opts(r"layer1\.0\.relu")).unwrap();
+    assert_eq!(candidates(&c), ["layer1.0.relu"]);
+    let further: Vec<(usize, usize)> = c.blocks.iter().flat_map(|b| b.extra_reads.clone()).collect();
+    assert_eq!(further, [(0, 1)]);
     let e = load("tiny_resnet.pt2", opts(r"layer9")).unwrap_err().to_string();
     assert!(e.contains("contiguous"), "{e}");
 }
@@ -555,37 +555,76 @@ fn the_loss_reads_every_output() {
 }
 
 #[test]
-fn a_further_output_made_beside_the_first_is_left_out_of_the_loss() {
+fn a_further_output_made_beside_the_first_joins_the_loss() {
     let _lock = ckptune_kernels::meter::exclusive();
     // The glue after the layers makes `(hidden, pooled)` both: it hands on `hidden`, the first
-    // output, and the loss is that output's cross-entropy alone.
+    // output, and `pooled` as its further output, which the loss reads: the first output's
+    // cross-entropy plus `pooled`'s sum.
     let c = load("one_block_two_outputs.pt2", ModelOptions::default()).unwrap();
+    let last = c.blocks.len() - 1;
     assert!(c.head.reads().is_empty());
+    assert_eq!(c.head.extra_reads(), [(last, 1)]);
     let batch = c.make_batch(3, tch::Device::Cpu, 1);
-    let out = c.forward_all(&batch.input, None, true).pop().unwrap();
+    let mut handed = c.forward_handed(&batch.input, None, true).pop().unwrap();
+    let pooled = handed.pop().unwrap();
+    let out = handed.pop().unwrap();
     assert_eq!(out.size(), [3, 16]);
-    let want = out.cross_entropy_for_logits(&batch.target);
-    let got = c.head.loss_over(&out, &[], &batch);
+    let want = out.cross_entropy_for_logits(&batch.target) + pooled.sum(tch::Kind::Float);
+    let got = c.head.loss_over(&out, &[pooled], &batch);
     assert!(got.equal(&want), "loss {got} is not {want}");
 }
 
 #[test]
-fn a_layer_handing_on_two_tensors_is_refused_naming_them() {
+fn blocks_hand_on_several_tensors_and_outputs_made_mid_network() {
     let _lock = ckptune_kernels::meter::exclusive();
     // Each layer returns `(hidden, gate)`, both made from the batch and both read by the next
-    // layer: a cut would carry two tensors, which a block cannot hand on yet (issue #27, item 1).
-    let Err(e) = load("two_tensors.pt2", ModelOptions::default()) else {
-        panic!("two tensors across a cut are refused");
+    // layer: each hands on two tensors, its output and a further one, which the next reads
+    // besides its input. The second program output (a tanh of both, after `layers.0`) is made
+    // by the glue after it, handed to the loss.
+    let c = load("two_tensors.pt2", ModelOptions::default()).unwrap();
+    let names: Vec<&str> = c.blocks.iter().map(|b| b.name.as_str()).collect();
+    let at = |name: &str| names.iter().position(|n| *n == name).unwrap();
+    for (reader, read) in [("layers.1", "layers.0"), ("layers.2", "layers.1"), ("head", "layers.2")] {
+        let extra: Vec<&str> = c.blocks[at(reader)]
+            .extra_reads
+            .iter()
+            .map(|&(k, _)| names[k])
+            .collect();
+        assert!(
+            extra.contains(&read),
+            "{reader} reads {extra:?}, not {read}'s further output"
+        );
+    }
+    let batch = c.make_batch(3, tch::Device::Cpu, 1);
+    let handed = c.forward_handed(&batch.input, None, true);
+    assert_eq!(handed[at("layers.1")].len(), 2, "layers.1 hands on (hidden, gate)");
+    // At nested granularity a layer is a group over its children, and the hidden state its first
+    // child makes is read after the group: refused, naming the group and what to do.
+    let nested = ModelOptions {
+        granularity: Granularity::Nested,
+        ..Default::default()
     };
-    let e = e.to_string();
-    for needle in [
-        "block layers.0",
-        "hands 2 tensors",
-        "(add, linear_2)",
-        "--candidates REGEX",
-    ] {
+    let e = load("two_tensors.pt2", nested).unwrap_err().to_string();
+    for needle in ["group layers.0", "--candidates REGEX", "--granularity layer"] {
         assert!(e.contains(needle), "{needle:?} not in {e}");
     }
+    // An auxiliary classifier inside a layer (Inception v3's `AuxLogits`): the layer hands on its
+    // hidden state and the logits, which only the loss reads.
+    let c = load("mid_output.pt2", ModelOptions::default()).unwrap();
+    let reads: Vec<(&str, usize)> = c
+        .head
+        .extra_reads()
+        .iter()
+        .map(|&(k, s)| (c.blocks[k].name.as_str(), s))
+        .collect();
+    assert_eq!(reads, [("layers.1", 1)]);
+    let batch = c.make_batch(3, tch::Device::Cpu, 1);
+    let handed = c.forward_handed(&batch.input, None, true);
+    let aux = &handed[c.head.extra_reads()[0].0][1];
+    let out = &handed[handed.len() - 1][0];
+    let want = out.cross_entropy_for_logits(&batch.target) + aux.sum(tch::Kind::Float);
+    let got = c.head.loss_over(out, std::slice::from_ref(aux), &batch);
+    assert!(got.equal(&want), "loss {got} is not {want}");
 }
 
 #[test]

@@ -477,6 +477,18 @@ fn exported_programs_with_several_outputs_or_reading_the_input_again_sweep_byte_
     sweep_is_exact("pooled_outputs.pt2", "nested", "fp32", &[]);
 }
 
+/// Blocks that hand on several tensors (each layer of `two_tensors.pt2` hands on
+/// `(hidden, gate)`; `mid_output.pt2`'s `layers.1` hands on auxiliary logits only the loss
+/// reads, as Inception v3's `AuxLogits`): the profile predicts the peak exactly under every
+/// subset, in fp32 and bf16.
+#[test]
+fn exported_blocks_handing_on_several_tensors_sweep_byte_exact() {
+    for precision in ["fp32", "bf16"] {
+        sweep_is_exact("two_tensors.pt2", "layer", precision, &[]);
+        sweep_is_exact("mid_output.pt2", "layer", precision, &[]);
+    }
+}
+
 /// A module called several times (`layer` three times in a row, as ALBERT's shared layer group;
 /// `act` twice, apart) is one candidate whose calls are blocks of their own: `--all-subsets`
 /// sweeps every subset of the candidate names (each call of a chosen module checkpointed, as

@@ -86,6 +86,24 @@ fn a_meta_export_measures_as_its_eager_export_and_the_cpu() {
     }
 }
 
+/// Blocks that hand on several tensors (`make_export_fixtures.py`'s `two_tensors.pt2`, each
+/// layer handing on `(hidden, gate)`, and `mid_output.pt2`, a layer handing on auxiliary logits
+/// only the loss reads) measure on the meta device as on the CPU, term for term.
+#[test]
+fn further_outputs_measure_on_meta_as_on_the_cpu() {
+    let _lock = meter::exclusive();
+    for file in ["two_tensors.pt2", "mid_output.pt2"] {
+        let cpu = terms(file, Granularity::Layer, false);
+        let fake = terms(file, Granularity::Layer, true);
+        let differ = differences(&cpu, &fake);
+        assert!(
+            differ.is_empty(),
+            "{file}: on meta the profile differs from the CPU's in:\n{}",
+            report(&differ)
+        );
+    }
+}
+
 /// An operator without a meta kernel that only backward runs (GLU's `glu_backward`)
 /// passes the load's forward trial; the fake step is then refused naming it, typed, while the
 /// CPU runs the same program.

@@ -43,9 +43,10 @@ pub(super) struct ExportBlock {
     pub input: Option<usize>,
     /// The program's input, when a block after the first reads it: from [`Ctx::batch_input`].
     pub batch_input: Option<usize>,
-    /// The values the block's skips carry, in the order of its `ChainBlock::skips`.
+    /// The values the block's skips carry, in the order of its `ChainBlock::skip_reads`.
     pub skips: Vec<usize>,
-    pub output: usize,
+    /// What it hands on: its output, then its further outputs (slots 1..).
+    pub outputs: Vec<usize>,
     /// The nodes the block runs, in order: its own, and the side nodes inside its range that
     /// make what its own read (where the program computes them; side nodes of its range that
     /// only other blocks need are left to them).
@@ -69,10 +70,14 @@ impl Block for ExportBlock {
     }
 
     fn try_forward(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Result<Tensor, BlockFailure> {
+        self.try_forward_all(xs, ctx).map(|(out, _)| out)
+    }
+
+    fn try_forward_all(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Result<(Tensor, Vec<Tensor>), BlockFailure> {
         let p = &self.prog;
         let mut env = self.bind(xs, ctx)?;
-        let out = self.output;
-        let keep = |v: usize| v == out || p.mutations.contains_key(&v);
+        let outs = &self.outputs;
+        let keep = |v: usize| outs.contains(&v) || p.mutations.contains_key(&v);
         for &k in &self.runs {
             self.step(k, &mut env, ctx, &keep)?;
         }
@@ -81,7 +86,7 @@ impl Block for ExportBlock {
         // because the node's graph saved the old buffer for backward and an in-place copy would
         // bump its version and fail that backward (the runtime swaps snapshots the same way).
         for (v, buffer) in &p.mutations {
-            let t = if *v == out {
+            let t = if outs.contains(v) {
                 env.local[*v].as_ref().and_then(|t| match t {
                     Value::Tensor(t) => Some(t.shallow_clone()),
                     _ => None,
@@ -96,10 +101,12 @@ impl Block for ExportBlock {
                 buffer.shallow_clone().set_data(&t.detach());
             }
         }
-        match env.local[out].take() {
+        let mut handed = outs.iter().map(|&v| match env.local[v].take() {
             Some(Value::Tensor(t)) => Ok(t),
-            other => Err(self.value_failure(out, &format!("the block's output is {other:?}, not a tensor"))),
-        }
+            other => Err(self.value_failure(v, &format!("the block hands it on, but it is {other:?}, not a tensor"))),
+        });
+        let out = handed.next().expect("a block hands on at least one tensor")?;
+        Ok((out, handed.collect::<Result<Vec<_>, _>>()?))
     }
 
     fn locate_backward_failure(&self, xs: &Tensor, ctx: &Ctx<'_>) -> Option<BlockFailure> {

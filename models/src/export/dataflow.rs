@@ -18,6 +18,13 @@ use super::signature::Signature;
 use crate::chain::ChainBlock;
 use crate::error::{ModelError, Result};
 
+/// Where the loss finds the outputs it reads (see [`Flow::loss_terms`]).
+pub(super) struct LossReads {
+    pub reads: Vec<usize>,
+    pub extra_reads: Vec<(usize, usize)>,
+    pub terms: Vec<Option<usize>>,
+}
+
 /// The dataflow of a program cut into `units`.
 pub(super) struct Flow {
     /// Per value, the node that defines it.
@@ -27,8 +34,8 @@ pub(super) struct Flow {
     /// Casts that were no-ops when the program was exported, with their source (see
     /// [`no_op_casts`]).
     alias_src: HashMap<usize, usize>,
-    /// Per unit, the value it hands on.
-    outputs_of: Vec<usize>,
+    /// Per unit, the values it hands on: its output, then its further outputs (slots 1..).
+    outputs_of: Vec<Vec<usize>>,
 }
 
 fn bad(path: &Path, reason: String) -> ModelError {
@@ -64,25 +71,19 @@ impl Flow {
     }
 
     /// Where the loss finds `outputs` (the program outputs it reads, in order): the blocks other
-    /// than the last that make some of them, and per output `None` for the last block's, else
-    /// its index among those blocks. A further output no block hands on is left out of the loss
-    /// (see [`Flow::outputs`]); a first output no block hands on (the program's input returned,
-    /// a value computed without the batch) is refused.
-    pub fn loss_terms(
-        &self,
-        path: &Path,
-        graph: &Graph,
-        outputs: &[usize],
-    ) -> Result<(Vec<usize>, Vec<Option<usize>>)> {
+    /// than the last whose outputs it reads, the further outputs `(block, slot)` it reads, and
+    /// per output `None` for the last block's output, else its index in those two lists, one
+    /// after the other. A further output no block makes (the input returned, a value computed
+    /// without the batch) is left out of the loss; such a first output is refused.
+    pub fn loss_terms(&self, path: &Path, graph: &Graph, outputs: &[usize]) -> Result<LossReads> {
         let last = self.outputs_of.len() - 1;
-        let mut reads: Vec<usize> = Vec::new();
-        let mut terms = Vec::with_capacity(outputs.len());
+        let mut found: Vec<(usize, usize)> = Vec::new();
+        let mut at: Vec<Option<(usize, usize)>> = Vec::with_capacity(outputs.len());
         for (n, &v) in outputs.iter().enumerate() {
-            let found = self.outputs_of.iter().position(|&o| o == v);
-            if found.is_none() && n > 0 {
-                continue;
-            }
-            let Some(j) = found else {
+            let Some(slot) = self.slot_of(v) else {
+                if n > 0 {
+                    continue;
+                }
                 return Err(bad(
                     path,
                     format!(
@@ -93,15 +94,31 @@ impl Flow {
                     ),
                 ));
             };
-            terms.push((j != last).then(|| match reads.iter().position(|&r| r == j) {
-                Some(k) => k,
-                None => {
-                    reads.push(j);
-                    reads.len() - 1
-                }
-            }));
+            at.push((slot != (last, 0)).then_some(slot));
+            if slot != (last, 0) && !found.contains(&slot) {
+                found.push(slot);
+            }
         }
-        Ok((reads, terms))
+        let reads: Vec<usize> = found.iter().filter(|r| r.1 == 0).map(|r| r.0).collect();
+        let extra_reads: Vec<(usize, usize)> = found.iter().copied().filter(|r| r.1 > 0).collect();
+        let index = |r: (usize, usize)| match r.1 {
+            0 => reads.iter().position(|&k| k == r.0),
+            _ => extra_reads.iter().position(|&e| e == r).map(|p| reads.len() + p),
+        };
+        let terms = at.into_iter().map(|r| r.and_then(index)).collect();
+        Ok(LossReads {
+            reads,
+            extra_reads,
+            terms,
+        })
+    }
+
+    /// The block that hands `v` on and its slot there (0: its output).
+    fn slot_of(&self, v: usize) -> Option<(usize, usize)> {
+        self.outputs_of
+            .iter()
+            .enumerate()
+            .find_map(|(j, outs)| outs.iter().position(|&o| o == v).map(|s| (j, s)))
     }
 
     /// The value node `k` reads for `v`: through no-op casts made in another block.
@@ -116,7 +133,8 @@ impl Flow {
         v
     }
 
-    /// Per unit, the one tensor it hands to later nodes or to the loss (a program output).
+    /// Per unit, the tensors it hands to later nodes or to the loss (program outputs): its
+    /// output first, then its further outputs.
     fn outputs(
         &self,
         path: &Path,
@@ -125,7 +143,7 @@ impl Flow {
         side: &Side,
         units: &[Unit],
         loss_outputs: &[usize],
-    ) -> Result<Vec<usize>> {
+    ) -> Result<Vec<Vec<usize>>> {
         // The last node reading each value (the graph's output node is none).
         let mut last_read: Vec<Option<usize>> = vec![None; graph.names.len()];
         for (k, node) in graph.nodes.iter().enumerate() {
@@ -133,7 +151,7 @@ impl Flow {
                 last_read[self.read_as(v, k)] = Some(k);
             }
         }
-        let mut outputs_of: Vec<usize> = Vec::with_capacity(units.len());
+        let mut outputs_of: Vec<Vec<usize>> = Vec::with_capacity(units.len());
         for u in units {
             let outs: BTreeSet<usize> = (u.first..=u.last)
                 .filter(|&k| !side.nodes[k])
@@ -147,40 +165,39 @@ impl Flow {
                 })
                 .collect();
             let mut outs: Vec<usize> = outs.into_iter().collect();
-            // A further output that only the loss reads, made in a block that hands on another
-            // tensor (Inception v3's auxiliary logits, in the glue block with its classifier), is
-            // left out of the loss: a block hands on one tensor.
-            let only_loss = |v: &usize| loss_outputs[1..].contains(v) && last_read[*v].is_none_or(|l| l <= u.last);
-            if outs.len() > 1 && outs.iter().any(|v| !only_loss(v)) {
-                outs.retain(|v| !only_loss(v));
+            if outs.is_empty() {
+                return Err(bad(
+                    path,
+                    format!(
+                        "block {} (nodes {}..{}) hands 0 tensors to later nodes and the loss; every block \
+                         hands on what it computes: choose other candidates with --candidates REGEX",
+                        u.name, graph.nodes[u.first].name, graph.nodes[u.last].name,
+                    ),
+                ));
             }
-            match outs.as_slice() {
-                [v] => outputs_of.push(*v),
-                _ => {
-                    return Err(bad(
-                        path,
-                        format!(
-                            "block {} (nodes {}..{}) hands {} tensors to later nodes and the loss ({}); ckptune \
-                             passes one tensor from each block: choose other candidates with --candidates REGEX",
-                            u.name,
-                            graph.nodes[u.first].name,
-                            graph.nodes[u.last].name,
-                            outs.len(),
-                            outs.iter()
-                                .map(|&v| graph.names[v].as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    ))
-                }
+            // Its output (slot 0, the tensor the next block takes as input): the last block's is
+            // the program's first output it makes, any other's the first value a later node
+            // reads; the rest are its further outputs, in value order.
+            let primary = if outputs_of.len() + 1 == units.len() {
+                loss_outputs
+                    .iter()
+                    .position(|v| outs.contains(v))
+                    .map(|p| loss_outputs[p])
+            } else {
+                outs.iter().copied().find(|&v| last_read[v].is_some_and(|l| l > u.last))
+            };
+            if let Some(p) = primary.and_then(|p| outs.iter().position(|&v| v == p)) {
+                let v = outs.remove(p);
+                outs.insert(0, v);
             }
+            outputs_of.push(outs);
         }
-        if let Some(v) = outputs_of.last().filter(|v| !loss_outputs.contains(v)) {
+        if let Some(v) = outputs_of.last().map(|o| o[0]).filter(|v| !loss_outputs.contains(v)) {
             return Err(bad(
                 path,
                 format!(
                     "the last block hands on {}, which is not an output of the model ({})",
-                    graph.names[*v], graph.names[sig.output]
+                    graph.names[v], graph.names[sig.output]
                 ),
             ));
         }
@@ -272,6 +289,7 @@ fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, inpu
     let mut batch_input = None;
     let mut skips = Vec::new();
     let mut skip_vals = Vec::new();
+    let mut extra_reads: Vec<((usize, usize), usize)> = Vec::new();
     for v in reads {
         if v == input {
             // A later block reads the batch itself (it needs no gradient and lives all step).
@@ -282,19 +300,28 @@ fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, inpu
             }
             continue;
         }
-        let j = flow.def[v].map(|d| flow.block_of_node[d]).ok_or_else(|| {
+        let (j, slot) = flow.slot_of(v).ok_or_else(|| {
             bad(
                 path,
-                format!("block {} reads {}, which no node makes", u.name, g.names[v]),
+                format!("block {} reads {}, which no earlier block hands on", u.name, g.names[v]),
             )
         })?;
-        if i > 0 && j == i - 1 {
-            block_input = Some(v);
-        } else {
-            skips.push(j);
-            skip_vals.push(v);
+        match slot {
+            0 if i > 0 && j == i - 1 => block_input = Some(v),
+            0 => {
+                skips.push(j);
+                skip_vals.push(v);
+            }
+            s => extra_reads.push(((j, s), v)),
         }
     }
+    let extra_reads: Vec<(usize, usize)> = extra_reads
+        .into_iter()
+        .map(|(r, v)| {
+            skip_vals.push(v);
+            r
+        })
+        .collect();
     // What it writes in place of what earlier blocks hand it (`nn.ReLU(inplace=True)` first).
     let written: BTreeSet<usize> = runs
         .iter()
@@ -329,7 +356,7 @@ fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, inpu
             input: block_input,
             batch_input,
             skips: skip_vals,
-            output: flow.outputs_of[i],
+            outputs: flow.outputs_of[i].clone(),
             runs,
             side_reads,
             aliases: aliases.into_iter().collect(),
@@ -337,6 +364,7 @@ fn block(path: &Path, prog: &Arc<Program>, flow: &Flow, i: usize, u: &Unit, inpu
         }),
     );
     cb.skips = skips;
+    cb.extra_reads = extra_reads;
     Ok(cb)
 }
 

@@ -73,6 +73,7 @@ pub(super) fn input_and_loss(
         first,
         outputs,
         reads: Vec::new(),
+        extra_reads: Vec::new(),
         terms: Vec::new(),
     };
     let floating = is_floating(in_dtype);
@@ -177,8 +178,8 @@ fn is_floating(dtype: i64) -> bool {
 /// floating-point output (a program with several outputs: BertModel's `pooler_output`, CLIP's
 /// pooled output, GoogLeNet's auxiliary logits in training mode), summed in program order in
 /// float32. A further output counts as a single output that is not logits counts, so each gets a
-/// gradient of ones, and checkpointing has to recompute what makes it. One made in a block that
-/// hands on another tensor is left out (`Flow::outputs`).
+/// gradient of ones, and checkpointing has to recompute what makes it; one made in a block that
+/// hands on another tensor is a further output of that block.
 pub(super) struct ExportLoss {
     pub first: FirstTerm,
     /// The outputs the loss reads, in program order: the first output, then every further
@@ -186,7 +187,10 @@ pub(super) struct ExportLoss {
     pub outputs: Vec<usize>,
     /// Blocks other than the last whose outputs the loss reads ([`LossHead::reads`]).
     pub reads: Vec<usize>,
-    /// Per output of `outputs`: `None` for the last block's, else its index in `reads`.
+    /// Further outputs the loss reads ([`LossHead::extra_reads`]).
+    pub extra_reads: Vec<(usize, usize)>,
+    /// Per output of `outputs`: `None` for the last block's output, else its index in `reads`
+    /// followed by `extra_reads`.
     pub terms: Vec<Option<usize>>,
 }
 
@@ -219,6 +223,10 @@ impl LossHead for ExportLoss {
 
     fn reads(&self) -> &[usize] {
         &self.reads
+    }
+
+    fn extra_reads(&self) -> &[(usize, usize)] {
+        &self.extra_reads
     }
 
     fn loss_over(&self, output: &Tensor, reads: &[Tensor], batch: &Batch) -> Tensor {

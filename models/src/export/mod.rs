@@ -72,7 +72,8 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
     let cut = candidates::cut_into_units(path, &graph, opts, &side.nodes)?;
     let flow = dataflow::Flow::new(path, &ar, &graph, &sig, &side, &cut.units, &io.loss.outputs)?;
     let mut loss = io.loss;
-    (loss.reads, loss.terms) = flow.loss_terms(path, &graph, &loss.outputs)?;
+    let found = flow.loss_terms(path, &graph, &loss.outputs)?;
+    (loss.reads, loss.extra_reads, loss.terms) = (found.reads, found.extra_reads, found.terms);
     let prog = Arc::new(Program {
         syms: Mutex::new(vec![None; graph.names.len()]),
         graph,

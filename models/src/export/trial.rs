@@ -74,17 +74,18 @@ fn trial_run(chain: &Chain, batch: i64) -> std::result::Result<(), Failed> {
     let ctx = Ctx::new(None, true)
         .with_batch_mask(sample.attention_mask.as_ref(), sample.padded)
         .with_batch_input(&sample.input);
-    let mut outs: Vec<Tensor> = Vec::with_capacity(chain.blocks.len());
+    // Per block, its output and then its further outputs.
+    let mut outs: Vec<Vec<Tensor>> = Vec::with_capacity(chain.blocks.len());
     let mut result = Ok(());
     for (i, b) in chain.blocks.iter().enumerate() {
         let x = if i == 0 {
             sample.input.shallow_clone()
         } else {
-            leaf(&outs[i - 1])
+            leaf(&outs[i - 1][0])
         };
-        let skips: Vec<Tensor> = b.skips.iter().map(|&s| leaf(&outs[s])).collect();
-        match b.block.try_forward(&x, &ctx.with_skips(&skips)) {
-            Ok(out) => outs.push(out),
+        let skips: Vec<Tensor> = b.skip_reads().map(|(k, s)| leaf(&outs[k][s])).collect();
+        match b.block.try_forward_all(&x, &ctx.with_skips(&skips)) {
+            Ok((out, more)) => outs.push(std::iter::once(out).chain(more).collect()),
             Err(f) => {
                 result = Err(Failed::Block(b.name.clone(), f));
                 break;

@@ -10,7 +10,7 @@ use ckptune_kernels::{autograd, rng, sac};
 use ckptune_models::{Batch, Ctx};
 use tch::Tensor;
 
-use super::boundary::{block_input, leaf};
+use super::boundary::block_input;
 use super::forward::Activations;
 use super::schedule::Schedule;
 use super::scope::{self, Phase};
@@ -34,6 +34,8 @@ impl Session {
         // segment's backward is done, as `torch.utils.checkpoint` keeps it.
         let mut segment_rng: Option<(usize, Tensor)> = None;
         let mut next = self.chain.blocks.len();
+        // The loss was the last reader of the last block's further outputs.
+        acts.extra_grads[next - 1] = further_grads(acts, next - 1);
         while next > 0 {
             let i = next - 1;
             // A fused group is one VJP, from its last block's output to its input leaf.
@@ -67,6 +69,7 @@ impl Session {
         // The stored no-grad output is dead: the recompute produces it again.
         let before = tr.as_ref().map(|_| self.probe.current());
         acts.outputs[last] = None;
+        acts.extras[last].clear();
         if let (Some(t), Some(before)) = (tr.as_deref_mut(), before) {
             t.blocks[last].ckpt_out_released = before - self.probe.current();
         }
@@ -99,7 +102,7 @@ impl Session {
             }
             let block = &self.chain.blocks[k];
             let x = block_input(k, &batch.input, &acts.outputs, &mut acts.leaves);
-            let skips: Vec<Tensor> = block.skips.iter().map(|&s| leaf(&acts.leaves, s)).collect();
+            let skips: Vec<Tensor> = block.skip_reads().map(|r| self.read_leaf(acts, r)).collect();
             // A selective block's recompute takes the outputs its forward kept.
             let mut kept = acts.sac[k].take();
             let out = {
@@ -111,9 +114,10 @@ impl Session {
                     .map(|a| AutocastGuard::new(self.device, a, true))
                     .transpose()?;
                 let _replay = kept.as_mut().map(sac::replay).transpose()?;
-                block.block.try_forward(&x, &ctx.with_skips(&skips))
+                block.block.try_forward_all(&x, &ctx.with_skips(&skips))
             }
             .map_err(|failure| self.block_failed(k, failure))?;
+            let (out, extras) = out;
             if let Some(left) = kept.as_ref().map(|c| c.left()).filter(|&n| n != 0) {
                 return Err(RuntimeError::Invalid(format!(
                     "selective block {} of {}: its recompute used {left} fewer saved outputs than its forward kept \
@@ -123,6 +127,7 @@ impl Session {
             }
             drop((x, skips, kept));
             acts.outputs[k] = Some(out);
+            acts.extras[k] = extras.into_iter().map(Some).collect();
             if let Some(t) = tr.as_deref_mut() {
                 let b = &mut t.blocks[k];
                 b.rec_peak = self.probe.window_peak();
@@ -164,7 +169,26 @@ impl Session {
             self.probe.reset_window();
         }
         let vjp = scope::open(Phase::Backward, Some((i, &block.name)))?;
-        if out.requires_grad() {
+        let further = further_roots(acts, i);
+        if !further.is_empty() {
+            // A block that hands on several tensors: one backward from all of them.
+            let mut roots = further;
+            let g = std::mem::replace(&mut grad, Tensor::new());
+            if out.requires_grad() && g.defined() {
+                roots.insert(0, (out, g));
+            } else {
+                drop((out, g));
+            }
+            let x: Vec<&Tensor> = (start > 0)
+                .then(|| acts.leaves[start - 1].as_ref())
+                .flatten()
+                .into_iter()
+                .collect();
+            autograd::backward_roots(roots, &x)?;
+            if let (Some(t), Some(begun)) = (tr.as_deref_mut(), self.probe.backward_start()) {
+                t.blocks[i].out_released = t.blocks[i].bwd_before - begun;
+            }
+        } else if out.requires_grad() {
             let g = std::mem::replace(&mut grad, Tensor::new());
             if !g.defined() {
                 return Err(RuntimeError::Invalid(format!(
@@ -192,6 +216,9 @@ impl Session {
             }
             None => Tensor::new(),
         };
+        if start > 0 {
+            acts.extra_grads[start - 1] = further_grads(acts, start - 1);
+        }
         drop(grad);
         if segment_rng.as_ref().is_some_and(|(first, _)| start <= *first) {
             drop(segment_rng.take());
@@ -206,4 +233,26 @@ impl Session {
         }
         Ok(grad_in)
     }
+}
+
+/// The gradients of block `k`'s further outputs, taken off their leaves once every reader's
+/// backward ran (undefined for one no reader differentiated), the leaves dropped.
+fn further_grads(acts: &mut Activations, k: usize) -> Vec<Tensor> {
+    std::mem::take(&mut acts.extra_leaves[k])
+        .into_iter()
+        .map(|l| l.map_or_else(Tensor::new, |l| l.grad()))
+        .collect()
+}
+
+/// Block `i`'s further outputs that take part in its backward, each with its gradient (those
+/// without one are dropped here).
+fn further_roots(acts: &mut Activations, i: usize) -> Vec<(Tensor, Tensor)> {
+    let mut grads = std::mem::take(&mut acts.extra_grads[i]).into_iter();
+    std::mem::take(&mut acts.extras[i])
+        .into_iter()
+        .filter_map(|e| {
+            let g = grads.next().unwrap_or_default();
+            e.filter(|e| e.requires_grad() && g.defined()).map(|e| (e, g))
+        })
+        .collect()
 }

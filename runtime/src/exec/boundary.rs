@@ -1,6 +1,7 @@
 //! The tensors between blocks: each output's detached leaf (a view, which autocast does not
 //! cache), created when its first reader runs, which every reader takes as input so that their
 //! gradients accumulate in one `.grad`.
+//! A block that hands on several tensors has a leaf per tensor.
 
 use tch::Tensor;
 
@@ -20,6 +21,31 @@ pub(super) fn block_input(
         leaves[i - 1] = Some(boundary_leaf(out));
     }
     leaf(leaves, i - 1)
+}
+
+/// The leaf of block `k`'s further output `slot` (1 and up) that its readers take, created on
+/// first use.
+pub(super) fn further_leaf(
+    (k, slot): (usize, usize),
+    extras: &[Vec<Option<Tensor>>],
+    extra_leaves: &mut [Vec<Option<Tensor>>],
+) -> Tensor {
+    let leaves = &mut extra_leaves[k];
+    if leaves.len() < slot {
+        leaves.resize_with(slot, || None);
+    }
+    if leaves[slot - 1].is_none() {
+        let out = extras[k][slot - 1]
+            .as_ref()
+            .expect("a further output is alive when a reader runs");
+        // A further output may be an integer tensor (indices), which has no gradient.
+        leaves[slot - 1] = Some(if out.is_floating_point() {
+            boundary_leaf(out)
+        } else {
+            out.detach()
+        });
+    }
+    leaf(leaves, slot - 1)
 }
 
 /// The leaf readers of `t` take as input: a view of `t` detached, which requires grad. Autocast

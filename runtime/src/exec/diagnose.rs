@@ -52,31 +52,34 @@ impl Session {
         ctx: &Ctx<'_>,
     ) -> Option<(usize, ckptune_models::BlockFailure)> {
         let _autocast = self.autocast_region().ok()?;
-        let mut outs: Vec<Tensor> = Vec::with_capacity(i + 1 - start);
-        let input = |outs: &[Tensor], s: usize| -> Option<Tensor> {
+        // Per block of the run, its output and then its further outputs.
+        let mut outs: Vec<Vec<Tensor>> = Vec::with_capacity(i + 1 - start);
+        let input = |outs: &[Vec<Tensor>], (s, slot): (usize, usize)| -> Option<Tensor> {
             if s >= start {
-                let t = outs.get(s - start)?;
+                let t = outs.get(s - start)?.get(slot)?;
                 Some(t.detach().set_requires_grad(t.is_floating_point()))
-            } else {
+            } else if slot == 0 {
                 acts.leaves[s].as_ref().map(Tensor::shallow_clone)
+            } else {
+                acts.extra_leaves[s].get(slot - 1)?.as_ref().map(Tensor::shallow_clone)
             }
         };
         for k in start..=i {
             let block = &self.chain.blocks[k];
             let x = match k {
                 0 => batch.input.shallow_clone(),
-                _ => input(&outs, k - 1)?,
+                _ => input(&outs, (k - 1, 0))?,
             };
             let skips = block
-                .skips
-                .iter()
-                .map(|&s| input(&outs, s))
+                .skip_reads()
+                .map(|r| input(&outs, r))
                 .collect::<Option<Vec<Tensor>>>()?;
             let bctx = ctx.with_skips(&skips);
             if let Some(failure) = block.block.locate_backward_failure(&x, &bctx) {
                 return Some((k, failure));
             }
-            outs.push(block.block.try_forward(&x, &bctx).ok()?);
+            let (out, more) = block.block.try_forward_all(&x, &bctx).ok()?;
+            outs.push(std::iter::once(out).chain(more).collect());
         }
         None
     }

@@ -9,7 +9,7 @@ use ckptune_kernels::sac::{self, SacCache};
 use ckptune_models::{Batch, Ctx};
 use tch::Tensor;
 
-use super::boundary::{block_input, leaf};
+use super::boundary::{block_input, further_leaf, leaf};
 use super::schedule::Schedule;
 use super::scope::{self, Phase};
 use super::session::Session;
@@ -20,10 +20,15 @@ use crate::error::Result;
 /// last block's is the loss's input; a checkpointed block keeps its no-grad output until its
 /// recompute), the detached leaf of that output that every reader took as input (created
 /// when the next block started), for a segment's first block, the RNG state at its start, and
-/// for a selective block, the outputs its forward kept for the recompute.
+/// for a selective block, the outputs its forward kept for the recompute. A block that hands on
+/// several tensors has its further outputs (slot `s` at index `s - 1`) with their leaves, and
+/// once every reader's backward ran, their gradients.
 pub(super) struct Activations {
     pub outputs: Vec<Option<Tensor>>,
     pub leaves: Vec<Option<Tensor>>,
+    pub extras: Vec<Vec<Option<Tensor>>>,
+    pub extra_leaves: Vec<Vec<Option<Tensor>>>,
+    pub extra_grads: Vec<Vec<Tensor>>,
     pub rng_states: Vec<Option<Tensor>>,
     pub sac: Vec<Option<SacCache>>,
 }
@@ -40,6 +45,9 @@ impl Session {
         let mut acts = Activations {
             outputs: (0..n).map(|_| None).collect(),
             leaves: (0..n).map(|_| None).collect(),
+            extras: (0..n).map(|_| Vec::new()).collect(),
+            extra_leaves: (0..n).map(|_| Vec::new()).collect(),
+            extra_grads: (0..n).map(|_| Vec::new()).collect(),
             rng_states: (0..n).map(|_| None).collect(),
             sac: (0..n).map(|_| None).collect(),
         };
@@ -67,25 +75,25 @@ impl Session {
         // Inside a fused group, blocks read the raw outputs of the group's earlier blocks (one
         // graph); everything else reads leaves.
         let inner = |s: usize| fused.is_some_and(|(first, _)| s >= first);
-        let raw = |outputs: &[Option<Tensor>], s: usize| {
-            outputs[s]
-                .as_ref()
-                .expect("a fused block's inputs are alive")
-                .shallow_clone()
+        let raw = |acts: &Activations, (s, slot): (usize, usize)| {
+            let t = match slot {
+                0 => acts.outputs[s].as_ref(),
+                slot => acts.extras[s][slot - 1].as_ref(),
+            };
+            t.expect("a fused block's inputs are alive").shallow_clone()
         };
         let x = if i > 0 && inner(i - 1) {
-            raw(&acts.outputs, i - 1)
+            raw(acts, (i - 1, 0))
         } else {
             block_input(i, &batch.input, &acts.outputs, &mut acts.leaves)
         };
         let skips: Vec<Tensor> = block
-            .skips
-            .iter()
-            .map(|&s| {
-                if inner(s) {
-                    raw(&acts.outputs, s)
+            .skip_reads()
+            .map(|r| {
+                if inner(r.0) {
+                    raw(acts, r)
                 } else {
-                    leaf(&acts.leaves, s)
+                    self.read_leaf(acts, r)
                 }
             })
             .collect();
@@ -107,25 +115,37 @@ impl Session {
             let bctx = ctx.with_skips(&skips);
             let out = if let Some(policy) = schedule.selective[i] {
                 let recording = sac::record(policy)?;
-                let out = tch::no_grad(|| block.block.try_forward(&x, &bctx));
+                let out = tch::no_grad(|| block.block.try_forward_all(&x, &bctx));
                 acts.sac[i] = Some(recording.finish());
                 out
             } else if seg.is_some() {
-                tch::no_grad(|| block.block.try_forward(&x, &bctx))
+                tch::no_grad(|| block.block.try_forward_all(&x, &bctx))
             } else {
-                block.block.try_forward(&x, &bctx)
+                block.block.try_forward_all(&x, &bctx)
             };
             let open = self.probe.current();
             drop(ac);
             (out.map_err(|failure| self.block_failed(i, failure))?, open)
         };
         drop((x, skips));
+        let (out, extras) = out;
         acts.outputs[i] = Some(out);
+        acts.extras[i] = extras.into_iter().map(Some).collect();
         if let Some((first, last)) = seg.or(fused) {
             for k in first..last {
                 if schedule.last_reader[k] == i {
                     acts.outputs[k] = None;
                     acts.leaves[k] = None;
+                }
+            }
+            for &((k, slot), _) in schedule
+                .further_last_reader
+                .iter()
+                .filter(|&&((k, _), r)| r == i && k >= first)
+            {
+                acts.extras[k][slot - 1] = None;
+                if let Some(l) = acts.extra_leaves[k].get_mut(slot - 1) {
+                    *l = None;
                 }
             }
         }
@@ -137,5 +157,14 @@ impl Session {
             b.fwd_seconds = t0.elapsed().as_secs_f64();
         }
         Ok(())
+    }
+
+    /// The leaf through which a block or the loss reads `(k, slot)`: block `k`'s output (slot 0),
+    /// whose leaf exists, or its further output `slot`.
+    pub(super) fn read_leaf(&self, acts: &mut Activations, (k, slot): (usize, usize)) -> Tensor {
+        match slot {
+            0 => leaf(&acts.leaves, k),
+            _ => further_leaf((k, slot), &acts.extras, &mut acts.extra_leaves),
+        }
     }
 }

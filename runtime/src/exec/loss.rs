@@ -8,7 +8,7 @@ use ckptune_kernels::autograd;
 use ckptune_models::Batch;
 use tch::Tensor;
 
-use super::boundary::{boundary_leaf, leaf};
+use super::boundary::boundary_leaf;
 use super::forward::Activations;
 use super::scope::{self, Phase};
 use super::session::{chunks_refused, Session};
@@ -33,7 +33,7 @@ impl Session {
     /// the casts only the cache held before backward starts.
     pub(super) fn loss(
         &self,
-        acts: &Activations,
+        acts: &mut Activations,
         batch: &Batch,
         held: Option<AutocastGuard>,
         mut tr: Option<&mut MicroTrace>,
@@ -51,7 +51,9 @@ impl Session {
         let y = boundary_leaf(last);
         // Earlier outputs the loss reads (a program with several outputs) through the leaves
         // their later readers took, so that the loss's gradient accumulates with theirs.
-        let reads: Vec<Tensor> = self.chain.head.reads().iter().map(|&k| leaf(&acts.leaves, k)).collect();
+        let reads: Vec<Tensor> = (self.chain.head.all_reads().into_iter())
+            .map(|r| self.read_leaf(acts, r))
+            .collect();
         if let Some(t) = tr.as_deref_mut() {
             t.loss_before = self.probe.current();
             self.probe.reset_window();

@@ -1,6 +1,6 @@
 //! How a checkpoint mask runs a chain: which blocks form a checkpointed segment (a block, or a
 //! checkpointed group's run), which run fused as one graph (a group with nothing checkpointed),
-//! and after which block each output is dead inside a segment.
+//! and after which block each output (and further output) is dead inside a segment.
 
 use ckptune_kernels::sac::SacPolicy;
 use ckptune_models::Chain;
@@ -14,6 +14,9 @@ pub(super) struct Schedule {
     /// Per block: the block after which its output is dead during a segment's no-grad forward
     /// (its last reader within the segment).
     pub last_reader: Vec<usize>,
+    /// Per further output `(block, slot)` read inside a segment or fused group, the block after
+    /// which it is dead there (its last reader).
+    pub further_last_reader: Vec<((usize, usize), usize)>,
     /// Per block: the policy it runs selective under, for a block checkpointed on its own
     /// whose session asks for it ([`super::Session::selective`]).
     pub selective: Vec<Option<SacPolicy>>,
@@ -25,9 +28,16 @@ impl Schedule {
     pub fn new(chain: &Chain, checkpoint: &[bool], fuse_groups: bool, selective: &[Option<SacPolicy>]) -> Self {
         let n = chain.blocks.len();
         let mut last_reader: Vec<usize> = (0..n).map(|k| k + 1).collect();
+        let mut further_last_reader: Vec<((usize, usize), usize)> = Vec::new();
         for (i, b) in chain.blocks.iter().enumerate() {
             for &s in &b.skips {
                 last_reader[s] = last_reader[s].max(i);
+            }
+            for &r in &b.extra_reads {
+                match further_last_reader.iter_mut().find(|(e, _)| *e == r) {
+                    Some((_, last)) => *last = i,
+                    None => further_last_reader.push((r, i)),
+                }
             }
         }
         let segments = segments(chain, checkpoint);
@@ -48,6 +58,7 @@ impl Schedule {
                 vec![None; n]
             },
             last_reader,
+            further_last_reader,
             selective,
         }
     }

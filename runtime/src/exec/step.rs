@@ -129,7 +129,7 @@ impl Session {
             if let Some(ib) = &s.in_backward {
                 ib.loss_running();
             }
-            let loss = s.loss(&acts, batch, held, tr.as_deref_mut())?;
+            let loss = s.loss(&mut acts, batch, held, tr.as_deref_mut())?;
             let grad = s.backward(&mut acts, loss.grad, batch, &ctx, &schedule, tr.as_deref_mut())?;
             drop(grad);
             Ok((loss.value, loss.var, loss.seed))
