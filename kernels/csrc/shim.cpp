@@ -354,6 +354,20 @@ int ckpt_sink_alias(const at::Tensor* t, at::Tensor** out, CkptSink** sink, char
   });
 }
 
+// `*out`: one more reader's alias of `t` feeding `sink`, whose first alias was of `t` (each
+// reader holds its own alias, so the boundary's storage goes with the last of them).
+int ckpt_sink_reader(CkptSink* sink, const at::Tensor* t, at::Tensor** out, char** err) {
+  return guarded(err, [&] {
+    const torch::autograd::InputMetadata& meta = sink->node->input_metadata(0);
+    TORCH_CHECK(t->dtype() == meta.dtype() && meta.is_same_shape(*t),
+                "a gradient sink's readers must read one tensor: ", t->dtype(), t->sizes(),
+                " is not the sink's ", meta.dtype(), " tensor");
+    at::Tensor alias = t->detach();
+    torch::autograd::impl::set_gradient_edge(alias, {sink->node, 0});
+    *out = new at::Tensor(std::move(alias));
+  });
+}
+
 // The gradient the sink holds (undefined if none reached it), taken off it.
 int ckpt_sink_take_grad(CkptSink* sink, at::Tensor** out, char** err) {
   return guarded(err, [&] { *out = new at::Tensor(std::exchange(sink->node->grad, at::Tensor())); });

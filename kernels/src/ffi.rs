@@ -154,6 +154,7 @@ extern "C" {
     pub(crate) fn ckpt_writable_alias(t: CTensor, out: *mut CTensor, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_sink_alias(t: CTensor, out: *mut CTensor, sink: *mut *mut CSink, err: *mut *mut c_char)
         -> c_int;
+    pub(crate) fn ckpt_sink_reader(sink: *mut CSink, t: CTensor, out: *mut CTensor, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_sink_take_grad(sink: *mut CSink, out: *mut CTensor, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_sink_free(sink: *mut CSink);
     pub(crate) fn ckpt_output_edge(out: CTensor, edge: *mut *mut COutputEdge, err: *mut *mut c_char) -> c_int;

@@ -16,6 +16,18 @@ pub struct GradSink {
 }
 
 impl GradSink {
+    /// One more reader's alias of `t`, the tensor this sink's first alias was made of (same
+    /// shape and dtype, checked), its gradient flowing here too. Each reader holds its own
+    /// alias, so the storage goes with the last handle on it.
+    pub fn alias(&self, t: &Tensor) -> Result<Tensor, KernelError> {
+        let p = t.as_ptr() as ffi::CTensor;
+        let mut out: ffi::CTensor = std::ptr::null_mut();
+        ffi::check("making one more reader of a block input", |e| unsafe {
+            ffi::ckpt_sink_reader(self.raw, p, &mut out, e)
+        })?;
+        Ok(ffi::from_raw(out))
+    }
+
     /// The gradient the readers' backward left here (undefined if none did), taken off.
     pub fn take_grad(&self) -> Result<Tensor, KernelError> {
         let mut out: ffi::CTensor = std::ptr::null_mut();

@@ -41,12 +41,15 @@ fn sink_sums_readers_as_one_fused_graph() {
     let reference = Tensor::run_backward(&[&r, &s], &[&x, &w, &w2], false, false);
     drop((h, r, s));
 
+    // Each reader takes its own alias, as the runtime hands one to each block reading `h`.
     let h = x.matmul(&w).tanh();
     let (input, sink) = sink_alias(&h).unwrap();
-    let edge = output_edge(h).unwrap();
     let r = norm_reader(&input, &w2);
-    let s = &input * &q;
     drop(input);
+    let skip = sink.alias(&h).unwrap();
+    let edge = output_edge(h).unwrap();
+    let s = &skip * &q;
+    drop(skip);
     let seed = s.ones_like();
     autograd::backward(s, seed).unwrap();
     let seed = r.ones_like();
@@ -160,6 +163,12 @@ fn sink_errors_are_clear() {
         .expect("no graph")
         .to_string();
     assert!(err.contains("does not require grad"), "{err}");
+    let (_, sink) = sink_alias(&Tensor::ones([3], (Kind::Float, Device::Cpu))).unwrap();
+    let err = sink
+        .alias(&Tensor::ones([4], (Kind::Float, Device::Cpu)))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("must read one tensor"), "{err}");
     let y = randn([3, 1], true).exp();
     let err = backward_edges(
         vec![(output_edge(y).unwrap(), Tensor::ones([4], (Kind::Float, Device::Cpu)))],
