@@ -31,12 +31,14 @@ def choice(plan):
     if c.get("optimizer_step", "after") != "after":
         parts.append(f"optimizer step {c['optimizer_step']}")
     ck = plan["checkpoint"]
-    sel = ck.get("selective") or {}
-    whole = [m for m in ck["modules"] if m not in set(sel.get("modules", []))]
+    # One policy's selective modules are one object, a plan mixing policies lists one per policy.
+    sel = ck.get("selective") or []
+    groups = sel if isinstance(sel, list) else [sel]
+    selective = {m for g in groups for m in g["modules"]}
+    whole = [m for m in ck["modules"] if m not in selective]
     if whole:
         parts.append(f"{len(whole)} checkpointed whole")
-    if sel.get("modules"):
-        parts.append(f"{len(sel['modules'])} selective ({sel['policy']})")
+    parts.extend(f"{len(g['modules'])} selective ({g['policy']})" for g in groups if g["modules"])
     return ", ".join(parts) or "nothing"
 
 
@@ -69,7 +71,7 @@ def table(rs):
             torch = f"{v['pytorch']['peak_bytes']:,}"
             err = f"{v['pytorch_peak_error_bytes']:+,}"
         elif v:
-            # `verify` alone (a config.json model has no PyTorch reference here).
+            # `verify` alone (a run made without --pytorch).
             run = f"{v['measured']['peak_bytes']:,}"
             torch = err = "not run"
         else:
@@ -137,9 +139,10 @@ def main():
         "each other lever adds one choice to it: selective checkpointing per layer (`--selective "
         "matmul`, `--selective attention`), the loss in chunks (`--loss-chunks 1,4`, a language "
         "model's head only), the optimizer step in backward (`--optimizer-step after,in-backward`). "
-        "Each plan verified (`verify-*.json`): ckptune's run, and for BERT-base PyTorch eager running "
-        "the same plan under the same counting allocator (`verify --pytorch` runs the built-in models' "
-        "PyTorch reference; a model given as config.json has none). Step times are one run's on a 2-core machine, measured "
+        "Each plan verified (`verify-*.json`): ckptune's run, and PyTorch eager running the same plan "
+        "under the same counting allocator (`verify --pytorch`, on the built-in model's reference or on "
+        "the reference Llama built from the config.json); a row whose PyTorch columns read \"not run\" "
+        "was verified by ckptune's run alone. Step times are one run's on a 2-core machine, measured "
         "for the configs that can win (the plan's text says which were estimated); bytes are exact on "
         "any load. Each lever's plan is solved over its own profile, timed in its own run, so the same "
         "choice can carry a different step time from one lever's rows to another's; the bytes compare "

@@ -363,7 +363,11 @@ fn the_layer_rule_finds_each_familys_repeated_layers() {
     use ckptune_models::export::layers;
     let rule = |mods: &[&str]| {
         let modules: Vec<String> = mods.iter().map(|m| m.to_string()).collect();
-        let runs = modules.iter().enumerate().map(|(i, m)| (m.clone(), (i, i))).collect();
+        let runs = modules
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.clone(), vec![(i, i)]))
+            .collect();
         layers(&modules, &runs)
     };
     // torchvision ResNet: sibling containers are the layers.
@@ -437,6 +441,33 @@ fn the_layer_rule_finds_each_familys_repeated_layers() {
     assert_eq!(
         rule(&["features", "features.conv", "classifier"]),
         ["features", "classifier"]
+    );
+    // torchvision MaxViT: its head `classifier` lists six numbered modules and the body `blocks`
+    // four; the blocks, which run almost every node, are the layers.
+    let maxvit: Vec<(&str, (usize, usize))> = vec![
+        ("stem", (0, 5)),
+        ("stem.0", (0, 2)),
+        ("stem.1", (3, 5)),
+        ("blocks", (6, 805)),
+        ("blocks.0", (6, 205)),
+        ("blocks.0.layers", (6, 205)),
+        ("blocks.0.layers.0", (6, 105)),
+        ("blocks.0.layers.1", (106, 205)),
+        ("blocks.1", (206, 405)),
+        ("blocks.2", (406, 605)),
+        ("blocks.3", (606, 805)),
+        ("classifier", (806, 811)),
+    ];
+    let mut modules: Vec<String> = maxvit.iter().map(|(m, _)| m.to_string()).collect();
+    let mut runs: std::collections::HashMap<String, Vec<(usize, usize)>> =
+        maxvit.iter().map(|(m, r)| (m.to_string(), vec![*r])).collect();
+    for k in 0..6 {
+        modules.push(format!("classifier.{k}"));
+        runs.insert(format!("classifier.{k}"), vec![(806 + k, 806 + k)]);
+    }
+    assert_eq!(
+        layers(&modules, &runs),
+        ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
     );
 }
 

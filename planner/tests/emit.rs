@@ -268,6 +268,48 @@ fn torchtitan_snippet_wraps_the_plans_blocks_of_torchtitans_llama() {
     assert_eq!(training["mixed_precision_param"], "float32");
 }
 
+/// A plan running one layer selective under `matmul` and the other under `attention`:
+/// torchtitan's snippet (`CkptuneSelectivePlanAC`, a map from each selective module to its
+/// policy) wraps exactly the plan's modules of torchtitan's Llama and runs its forward.
+#[test]
+fn torchtitan_snippet_runs_a_plan_mixing_selective_policies_per_layer() {
+    let p = planned("tiny-llama");
+    let dir = tempfile::tempdir().unwrap();
+    let layers = ["model.layers.0", "model.layers.1"];
+    let mixed = edited(dir.path(), "mixed.json", &read(&p.plan), |d| {
+        d["checkpoint"]["regex"] = "^(?:model\\.layers\\.(?:0|1))$".into();
+        d["checkpoint"]["modules"] = serde_json::json!(layers);
+        d["checkpoint"]["selective"] = serde_json::json!([
+            {"policy": "matmul", "modules": [layers[0]]},
+            {"policy": "attention", "modules": [layers[1]]},
+        ]);
+        // The profile measured both policies on the layers, as `plan --selective` has it.
+        let terms = |policy: &str| {
+            serde_json::json!({"policy": policy, "kept": 0, "fwd_transient": 0, "cache": 0, "rec_transient": 0,
+                "kept_recompute": 0, "bwd_transient": 0, "out_released": 0, "rec_seconds": 0.0})
+        };
+        for r in d["profile"]["regimes"].as_array_mut().unwrap() {
+            for b in r["blocks"].as_array_mut().unwrap() {
+                if layers.contains(&b["name"].as_str().unwrap()) {
+                    b["selective"] = serde_json::json!([terms("matmul"), terms("attention")]);
+                }
+            }
+        }
+    });
+    let snippet = emit("torchtitan", &mixed);
+    assert!(
+        snippet.contains(r#"selective={"layers.0": "matmul", "layers.1": "attention"}"#),
+        "{snippet}"
+    );
+    let result = execute("torchtitan", &snippet, "tiny-llama", 1, &[]);
+    assert_eq!(
+        result["wrapped"],
+        serde_json::json!(["layers.0", "layers.1"]),
+        "{result}"
+    );
+    assert_eq!(result["ac"], "CkptuneSelectivePlanAC.Config", "{result}");
+}
+
 #[test]
 fn torchtitan_refuses_a_model_it_has_no_counterpart_for_and_writes_nothing() {
     let p = planned("tiny-bert");

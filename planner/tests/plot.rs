@@ -322,7 +322,7 @@ fn block(name: &str, candidate: bool, kept: i64) -> BlockProfile {
         out_released_ckpt: None,
         cache_grad: None,
         cache_nograd: None,
-        selective: None,
+        selective: Vec::new(),
     }
 }
 

@@ -6,8 +6,11 @@
 //! through `ckptune.apply`, PyTorch's peak as far from the prediction as with the same modules
 //! checkpointed whole; for each policy, `attention` with SDPA and with eager attention.
 //! `profile`'s table shows each layer selective beside checkpointed, its recompute estimated
-//! where the cost model times the profile. Refusals: an unknown policy, nested candidates, a
-//! profile without step S.
+//! where the cost model times the profile. With both policies offered (`--selective` alone), one
+//! profile measures each layer under each, the solver's plan names each selective module's
+//! policy, and a plan running one layer under each policy is run by `verify` to the byte and by
+//! `verify --pytorch` with each module under its own policy. Refusals: an unknown policy, one
+//! named twice, nested candidates, a profile without a named policy's step S.
 
 mod common;
 
@@ -248,6 +251,10 @@ fn selective_flags_and_profiles_that_cannot_plan_it_are_refused() {
     args.extend(MODEL);
     args.extend(["--selective", "op"]);
     refused(&args, &["--selective \"op\"", "matmul"]);
+    let mut args = vec!["profile"];
+    args.extend(MODEL);
+    args.extend(["--selective", "matmul,matmul"]);
+    refused(&args, &["names matmul twice"]);
     let mut args = vec!["plan", "--budget", "1GiB"];
     args.extend(MODEL);
     args.extend(["--selective", "matmul", "--granularity", "nested"]);
@@ -258,6 +265,13 @@ fn selective_flags_and_profiles_that_cannot_plan_it_are_refused() {
     args.extend(MODEL);
     args.extend(["--profile", plain.to_str().unwrap(), "--selective", "matmul"]);
     refused(&args, &["was not measured with every candidate selective"]);
+    // A profile measured under one policy cannot plan with both.
+    let matmul = dir.path().join("matmul.json");
+    profile(&matmul, &["--no-cache", "--selective", "matmul"]);
+    let mut args = vec!["plan", "--budget", "1GiB"];
+    args.extend(MODEL);
+    args.extend(["--profile", matmul.to_str().unwrap(), "--selective", "matmul,attention"]);
+    refused(&args, &["not measured with every candidate selective under attention"]);
     // The cost model tells the calls a recompute takes from the cache by operator name, which
     // the attention policy's per-call test does not go by.
     let mut args = vec!["plan", "--budget", "1GiB"];
@@ -268,5 +282,92 @@ fn selective_flags_and_profiles_that_cannot_plan_it_are_refused() {
         &["--selective attention", "cannot estimate", "--selective matmul"],
     );
     let out = ckptune(&["plan", "--help"]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("--selective <POLICY>"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--selective [<POLICIES>]"));
+}
+
+/// `--selective` alone offers both policies: one profile measures every candidate under each (in
+/// `matmul`, `attention` order), the solver's plan names each selective module under one of
+/// them, and a plan running the first layer under `matmul` and the second under `attention`
+/// (edited from it, as a solver mixing them per layer writes it) runs in ckptune to the byte and in
+/// PyTorch with each module under its own policy, PyTorch's peak as far from ckptune's as with
+/// every layer under the first layer's policy.
+#[test]
+fn a_plan_mixing_policies_per_layer_runs_each_layer_under_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let prof = profile_of(
+        &ATTENTION_MODEL,
+        &dir.path().join("profile.json"),
+        &["--selective", "--no-cache"],
+    );
+    let c = &prof["configs"][0];
+    for b in candidates(c) {
+        let policies: Vec<&Value> = b["selective"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| &s["policy"])
+            .collect();
+        assert_eq!(policies, ["matmul", "attention"], "{}", b["name"]);
+    }
+    let cheap = selective_made_cheap(dir.path(), "cheap.json", &prof, ".layers.");
+    let budget = (read(&cheap)["configs"][0]["peak_none"].as_i64().unwrap() - 1).to_string();
+    let plan = dir.path().join("plan.json");
+    let mut args = vec!["plan", "--budget", &budget];
+    args.extend(ATTENTION_MODEL);
+    args.extend(["--profile", cheap.to_str().unwrap(), "--selective", "matmul,attention"]);
+    args.extend(["-o", plan.to_str().unwrap()]);
+    args.extend(COMMON);
+    let text = String::from_utf8_lossy(&ok(&args).stdout).into_owned();
+    let doc = read(&plan);
+    let ck = &doc["checkpoint"];
+    // One policy used: one object, as plans with one policy always were.
+    let sel = &ck["selective"];
+    assert!(
+        ["matmul", "attention"].contains(&sel["policy"].as_str().unwrap()),
+        "{ck}"
+    );
+    assert!(
+        names(&sel["modules"]).iter().any(|m| m.starts_with("model.layers.")),
+        "{ck}"
+    );
+    assert!(
+        text.contains(&format!("selective ({})", sel["policy"].as_str().unwrap())),
+        "{text}"
+    );
+    let r = verify(&plan, dir.path(), &[]);
+    assert_eq!(r["mismatches"], serde_json::json!([]), "{r}");
+    assert_eq!(r["measured"]["peak_bytes"], doc["predicted"]["peak_bytes"]);
+
+    let layers = ["model.layers.0", "model.layers.1"];
+    let mixed = edited(dir.path(), "mixed.json", &doc, |d| {
+        d["checkpoint"]["regex"] = "^(?:model\\.layers\\.(?:0|1))$".into();
+        d["checkpoint"]["modules"] = serde_json::json!(layers);
+        d["checkpoint"]["selective"] = serde_json::json!([
+            {"policy": "matmul", "modules": [layers[0]]},
+            {"policy": "attention", "modules": [layers[1]]},
+        ]);
+    });
+    let r = verify(&mixed, dir.path(), &[]);
+    assert_eq!(r["mismatches"], serde_json::json!([]), "{r}");
+    assert_eq!(r["selective"], read(&mixed)["checkpoint"]["selective"]);
+    let torch = verify(&mixed, dir.path(), &["--pytorch", "--steps", "2"]);
+    assert_eq!(torch["ckptune"]["mismatches"], serde_json::json!([]));
+    assert_eq!(torch["pytorch"]["selective"], read(&mixed)["checkpoint"]["selective"]);
+    // The step peaks in the second layer's backward, where PyTorch's differences from the model
+    // come from what the first layer holds (README's known limits): with the first layer under
+    // `matmul`, PyTorch's peak is as far from ckptune's as with every layer under `matmul`, so
+    // running the second under `attention` beside it adds no difference of its own.
+    let matmul = edited(dir.path(), "matmul.json", &read(&mixed), |d| {
+        d["checkpoint"]["selective"] = serde_json::json!({"policy": "matmul", "modules": layers});
+    });
+    let matmul_run = verify(&matmul, dir.path(), &["--pytorch", "--steps", "2"]);
+    assert_eq!(
+        torch["ckptune"]["peak_moment"],
+        "first micro-step: backward model.layers.1"
+    );
+    assert_eq!(matmul_run["ckptune"]["peak_moment"], torch["ckptune"]["peak_moment"]);
+    let gap = |r: &Value| {
+        r["pytorch"]["peak_bytes"].as_i64().unwrap() - r["ckptune"]["measured"]["peak_bytes"].as_i64().unwrap()
+    };
+    assert_eq!(gap(&torch), gap(&matmul_run), "{torch}\n{matmul_run}");
 }

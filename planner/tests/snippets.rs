@@ -115,16 +115,15 @@ fn torchtitan() {
     check("torchtitan-tinyllama", TINYLLAMA, EmitKind::Torchtitan);
 }
 
-/// The TinyLlama plan with two of its five modules run selective (`plan --selective matmul`),
-/// the profile holding their selective terms as such a plan's does (their values do not reach
-/// a snippet).
-fn selective_plan(kind: EmitKind) -> PlanJson {
+/// The TinyLlama plan with two of its five modules run selective, each under the policy
+/// `selective` gives it (`plan --selective`), the profile holding their selective terms as such a
+/// plan's does (their values do not reach a snippet).
+fn selective_plan(kind: EmitKind, selective: [(&str, &str); 2]) -> PlanJson {
     let mut p = plan_for(TINYLLAMA, kind);
-    let selective = ["model.layers.9", "model.layers.13"].map(String::from).to_vec();
     for b in p.profile.regimes.iter_mut().flat_map(|r| &mut r.blocks) {
-        if selective.contains(&b.name) {
-            b.selective = Some(SelectiveProfile {
-                policy: "matmul".into(),
+        if let Some((_, policy)) = selective.iter().find(|(m, _)| *m == b.name) {
+            b.selective = vec![SelectiveProfile {
+                policy: policy.to_string(),
                 kept: 0,
                 fwd_transient: 0,
                 cache: 0,
@@ -133,28 +132,39 @@ fn selective_plan(kind: EmitKind) -> PlanJson {
                 bwd_transient: 0,
                 out_released: 0,
                 rec_seconds: 0.0,
-            });
+            }];
         }
     }
-    p.checkpoint.selective = Some(SelectiveJson {
-        policy: "matmul".into(),
-        modules: selective,
-    });
+    for (m, policy) in selective {
+        match p.checkpoint.selective.iter_mut().find(|s| s.policy == policy) {
+            Some(s) => s.modules.push(m.into()),
+            None => p.checkpoint.selective.push(SelectiveJson {
+                policy: policy.into(),
+                modules: vec![m.into()],
+            }),
+        }
+    }
     p
 }
 
 /// Selective modules travel in the companion's `PLAN` (python, hf through `ckptune.apply` rather
 /// than transformers' whole-layer flag, lightning), and torchtitan wraps them with ckptune's
-/// policy, saying why its own SelectiveAC is not the plan.
+/// policy, saying why its own SelectiveAC is not the plan; a plan mixing the two policies
+/// carries each module's.
 #[test]
 fn a_selective_plan_carries_its_selective_modules() {
-    for (name, kind) in [
-        ("python-tinyllama-selective", EmitKind::Python),
-        ("hf-tinyllama-selective", EmitKind::Hf),
-        ("lightning-tinyllama-selective", EmitKind::Lightning),
-        ("torchtitan-tinyllama-selective", EmitKind::Torchtitan),
+    let one = [("model.layers.9", "matmul"), ("model.layers.13", "matmul")];
+    let mixed = [("model.layers.9", "matmul"), ("model.layers.13", "attention")];
+    for (name, kind, selective) in [
+        ("python-tinyllama-selective", EmitKind::Python, one),
+        ("hf-tinyllama-selective", EmitKind::Hf, one),
+        ("lightning-tinyllama-selective", EmitKind::Lightning, one),
+        ("torchtitan-tinyllama-selective", EmitKind::Torchtitan, one),
+        ("python-tinyllama-mixed", EmitKind::Python, mixed),
+        ("hf-tinyllama-mixed", EmitKind::Hf, mixed),
+        ("torchtitan-tinyllama-mixed", EmitKind::Torchtitan, mixed),
     ] {
-        let text = snippet(&selective_plan(kind), kind).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let text = snippet(&selective_plan(kind, selective), kind).unwrap_or_else(|e| panic!("{name}: {e}"));
         expect_file![format!("snapshots/{name}.py")].assert_eq(&text);
     }
 }

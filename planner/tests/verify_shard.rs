@@ -261,6 +261,8 @@ fn shard_must_be_the_plans_rank_count() {
     );
     // --shard and --port belong to --pytorch.
     refused(&["verify", plan, "--shard", "2"], &["--pytorch"]);
+    // ckptune's own run is one unsharded process, which no rank's budget describes.
+    refused(&["verify", plan], &["sharded over 2 ranks", "verify --pytorch"]);
     // A shard section the harness cannot follow.
     let nccl = sharded(dir.path(), "nccl.json", 2, |d| d["shard"]["collective"] = "nccl".into());
     refused(

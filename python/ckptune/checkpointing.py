@@ -51,29 +51,38 @@ def _selective_forward(self, *args, **kwargs):
 _POLICY = "_ckptune_selective_policy"
 
 
-def _selective(doc: Dict[str, Any], planned: List[str]) -> Tuple[Optional[str], List[str]]:
-    """The plan's selective policy and modules (`checkpoint.selective`, absent when every
-    checkpointed module is checkpointed whole), checked: a known policy, modules the plan
-    checkpoints."""
+def _selective(doc: Dict[str, Any], planned: List[str]) -> Dict[str, str]:
+    """The plan's selective modules, each with its policy (`checkpoint.selective`: one
+    `{"policy", "modules"}` for a plan with one policy, a list of them for a plan mixing
+    policies, absent when every checkpointed module is checkpointed whole), checked: known
+    policies, modules the plan checkpoints, each under one policy."""
     sel = doc["checkpoint"].get("selective")
     if sel is None:
-        return None, []
-    try:
-        policy = str(sel["policy"])
-        modules = [str(m) for m in sel["modules"]]
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"plan's checkpoint.selective lacks policy or modules ({e!r}); re-plan with "
-                         f"this ckptune") from None
-    if policy not in POLICIES:
-        raise ValueError(f"plan's selective policy {policy!r} is not one this ckptune knows "
-                         f"({', '.join(POLICIES)}); upgrade the ckptune package")
-    if modules:
-        policy_fn(policy)  # refuses, before anything is wrapped, a policy this torch cannot run
-    stray = [m for m in modules if m not in planned]
-    if stray:
-        raise ValueError(f"plan runs {', '.join(stray)} selective but does not checkpoint them; "
-                         f"re-plan with this ckptune")
-    return policy, modules
+        return {}
+    groups = sel if isinstance(sel, list) else [sel]
+    out: Dict[str, str] = {}
+    for group in groups:
+        try:
+            policy = str(group["policy"])
+            modules = [str(m) for m in group["modules"]]
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"plan's checkpoint.selective lacks policy or modules ({e!r}); re-plan with "
+                             f"this ckptune") from None
+        if policy not in POLICIES:
+            raise ValueError(f"plan's selective policy {policy!r} is not one this ckptune knows "
+                             f"({', '.join(POLICIES)}); upgrade the ckptune package")
+        if modules:
+            policy_fn(policy)  # refuses, before anything is wrapped, a policy this torch cannot run
+        stray = [m for m in modules if m not in planned]
+        if stray:
+            raise ValueError(f"plan runs {', '.join(stray)} selective but does not checkpoint them; "
+                             f"re-plan with this ckptune")
+        twice = [m for m in modules if m in out]
+        if twice:
+            raise ValueError(f"plan runs {', '.join(twice)} selective under two policies; re-plan with "
+                             f"this ckptune")
+        out.update((m, policy) for m in modules)
+    return out
 
 
 def apply(model: nn.Module, plan: PlanLike) -> List[str]:
@@ -82,8 +91,8 @@ def apply(model: nn.Module, plan: PlanLike) -> List[str]:
     Each match gets an instance-level `forward` that runs its class's forward under
     `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`, with
     `context_fn=partial(create_selective_checkpoint_contexts, policy)` for the modules the plan
-    runs selective (`checkpoint.selective`: the policy's operators' outputs are kept, the rest
-    recomputed; `ckptune.selective`): no module is renamed or
+    runs selective, each under its own policy (`checkpoint.selective`: the policy's operators'
+    outputs are kept, the rest recomputed; `ckptune.selective`): no module is renamed or
     re-parented, so `state_dict` keys, `named_modules` and optimizers built before or after
     are unaffected. Returns the wrapped names in `named_modules` order ([] for a plan that
     checkpoints nothing).
@@ -116,7 +125,7 @@ def apply(model: nn.Module, plan: PlanLike) -> List[str]:
         raise ValueError(f"model is already wrapped by ckptune.apply (modules {', '.join(wrapped)}); "
                          f"apply a plan once, to a model that has not been wrapped")
 
-    policy, selective = _selective(doc, planned)
+    selective = _selective(doc, planned)
     _, root = _find_root(model, doc, planned)
     # The root ("") is never a candidate: plans name submodules only.
     modules = [(name, m) for name, m in root.named_modules() if name]
@@ -146,7 +155,7 @@ def apply(model: nn.Module, plan: PlanLike) -> List[str]:
         m.__dict__[_INNER] = m.forward
         # A bound method (not a closure) so that copy.deepcopy rebinds it to the copy.
         if name in selective:
-            m.__dict__[_POLICY] = policy
+            m.__dict__[_POLICY] = selective[name]
             m.forward = types.MethodType(_selective_forward, m)
         else:
             m.forward = types.MethodType(_checkpointed_forward, m)

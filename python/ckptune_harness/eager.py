@@ -1,10 +1,13 @@
-"""A ckptune built-in model trained in PyTorch eager, its exact CPU peak measured with ckptune's
+"""A ckptune built-in model (or a Llama-family config.json) trained in PyTorch eager, its exact CPU peak measured with ckptune's
 own counting allocator (`ckptune_harness.meter`) loaded into this process: the PyTorch side of
 `ckptune verify --pytorch` and of the benchmark (scripts/bench/eager.py).
 
 The model is the built-in name's plain-torch reference (models/fixtures/reference.py of a
 ckptune checkout: torchvision ResNet, Hugging Face BERT, GPT-2 and Llama in eager mode, the same
-module names), its modules checkpointed with `ckptune.apply`. Per step, as ckptune's runtime
+module names), or for a Hugging Face config.json of the Llama family (the file or its folder, as
+the plan names the model) the reference Llama built from its fields with seeded random weights
+(a step's bytes do not depend on the weights' values), its modules checkpointed with
+`ckptune.apply`. Per step, as ckptune's runtime
 does it: reset the peak; per micro-batch make the batch (the shapes and dtypes of ckptune's
 `Chain::make_batch`), forward and loss (under CPU autocast for bf16), `backward()`; then the
 optimizer step and `zero_grad(set_to_none=...)` (or, for a plan that steps the optimizer in
@@ -75,9 +78,10 @@ def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warm
                          if device.type == "cpu" else
                          f"precision {cfg.precision!r} needs a GradScaler, which this run does not drive yet")
     ref = reference.load(root)
-    if model_name not in ref.NAMES:
+    if model_name not in ref.NAMES and ref.config_json(model_name) is None:
         raise ValueError(f"model {model_name!r} has no plain-torch reference (models/fixtures/reference.py "
-                         f"has {', '.join(ref.NAMES)}); the PyTorch run covers built-in models only")
+                         f"has {', '.join(ref.NAMES)}, and builds a Hugging Face config.json of "
+                         f"{', '.join(ref.CONFIG_TYPES)}); the PyTorch run covers those models only")
 
     torch.set_num_threads(threads)
     if device.type == "cpu":
@@ -104,7 +108,8 @@ def _build(ref, model_name, doc, cfg, image, seq, attention, lr, device):
     # On a GPU the model is built there (its initialization is the GPU's too): a 1B model's
     # initialization on the CPU would take longer than its steps.
     with torch.device(device):
-        model, prefix = ref.build(model_name, attention)
+        config = None if model_name in ref.NAMES else ref.config_json(model_name)
+        model, prefix = ref.build(model_name, attention) if config is None else ref.build_config(config, attention)
     backbone = model.get_submodule(prefix[:-1]) if prefix else model
     wrapped = apply(backbone, doc)  # checks the plan's names against the reference first
     model.to(device=device, dtype=cfg.param_dtype).train()
@@ -198,14 +203,20 @@ def _result(model_name, doc, cfg, ref, t, records, warmup, image, seq, autocast_
 
 
 def _selective(t, doc):
-    """`{"selective": {"policy", "modules"}}` for the wrapped modules that run selective, read from
-    the modules themselves (`ckptune.selective_policy`); {} when none does."""
+    """`{"selective": ...}` for the wrapped modules that run selective, read from the modules
+    themselves (`ckptune.selective_policy`), as the plan writes it: one `{"policy", "modules"}`
+    when they run under one policy, a list of them, one per policy, when under several; {} when
+    none does."""
     root = plan_root(t.backbone, doc)
-    ran = [(n, selective_policy(root.get_submodule(n))) for n in t.wrapped]
-    ran = [(n, p) for n, p in ran if p is not None]
-    if not ran:
+    groups = {}
+    for n in t.wrapped:
+        p = selective_policy(root.get_submodule(n))
+        if p is not None:
+            groups.setdefault(p, []).append(n)
+    runs = [{"policy": p, "modules": ms} for p, ms in groups.items()]
+    if not runs:
         return {}
-    return {"selective": {"policy": ran[0][1], "modules": [n for n, _ in ran]}}
+    return {"selective": runs[0] if len(runs) == 1 else runs}
 
 
 def cpu_plan(path, what):

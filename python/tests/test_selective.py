@@ -2,9 +2,9 @@
 plan): the `matmul` policy names the operators ckptune's runtime keeps (kernels/csrc/sac.cpp),
 keeps exactly those of a real forward; the `attention` policy keeps no tensor of the attention
 score's shape and recomputes the attention kernels; `apply` runs the plan's selective modules
-under either with gradients equal to the bit to plain training (on the references and on
-transformers' BERT, GPT-2 and Llama, eager and SDPA attention), and refuses a plan it cannot
-follow. Run from the repository root:
+under either, or each module under its own policy in a plan mixing them, with gradients equal
+to the bit to plain training (on the references and on transformers' BERT, GPT-2 and Llama,
+eager and SDPA attention), and refuses a plan it cannot follow. Run from the repository root:
 
     .venv/bin/python -m unittest python/tests/test_selective.py
 """
@@ -34,6 +34,14 @@ SAC_CPP = HERE.parents[1] / "kernels" / "csrc" / "sac.cpp"
 def selective_plan(modules, selective, policy="matmul"):
     plan = make_plan(modules)
     plan["checkpoint"]["selective"] = {"policy": policy, "modules": list(selective)}
+    return plan
+
+
+def mixed_plan(modules, by_policy):
+    """A plan running each module of `by_policy` ({policy: [modules]}) selective under that
+    policy, as a plan mixing policies writes `checkpoint.selective`: a list, one entry per policy."""
+    plan = make_plan(modules)
+    plan["checkpoint"]["selective"] = [{"policy": p, "modules": list(ms)} for p, ms in by_policy.items()]
     return plan
 
 
@@ -123,11 +131,28 @@ class ApplyTest(unittest.TestCase):
                 ckpt = copy.deepcopy(plain)
                 wrapped = ckptune.apply(ckpt.bert, selective_plan(planned, selective, policy))
                 self.assertEqual(wrapped, planned)
-                loss_a, grads_a = gradients("tiny-bert", plain)
-                loss_b, grads_b = gradients("tiny-bert", ckpt)
-                self.assertTrue(torch.equal(loss_a, loss_b))
-                for k, g in grads_a.items():
-                    self.assertTrue(torch.equal(g, grads_b[k]), f"gradient of {k} differs")
+                self.assert_same_step(plain, ckpt)
+
+    def assert_same_step(self, plain, ckpt):
+        """tiny-BERT's loss and every gradient, bitwise, from `plain` and from `ckpt`."""
+        loss_a, grads_a = gradients("tiny-bert", plain)
+        loss_b, grads_b = gradients("tiny-bert", ckpt)
+        self.assertTrue(torch.equal(loss_a, loss_b))
+        for k, g in grads_a.items():
+            self.assertTrue(torch.equal(g, grads_b[k]), f"gradient of {k} differs")
+
+    def test_each_module_runs_under_its_own_policy_bitwise(self):
+        planned = ["embeddings", "encoder.layer.0", "encoder.layer.1"]
+        for by_policy in ({"matmul": ["encoder.layer.0"], "attention": ["encoder.layer.1"]},
+                          {"attention": ["embeddings", "encoder.layer.0"], "matmul": ["encoder.layer.1"]}):
+            with self.subTest(by_policy=by_policy):
+                plain, _ = build("tiny-bert")
+                ckpt = copy.deepcopy(plain)
+                self.assertEqual(ckptune.apply(ckpt.bert, mixed_plan(planned, by_policy)), planned)
+                want = {m: p for p, ms in by_policy.items() for m in ms}
+                self.assertEqual({m: ckptune.selective_policy(ckpt.bert.get_submodule(m)) for m in planned},
+                                 {m: want.get(m) for m in planned})
+                self.assert_same_step(plain, ckpt)
 
     def test_the_recompute_skips_the_kept_operators(self):
         # `addmm` (every Linear with a bias) runs in the forward only: the backward's products
@@ -186,6 +211,25 @@ class TransformersTest(unittest.TestCase):
                                      [None, policy, None])
                     self._check_bitwise(plain, model, torch.randint(0, 100, (2, 12)))
 
+    def test_llama_with_policies_mixed_per_layer_trains_bitwise(self):
+        tf = self._transformers()
+        for attention in ("sdpa", "eager"):
+            with self.subTest(attention=attention):
+                torch.manual_seed(0)
+                cfg = tf.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                     num_attention_heads=2, num_key_value_heads=1, attn_implementation=attention,
+                                     use_cache=False)
+                plain = tf.LlamaForCausalLM(cfg).train()
+                model = copy.deepcopy(plain)
+                plan = mixed_plan(["layers.0", "layers.1", "layers.2"],
+                                  {"attention": ["layers.0"], "matmul": ["layers.2"]})
+                plan["model"] = {"prefix": "model."}
+                self.assertEqual(ckptune.apply(model, plan), ["layers.0", "layers.1", "layers.2"])
+                root = ckptune.plan_root(model, plan)
+                self.assertEqual([ckptune.selective_policy(root.get_submodule(f"layers.{i}")) for i in range(3)],
+                                 ["attention", None, "matmul"])
+                self._check_bitwise(plain, model, torch.randint(0, 100, (2, 12)))
+
     def test_bert_and_gpt2_train_selective_bitwise_with_dropout(self):
         tf = self._transformers()
         models = {
@@ -215,6 +259,13 @@ class RefusalTest(unittest.TestCase):
         _, backbone = build("tiny-bert")
         with self.assertRaisesRegex(ValueError, "policy 'attention-core' is not one"):
             ckptune.apply(backbone, selective_plan(["encoder.layer.0"], ["encoder.layer.0"], "attention-core"))
+        self.assertNotIn("forward", backbone.get_submodule("encoder.layer.0").__dict__)
+
+    def test_a_module_under_two_policies(self):
+        _, backbone = build("tiny-bert")
+        plan = mixed_plan(["encoder.layer.0"], {"matmul": ["encoder.layer.0"], "attention": ["encoder.layer.0"]})
+        with self.assertRaisesRegex(ValueError, "runs encoder.layer.0 selective under two policies"):
+            ckptune.apply(backbone, plan)
         self.assertNotIn("forward", backbone.get_submodule("encoder.layer.0").__dict__)
 
     def test_selective_module_the_plan_does_not_checkpoint(self):

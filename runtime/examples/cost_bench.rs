@@ -151,7 +151,7 @@ impl Estimated {
 
     /// One round's estimate, over that round's rates, from a fresh fake session's step.
     fn round(&mut self, case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
-        let (times, est) = times_from_fake_step(&mut fake(case)?, &self.class, rates, None)?;
+        let (times, est) = times_from_fake_step(&mut fake(case)?, &self.class, rates, &[])?;
         self.none.push(times.seconds_none.median);
         self.all.push(times.seconds_all.median);
         for (f, b) in self.nograd_forward.iter_mut().zip(&est.blocks) {

@@ -3,9 +3,10 @@
 //! plain step's bit for bit on every transformer family of the zoo, in fp32 and bf16 autocast
 //! with dropout active, with every candidate selective and with keep, selective and full
 //! checkpointing mixed; a selective block keeps more than a checkpointed one (and under `matmul`
-//! less than a plain one); and one profile (with step S) predicts every moment of every choice of
-//! keep, selective and checkpointed per block, to the byte, and its selective terms measured on
-//! the meta device equal the CPU's.
+//! less than a plain one); and one profile (with a step S per policy) predicts every moment of
+//! every choice of keep, checkpointed and selective under either policy per block, policies
+//! mixed in one step, to the byte, and its selective terms measured on the meta device equal
+//! the CPU's.
 
 mod common;
 
@@ -118,11 +119,13 @@ fn a_selective_block_keeps_more_than_checkpointed_and_matmul_less_than_plain() {
     }
 }
 
-/// Every choice of keep (0), checkpointed (1) and selective (2) for the candidate blocks.
+/// Every choice of keep (0), checkpointed (1) and selective under `SacPolicy::ALL[k - 2]` (k ≥ 2)
+/// for the candidate blocks.
 fn choices(candidate: &[bool]) -> Vec<Vec<u8>> {
     let mut out: Vec<Vec<u8>> = vec![Vec::new()];
+    let every: Vec<u8> = (0..2 + SacPolicy::ALL.len() as u8).collect();
     for &c in candidate {
-        let states: &[u8] = if c { &[0, 1, 2] } else { &[0] };
+        let states: &[u8] = if c { &every } else { &[0] };
         out = out
             .into_iter()
             .flat_map(|v| {
@@ -137,21 +140,19 @@ fn choices(candidate: &[bool]) -> Vec<Vec<u8>> {
     out
 }
 
-/// The profile's prediction of every moment, from one profile with step S, equals the
-/// instrumented step's under every choice of keep, selective and checkpointed per block, to
-/// the byte; and the step peaks at the highest moment.
+/// The profile's prediction of every moment, from one profile with a step S per policy, equals
+/// the instrumented step's under every choice of keep, checkpointed and selective under either
+/// policy per block (the policies mixed in one step), to the byte; and the step peaks at the
+/// highest moment.
 #[test]
 fn predicted_moments_equal_measured_under_every_choice() {
     let _lock = meter::exclusive();
     tch::set_num_threads(1);
-    for ((model, precision, accum), policy) in [
+    for (model, precision, accum) in [
         ("tiny-bert", Precision::Fp32, 1),
         ("tiny-llama", Precision::Bf16, 1),
         ("tiny-gpt2", Precision::Fp32, 2),
-    ]
-    .into_iter()
-    .flat_map(|m| SacPolicy::ALL.map(|p| (m, p)))
-    {
+    ] {
         tch::manual_seed(3);
         let opts = ModelOptions {
             seq: Some(SEQ),
@@ -165,31 +166,30 @@ fn predicted_moments_equal_measured_under_every_choice() {
             repeats: 1,
             quiet: true,
             retime: RetimePolicy::never(),
-            selective: Some(policy),
+            selective: SacPolicy::ALL.to_vec(),
         };
         let p = profile(&mut s, &settings).unwrap();
         let candidate: Vec<bool> = s.chain.blocks.iter().map(|b| b.candidate).collect();
+        let names: Vec<&str> = SacPolicy::ALL.iter().map(|p| p.name()).collect();
         for r in &p.regimes {
             for b in &r.blocks {
-                assert_eq!(
-                    b.selective.is_some(),
-                    b.candidate,
-                    "{model} {}: selective terms",
-                    b.name
-                );
+                let measured: Vec<&str> = b.selective.iter().map(|s| s.policy.as_str()).collect();
+                let want: &[&str] = if b.candidate { &names } else { &[] };
+                assert_eq!(measured, want, "{model} {}: selective terms", b.name);
             }
         }
         let all = choices(&candidate);
-        assert!(all.len() >= 27, "{model}: {} choices", all.len());
+        assert!(all.len() >= 64, "{model}: {} choices", all.len());
         for c in all {
             let mask: Vec<bool> = c.iter().map(|&k| k != 0).collect();
-            let sel: Vec<bool> = c.iter().map(|&k| k == 2).collect();
-            s.selective = sel.iter().map(|&on| on.then_some(policy)).collect();
+            // The profile measured the policies in `SacPolicy::ALL`'s order.
+            let sel: Vec<Option<usize>> = c.iter().map(|&k| (k >= 2).then(|| k as usize - 2)).collect();
+            s.selective = sel.iter().map(|p| p.map(|p| SacPolicy::ALL[p])).collect();
             s.step(&mask, None).unwrap();
             let mut trace = StepTrace::default();
             let peak = s.step(&mask, Some(&mut trace)).unwrap().peak_bytes;
             let seen = measured_moments(&trace, &s.chain, p.regimes.len());
-            let what = format!("{model} {precision} accum {accum} {} choice {c:?}", policy.name());
+            let what = format!("{model} {precision} accum {accum} choice {c:?}");
             assert_eq!(moments_at_selective(&p, &mask, &sel), seen, "{what}: moments");
             assert_eq!(peak_at_selective(&p, &mask, &sel).0, peak, "{what}: peak");
         }
@@ -211,7 +211,7 @@ fn selective_terms_on_the_meta_device_equal_the_cpu() {
             repeats: 1,
             quiet: true,
             retime: RetimePolicy::never(),
-            selective: Some(policy),
+            selective: vec![policy],
         };
         let opts = ModelOptions {
             seq: Some(SEQ),
@@ -228,20 +228,23 @@ fn selective_terms_on_the_meta_device_equal_the_cpu() {
         tch::manual_seed(0);
         let meta = profile(&mut Session::new_fake(build, cfg, Device::Cpu).unwrap(), &settings).unwrap();
         let bytes = |b: &ckptune_solver::profile::BlockProfile| {
-            b.selective.as_ref().map(|s| {
-                (
-                    s.kept,
-                    s.fwd_transient,
-                    s.cache,
-                    s.rec_transient,
-                    s.kept_recompute,
-                    s.bwd_transient,
-                    s.out_released,
-                )
-            })
+            b.selective
+                .iter()
+                .map(|s| {
+                    (
+                        s.kept,
+                        s.fwd_transient,
+                        s.cache,
+                        s.rec_transient,
+                        s.kept_recompute,
+                        s.bwd_transient,
+                        s.out_released,
+                    )
+                })
+                .collect::<Vec<_>>()
         };
         for (a, b) in cpu.regimes[0].blocks.iter().zip(&meta.regimes[0].blocks) {
-            assert!(a.selective.is_some() == a.candidate, "{model} {}", a.name);
+            assert!(a.selective.len() == usize::from(a.candidate), "{model} {}", a.name);
             assert_eq!(
                 bytes(a),
                 bytes(b),

@@ -280,11 +280,13 @@ pub(super) fn children<'a>(m: &str, modules: &'a [String]) -> Vec<&'a String> {
 /// `encoder.layers.encoder_layer_5`), taking the outermost ones. If two or more containers whose
 /// own names end in a number are siblings (torchvision ResNet's `layer1` … `layer4`) they are the
 /// layers, as ckptune's built-in ResNets have it; otherwise the numbered children of the container
-/// with the most of them are (BERT's `encoder.layer.N`, Llama's `model.layers.N`, ViT's
-/// `encoder.layers.encoder_layer_N` rather than its `heads.0`, MobileNet's and EfficientNet's
-/// `features.N` rather than `features` and `classifier`). Without any container the top-level
-/// modules are. Only modules each of whose calls is one contiguous run of nodes qualify.
-pub fn layers<V>(modules: &[String], runs: &HashMap<String, V>) -> Vec<String> {
+/// whose numbered children run the most nodes are (BERT's `encoder.layer.N`, Llama's
+/// `model.layers.N`, ViT's `encoder.layers.encoder_layer_N` rather than its `heads.0`,
+/// MobileNet's and EfficientNet's `features.N` rather than `features` and `classifier`, MaxViT's
+/// four `blocks.N` rather than its six-entry `classifier` head). Nodes, not children, because
+/// a head's Sequential may list more modules than the body has stages. Without any container the
+/// top-level modules are. Only modules each of whose calls is one contiguous run of nodes qualify.
+pub fn layers(modules: &[String], runs: &HashMap<String, Vec<(usize, usize)>>) -> Vec<String> {
     let numbered = |c: &str| {
         c.rsplit('.')
             .next()
@@ -305,20 +307,26 @@ pub fn layers<V>(modules: &[String], runs: &HashMap<String, V>) -> Vec<String> {
         *by_parent.entry(parent(c)).or_default() += 1;
     }
     let siblings = |c: &str| numbered(c) && by_parent.get(parent(c)).is_some_and(|&n| n >= 2);
-    let numbered_children = |c: &str| children(c, modules).into_iter().filter(|x| numbered(x)).count();
-    // Among lone containers, the one(s) with the most numbered children hold the layers (a ViT's
-    // `encoder.layers`, not its one-entry `heads` Sequential).
+    // The nodes a container's numbered children run, every call counted.
+    let coverage = |c: &str| -> usize {
+        (children(c, modules).into_iter().filter(|x| numbered(x)))
+            .flat_map(|x| runs.get(x).into_iter().flatten())
+            .map(|&(a, b)| b + 1 - a)
+            .sum()
+    };
+    // Among lone containers, the one(s) whose numbered children run the most nodes hold the
+    // layers (a ViT's `encoder.layers`, not its one-entry `heads` Sequential).
     let most = containers
         .iter()
         .filter(|c| !siblings(c))
-        .map(|c| numbered_children(c))
+        .map(|c| coverage(c))
         .max()
         .unwrap_or(0);
     let mut out: Vec<String> = Vec::new();
     for c in &containers {
         if siblings(c) {
             out.push((*c).clone());
-        } else if numbered_children(c) == most {
+        } else if coverage(c) == most {
             out.extend(children(c, modules).into_iter().filter(|x| numbered(x)).cloned());
         }
     }

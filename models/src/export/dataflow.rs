@@ -179,10 +179,7 @@ impl Flow {
             // the program's first output it makes, any other's the first value a later node
             // reads; the rest are its further outputs, in value order.
             let primary = if outputs_of.len() + 1 == units.len() {
-                loss_outputs
-                    .iter()
-                    .position(|v| outs.contains(v))
-                    .map(|p| loss_outputs[p])
+                loss_outputs.iter().copied().find(|v| outs.contains(v))
             } else {
                 outs.iter().copied().find(|&v| last_read[v].is_some_and(|l| l > u.last))
             };

@@ -101,8 +101,9 @@ struct Layout<'a> {
     m: usize,
     nv: usize,
     group_of: Vec<Option<usize>>,
-    /// Per block: its selective variable, if it has selective terms.
-    sel_var: Vec<Option<usize>>,
+    /// Per block: the variable of each policy it may run selective under (`BlockTerms::sel`'s
+    /// order); empty when it has none.
+    sel_var: Vec<Vec<usize>>,
 }
 
 impl<'a> Layout<'a> {
@@ -120,16 +121,16 @@ impl<'a> Layout<'a> {
             step,
             n,
             m,
-            nv: n + 2 * m + sel_var.iter().flatten().count(),
+            nv: n + 2 * m + sel_var.iter().map(Vec::len).sum::<usize>(),
             group_of,
             sel_var,
         }
     }
 
-    /// Adds `on − off` at block `j`'s selective variable: `off` is what the plain or
-    /// checkpointed terms already put there, `on` the selective term.
+    /// Adds `on − off` at each of block `j`'s selective variables: `off` is what the plain or
+    /// checkpointed terms already put there, `on` that policy's selective term.
     fn sel(&self, a: &mut Affine, j: usize, off: i64, on: impl Fn(&SelTerms) -> i64) {
-        if let (Some(v), Some(s)) = (self.sel_var[j], &self.blocks()[j].sel) {
+        for (&v, s) in self.sel_var[j].iter().zip(&self.blocks()[j].sel) {
             a.coef_add(v, on(s) - off);
         }
     }
@@ -300,21 +301,25 @@ fn loss_moments(l: &Layout<'_>, out: &mut Vec<Moment>) {
 /// the vjp moment is base_j + krec_j + bta_j ≥ base_j + c + 1, so the phantom is strictly
 /// below a real moment and can neither raise the peak nor tie it (so it is never reported
 /// as the binding moment) — whatever the signs of the measured terms. A block that can also
-/// run selective (`s_j`) gets a second recompute moment, its phantom the same value.
+/// run selective (`s_jp`, one per policy) gets a recompute moment per policy, its phantom the
+/// same value.
 pub(crate) fn phantom(blk: &BlockTerms) -> i64 {
-    // A block with a selective state has two phantoms (the checkpointed recompute's when it
-    // runs selective, and the selective one's when it runs checkpointed): each stays under the
-    // backward moment of every state.
+    // A block with selective states has a phantom per recompute moment (the checkpointed
+    // recompute's when it runs selective, each policy's when it runs otherwise): each stays
+    // under the backward moment of every state.
     let sel = blk
         .sel
-        .as_ref()
-        .map_or(0, |s| blk.krec.saturating_add(s.btb.min(blk.btb)));
+        .iter()
+        .map(|s| blk.krec.saturating_add(s.btb.min(blk.btb)))
+        .min()
+        .unwrap_or(0);
     blk.krec.saturating_add(blk.bta).min(sel).min(0).saturating_sub(1)
 }
 
-/// Per block: the variable of its selective state, after every block and group variable, for
-/// the candidate blocks outside groups that have selective terms.
-fn selective_vars(step: &StepTerms) -> Vec<Option<usize>> {
+/// Per block: the variables of its selective states (one per policy, in `BlockTerms::sel`'s
+/// order), after every block and group variable, for the candidate blocks outside groups that
+/// have selective terms.
+fn selective_vars(step: &StepTerms) -> Vec<Vec<usize>> {
     let base = step.blocks.len() + 2 * step.groups.len();
     let in_group = |j: usize| step.groups.iter().any(|g| (g.first..=g.last).contains(&j));
     let mut next = base;
@@ -322,10 +327,9 @@ fn selective_vars(step: &StepTerms) -> Vec<Option<usize>> {
         .iter()
         .enumerate()
         .map(|(j, b)| {
-            (b.candidate && b.sel.is_some() && !in_group(j)).then(|| {
-                next += 1;
-                next - 1
-            })
+            let count = if b.candidate && !in_group(j) { b.sel.len() } else { 0 };
+            next += count;
+            (next - count..next).collect()
         })
         .collect()
 }
@@ -363,10 +367,9 @@ fn backward_moments(l: &Layout<'_>, out: &mut Vec<Moment>) -> i64 {
         let mut rec = base.clone();
         rec.term(j, phantom(blk), blk.frec);
         out.push(rec.moment(format!("recompute {}", blk.name), l.in_blocks(j, &[(j, true)])));
-        if let Some(v) = l.sel_var[j] {
+        for (&v, s) in l.sel_var[j].iter().zip(&blk.sel) {
             let mut rec = base.clone();
-            rec.add(phantom(blk));
-            l.sel(&mut rec, j, phantom(blk), |s| s.frec);
+            rec.add(phantom(blk)).coef_add(v, s.frec - phantom(blk));
             out.push(rec.moment(format!("recompute {}", blk.name), Occurs::When(vec![(v, true)])));
         }
 
@@ -525,11 +528,18 @@ pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem
         step.blocks
             .iter()
             .zip(&sel_var)
-            .filter_map(|(b, v)| v.and(b.sel.as_ref()))
+            .flat_map(|(b, vs)| b.sel.iter().take(vs.len()))
     };
-    exclusive.extend(sel_var.iter().enumerate().filter_map(|(j, v)| v.map(|v| vec![j, v])));
+    // One state per block: kept, checkpointed or selective under one of its policies.
+    exclusive.extend(
+        sel_var
+            .iter()
+            .enumerate()
+            .filter(|(_, vs)| !vs.is_empty())
+            .map(|(j, vs)| std::iter::once(j).chain(vs.iter().copied()).collect()),
+    );
     // A module's calls share its name and so its decision: blocks, groups checkpointed, groups
-    // fused and the calls' selective variables, each class on its own.
+    // fused and the calls' selective variables (per policy), each class on its own.
     let name = |j: usize| step.blocks[j].name.as_str();
     let mut tied = ties_by_name((0..n).filter(|&j| step.blocks[j].candidate).map(|j| (j, name(j))));
     tied.extend(ties_by_name(
@@ -544,9 +554,16 @@ pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem
             .enumerate()
             .map(|(g, grp)| (n + m + g, grp.name.as_str())),
     ));
-    tied.extend(ties_by_name(
-        sel_var.iter().enumerate().filter_map(|(j, v)| v.map(|v| (v, name(j)))),
-    ));
+    let sel_names: Vec<(usize, String)> = sel_var
+        .iter()
+        .enumerate()
+        .flat_map(|(j, vs)| {
+            vs.iter()
+                .enumerate()
+                .map(move |(p, &v)| (v, format!("{}\u{0}{p}", name(j))))
+        })
+        .collect();
+    tied.extend(ties_by_name(sel_names.iter().map(|(v, k)| (*v, k.as_str()))));
     ConfigProblem {
         key: key.into(),
         moments: moments(step),
@@ -588,47 +605,55 @@ pub fn solver_order(n: usize, groups: &[(usize, usize)]) -> Vec<usize> {
     order
 }
 
-/// [`solver_order`] for `step`, each block's selective variable just after it.
+/// [`solver_order`] for `step`, each block's selective variables just after it.
 pub fn step_order(step: &StepTerms) -> Vec<usize> {
     let groups: Vec<(usize, usize)> = step.groups.iter().map(|g| (g.first, g.last)).collect();
     let sel_var = selective_vars(step);
     let mut order = Vec::new();
     for u in solver_order(step.blocks.len(), &groups) {
         order.push(u);
-        if let Some(v) = sel_var.get(u).copied().flatten() {
-            order.push(v);
-        }
+        order.extend(sel_var.get(u).into_iter().flatten());
     }
     order
 }
 
 /// The full choice ([`with_fused`], then the selective variables) for a runtime checkpoint
-/// mask `x` over blocks and groups where the checkpointed blocks `selective` names run
-/// selective (those with selective terms; the caller checks that every one has them).
-pub fn with_selective(step: &StepTerms, x: &[bool], selective: &[bool]) -> Vec<bool> {
+/// mask `x` over blocks and groups where each checkpointed block `selective` gives a policy
+/// (an index into its `BlockTerms::sel`) runs selective under it (the caller checks that the
+/// block has that policy's terms).
+pub fn with_selective(step: &StepTerms, x: &[bool], selective: &[Option<usize>]) -> Vec<bool> {
     let n = step.blocks.len();
     let groups: Vec<(usize, usize)> = step.groups.iter().map(|g| (g.first, g.last)).collect();
     let sel_var = selective_vars(step);
-    let on = |j: usize| j < n && x[j] && selective.get(j) == Some(&true) && sel_var[j].is_some();
-    let plain: Vec<bool> = x.iter().enumerate().map(|(j, &c)| c && !on(j)).collect();
+    let policy = |j: usize| {
+        selective
+            .get(j)
+            .copied()
+            .flatten()
+            .filter(|&p| j < n && x[j] && p < sel_var[j].len())
+    };
+    let plain: Vec<bool> = x.iter().enumerate().map(|(j, &c)| c && policy(j).is_none()).collect();
     let mut full = with_fused(&plain, n, &groups);
-    full.extend((0..n).filter(|&j| sel_var[j].is_some()).map(on));
+    for (j, vs) in sel_var.iter().enumerate() {
+        full.extend((0..vs.len()).map(|p| policy(j) == Some(p)));
+    }
     full
 }
 
 /// The inverse of [`with_selective`]: for a full choice (unit order, every variable of
 /// [`config_problem`]), the runtime's checkpoint mask over blocks and groups (a selective block
-/// is checkpointed) and, per block, whether it runs selective.
-pub fn split_selective(step: &StepTerms, full: &[bool]) -> (Vec<bool>, Vec<bool>) {
+/// is checkpointed) and, per block, the policy it runs selective under (an index into its
+/// `BlockTerms::sel`).
+pub fn split_selective(step: &StepTerms, full: &[bool]) -> (Vec<bool>, Vec<Option<usize>>) {
     let n = step.blocks.len();
     let units = n + step.groups.len();
     let sel_var = selective_vars(step);
-    let selective: Vec<bool> = sel_var
+    let selective: Vec<Option<usize>> = sel_var
         .iter()
-        .map(|v| v.is_some_and(|v| full.get(v) == Some(&true)))
+        .map(|vs| vs.iter().position(|&v| full.get(v) == Some(&true)))
         .collect();
     let mask = (0..units)
-        .map(|u| full.get(u) == Some(&true) || selective.get(u) == Some(&true))
+        .map(|u| full.get(u) == Some(&true) || selective.get(u).is_some_and(Option::is_some))
         .collect();
     (mask, selective)
 }

@@ -51,14 +51,18 @@ pub fn step_terms(c: &ConfigProfile, r: &RegimeProfile) -> StepTerms {
                 btb: b.kept_recompute + b.bwd_transient_ckpt - b.kept_grad,
                 g: 0,
                 recompute_seconds: t,
-                sel: b.selective.as_ref().map(|s| SelTerms {
-                    kf: s.kept + if c.config.autocast_cache { s.cache } else { 0 },
-                    kb: s.kept,
-                    fwd: s.fwd_transient,
-                    frec: s.rec_transient,
-                    btb: s.kept_recompute + s.bwd_transient - b.kept_grad,
-                    recompute_seconds: s.rec_seconds,
-                }),
+                sel: b
+                    .selective
+                    .iter()
+                    .map(|s| SelTerms {
+                        kf: s.kept + if c.config.autocast_cache { s.cache } else { 0 },
+                        kb: s.kept,
+                        fwd: s.fwd_transient,
+                        frec: s.rec_transient,
+                        btb: s.kept_recompute + s.bwd_transient - b.kept_grad,
+                        recompute_seconds: s.rec_seconds,
+                    })
+                    .collect(),
             })
             .collect(),
         groups: r
@@ -209,7 +213,8 @@ pub fn problem(key: String, c: &ConfigProfile) -> ConfigProblem {
 
 /// Solver variable `v` is unit `order[v]`: each group just before its first block, which
 /// keeps the chain DP's state small (see [`chain_model::moments`]).
-/// Each block's selective variable, where it has one, comes just after the block.
+/// Each block's selective variables (one per policy), where it has them, come just after the
+/// block.
 pub fn unit_order(c: &ConfigProfile) -> Vec<usize> {
     chain_model::step_order(&step_terms(c, &c.regimes[0]))
 }
@@ -228,8 +233,29 @@ pub fn moments_at(c: &ConfigProfile, x: &[bool]) -> Vec<(String, i64)> {
     moments_at_selective(c, x, &[])
 }
 
-/// [`moments_at`] with the checkpointed blocks `selective` names run selective.
-pub fn moments_at_selective(c: &ConfigProfile, x: &[bool], selective: &[bool]) -> Vec<(String, i64)> {
+/// A per-block choice of selective policy: `Some(p)` runs the block, when checkpointed,
+/// selective under its `p`-th measured policy (an index into `BlockProfile::selective`; see
+/// [`policy_index`]); `None` checkpoints it whole. Shorter than the chain: the rest `None`.
+pub type Policies = [Option<usize>];
+
+/// The index among block `block`'s measured selective policies of the one named `name`.
+pub fn policy_index(c: &ConfigProfile, block: usize, name: &str) -> Option<usize> {
+    c.regimes
+        .first()?
+        .blocks
+        .get(block)?
+        .selective
+        .iter()
+        .position(|s| s.policy == name)
+}
+
+/// The name of block `block`'s `p`-th measured selective policy.
+pub fn policy_name(c: &ConfigProfile, block: usize, p: usize) -> Option<&str> {
+    Some(c.regimes.first()?.blocks.get(block)?.selective.get(p)?.policy.as_str())
+}
+
+/// [`moments_at`] with the checkpointed blocks `selective` gives a policy run selective.
+pub fn moments_at_selective(c: &ConfigProfile, x: &[bool], selective: &Policies) -> Vec<(String, i64)> {
     let mut out = Vec::new();
     for r in &c.regimes {
         let n = r.blocks.len();
@@ -258,8 +284,8 @@ pub fn peak_at(c: &ConfigProfile, x: &[bool]) -> (i64, String) {
     peak_at_selective(c, x, &[])
 }
 
-/// [`peak_at`] with the checkpointed blocks `selective` names run selective.
-pub fn peak_at_selective(c: &ConfigProfile, x: &[bool], selective: &[bool]) -> (i64, String) {
+/// [`peak_at`] with the checkpointed blocks `selective` gives a policy run selective.
+pub fn peak_at_selective(c: &ConfigProfile, x: &[bool], selective: &Policies) -> (i64, String) {
     let mut best = (i64::MIN, String::new());
     for (label, v) in moments_at_selective(c, x, selective) {
         if v > best.0 {
@@ -271,9 +297,9 @@ pub fn peak_at_selective(c: &ConfigProfile, x: &[bool], selective: &[bool]) -> (
 
 /// The runtime's choice for a solver's choice `full` (unit order, every variable of
 /// [`problem`]): the checkpoint mask over blocks and groups, a selective block checkpointed, and
-/// per block whether it runs selective. [`peak_at_selective`] and [`seconds_at_selective`] take
-/// them.
-pub fn runtime_choice(c: &ConfigProfile, full: &[bool]) -> (Vec<bool>, Vec<bool>) {
+/// per block the policy it runs selective under ([`Policies`]). [`peak_at_selective`] and
+/// [`seconds_at_selective`] take them.
+pub fn runtime_choice(c: &ConfigProfile, full: &[bool]) -> (Vec<bool>, Vec<Option<usize>>) {
     chain_model::split_selective(&step_terms(c, &c.regimes[0]), full)
 }
 
@@ -283,24 +309,24 @@ pub fn seconds_at(c: &ConfigProfile, x: &[bool]) -> f64 {
     seconds_at_selective(c, x, &[])
 }
 
-/// [`seconds_at`] with the checkpointed blocks `selective` names run selective: theirs is the
-/// selective recompute's time (`SelectiveProfile::rec_seconds`), as the solver counts it.
-pub fn seconds_at_selective(c: &ConfigProfile, x: &[bool], selective: &[bool]) -> f64 {
+/// [`seconds_at`] with the checkpointed blocks `selective` gives a policy run selective: theirs
+/// is that policy's selective recompute time (`SelectiveProfile::rec_seconds`), as the solver
+/// counts it.
+pub fn seconds_at_selective(c: &ConfigProfile, x: &[bool], selective: &Policies) -> f64 {
     c.seconds_none.median + unit_seconds(c, x, selective, |u| c.recompute_seconds[u]).sum::<f64>()
 }
 
 /// Per checkpointed unit of `x`, its recompute time (`plain` of its index) or, for a block
-/// `selective` names, its selective recompute's.
+/// `selective` gives a policy, that policy's selective recompute's.
 fn unit_seconds<'a>(
     c: &'a ConfigProfile,
     x: &'a [bool],
-    selective: &'a [bool],
+    selective: &'a Policies,
     plain: impl Fn(usize) -> f64 + 'a,
 ) -> impl Iterator<Item = f64> + 'a {
     let sel = move |u: usize| {
-        (selective.get(u) == Some(&true))
-            .then(|| c.regimes.first()?.blocks.get(u)?.selective.as_ref())
-            .flatten()
+        let p = selective.get(u).copied().flatten()?;
+        c.regimes.first()?.blocks.get(u)?.selective.get(p)
     };
     x.iter()
         .enumerate()
@@ -316,9 +342,9 @@ pub fn seconds_range_at(c: &ConfigProfile, x: &[bool]) -> Option<(f64, f64)> {
     seconds_range_at_selective(c, x, &[])
 }
 
-/// [`seconds_range_at`] with the blocks `selective` names run selective (their recompute's
-/// median at both ends: a profile keeps no spread of it).
-pub fn seconds_range_at_selective(c: &ConfigProfile, x: &[bool], selective: &[bool]) -> Option<(f64, f64)> {
+/// [`seconds_range_at`] with the blocks `selective` gives a policy run selective (their
+/// recompute's median at both ends: a profile keeps no spread of it).
+pub fn seconds_range_at_selective(c: &ConfigProfile, x: &[bool], selective: &Policies) -> Option<(f64, f64)> {
     if c.recompute_spread.len() != c.recompute_seconds.len() {
         return None;
     }

@@ -153,9 +153,14 @@ pub struct BlockProfile {
     pub cache_grad: Option<i64>,
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub cache_nograd: Option<i64>,
-    /// The block run selective, where the profile measured it (`--selective`).
-    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
-    pub selective: Option<SelectiveProfile>,
+    /// The block run selective under each policy the profile measured (`--selective`), in the
+    /// order the flag named them; empty when none (written as one object for one policy, as
+    /// before the flag could name several).
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Vec::is_empty", with = "crate::formats::one_or_many")
+    )]
+    pub selective: Vec<SelectiveProfile>,
 }
 
 /// A block run selective under `policy` (its forward keeps the outputs of the operators the
@@ -164,7 +169,7 @@ pub struct BlockProfile {
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SelectiveProfile {
-    /// `matmul` (torchtitan's op policy).
+    /// `matmul` (torchtitan's op policy) or `attention` (Megatron's attention core).
     pub policy: String,
     pub kept: i64,
     pub fwd_transient: i64,
@@ -456,9 +461,13 @@ pub struct BlockEstimate {
     /// Its VJP.
     pub backward: f64,
     /// Its recompute run selective (a profile offering selective checkpointing): only the
-    /// operators its policy does not save, as [`SelectiveProfile::rec_seconds`] holds it.
-    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
-    pub selective_recompute: Option<f64>,
+    /// operators its policy does not save, as [`SelectiveProfile::rec_seconds`] holds it; one
+    /// per policy, in the order of [`BlockProfile::selective`].
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Vec::is_empty", with = "crate::formats::one_or_many")
+    )]
+    pub selective_recompute: Vec<f64>,
 }
 
 impl ConfigProfile {

@@ -10,8 +10,10 @@
 pub enum Engine {
     /// A matrix product (mm, addmm, bmm, attention's products).
     Matmul,
-    /// A convolution, forward or backward.
+    /// A convolution's forward.
     Conv,
+    /// A convolution's backward (its input's and weight's gradients).
+    ConvBackward,
     /// Nothing but its bytes (elementwise operators, reductions, copies, norms).
     Memory,
 }
@@ -44,6 +46,26 @@ pub struct Work {
     pub flops: f64,
     pub bytes: f64,
     pub size: f64,
+    /// A fused attention kernel's scores, which a device with calibrated attention rates times
+    /// beyond the FLOPs (None for every other operator).
+    pub attention: Option<AttentionWork>,
+}
+
+/// What a fused attention call does besides its products' FLOPs: each element of its score
+/// matrices is scaled, maxed, exponentiated and summed (forward; the backward also forms dP
+/// and dS), work a product's rate does not time. At head size 16 this is most of the call on
+/// the benchmark's CPU (docs/cost-model.md).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionWork {
+    /// Elements of the full score matrices: heads × query length × key length.
+    pub scores: f64,
+    /// The products' FLOPs over the full score matrices ([`Work::flops`] is halved when causal,
+    /// as a kernel that skips the masked half does).
+    pub full_flops: f64,
+    pub causal: bool,
+    /// The query length, which sets how much of the masked half a causal kernel skips.
+    pub length: f64,
+    pub backward: bool,
 }
 
 /// A rate by size: `(size, rate)` points with increasing sizes, read piecewise linearly in
@@ -101,6 +123,10 @@ pub struct DeviceRates {
     pub matmul: Vec<Curve>,
     /// FLOP/s of convolutions per dtype, by the mean dimension of their implicit product.
     pub conv: Vec<Curve>,
+    /// FLOP/s of convolutions' backwards per dtype, where measured (a CPU's calibration, whose
+    /// backward kernels run slower than its forward ones); a dtype without one takes `conv`'s.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub conv_backward: Vec<Curve>,
     /// Bytes/s of streaming elementwise work per dtype, by the bytes an operator moves.
     pub bandwidth: Vec<Curve>,
     /// Seconds every operator costs besides its work (dispatch, and on a GPU the launch).
@@ -110,6 +136,22 @@ pub struct DeviceRates {
     /// measured rate in bytes/s of the bytes it reads and writes. Empty for a GPU of the table.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
     pub ops: Vec<OpRate>,
+    /// Fused attention's cost per score and a causal call's share of an unmasked one's, where
+    /// measured (a CPU's calibration); without them attention is timed by its FLOPs alone.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub attention: Option<AttentionRates>,
+}
+
+/// A CPU's fused attention, measured ([`AttentionWork`]): a call takes its full products' FLOPs
+/// at the matrix product rate plus its scores at the seconds per score, times, when causal, the
+/// causal share at its query length.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct AttentionRates {
+    pub forward_seconds_per_score: f64,
+    pub backward_seconds_per_score: f64,
+    /// A causal call's time over the same call unmasked (forward and backward), by query length.
+    pub causal_share: Curve,
 }
 
 /// One operator's own streaming rate.
@@ -136,10 +178,29 @@ impl DeviceRates {
             .ops
             .iter()
             .find(|r| r.op == op && r.dtype == work.dtype.name() && r.bytes_per_second > 0.0);
-        match own {
-            Some(r) if work.engine == Engine::Memory => work.bytes / r.bytes_per_second,
+        match (own, work.attention, &self.attention) {
+            (Some(r), _, _) if work.engine == Engine::Memory => work.bytes / r.bytes_per_second,
+            (_, Some(a), Some(r)) => self.attention_seconds(work, &a, r),
             _ => self.work_seconds(work),
         }
+    }
+
+    /// A fused attention call over measured attention rates ([`AttentionRates`]), never less than
+    /// its bytes take.
+    fn attention_seconds(&self, work: &Work, a: &AttentionWork, r: &AttentionRates) -> f64 {
+        let per_score = if a.backward {
+            r.backward_seconds_per_score
+        } else {
+            r.forward_seconds_per_score
+        };
+        let full = a.full_flops / rate(&self.matmul, work.dtype, work.size) + a.scores * per_score;
+        let share = if a.causal {
+            r.causal_share.at(a.length).unwrap_or(1.0)
+        } else {
+            1.0
+        };
+        let memory = work.bytes / rate(&self.bandwidth, work.dtype, work.bytes);
+        (full * share).max(memory)
     }
 
     /// Seconds `work` takes without the per-operator overhead: the slower of its FLOPs on its
@@ -154,6 +215,11 @@ impl DeviceRates {
             Engine::Memory => 0.0,
             Engine::Matmul => work.flops / rate(&self.matmul, work.dtype, work.size),
             Engine::Conv => work.flops / rate(&self.conv, work.dtype, work.size),
+            Engine::ConvBackward => {
+                let own = self.conv_backward.iter().any(|c| c.dtype == work.dtype.name());
+                let curves = if own { &self.conv_backward } else { &self.conv };
+                work.flops / rate(curves, work.dtype, work.size)
+            }
         };
         compute.max(memory)
     }
@@ -332,9 +398,11 @@ impl GpuSpec {
                 flat(Dtype::Bf16, self.bf16_tflops * t * GPU_CONV_EFFICIENCY),
                 flat(Dtype::Fp16, self.fp16_tflops * t * GPU_CONV_EFFICIENCY),
             ],
+            conv_backward: Vec::new(),
             bandwidth: vec![flat(Dtype::Fp32, self.memory_gbps * 1e9 * GPU_MEMORY_EFFICIENCY)],
             overhead_seconds: GPU_OVERHEAD_SECONDS,
             ops: Vec::new(),
+            attention: None,
         }
     }
 }
@@ -373,6 +441,7 @@ mod tests {
             threads: Some(1),
             matmul: vec![Curve::flat(Dtype::Fp32, 1e9)],
             conv: vec![Curve::flat(Dtype::Fp32, 5e8)],
+            conv_backward: vec![Curve::flat(Dtype::Fp32, 2.5e8)],
             bandwidth: vec![Curve::flat(Dtype::Fp32, 1e9), Curve::flat(Dtype::Bf16, 2e9)],
             overhead_seconds: 1e-6,
             ops: vec![OpRate {
@@ -380,6 +449,7 @@ mod tests {
                 dtype: "fp32".into(),
                 bytes_per_second: 1e8,
             }],
+            attention: None,
         };
         let work = |engine, dtype, flops, bytes| Work {
             engine,
@@ -387,10 +457,16 @@ mod tests {
             flops,
             bytes,
             size: 64.0,
+            attention: None,
         };
         let t = r.seconds(&work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3));
         assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
         let t = r.seconds(&work(Engine::Conv, Dtype::Fp32, 1e6, 1e3));
+        assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
+        // A convolution's backward at its own rate where its dtype has one, else the forward's.
+        let t = r.seconds(&work(Engine::ConvBackward, Dtype::Fp32, 1e6, 1e3));
+        assert!((t - (4e-3 + 1e-6)).abs() < 1e-12, "{t}");
+        let t = r.seconds(&work(Engine::ConvBackward, Dtype::Bf16, 1e6, 1e3));
         assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
         // Memory-bound: bytes win; bf16 has its own bandwidth, fp16 falls back to fp32's.
         let t = r.seconds(&work(Engine::Matmul, Dtype::Bf16, 1e3, 4e6));
@@ -407,6 +483,42 @@ mod tests {
     }
 
     #[test]
+    fn measured_attention_adds_its_scores_and_takes_the_causal_share_at_its_length() {
+        let mut r = gpu("a100-80gb").unwrap().rates();
+        r.matmul = vec![Curve::flat(Dtype::Fp32, 1e9)];
+        r.bandwidth = vec![Curve::flat(Dtype::Fp32, 1e12)];
+        let attention = |causal, backward| Work {
+            engine: Engine::Matmul,
+            dtype: Dtype::Fp32,
+            flops: if causal { 1e6 } else { 2e6 },
+            bytes: 1e3,
+            size: 64.0,
+            attention: Some(AttentionWork {
+                scores: 1e4,
+                full_flops: 2e6,
+                causal,
+                length: 100.0,
+                backward,
+            }),
+        };
+        // Without measured attention rates (a GPU of the table): its FLOPs alone.
+        assert!((r.op_seconds("x", &attention(true, false)) - 1e-3).abs() < 1e-12);
+        r.attention = Some(AttentionRates {
+            forward_seconds_per_score: 1e-7,
+            backward_seconds_per_score: 3e-7,
+            causal_share: Curve {
+                dtype: "fp32".into(),
+                points: vec![[10.0, 1.0], [1000.0, 0.25]],
+            },
+        });
+        // 2 ms of products over the full scores, plus 1 ms (forward) or 3 ms (backward) of scores.
+        assert!((r.op_seconds("x", &attention(false, false)) - 3e-3).abs() < 1e-12);
+        assert!((r.op_seconds("x", &attention(false, true)) - 5e-3).abs() < 1e-12);
+        // Causal at length 100, halfway in log length: the share is 0.5.
+        assert!((r.op_seconds("x", &attention(true, true)) - 2.5e-3).abs() < 1e-12);
+    }
+
+    #[test]
     fn every_gpu_of_the_table_gives_complete_rates_and_tensor_cores_beat_fp32() {
         for g in GPUS {
             let r = g.rates();
@@ -418,6 +530,7 @@ mod tests {
                 flops: 1e12,
                 bytes: 0.0,
                 size: 4096.0,
+                attention: None,
             };
             assert!(
                 r.seconds(&work(Dtype::Bf16)) < r.seconds(&work(Dtype::Fp32)),

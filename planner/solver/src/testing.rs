@@ -76,7 +76,7 @@ fn synthetic_step(n: usize, seed: u64) -> StepTerms {
                     btb,
                     g,
                     recompute_seconds: t,
-                    sel: None,
+                    sel: Vec::new(),
                 },
             ));
         }

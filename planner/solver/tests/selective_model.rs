@@ -1,8 +1,9 @@
-//! The third state of a block, selective (`BlockTerms::sel`): on random chains, every moment
-//! under every choice of keep, selective and full per block equals the step walked directly
-//! with branches (docs/memory-model.md's formulas, the selective terms in place of the
+//! The selective states of a block (`BlockTerms::sel`, one per policy measured): on random
+//! chains whose blocks have zero, one or two policies, every moment under every choice of keep,
+//! full and selective under each policy per block equals the step walked directly with
+//! branches (docs/memory-model.md's formulas, the policy's selective terms in place of the
 //! checkpointed ones), and every solver engine finds the fastest choice under the budget that
-//! brute force over all 3^n choices finds, in the solver's variable order.
+//! brute force over all (up to 4^n) choices finds, in the solver's variable order.
 
 use ckptune_solver::chain_model::{self, BlockTerms, SelTerms, StepTerms};
 use ckptune_solver::problem::peak_of;
@@ -10,7 +11,7 @@ use ckptune_solver::solver::{solve_config_with, Engine, SolveOptions, SolveStatu
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// Per block: 0 keep, 1 checkpointed, 2 selective.
+/// Per block: 0 keep, 1 checkpointed, 2 + p selective under the block's policy `p`.
 type Choice = Vec<u8>;
 
 fn random_chain(rng: &mut StdRng, n: usize) -> StepTerms {
@@ -20,7 +21,6 @@ fn random_chain(rng: &mut StdRng, n: usize) -> StepTerms {
             let out = v(1, 40);
             let kg = out + v(0, 200);
             let g = v(0, 30);
-            let kept_sel = out + v(0, kg - out + 1);
             BlockTerms {
                 name: format!("b{i}"),
                 candidate: i != 0 || v(0, 2) == 0,
@@ -36,14 +36,19 @@ fn random_chain(rng: &mut StdRng, n: usize) -> StepTerms {
                 btb: g + v(-20, 100),
                 g,
                 recompute_seconds: v(5, 50) as f64 / 100.0,
-                sel: (v(0, 4) != 0).then(|| SelTerms {
-                    kf: kept_sel + v(0, 5),
-                    kb: kept_sel,
-                    fwd: v(0, 80),
-                    frec: v(0, 100),
-                    btb: g + v(-20, 100),
-                    recompute_seconds: v(1, 20) as f64 / 100.0,
-                }),
+                sel: (0..[0, 1, 1, 2, 2, 2][v(0, 6) as usize])
+                    .map(|_| {
+                        let kept_sel = out + v(0, kg - out + 1);
+                        SelTerms {
+                            kf: kept_sel + v(0, 5),
+                            kb: kept_sel,
+                            fwd: v(0, 80),
+                            frec: v(0, 100),
+                            btb: g + v(-20, 100),
+                            recompute_seconds: v(1, 20) as f64 / 100.0,
+                        }
+                    })
+                    .collect(),
             }
         })
         .collect();
@@ -63,9 +68,17 @@ fn random_chain(rng: &mut StdRng, n: usize) -> StepTerms {
 fn walked(s: &StepTerms, c: &Choice) -> (i64, f64) {
     let b = &s.blocks;
     let n = b.len();
-    let sel = |i: usize| b[i].sel.as_ref().expect("selective only where measured");
-    let kf = |i: usize| [b[i].kg, b[i].kng, if c[i] == 2 { sel(i).kf } else { 0 }][c[i] as usize];
-    let kb = |i: usize| [b[i].krec, b[i].out, if c[i] == 2 { sel(i).kb } else { 0 }][c[i] as usize];
+    let sel = |i: usize| &b[i].sel[c[i] as usize - 2];
+    let kf = |i: usize| match c[i] {
+        0 => b[i].kg,
+        1 => b[i].kng,
+        _ => sel(i).kf,
+    };
+    let kb = |i: usize| match c[i] {
+        0 => b[i].krec,
+        1 => b[i].out,
+        _ => sel(i).kb,
+    };
     let mut peaks = Vec::new();
     for j in 0..n {
         let own = match c[j] {
@@ -101,10 +114,9 @@ fn walked(s: &StepTerms, c: &Choice) -> (i64, f64) {
 fn choices(s: &StepTerms) -> Vec<Choice> {
     let mut out: Vec<Choice> = vec![Vec::new()];
     for b in &s.blocks {
-        let states: Vec<u8> = match (b.candidate, b.sel.is_some()) {
-            (false, _) => vec![0],
-            (true, false) => vec![0, 1],
-            (true, true) => vec![0, 1, 2],
+        let states: Vec<u8> = match b.candidate {
+            false => vec![0],
+            true => (0..2 + b.sel.len() as u8).collect(),
         };
         out = out
             .into_iter()
@@ -123,8 +135,14 @@ fn choices(s: &StepTerms) -> Vec<Choice> {
 /// The model's full choice for `c`.
 fn full(s: &StepTerms, c: &Choice) -> Vec<bool> {
     let x: Vec<bool> = c.iter().map(|&k| k != 0).collect();
-    let sel: Vec<bool> = c.iter().map(|&k| k == 2).collect();
-    chain_model::with_selective(s, &x, &sel)
+    let full = chain_model::with_selective(s, &x, &policies(c));
+    assert_eq!(chain_model::split_selective(s, &full), (x, policies(c)), "{c:?}");
+    full
+}
+
+/// Per block, the policy `c` runs it selective under.
+fn policies(c: &Choice) -> Vec<Option<usize>> {
+    c.iter().map(|&k| (k >= 2).then(|| k as usize - 2)).collect()
 }
 
 #[test]
@@ -159,7 +177,7 @@ fn moments_equal_the_walked_step_under_every_choice() {
 #[test]
 fn every_engine_finds_the_fastest_choice_brute_force_finds() {
     let mut rng = StdRng::seed_from_u64(0xc401ce);
-    let (mut feasible, mut chose_selective) = (0, 0);
+    let (mut feasible, mut chose_selective, mut mixed) = (0, 0, 0);
     for case in 0..150 {
         let n = rng.random_range(2..7);
         let s = random_chain(&mut rng, n);
@@ -200,13 +218,16 @@ fn every_engine_finds_the_fastest_choice_brute_force_finds() {
                     if engine == Engine::Dp {
                         feasible += 1;
                         chose_selective += usize::from(x[s.blocks.len()..].contains(&true));
+                        let (_, used) = chain_model::split_selective(&s, &x);
+                        mixed += usize::from(used.contains(&Some(0)) && used.contains(&Some(1)));
                     }
                 }
             }
         }
     }
+    // The fastest choice mixes both policies in one plan in some cases: the trade per layer.
     assert!(
-        feasible > 50 && chose_selective > 10,
-        "{feasible} feasible, {chose_selective} selective"
+        feasible > 50 && chose_selective > 10 && mixed > 3,
+        "{feasible} feasible, {chose_selective} selective, {mixed} mixing policies"
     );
 }

@@ -98,7 +98,7 @@ fn random_chain(rng: &mut StdRng, n: usize, scale: f64) -> StepTerms {
                 btb: g + v(0.0, 100.0),
                 g,
                 recompute_seconds: 0.0,
-                sel: None,
+                sel: Vec::new(),
             }
         })
         .collect();

@@ -182,18 +182,8 @@ pub struct ProfileArgs {
     /// GPU with the cost model instead of timing them on this CPU; `cpu` (default) for this one.
     #[arg(long)]
     pub target: Option<String>,
-    /// Also offer each candidate layer selective activation checkpointing under this policy, a
-    /// third choice beside keeping it and checkpointing it whole: `matmul` (torchtitan's `op`
-    /// policy) keeps the outputs of matrix products and attention kernels and recomputes the
-    /// cheap operators between them; `attention` (Megatron's selective recompute) recomputes the
-    /// attention core (the operators on `[..., s, s]` scores and the attention kernels) and the
-    /// pointwise operators, and keeps the rest. One policy per plan. The profile measures one more step with every candidate
-    /// selective; the plan names the selective modules (`checkpoint.selective`) and
-    /// `ckptune.apply` runs them under `torch.utils.checkpoint` with
-    /// `context_fn=partial(create_selective_checkpoint_contexts, policy)`. Not with
-    /// `--granularity nested` or `--shard`.
-    #[arg(long, value_name = "POLICY")]
-    pub selective: Option<String>,
+    #[command(flatten)]
+    pub selective: SelectiveArgs,
 }
 
 #[derive(Debug, Args)]
@@ -226,18 +216,8 @@ pub struct PlanArgs {
     /// Plan from this profile instead of measuring.
     #[arg(long)]
     pub profile: Option<PathBuf>,
-    /// Also offer each candidate layer selective activation checkpointing under this policy, a
-    /// third choice beside keeping it and checkpointing it whole: `matmul` (torchtitan's `op`
-    /// policy) keeps the outputs of matrix products and attention kernels and recomputes the
-    /// cheap operators between them; `attention` (Megatron's selective recompute) recomputes the
-    /// attention core (the operators on `[..., s, s]` scores and the attention kernels) and the
-    /// pointwise operators, and keeps the rest. One policy per plan. The profile measures one more step with every candidate
-    /// selective; the plan names the selective modules (`checkpoint.selective`) and
-    /// `ckptune.apply` runs them under `torch.utils.checkpoint` with
-    /// `context_fn=partial(create_selective_checkpoint_contexts, policy)`. Not with
-    /// `--granularity nested` or `--shard`.
-    #[arg(long, value_name = "POLICY")]
-    pub selective: Option<String>,
+    #[command(flatten)]
+    pub selective: SelectiveArgs,
 
     /// Write the plan JSON here (nothing is written if no plan fits).
     #[arg(long, short)]
@@ -433,4 +413,28 @@ pub enum EmitKind {
     Lightning,
     /// torchtitan: its `activation_checkpoint` config (Llama-family plans only).
     Torchtitan,
+}
+
+/// `--selective`, which `profile` and `plan` share.
+#[derive(Debug, Args)]
+pub struct SelectiveArgs {
+    /// Also offer each candidate layer selective activation checkpointing under these policies,
+    /// comma-separated, choices beside keeping it and checkpointing it whole that the planner
+    /// makes per layer: `matmul` (torchtitan's `op` policy) keeps the outputs of matrix products
+    /// and attention kernels and recomputes the cheap operators between them; `attention`
+    /// (Megatron's selective recompute) recomputes the attention core (the operators on
+    /// `[..., s, s]` scores and the attention kernels) and the pointwise operators, and keeps
+    /// the rest. `--selective` alone offers both. The profile measures one more step per policy
+    /// with every candidate selective; the plan names the selective modules under each policy
+    /// (`checkpoint.selective`) and `ckptune.apply` runs each under `torch.utils.checkpoint`
+    /// with `context_fn=partial(create_selective_checkpoint_contexts, policy)`. Not with
+    /// `--granularity nested` or `--shard`.
+    #[arg(
+        long,
+        value_name = "POLICIES",
+        value_delimiter = ',',
+        num_args = 0..=1,
+        default_missing_value = "matmul,attention"
+    )]
+    pub selective: Vec<String>,
 }

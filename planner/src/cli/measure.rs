@@ -43,7 +43,7 @@ impl How {
             How::Estimated => format!(
                 "|measure=meta+estimated:{}{}",
                 rates_device(setup),
-                if setup.selective.is_some() { "+selective" } else { "" }
+                if setup.selective.is_empty() { "" } else { "+selective" }
             ),
         }
     }
@@ -114,18 +114,18 @@ fn measure(setup: &Setup, rank: Option<Rank<'_>>) -> Result<ProfileJson> {
         _ => decide(setup)?,
     };
     unlearned.resize(setup.configs.len(), None);
-    if let (How::Estimated, Some(policy)) = (how, setup.selective) {
-        if !policy.saves_by_name() {
-            return Err(UsageError(format!(
-                "--selective {}: the cost model cannot estimate this policy's recompute (which calls it \
-                 keeps depends on each call's shapes, not its operator), and this profile's times are \
-                 estimated ({}); use --selective matmul, or plan a step that fits here without \
-                 --target cuda:NAME or --measure estimate",
-                policy.name(),
-                how.describe(setup)
-            ))
-            .into());
-        }
+    let unestimated = setup.selective.iter().find(|p| !p.saves_by_name());
+    if let (How::Estimated, Some(policy)) = (how, unestimated) {
+        return Err(UsageError(format!(
+            "--selective {}: the cost model cannot estimate the {} policy's recompute (which calls it \
+             keeps depends on each call's shapes, not its operator), and this profile's times are \
+             estimated ({}); use --selective matmul, or plan a step that fits here without \
+             --target cuda:NAME or --measure estimate",
+            setup.selective_names(),
+            policy.name(),
+            how.describe(setup)
+        ))
+        .into());
     }
     let (model, configs) = match rank {
         Some(rank) if how == How::MetaTimed && setup.measure == Measure::Auto => {
@@ -428,7 +428,7 @@ fn real_profile(setup: &Setup, cfg: &TrainConfig) -> Result<(ModelJson, ConfigPr
         &ProfileSettings {
             repeats: setup.repeats,
             quiet: setup.quiet,
-            selective: setup.selective,
+            selective: setup.selective.clone(),
             ..Default::default()
         },
     )
@@ -448,7 +448,7 @@ fn estimated_profile(
     let mut p = given_or_meta(setup, cfg, unlearned)?;
     let mut session = setup.fake_session(cfg)?;
     let mj = model_json(&session.chain);
-    let (times, estimate) = times_from_fake_step(&mut session, &p.recompute_class, rates, setup.selective)
+    let (times, estimate) = times_from_fake_step(&mut session, &p.recompute_class, rates, &setup.selective)
         .with_context(|| format!("estimating the times of {} under {}", setup.model, cfg.label()))?;
     times.apply(&mut p);
     p.estimated = Some(estimate);
@@ -473,7 +473,7 @@ fn meta_profile(setup: &Setup, cfg: &TrainConfig) -> Result<(ModelJson, ConfigPr
             repeats: 1,
             quiet: true,
             retime: RetimePolicy::never(),
-            selective: setup.selective,
+            selective: setup.selective.clone(),
         },
     )
     .with_context(|| format!("measuring {} under {} on the meta device", setup.model, cfg.label()))?;

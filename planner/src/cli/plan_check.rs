@@ -65,33 +65,37 @@ pub fn check_plan(plan: &PlanJson) -> Result<(), UsageError> {
     check_selective(plan)
 }
 
-/// The plan's selective modules (`checkpoint.selective`) are among its checkpointed modules, and
-/// its profile measured each of them selective under the plan's policy (what its prediction
-/// rests on).
+/// The plan's selective modules (`checkpoint.selective`) are among its checkpointed modules,
+/// each under one policy, and its profile measured each of them selective under its policy
+/// (what its prediction rests on).
 fn check_selective(plan: &PlanJson) -> Result<(), UsageError> {
-    let Some(sel) = &plan.checkpoint.selective else {
-        return Ok(());
-    };
     let damaged = |what: String| {
         UsageError(format!(
             "the plan {what}; the plan was edited or is damaged: re-plan with this ckptune"
         ))
     };
-    if let Some(m) = sel.modules.iter().find(|m| !plan.checkpoint.modules.contains(m)) {
-        return Err(damaged(format!("runs {m} selective but does not checkpoint it")));
-    }
-    let measured = |m: &String| {
-        plan.profile.regimes.first().is_some_and(|r| {
-            r.blocks
-                .iter()
-                .any(|b| &b.name == m && b.selective.as_ref().is_some_and(|s| s.policy == sel.policy))
-        })
-    };
-    if let Some(m) = sel.modules.iter().find(|m| !measured(m)) {
-        return Err(damaged(format!(
-            "runs {m} selective under policy {:?}, which its profile did not measure",
-            sel.policy
-        )));
+    let mut seen: Vec<&String> = Vec::new();
+    for sel in &plan.checkpoint.selective {
+        if let Some(m) = sel.modules.iter().find(|m| !plan.checkpoint.modules.contains(m)) {
+            return Err(damaged(format!("runs {m} selective but does not checkpoint it")));
+        }
+        if let Some(m) = sel.modules.iter().find(|m| seen.contains(m)) {
+            return Err(damaged(format!("runs {m} selective under two policies")));
+        }
+        seen.extend(&sel.modules);
+        let measured = |m: &String| {
+            plan.profile.regimes.first().is_some_and(|r| {
+                r.blocks
+                    .iter()
+                    .any(|b| &b.name == m && b.selective.iter().any(|s| s.policy == sel.policy))
+            })
+        };
+        if let Some(m) = sel.modules.iter().find(|m| !measured(m)) {
+            return Err(damaged(format!(
+                "runs {m} selective under policy {:?}, which its profile did not measure",
+                sel.policy
+            )));
+        }
     }
     Ok(())
 }

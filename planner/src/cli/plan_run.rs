@@ -10,7 +10,7 @@ use ckptune_runtime::progress::progress_bar;
 use ckptune_runtime::{Session, StepTrace, TrainConfig};
 use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, MeasuredRun, MismatchJson, PlanJson, PredictedRun, SelectiveJson, VerifyJson};
-use ckptune_solver::model::moments_at_selective;
+use ckptune_solver::model::{moments_at_selective, policy_index};
 use ckptune_solver::profile::ConfigSpec;
 
 use crate::cli::args::{Measure, ModelArgs};
@@ -57,11 +57,13 @@ pub fn setup_for_plan(plan: &PlanJson, quiet: bool) -> Result<(Setup, TrainConfi
 }
 
 /// The checkpoint mask of `plan` on `s`'s chain, with `s` set to run the plan's selective
-/// modules selective under its policy (`checkpoint.selective`); the blocks run selective.
-pub fn apply_plan(plan: &PlanJson, s: &mut Session) -> Result<(Vec<bool>, Vec<bool>)> {
+/// modules selective under each one's policy (`checkpoint.selective`); per block, the index of
+/// its policy among those its profile measured ([`ckptune_solver::model::Policies`]).
+pub fn apply_plan(plan: &PlanJson, s: &mut Session) -> Result<(Vec<bool>, Vec<Option<usize>>)> {
     let mask = s.select(&plan.checkpoint.regex)?;
     s.selective = vec![None; s.chain.blocks.len()];
-    if let Some(sel) = &plan.checkpoint.selective {
+    let mut policies = vec![None; s.chain.blocks.len()];
+    for sel in &plan.checkpoint.selective {
         let policy = SacPolicy::from_name(&sel.policy).ok_or_else(|| {
             UsageError(format!(
                 "the plan runs modules selective under policy {:?}, which this ckptune does not know \
@@ -78,10 +80,11 @@ pub fn apply_plan(plan: &PlanJson, s: &mut Session) -> Result<(Vec<bool>, Vec<bo
                 ))
             })?;
             s.selective[i] = Some(policy);
+            // `plan_check` made sure the profile measured it.
+            policies[i] = policy_index(&plan.profile, i, &sel.policy);
         }
     }
-    let selective = s.selective.iter().map(Option::is_some).collect();
-    Ok((mask, selective))
+    Ok((mask, policies))
 }
 
 /// Runs `plan` for real: one warm-up step, `steps` timed steps, and one instrumented step whose
@@ -180,12 +183,14 @@ pub fn verify_plan(plan: &PlanJson, steps: usize, quiet: bool) -> Result<VerifyJ
     })
 }
 
-/// ` (h.0, h.1 selective under matmul)` after a checkpoint regex, for a run with selective
+/// `h.0, h.1 selective under matmul; h.2 selective under attention` for a run with selective
 /// modules; empty otherwise.
-pub fn selective_text(sel: Option<&SelectiveJson>) -> String {
-    sel.map_or(String::new(), |s| {
-        format!(" ({} selective under {})", s.modules.join(", "), s.policy)
-    })
+pub fn selective_text(sel: &[SelectiveJson]) -> String {
+    let parts: Vec<String> = sel
+        .iter()
+        .map(|s| format!("{} selective under {}", s.modules.join(", "), s.policy))
+        .collect();
+    parts.join("; ")
 }
 
 /// `fp32 / adamw / micro-batch 2 × 1`, with the loss's chunks and the step in backward when the
@@ -211,12 +216,15 @@ pub fn config_text(c: &ConfigSpec) -> String {
 
 /// `verify MODEL (CONFIG), checkpoint REGEX`: the first line of every verification's report.
 pub fn print_verify_heading(r: &VerifyJson) {
+    let selective = match selective_text(&r.selective) {
+        t if t.is_empty() => t,
+        t => format!(" ({t})"),
+    };
     outln!(
-        "verify {} ({}), checkpoint {}{}",
+        "verify {} ({}), checkpoint {}{selective}",
         r.model,
         config_text(&r.config),
-        r.regex,
-        selective_text(r.selective.as_ref())
+        r.regex
     );
 }
 

@@ -45,9 +45,9 @@ pub struct Setup {
     pub device_note: Option<String>,
     /// Configs the flags asked for that cannot run and were left out, and why.
     pub config_note: Option<String>,
-    /// `--selective POLICY` (`plan`, `profile`): each candidate layer may also run selective
-    /// under this policy, measured by the profile's step S.
-    pub selective: Option<SacPolicy>,
+    /// `--selective POLICIES` (`plan`, `profile`): each candidate layer may also run selective
+    /// under any of these policies, each measured by a step S of the profile. Empty: none.
+    pub selective: Vec<SacPolicy>,
 }
 
 fn usage(msg: String) -> anyhow::Error {
@@ -137,7 +137,7 @@ impl Setup {
             traced_for: None,
             device_note: resolved.note,
             config_note,
-            selective: None,
+            selective: Vec::new(),
         })
     }
 
@@ -316,22 +316,36 @@ impl Setup {
             )
         } else {
             String::new()
-        } + &self
-            .selective
-            // A profile with step S holds terms one without it lacks (and the converse is a
+        } + &if self.selective.is_empty() {
+            String::new()
+        } else {
+            // A profile with steps S holds terms one without them lacks (and the converse is a
             // profile that cannot plan selective).
-            .map_or(String::new(), |p| format!("|selective={}", p.name()))
+            format!("|selective={}", self.selective_names())
+        }
     }
 
-    /// `--selective POLICY`, checked against the policies the runtime knows; a selective
-    /// candidate runs as one block, so nested candidates are refused.
-    pub fn set_selective(&mut self, name: Option<&str>, granularity: &str) -> Result<()> {
-        let Some(name) = name else {
+    /// The selective policies offered, comma-separated as `--selective` takes them.
+    pub fn selective_names(&self) -> String {
+        self.selective.iter().map(|p| p.name()).collect::<Vec<_>>().join(",")
+    }
+
+    /// `--selective POLICIES`, each checked against the policies the runtime knows, none twice;
+    /// a selective candidate runs as one block, so nested candidates are refused.
+    pub fn set_selective(&mut self, names: &[String], granularity: &str) -> Result<()> {
+        if names.is_empty() {
             return Ok(());
-        };
+        }
         let known = || SacPolicy::ALL.map(SacPolicy::name).join(", ");
-        let policy = SacPolicy::from_name(name)
-            .ok_or_else(|| usage(format!("--selective {name:?}: expected a policy, one of {}", known())))?;
+        let mut policies = Vec::new();
+        for name in names {
+            let policy = SacPolicy::from_name(name)
+                .ok_or_else(|| usage(format!("--selective {name:?}: expected policies, any of {}", known())))?;
+            if policies.contains(&policy) {
+                return Err(usage(format!("--selective names {name} twice; name each policy once")));
+            }
+            policies.push(policy);
+        }
         if granularity == "nested" {
             return Err(usage(
                 "--selective with --granularity nested: a candidate runs selective as one block, and \
@@ -339,7 +353,7 @@ impl Setup {
                     .into(),
             ));
         }
-        self.selective = Some(policy);
+        self.selective = policies;
         Ok(())
     }
 }

@@ -158,8 +158,12 @@ pub fn selective_made_cheap(dir: &Path, name: &str, profile: &Value, layers: &st
         for r in d["configs"][0]["regimes"].as_array_mut().unwrap() {
             for b in r["blocks"].as_array_mut().unwrap() {
                 let layer = b["name"].as_str().is_some_and(|n| n.contains(layers));
-                if let Some(s) = b.get_mut("selective").filter(|s| !s.is_null()) {
-                    s["rec_seconds"] = (if layer { 1e-9 } else { 1.0 }).into();
+                // One policy's terms are an object, several policies' an array.
+                let one = |s: &mut Value| s["rec_seconds"] = (if layer { 1e-9 } else { 1.0 }).into();
+                match b.get_mut("selective") {
+                    Some(Value::Array(all)) => all.iter_mut().for_each(one),
+                    Some(s) if !s.is_null() => one(s),
+                    _ => {}
                 }
             }
         }

@@ -1,7 +1,9 @@
 //! The CPU's rates, measured: matrix products per dtype over sizes, convolutions over small and
 //! ResNet-50 shapes, elementwise streaming per dtype over sizes, the kernels that run slower
-//! than their bytes at an add's rate ([`PROBES`], forward and backward), and the time per call
-//! of a tiny training step (the dispatcher's and autograd's overhead, paid by every call). Each
+//! than their bytes at an add's rate ([`PROBES`], forward and backward), fused attention's cost
+//! per score beyond its FLOPs and a causal call's share ([`ATTENTION_SHAPE`], [`CAUSAL_LENGTHS`]),
+//! and the time per call of a tiny training step (the dispatcher's and autograd's overhead, paid
+//! by every call). Each
 //! point is the median of a few batches of calls writing into fresh memory as a step does
 //! ([`KEEP`]), its work rate the work over the time less the calls' overhead, so that work plus
 //! overhead gives the call back.
@@ -10,7 +12,7 @@
 use std::time::Instant;
 
 use ckptune_kernels::{autograd, optrace};
-use ckptune_solver::rates::{Curve, DeviceRates, Dtype, OpRate};
+use ckptune_solver::rates::{AttentionRates, Curve, DeviceRates, Dtype, OpRate, Work};
 use tch::{Device, Kind, Tensor};
 
 use super::work;
@@ -18,8 +20,9 @@ use crate::error::{torch, Result};
 
 /// Bumped whenever what is measured changes: cached calibrations of another version are
 /// measured again. Version 4 records the machine's other load while it ran (a version 3
-/// cache may hold a busy machine's rates).
-pub const CALIBRATION_VERSION: u32 = 4;
+/// cache may hold a busy machine's rates); version 5 measures fused attention's cost per score
+/// and its causal share, and convolutions' backward.
+pub const CALIBRATION_VERSION: u32 = 5;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured).
@@ -50,6 +53,14 @@ const CONVS: [(i64, i64, i64, i64, i64); 9] = [
     (8, 128, 128, 28, 3),
     (8, 64, 64, 56, 3),
 ];
+/// Fused attention `[batch, heads, length, head size]`: BERT-base's heads and head size at
+/// sequence 128, unmasked, for the cost per score beyond the products' FLOPs.
+const ATTENTION_SHAPE: [i64; 4] = [2, 12, 128, 64];
+/// Query lengths at which a causal attention call is timed against the unmasked one (head size
+/// 64, about a million scores each): how much of the masked half the CPU's kernel skips. On the
+/// benchmark's CPU, nothing up to 512 (its blocks span the whole key range), a quarter at 1024.
+const CAUSAL_LENGTHS: [i64; 3] = [128, 512, 2048];
+
 /// Elements of an elementwise add's operands.
 const STREAM_ELEMENTS: [i64; 7] = [64, 1024, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
 
@@ -126,26 +137,36 @@ impl Run {
         })
     }
 
-    fn conv(&self, dtype: Dtype) -> Result<Curve> {
+    /// Convolutions' forward FLOP/s over [`CONVS`] (under no-grad), or with `backward` their
+    /// backward's: both gradients through autograd, timed as forward and backward less the
+    /// forward, at twice the forward's FLOPs.
+    fn conv(&self, dtype: Dtype, backward: bool) -> Result<Curve> {
         let mut points = Vec::new();
         for (batch, cin, cout, side, kernel) in CONVS {
             if self.over() {
                 break;
             }
             let x = randn(&[batch, cin, side, side], dtype)?;
-            let w = randn(&[cout, cin, kernel, kernel], dtype)?;
+            let w = randn(&[cout, cin, kernel, kernel], dtype)?.set_requires_grad(backward);
             let pad = kernel / 2;
-            let t = time_call(|| {
+            let conv = |x: &Tensor| {
                 x.f_conv2d(&w, None::<&Tensor>, [1, 1], [pad, pad], [1, 1], 1)
                     .map_err(torch("calibration: conv2d"))
-            })?;
+            };
+            let t = if backward {
+                let [(t_f, _), (t_fb, _)] = forward_backward(&x, &conv)?;
+                (t_fb - t_f).max(0.0)
+            } else {
+                time_call(|| conv(&x))?
+            };
             // The implicit product: batch·side² rows, cin·kernel² deep, cout columns.
             let (m, k, n) = (
                 (batch * side * side) as f64,
                 (cin * kernel * kernel) as f64,
                 cout as f64,
             );
-            points.push([(m * k * n).cbrt(), self.rate(2.0 * m * k * n, t)]);
+            let flops = if backward { 4.0 } else { 2.0 } * m * k * n;
+            points.push([(m * k * n).cbrt(), self.rate(flops, t)]);
         }
         points.sort_by(|a, b| a[0].total_cmp(&b[0]));
         // Shapes of one size: the slower.
@@ -308,47 +329,113 @@ impl Run {
         Ok(())
     }
 
-    /// The rates of a probe's operators: each one's bytes over the time of the calls it ran in
-    /// (forward; forward and backward less forward), less the overhead and the other
-    /// operators' work at `generic` rates.
+    /// The rates of a probe's operators: each one's bytes over its own seconds ([`Run::isolate`]).
     fn probe(&self, p: &Probe, generic: &DeviceRates, out: &mut Vec<OpRate>) -> Result<()> {
-        let x0 = randn(p.shape, Dtype::Fp32)?;
-        // A fresh leaf per call: its gradient is taken, never accumulated into the last one.
-        let leaf = || x0.detach().set_requires_grad(true);
-        let g = (p.forward)(&leaf())?
-            .f_ones_like()
-            .map_err(torch("calibration: ones_like"))?;
-        let mut fwd = || (p.forward)(&leaf());
-        let mut both = || -> Result<Tensor> {
-            let x = leaf();
-            autograd::backward((p.forward)(&x)?, g.shallow_clone())?;
-            Ok(x.grad())
-        };
-        let (f, b) = (traced(&mut fwd)?, traced(&mut both)?);
-        let (t_f, t_fb) = (time_call(&mut fwd)?, time_call(&mut both)?);
-        let in_forward = |name: &str| f.counted.iter().any(|(n, _)| n == name);
+        let measured = forward_backward(&randn(p.shape, Dtype::Fp32)?, &p.forward)?;
         for &op in p.ops {
-            let (ops, t, calls, skip_forward) = if in_forward(op) {
-                (&f.counted, t_f, f.calls, false)
-            } else {
-                (&b.counted, t_fb - t_f, b.calls.saturating_sub(f.calls), true)
-            };
-            let mine: f64 = ops.iter().filter(|(n, _)| n == op).map(|(_, c)| c.work.bytes).sum();
-            let others: f64 = ops
-                .iter()
-                .filter(|(n, _)| n != op && !(skip_forward && in_forward(n)))
-                .map(|(_, c)| generic.work_seconds(&c.work))
-                .sum();
-            if mine > 0.0 {
-                let own = (t - self.overhead * calls as f64 - others).max(0.2 * t);
+            let (mine, own) = self.isolate(&measured, op, generic);
+            let bytes: f64 = mine.iter().map(|w| w.bytes).sum();
+            if bytes > 0.0 {
                 out.push(OpRate {
                     op: op.into(),
                     dtype: Dtype::Fp32.name().into(),
-                    bytes_per_second: mine / own,
+                    bytes_per_second: bytes / own,
                 });
             }
         }
         Ok(())
+    }
+
+    /// Operator `op`'s work in a [`forward_backward`] measurement, and its own seconds: those of
+    /// the pass it ran in (the forward; else the backward, both less the forward) less that
+    /// pass's calls' overhead and its other operators' work at `generic` rates (never less than
+    /// a fifth of the pass: tiny passes are mostly overhead).
+    fn isolate(&self, measured: &[(f64, Traced); 2], op: &str, generic: &DeviceRates) -> (Vec<Work>, f64) {
+        let [(t_f, f), (t_fb, b)] = measured;
+        let in_forward = |name: &str| f.counted.iter().any(|(n, _)| n == name);
+        let (ops, t, calls, skip_forward) = if in_forward(op) {
+            (&f.counted, *t_f, f.calls, false)
+        } else {
+            (&b.counted, t_fb - t_f, b.calls.saturating_sub(f.calls), true)
+        };
+        let mine = ops.iter().filter(|(n, _)| n == op).map(|(_, c)| c.work).collect();
+        let others: f64 = ops
+            .iter()
+            .filter(|(n, _)| n != op && !(skip_forward && in_forward(n)))
+            .map(|(_, c)| generic.work_seconds(&c.work))
+            .sum();
+        (mine, (t - self.overhead * calls as f64 - others).max(0.2 * t))
+    }
+}
+
+/// The operator fused attention runs on the CPU, forward and backward.
+const ATTENTION_OPS: [&str; 2] = [
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+];
+
+fn attention_call(x: &Tensor, causal: bool) -> Result<Tensor> {
+    Tensor::f_scaled_dot_product_attention(x, x, x, None::<&Tensor>, 0.0, causal, None::<f64>, false)
+        .map_err(torch("calibration: scaled_dot_product_attention"))
+}
+
+/// Seconds per call of a forward over a fresh leaf of `x0`'s values, and of that forward and
+/// its backward, in grad mode; with the forward's and both's traces.
+fn forward_backward(x0: &Tensor, forward: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<[(f64, Traced); 2]> {
+    // A fresh leaf per call: its gradient is taken, never accumulated into the last one.
+    let leaf = || x0.detach().set_requires_grad(true);
+    let g = forward(&leaf())?
+        .f_ones_like()
+        .map_err(torch("calibration: ones_like"))?;
+    let mut fwd = || forward(&leaf());
+    let mut both = || -> Result<Tensor> {
+        let x = leaf();
+        autograd::backward(forward(&x)?, g.shallow_clone())?;
+        Ok(x.grad())
+    };
+    let (f, b) = (traced(&mut fwd)?, traced(&mut both)?);
+    Ok([(time_call(&mut fwd)?, f), (time_call(&mut both)?, b)])
+}
+
+impl Run {
+    /// Fused attention's seconds per score beyond its products' FLOPs at `generic`'s matrix
+    /// product rate (forward; backward from forward and backward less forward), and a causal
+    /// call's share of an unmasked one's by query length.
+    fn attention(&self, generic: &DeviceRates) -> Result<Option<AttentionRates>> {
+        let measured = forward_backward(&randn(&ATTENTION_SHAPE, Dtype::Fp32)?, &|x| attention_call(x, false))?;
+        let mut per_score = [0.0; 2];
+        for (k, op) in ATTENTION_OPS.iter().enumerate() {
+            let (mine, own) = self.isolate(&measured, op, generic);
+            let Some(w) = mine.first().filter(|w| w.attention.is_some()) else {
+                return Ok(None);
+            };
+            let a = w.attention.expect("filtered");
+            let products = generic.work_seconds(&Work {
+                flops: a.full_flops,
+                bytes: 0.0,
+                attention: None,
+                ..*w
+            });
+            per_score[k] = (own - products).max(0.0) / a.scores;
+        }
+        let mut share = Vec::new();
+        for l in CAUSAL_LENGTHS {
+            if self.over() {
+                break;
+            }
+            let x = randn(&[1, ((1 << 20) / (l * l)).max(1), l, 64], Dtype::Fp32)?;
+            let [_, (full, _)] = forward_backward(&x, &|x| attention_call(x, false))?;
+            let [_, (causal, _)] = forward_backward(&x, &|x| attention_call(x, true))?;
+            share.push([l as f64, (causal / full).min(1.0)]);
+        }
+        Ok(Some(AttentionRates {
+            forward_seconds_per_score: per_score[0],
+            backward_seconds_per_score: per_score[1],
+            causal_share: Curve {
+                dtype: Dtype::Fp32.name().into(),
+                points: share,
+            },
+        }))
     }
 }
 
@@ -380,9 +467,11 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
         threads: Some(threads),
         matmul: vec![Curve::flat(Dtype::Fp32, 1e11)],
         conv: vec![Curve::flat(Dtype::Fp32, 1e11)],
+        conv_backward: Vec::new(),
         bandwidth: bandwidth.clone(),
         overhead_seconds: run.overhead,
         ops: Vec::new(),
+        attention: None,
     };
     let mut ops = Vec::new();
     for p in &PROBES {
@@ -391,9 +480,24 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
         }
         run.probe(p, &generic, &mut ops)?;
     }
-    let _no_grad = tch::no_grad_guard();
-    let matmul = vec![run.matmul(Dtype::Fp32)?, run.matmul(Dtype::Bf16)?];
-    let conv = vec![run.conv(Dtype::Fp32)?, run.conv(Dtype::Bf16)?];
+    let (matmul, conv) = {
+        let _no_grad = tch::no_grad_guard();
+        (
+            vec![run.matmul(Dtype::Fp32)?, run.matmul(Dtype::Bf16)?],
+            vec![run.conv(Dtype::Fp32, false)?, run.conv(Dtype::Bf16, false)?],
+        )
+    };
+    let matmul: Vec<Curve> = matmul.into_iter().filter(|c| !c.points.is_empty()).collect();
+    // fp32 only: a bf16 backward takes the bf16 forward's rate.
+    let conv_backward = run.conv(Dtype::Fp32, true)?;
+    let attention = if run.over() || matmul.is_empty() {
+        None
+    } else {
+        run.attention(&DeviceRates {
+            matmul: matmul.clone(),
+            ..generic
+        })?
+    };
     let seconds = run.t0.elapsed().as_secs_f64();
     Ok(DeviceRates {
         device: "cpu".into(),
@@ -401,15 +505,17 @@ fn measure(threads: i32, identity: &str) -> Result<DeviceRates> {
         measured: true,
         source: format!(
             "calibration run (version {CALIBRATION_VERSION}) with {threads} threads, {seconds:.1} s: mm, conv2d \
-             3×3 and add over sizes, {} slow kernels forward and backward, a tiny training step's overhead per \
-             call; each point the median of {BATCHES} batches",
+             3×3 forward and backward and add over sizes, {} slow kernels forward and backward, fused attention per score and its \
+             causal share, a tiny training step's overhead per call; each point the median of {BATCHES} batches",
             PROBES.len()
         ),
         threads: Some(threads),
-        matmul: matmul.into_iter().filter(|c| !c.points.is_empty()).collect(),
+        matmul,
         conv: conv.into_iter().filter(|c| !c.points.is_empty()).collect(),
+        conv_backward: [conv_backward].into_iter().filter(|c| !c.points.is_empty()).collect(),
         bandwidth: bandwidth.into_iter().filter(|c| !c.points.is_empty()).collect(),
         overhead_seconds: run.overhead,
         ops,
+        attention,
     })
 }

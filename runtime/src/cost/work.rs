@@ -4,7 +4,7 @@
 
 pub use ckptune_kernels::optrace::is_operator;
 use ckptune_kernels::optrace::{self, OpEvent};
-use ckptune_solver::rates::{Dtype, Engine, Work};
+use ckptune_solver::rates::{AttentionWork, Dtype, Engine, Work};
 use tch::Kind;
 
 /// Allocation and metadata: operators that move no data (their children, if any, are traced).
@@ -126,6 +126,7 @@ fn product(engine: Engine, e: &OpEvent, macs: f64, mkn: [f64; 3], writes_input: 
         flops: 2.0 * macs,
         bytes: bytes_moved(e, writes_input),
         size: (mkn[0] * mkn[1] * mkn[2]).cbrt(),
+        attention: None,
     }
 }
 
@@ -229,7 +230,7 @@ fn conv_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
         }
         let grads = e.outputs.iter().take(2).filter(|o| o.is_some()).count() as f64;
         let (macs, mkn) = conv_macs(input, weight, grad_out, transposed)?;
-        return Some(product(Engine::Conv, e, macs * grads, mkn, writes_input));
+        return Some(product(Engine::ConvBackward, e, macs * grads, mkn, writes_input));
     }
     let (input, weight) = (shape(0)?, shape(1)?);
     let output = e.outputs.first()?.as_ref()?.1.as_slice();
@@ -256,6 +257,7 @@ const ATTENTION: &[(&str, usize)] = &[
 /// Attention over `q [.., L, E]`, `k [.., S, E]`, `v [.., S, Ev]`: two products, `2·L·S·(E +
 /// Ev)` FLOPs per head, half that when causal; the backward recomputes the scores and takes
 /// four more products (dV, dP, dQ, dK: 2.5 times the forward, as FlashAttention-2 counts it).
+/// Its scores (`heads·L·S`, masked or not) are timed besides over a CPU's measured rates.
 fn attention_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
     let name = base(&e.name);
     let &(_, causal_at) = ATTENTION.iter().find(|(n, _)| *n == name)?;
@@ -269,8 +271,16 @@ fn attention_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
     let heads = elements(q) / (l * e_qk).max(1.0);
     let causal = if number(e, causal_at) == Some(1.0) { 0.5 } else { 1.0 };
     let factor = if backward { 2.5 } else { 1.0 };
-    let macs = heads * l * s * (e_qk + ev) * causal * factor;
-    Some(product(Engine::Matmul, e, macs, [l, e_qk, s], writes_input))
+    let full = heads * l * s * (e_qk + ev) * factor;
+    let mut work = product(Engine::Matmul, e, full * causal, [l, e_qk, s], writes_input);
+    work.attention = Some(AttentionWork {
+        scores: heads * l * s,
+        full_flops: 2.0 * full,
+        causal: causal < 1.0,
+        length: l,
+        backward,
+    });
+    Some(work)
 }
 
 /// The work of one operator call, by its formula: FLOPs for products, convolutions and
@@ -286,6 +296,7 @@ pub fn work_of(e: &OpEvent, writes_input: bool) -> Work {
             flops: 0.0,
             bytes: bytes_moved(e, writes_input),
             size: 0.0,
+            attention: None,
         })
 }
 

@@ -142,6 +142,7 @@ fn convolutions_count_each_output_elements_window_per_group() {
     };
     let both = backward(vec![f32(&[2, 3, 32, 32]), f32(&[8, 3, 7, 7]), None]);
     assert_eq!(flops(&both), 2.0 * 2.0 * 4096.0 * 147.0);
+    assert_eq!(work_of(&both, false).engine, Engine::ConvBackward);
     let weight_only = backward(vec![None, f32(&[8, 3, 7, 7]), f32(&[8])]);
     assert_eq!(flops(&weight_only), 2.0 * 4096.0 * 147.0);
 }
@@ -179,6 +180,18 @@ fn attention_counts_two_products_forward_five_backward_and_halves_when_causal() 
         vec![q.clone(), k.clone(), v.clone()],
     );
     assert_eq!(flops(&bwd), 2.5 * full / 2.0);
+    // Their scores, masked or not: 8 heads of 16 × 32; the full products' FLOPs.
+    let attention = |e: &OpEvent| work_of(e, false).attention.unwrap();
+    let (f, c, b) = (attention(&fwd(0.0)), attention(&fwd(1.0)), attention(&bwd));
+    assert_eq!(
+        (f.scores, f.full_flops, f.causal, f.length, f.backward),
+        (4096.0, full, false, 16.0, false)
+    );
+    assert_eq!((c.scores, c.full_flops, c.causal), (4096.0, full, true));
+    assert_eq!(
+        (b.scores, b.full_flops, b.causal, b.backward),
+        (4096.0, 2.5 * full, true, true)
+    );
 }
 
 #[test]

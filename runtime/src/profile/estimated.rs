@@ -22,24 +22,24 @@ use crate::exec::Session;
 /// forwards. The estimate says where the operators were traced (`meta` for a fake session) and
 /// over which rates, with each block's forward, no-grad forward and backward.
 ///
-/// With `selective`, a profile offering selective checkpointing under that policy, one more
-/// step is traced with every candidate block selective (step S), and each block's selective
+/// With `selective`, a profile offering selective checkpointing under those policies, one more
+/// step per policy is traced with every candidate block selective (step S), and each block's selective
 /// recompute is the work of the operators its recompute runs, those the policy saves taken
 /// from the forward's cache at a call's overhead ([`cost::selective_phase_seconds`]).
 pub fn times_from_fake_step(
     session: &mut Session,
     recompute_class: &[usize],
     rates: &DeviceRates,
-    selective: Option<SacPolicy>,
+    selective: &[SacPolicy],
 ) -> Result<(StepTimes, Estimate)> {
     let t0 = Instant::now();
     let all = session.chain.every_candidate();
     let events = session.op_trace(&all)?;
     let phases = cost::phase_seconds(&events, session.chain.blocks.len(), rates);
-    let selective_seconds = match selective {
-        Some(policy) => Some(selective_recomputes(session, policy, &all, rates)?),
-        None => None,
-    };
+    let selective_seconds = selective
+        .iter()
+        .map(|&policy| selective_recomputes(session, policy, &all, rates))
+        .collect::<Result<Vec<_>>>()?;
     let mut times = step_times(session, recompute_class, &phases, t0.elapsed().as_secs_f64());
     times.selective_seconds = selective_seconds.clone();
     let chain = &session.chain;
@@ -55,7 +55,10 @@ pub fn times_from_fake_step(
                 },
                 nograd_forward: if candidate { phases.forward[i] } else { 0.0 },
                 backward: phases.backward[i],
-                selective_recompute: selective_seconds.as_ref().filter(|_| candidate).map(|s| s[i]),
+                selective_recompute: match candidate {
+                    true => selective_seconds.iter().map(|s| s[i]).collect(),
+                    false => Vec::new(),
+                },
             }
         })
         .collect();
@@ -100,6 +103,6 @@ fn step_times(session: &Session, recompute_class: &[usize], phases: &PhaseSecond
         // Nothing was timed.
         steps_run: 0,
         wall_seconds,
-        selective_seconds: None,
+        selective_seconds: Vec::new(),
     }
 }

@@ -47,9 +47,9 @@ pub struct ProfileSettings {
     pub quiet: bool,
     /// How samples timed while the machine was busy are re-timed.
     pub retime: RetimePolicy,
-    /// Also measure every candidate block run selective under this policy (step S), the third
-    /// choice per block beside keep and checkpoint.
-    pub selective: Option<SacPolicy>,
+    /// Also measure every candidate block run selective under each of these policies (one step
+    /// S per policy), choices per block beside keep and checkpoint.
+    pub selective: Vec<SacPolicy>,
 }
 
 impl Default for ProfileSettings {
@@ -58,7 +58,7 @@ impl Default for ProfileSettings {
             repeats: 3,
             quiet: false,
             retime: RetimePolicy::default(),
-            selective: None,
+            selective: Vec::new(),
         }
     }
 }
@@ -104,11 +104,11 @@ fn profile_released(session: &mut Session, settings: &ProfileSettings) -> Result
             &session.chain,
         )?);
     }
-    let selective_steps = match settings.selective {
-        // Every sample of S is instrumented: memory and recompute times come from the trace.
-        Some(policy) => selective::measure(session, policy, &plan.all, repeats, plain, &mut regimes)?,
-        None => 0,
-    };
+    // Every sample of S is instrumented: memory and recompute times come from the trace.
+    let mut selective_steps = 0;
+    for &policy in &settings.selective {
+        selective_steps += selective::measure(session, policy, &plan.all, repeats, plain, &mut regimes)?;
+    }
     let recompute_class = work_classes(session, &regimes);
     let recompute_spread = recompute_estimates(session, &steps, &recompute_class);
     let mut tally = ContentionTally::default();

@@ -30,9 +30,9 @@ pub struct StepTimes {
     pub contention: Contention,
     pub steps_run: usize,
     pub wall_seconds: f64,
-    /// Per block, its recompute seconds run selective (`ProfileSettings::selective`): they
-    /// replace the meta device's in the profile's selective terms.
-    pub selective_seconds: Option<Vec<f64>>,
+    /// Per policy of `ProfileSettings::selective`, per block, its recompute seconds run
+    /// selective under it: they replace the meta device's in the profile's selective terms.
+    pub selective_seconds: Vec<Vec<f64>>,
 }
 
 impl StepTimes {
@@ -45,10 +45,12 @@ impl StepTimes {
         profile.contention = self.contention;
         profile.steps_run += self.steps_run;
         profile.wall_seconds += self.wall_seconds;
-        for (i, &s) in self.selective_seconds.iter().flatten().enumerate() {
-            for r in &mut profile.regimes {
-                if let Some(sel) = r.blocks.get_mut(i).and_then(|b| b.selective.as_mut()) {
-                    sel.rec_seconds = s;
+        for (p, seconds) in self.selective_seconds.iter().enumerate() {
+            for (i, &s) in seconds.iter().enumerate() {
+                for r in &mut profile.regimes {
+                    if let Some(sel) = r.blocks.get_mut(i).and_then(|b| b.selective.get_mut(p)) {
+                        sel.rec_seconds = s;
+                    }
                 }
             }
         }
@@ -81,13 +83,14 @@ pub struct StagedSteps<'s> {
     session: &'s mut Session,
     recompute_class: Vec<usize>,
     repeats: usize,
-    selective: Option<ckptune_kernels::sac::SacPolicy>,
+    selective: Vec<ckptune_kernels::sac::SacPolicy>,
     all: Vec<bool>,
     first: Sample<Vec<f64>>,
     samples_a: Vec<Sample<()>>,
     samples_b: Vec<Sample<Vec<f64>>>,
     retimer: Retimer,
-    selective_seconds: Option<(Vec<f64>, usize)>,
+    /// Per policy timed, per block; and the steps that took.
+    selective_seconds: (Vec<Vec<f64>>, usize),
     t0: Instant,
 }
 
@@ -108,13 +111,13 @@ impl<'s> StagedSteps<'s> {
             session,
             recompute_class: recompute_class.to_vec(),
             repeats: settings.repeats.max(1),
-            selective: settings.selective,
+            selective: settings.selective.clone(),
             all,
             first,
             samples_a: Vec::new(),
             samples_b: Vec::new(),
             retimer: Retimer::new(settings.retime),
-            selective_seconds: None,
+            selective_seconds: (Vec::new(), 0),
             t0,
         };
         Ok((steps, ops))
@@ -161,16 +164,15 @@ impl<'s> StagedSteps<'s> {
         Ok(())
     }
 
-    /// Times each block's selective recompute, where the profile offers it (steps S).
+    /// Times each block's selective recompute under each policy the profile offers (steps S).
     pub fn time_selective(&mut self) -> Result<()> {
-        if let Some(policy) = self.selective {
-            self.selective_seconds = Some(super::selective::real_seconds(
-                self.session,
-                policy,
-                &self.all,
-                self.repeats,
-            )?);
+        let (mut seconds, mut steps) = (Vec::new(), 0);
+        for &policy in &self.selective {
+            let (s, n) = super::selective::real_seconds(self.session, policy, &self.all, self.repeats)?;
+            seconds.push(s);
+            steps += n;
         }
+        self.selective_seconds = (seconds, steps);
         Ok(())
     }
 
@@ -191,10 +193,7 @@ impl<'s> StagedSteps<'s> {
         let mut tally = ContentionTally::default();
         tally.add(&self.samples_a);
         tally.add(samples_b);
-        let (selective_seconds, selective_steps) = match &self.selective_seconds {
-            Some((s, n)) => (Some(s.clone()), *n),
-            None => (None, 0),
-        };
+        let (selective_seconds, selective_steps) = self.selective_seconds.clone();
         StepTimes {
             seconds_none: timing::seconds(&self.samples_a),
             seconds_all: timing::seconds(samples_b),

@@ -1,5 +1,6 @@
-//! Step S, for a profile that offers selective checkpointing (`ProfileSettings::selective`):
-//! every candidate block selective under the policy, `repeats` times after one warm-up, the
+//! Step S, for a profile that offers selective checkpointing (`ProfileSettings::selective`),
+//! once per policy: every candidate block selective under the policy, `repeats` times after
+//! one warm-up, the
 //! first instrumented. A selective block runs as a checkpointed one does, so its terms are a
 //! checkpointed block's terms read from step S instead of step B (`terms::regime` with S in
 //! B's place), against step A's plain terms as every other term is; its recompute time is the
@@ -13,8 +14,9 @@ use super::terms;
 use crate::error::{Result, RuntimeError};
 use crate::exec::{Session, StepTrace};
 
-/// Runs step S on `session` (1 warm-up and `repeats` steps) and adds each candidate block's
-/// selective terms to `regimes`, measured against `plain` (step A's, or A′'s, trace).
+/// Runs step S under `policy` on `session` (1 warm-up and `repeats` steps) and appends each
+/// candidate block's selective terms under it to `regimes`, measured against `plain` (step
+/// A's, or A′'s, trace).
 pub(super) fn measure(
     session: &mut Session,
     policy: SacPolicy,
@@ -37,7 +39,7 @@ pub(super) fn measure(
             if !b.candidate {
                 continue;
             }
-            b.selective = Some(SelectiveProfile {
+            b.selective.push(SelectiveProfile {
                 policy: policy.name().to_owned(),
                 kept: t.kept_nograd,
                 fwd_transient: t.fwd_transient_nograd,

@@ -72,7 +72,7 @@ pub(super) fn regime(
             } else {
                 ta.fwd_open - ta.fwd_after
             }),
-            selective: None,
+            selective: Vec::new(),
         });
     }
     let groups = match cd {

@@ -34,14 +34,15 @@ pub struct BlockTerms {
     /// Extra seconds per step when this block is checkpointed.
     pub recompute_seconds: f64,
     /// The block run selective (its forward keeps the outputs of the operators a policy saves,
-    /// its recompute computes the rest), where that was measured; `None` otherwise.
-    pub sel: Option<SelTerms>,
+    /// its recompute computes the rest), one entry per policy measured; empty otherwise.
+    pub sel: Vec<SelTerms>,
 }
 
-/// Measured terms of a block run selective, the third state beside plain and checkpointed:
-/// `s_j = 1` replaces the checkpointed block's `kng`, `fng`, `out`, `frec`, `btb` and recompute
-/// time by these. A selective block's variable comes after every block and group variable
-/// ([`Layout::sv`]); it excludes the block's own `x_j`.
+/// Measured terms of a block run selective under one policy, a state beside plain and
+/// checkpointed: `s_jp = 1` replaces the checkpointed block's `kng`, `fng`, `out`, `frec`, `btb`
+/// and recompute time by these. Each policy's variable comes after every block and group
+/// variable (`selective_vars`); the block's `x_j` and its policies' variables exclude each
+/// other, so the solver picks one state per block.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SelTerms {
     /// Kept while the forward's autocast region is open (its output, the saved operators'

@@ -18,7 +18,7 @@ fn block(name: &str, seed: i64) -> BlockTerms {
         btb: 45 * seed,
         g: 7 * seed,
         recompute_seconds: 0.1 * seed as f64,
-        sel: None,
+        sel: Vec::new(),
     }
 }
 
@@ -144,17 +144,29 @@ fn calls_of_one_module_are_tied() {
     let mut s = step();
     s.blocks[2].name = "a".into();
     for b in &mut s.blocks {
-        b.sel = Some(SelTerms {
+        b.sel = vec![SelTerms {
             kf: b.kg / 2,
             kb: b.krec / 2,
             fwd: b.fg,
             frec: b.frec,
             btb: b.btb,
             recompute_seconds: b.recompute_seconds / 2.0,
-        });
+        }];
     }
     let p = config_problem("tied", &s);
     assert_eq!(p.tied, vec![vec![0, 2], vec![3, 5]]);
+    // With two policies, each call's variable of one policy is tied to the other call's of the
+    // same policy, never across policies.
+    let mut two = s.clone();
+    for b in &mut two.blocks {
+        let mut other = b.sel[0].clone();
+        other.kb += 1;
+        b.sel.push(other);
+    }
+    assert_eq!(
+        config_problem("tied", &two).tied,
+        vec![vec![0, 2], vec![3, 7], vec![4, 8]]
+    );
     let q = permute(p.clone(), &step_order(&s));
     let order = step_order(&s);
     let min = crate::solver::min_peak(&q).unwrap();

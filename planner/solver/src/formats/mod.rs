@@ -15,6 +15,7 @@ use serde::{de::DeserializeOwned, Serialize};
 mod alloc_trace;
 mod bench;
 mod cache;
+pub mod one_or_many;
 mod plan;
 mod profile;
 mod python;

@@ -9,18 +9,30 @@ use crate::profile::{ConfigProfile, ConfigSpec};
 pub struct CheckpointJson {
     pub regex: String,
     pub modules: Vec<String>,
-    /// Of `modules`, those run selective (`plan --selective`); absent when every checkpointed
-    /// module is checkpointed whole.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selective: Option<SelectiveJson>,
+    /// Of `modules`, those run selective (`plan --selective`), one entry per policy used, in
+    /// the order `--selective` named the policies: written as one object when the plan uses one
+    /// policy (as before a plan could mix them), as an array when it uses several; absent when
+    /// every checkpointed module is checkpointed whole.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "super::one_or_many")]
+    pub selective: Vec<SelectiveJson>,
 }
 
-/// The checkpointed modules run selective: `torch.utils.checkpoint` with
+impl CheckpointJson {
+    /// The policy `module` runs selective under, if the plan runs it selective.
+    pub fn policy_of(&self, module: &str) -> Option<&str> {
+        self.selective
+            .iter()
+            .find(|s| s.modules.iter().any(|m| m == module))
+            .map(|s| s.policy.as_str())
+    }
+}
+
+/// The checkpointed modules run selective under one policy: `torch.utils.checkpoint` with
 /// `context_fn=partial(create_selective_checkpoint_contexts, policy)` (`ckptune.apply`), the
 /// runtime's `kernels::sac`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SelectiveJson {
-    /// The policy's name (`matmul`): which operators' outputs the forward keeps.
+    /// The policy's name (`matmul`, `attention`): which operators' outputs the forward keeps.
     pub policy: String,
     /// In execution order.
     pub modules: Vec<String>,

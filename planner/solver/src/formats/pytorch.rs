@@ -35,10 +35,10 @@ pub struct PytorchRunJson {
     pub regex: String,
     /// The modules `ckptune.apply` wrapped.
     pub modules: Vec<String>,
-    /// Of `modules`, those `ckptune.apply` runs selective, and under which policy
-    /// (`ckptune.selective_policy` of each); absent when none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selective: Option<super::SelectiveJson>,
+    /// Of `modules`, those `ckptune.apply` runs selective, grouped by policy
+    /// (`ckptune.selective_policy` of each) as the plan's `checkpoint.selective`; absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "super::one_or_many")]
+    pub selective: Vec<super::SelectiveJson>,
     pub warmup: usize,
     pub steps: Vec<TrainStepJson>,
     pub median_seconds: f64,

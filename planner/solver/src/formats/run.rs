@@ -43,9 +43,9 @@ pub struct VerifyJson {
     pub config: ConfigSpec,
     pub regex: String,
     pub modules: Vec<String>,
-    /// Of `modules`, those the run ran selective (the plan's `checkpoint.selective`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selective: Option<super::SelectiveJson>,
+    /// Of `modules`, those the run ran selective, by policy (the plan's `checkpoint.selective`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "super::one_or_many")]
+    pub selective: Vec<super::SelectiveJson>,
     pub predicted: PredictedRun,
     pub measured: MeasuredRun,
     /// measured − predicted, and that over predicted.

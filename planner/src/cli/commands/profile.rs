@@ -17,7 +17,7 @@ use crate::cli::timing::contention_note;
 
 pub fn profile_cmd(a: ProfileArgs) -> Result<ExitCode> {
     let mut setup = Setup::resolve(&a.model, &[Precision::Fp32])?;
-    setup.set_selective(a.selective.as_deref(), &a.model.granularity)?;
+    setup.set_selective(&a.selective.selective, &a.model.granularity)?;
     setup.gpu = match a.target.as_deref().map(parse_target).transpose()? {
         // A profile's target matters only for the rates its times are estimated over.
         Some((kind, None)) if kind == "cuda" => {
@@ -114,18 +114,19 @@ fn print_profile(p: &ProfileJson) {
 
 /// The first regime's candidate table: each block's kept bytes run plain, checkpointed in full
 /// and the bytes that saves, and its recompute; with selective measurements, the same run
-/// selective beside them (kept, saved, recompute: the operators its policy does not save).
+/// selective under each policy beside them (kept, saved, recompute: the operators its policy
+/// does not save).
 fn block_table(c: &ConfigProfile) -> Vec<String> {
     let blocks = &c.regimes[0].blocks;
-    let selective = blocks
+    let policies: Vec<String> = blocks
         .iter()
-        .find_map(|b| b.selective.as_ref())
-        .map(|s| s.policy.clone());
+        .find(|b| !b.selective.is_empty())
+        .map_or_else(Vec::new, |b| b.selective.iter().map(|s| s.policy.clone()).collect());
     let mut head = format!(
         "  {:<28} {:>12} {:>12} {:>12} {:>10}",
         "block", "kept", "if ckpt", "saves", "recompute"
     );
-    if let Some(policy) = &selective {
+    for policy in &policies {
         head += &format!(" {:>12} {:>12} {:>10}", format!("if {policy}"), "saves", "recompute");
     }
     let mut lines = vec![head];
@@ -143,7 +144,7 @@ fn block_table(c: &ConfigProfile) -> Vec<String> {
             size(b.kept_grad - b.kept_nograd),
             rec * 1e3
         );
-        if let Some(s) = &b.selective {
+        for s in &b.selective {
             line += &format!(
                 " {:>12} {:>12} {:>8.1}ms",
                 size(s.kept),

@@ -161,7 +161,7 @@ fn timed(setup: &Setup, cfg: &TrainConfig, unlearned: &ConfigProfile, stages: Op
     let settings = ProfileSettings {
         repeats: setup.repeats,
         quiet: setup.quiet,
-        selective: setup.selective,
+        selective: setup.selective.clone(),
         ..Default::default()
     };
     let timing = || format!("timing {} under {}", setup.model, cfg.label());
@@ -181,7 +181,7 @@ fn timed(setup: &Setup, cfg: &TrainConfig, unlearned: &ConfigProfile, stages: Op
             steps.times().apply(&mut plain);
             // A selective recompute is timed only in steps S, after steps B: a profile offering it
             // is timed whole.
-            if setup.selective.is_none() && !(s.needs_checkpointed)(&plain)? {
+            if setup.selective.is_empty() && !(s.needs_checkpointed)(&plain)? {
                 return Ok(timed_as(mj, steps.times(), real_ops, Kinds::Plain));
             }
             steps.time(false, true).with_context(timing)?;

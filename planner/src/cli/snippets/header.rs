@@ -25,11 +25,12 @@ pub(super) fn header(plan: &PlanJson, trainer: &str) -> String {
         plan.checkpoint.modules.join(", ")
     };
     let _ = writeln!(s, "#   checkpoint: {modules} (regex {})", plan.checkpoint.regex);
-    if let Some(sel) = &plan.checkpoint.selective {
+    for sel in &plan.checkpoint.selective {
         let _ = writeln!(
             s,
-            "#   of them selective (policy {}: matmul and attention outputs kept, the rest recomputed): {}",
+            "#   of them selective (policy {}: {}): {}",
             sel.policy,
+            super::literals::policy_text(&sel.policy),
             sel.modules.join(", ")
         );
     }

@@ -10,7 +10,7 @@ use super::template::Template;
 
 pub(super) fn render(plan: &PlanJson, f: &Facts) -> String {
     // transformers' flag checkpoints a layer whole: selective layers need the companion.
-    let native = f.only_layers(plan) && plan.checkpoint.selective.is_none();
+    let native = f.only_layers(plan) && plan.checkpoint.selective.is_empty();
     let checkpoint_plan = if native {
         include_str!("templates/hf_checkpoint_layers.py")
     } else {
@@ -74,14 +74,20 @@ fn checkpointing_comment(plan: &PlanJson, f: &Facts, native: bool) -> String {
         s
     } else if plan.checkpoint.modules.is_empty() {
         "# The plan checkpoints nothing: activation checkpointing stays off.\n".into()
-    } else if let Some(sel) = &plan.checkpoint.selective {
+    } else if !plan.checkpoint.selective.is_empty() {
+        let policies: Vec<&str> = plan
+            .checkpoint
+            .selective
+            .iter()
+            .map(|s| policy_text(&s.policy))
+            .collect();
         format!(
             "# The plan runs some modules selective ({}).\n\
              # transformers' activation checkpointing cannot express that (it recomputes a layer\n\
              # whole): ckptune.apply wraps exactly the plan's modules, the selective ones with\n\
              # create_selective_checkpoint_contexts, before the Trainer is built, and\n\
              # TrainingArguments(activation_checkpointing=False) keeps transformers from adding more.\n",
-            policy_text(&sel.policy)
+            policies.join("; ")
         )
     } else {
         "# The plan checkpoints modules that are not whole layers (or not only layers), which\n\

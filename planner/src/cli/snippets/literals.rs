@@ -18,13 +18,18 @@ pub(super) fn py_str(s: &str) -> String {
 /// (`optimizer_impl`) travel unchanged.
 pub(super) fn plan_literal(plan: &PlanJson) -> String {
     // Regex first, as the plan file has it (a JSON map here would sort the keys).
-    let selective = plan.checkpoint.selective.as_ref().map_or(String::new(), |s| {
-        format!(
-            ", \"selective\": {{\"policy\": {}, \"modules\": {}}}",
-            py_str(&s.policy),
-            py(&s.modules)
-        )
-    });
+    // One policy's modules as one dict, several as a list of them, as the plan file has them.
+    let groups: Vec<String> = plan
+        .checkpoint
+        .selective
+        .iter()
+        .map(|s| format!("{{\"policy\": {}, \"modules\": {}}}", py_str(&s.policy), py(&s.modules)))
+        .collect();
+    let selective = match groups.as_slice() {
+        [] => String::new(),
+        [one] => format!(", \"selective\": {one}"),
+        many => format!(", \"selective\": [{}]", many.join(", ")),
+    };
     let checkpoint = format!(
         "{{\"regex\": {}, \"modules\": {}{selective}}}",
         py_str(&plan.checkpoint.regex),

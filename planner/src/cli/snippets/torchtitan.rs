@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use ckptune_solver::formats::{PlanJson, SelectiveJson, ShardJson};
+use ckptune_solver::formats::{PlanJson, ShardJson};
 
 use super::facts::Facts;
 use super::header::{header, loss_note, step_note};
@@ -22,12 +22,11 @@ pub(super) fn render(plan: &PlanJson, f: &Facts) -> Result<String, UsageError> {
         )));
     }
     let names = torchtitan_names(&plan.checkpoint.modules)?;
-    let (choice_comment, activation_checkpoint, selective_class) = match &plan.checkpoint.selective {
-        None => {
-            let (comment, config) = choice(f, &names);
-            (comment.to_owned(), config, String::new())
-        }
-        Some(sel) => selective_choice(plan, f, sel)?,
+    let (choice_comment, activation_checkpoint, selective_class) = if plan.checkpoint.selective.is_empty() {
+        let (comment, config) = choice(f, &names);
+        (comment.to_owned(), config, String::new())
+    } else {
+        selective_choice(plan, f)?
     };
     let c = &plan.config;
     // `optimizer_impl` (single, foreach, fused) as the plan's config names it, when it does.
@@ -91,31 +90,39 @@ fn torchtitan_names(modules: &[String]) -> Result<Vec<String>, UsageError> {
         .collect()
 }
 
-/// A plan running some modules selective: its full and selective modules as a
-/// `CkptuneSelectivePlanAC` config (torchtitan's own `SelectiveAC` runs every block under its own
-/// policy, so it is named as the nearest mode, not used), with a comment saying so and the class.
-fn selective_choice(plan: &PlanJson, f: &Facts, sel: &SelectiveJson) -> Result<(String, String, String), UsageError> {
-    let full: Vec<String> = plan
-        .checkpoint
+/// A plan running some modules selective: its full modules and its selective modules with each
+/// one's policy as a `CkptuneSelectivePlanAC` config (torchtitan's own `SelectiveAC` runs every
+/// block under its own policy, so it is named as the nearest mode, not used), with a comment
+/// saying so and the class.
+fn selective_choice(plan: &PlanJson, f: &Facts) -> Result<(String, String, String), UsageError> {
+    let ck = &plan.checkpoint;
+    let full: Vec<String> = ck
         .modules
         .iter()
-        .filter(|m| !sel.modules.contains(m))
+        .filter(|m| ck.policy_of(m).is_none())
         .cloned()
         .collect();
-    let (full, selective) = (torchtitan_names(&full)?, torchtitan_names(&sel.modules)?);
+    let full = torchtitan_names(&full)?;
+    let mut comment = String::new();
+    // torchtitan name → policy, in the plan's order.
+    let mut selective: Vec<(String, String)> = Vec::new();
+    for sel in &ck.selective {
+        let names = torchtitan_names(&sel.modules)?;
+        comment.push_str(&format!(
+            "# The plan runs these modules selective under its {} policy\n# ({}): {}.\n",
+            sel.policy,
+            policy_text(&sel.policy),
+            unit_list(&names)
+        ));
+        selective.extend(names.into_iter().map(|n| (n, sel.policy.clone())));
+    }
     let every_block = {
         let mut all: Vec<String> = f.layers.iter().filter_map(|l| torchtitan_name(l)).collect();
-        let mut s = selective.clone();
+        let mut s: Vec<String> = selective.iter().map(|(n, _)| n.clone()).collect();
         all.sort();
         s.sort();
         full.is_empty() && s == all
     };
-    let mut comment = format!(
-        "# The plan runs these modules selective under its {} policy\n# ({}): {}.\n",
-        sel.policy,
-        policy_text(&sel.policy),
-        unit_list(&selective)
-    );
     if !full.is_empty() {
         comment.push_str(&format!("# It checkpoints these whole: {}.\n", unit_list(&full)));
     }
@@ -131,14 +138,16 @@ fn selective_choice(plan: &PlanJson, f: &Facts, sel: &SelectiveJson) -> Result<(
              # policy's memory, not the plan's.\n",
         );
     }
+    let pairs: Vec<String> = selective
+        .iter()
+        .map(|(n, p)| format!("{}: {}", py_str(n), py_str(p)))
+        .collect();
     let config = format!(
-        "CkptuneSelectivePlanAC.Config(modules={}, selective={})",
+        "CkptuneSelectivePlanAC.Config(modules={}, selective={{{}}})",
         py(&full),
-        py(&selective)
+        pairs.join(", ")
     );
-    let class = Template::new(include_str!("templates/torchtitan_selective.py"))
-        .set("policy", py_str(&sel.policy))
-        .fill_part();
+    let class = Template::new(include_str!("templates/torchtitan_selective.py")).fill_part();
     Ok((comment, config, class))
 }
 

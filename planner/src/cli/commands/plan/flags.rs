@@ -60,32 +60,41 @@ pub(super) fn read_profile(path: &std::path::Path, setup: &Setup, notes: &mut Ve
 }
 
 /// A profile's selective terms are planned with exactly when `--selective` names their policy:
-/// without the flag they are dropped (the plan is the one whole-layer checkpointing gives), and
-/// with it a profile measured without step S, or under another policy, is refused.
+/// the terms of a policy the flag does not name are dropped (without the flag, the plan is the
+/// one whole-layer checkpointing gives), the rest kept in the flag's order, and a profile that
+/// lacks a named policy's terms on some candidate (measured without its step S) is refused.
 fn selective_terms(prof: &mut ProfileJson, path: &std::path::Path, setup: &Setup) -> Result<()> {
-    let blocks = || prof.configs.iter().flat_map(|c| &c.regimes).flat_map(|r| &r.blocks);
-    let Some(policy) = setup.selective else {
-        for b in prof
-            .configs
-            .iter_mut()
-            .flat_map(|c| &mut c.regimes)
-            .flat_map(|r| &mut r.blocks)
-        {
-            b.selective = None;
+    let names: Vec<&str> = setup.selective.iter().map(|p| p.name()).collect();
+    let blocks = prof
+        .configs
+        .iter_mut()
+        .flat_map(|c| &mut c.regimes)
+        .flat_map(|r| &mut r.blocks);
+    let (mut candidates, mut lacking) = (0, Vec::new());
+    for b in blocks {
+        let mut kept = Vec::with_capacity(names.len());
+        for &name in &names {
+            match b.selective.iter().find(|s| s.policy == name) {
+                Some(s) => kept.push(s.clone()),
+                None if b.candidate && !lacking.contains(&name) => lacking.push(name),
+                None => {}
+            }
         }
-        return Ok(());
-    };
-    let candidates = blocks().filter(|b| b.candidate).count();
-    let measured = blocks()
-        .filter(|b| b.selective.as_ref().is_some_and(|s| s.policy == policy.name()))
-        .count();
-    if candidates == 0 || measured != candidates {
+        candidates += usize::from(b.candidate);
+        b.selective = kept;
+    }
+    if !names.is_empty() && (candidates == 0 || !lacking.is_empty()) {
+        let lacking = if candidates == 0 {
+            names.join(",")
+        } else {
+            lacking.join(",")
+        };
         return Err(UsageError(format!(
-            "--selective {}: profile {} was not measured with every candidate selective under that policy; \
+            "--selective {}: profile {} was not measured with every candidate selective under {lacking}; \
              profile again with `ckptune profile ... --selective {}` (or plan without --profile)",
-            policy.name(),
+            setup.selective_names(),
             path.display(),
-            policy.name()
+            setup.selective_names()
         ))
         .into());
     }
@@ -183,7 +192,7 @@ pub(super) fn shard_request(
         ))
         .into());
     }
-    if a.selective.is_some() {
+    if !a.selective.selective.is_empty() {
         return Err(UsageError(
             "plan --shard --selective: sharded plans model whole-layer checkpointing only; drop one of them".into(),
         )

@@ -41,7 +41,7 @@ pub fn plan_cmd(mut a: PlanArgs) -> Result<ExitCode> {
     check_alloc_trace_flag(&a)?;
     check_shard_step(&a)?;
     let mut setup = Setup::resolve(&a.model, &[Precision::Fp32, Precision::Bf16])?;
-    setup.set_selective(a.selective.as_deref(), &a.model.granularity)?;
+    setup.set_selective(&a.selective.selective, &a.model.granularity)?;
     let target = a.target.as_deref().map(parse_target).transpose()?;
     setup.gpu = target.as_ref().and_then(|t| t.1);
     if target.as_ref().is_some_and(|t| t.0 == "cuda") {

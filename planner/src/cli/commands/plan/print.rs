@@ -161,33 +161,30 @@ pub(super) fn print_plan(p: &PlanJson) {
     );
 }
 
-/// An alternative's checkpointed modules, those run selective marked `[selective]`.
+/// An alternative's checkpointed modules, those run selective marked with their policy
+/// (`[selective matmul]`).
 fn checkpoint_column(c: &CheckpointJson) -> String {
     if c.modules.is_empty() {
         return "(nothing)".into();
     }
-    let selective = |m: &String| c.selective.as_ref().is_some_and(|s| s.modules.contains(m));
     c.modules
         .iter()
-        .map(|m| {
-            if selective(m) {
-                format!("{m}[selective]")
-            } else {
-                m.clone()
-            }
+        .map(|m| match c.policy_of(m) {
+            Some(p) => format!("{m}[selective {p}]"),
+            None => m.clone(),
         })
         .collect::<Vec<_>>()
         .join(",")
 }
 
 /// Where the plan offered selective checkpointing (`plan --selective`): each candidate's state,
-/// keep, selective (under the policy) or full, in execution order.
+/// keep, selective (under its policy) or full, in execution order.
 fn print_states(p: &PlanJson) {
     let offered = p
         .profile
         .regimes
         .first()
-        .is_some_and(|r| r.blocks.iter().any(|b| b.selective.is_some()));
+        .is_some_and(|r| r.blocks.iter().any(|b| !b.selective.is_empty()));
     if !offered {
         return;
     }
@@ -198,10 +195,10 @@ fn print_states(p: &PlanJson) {
         .iter()
         .filter(|b| b.candidate)
         .map(|b| {
-            let state = match &ck.selective {
-                Some(s) if s.modules.contains(&b.name) => format!("selective ({})", s.policy),
-                _ if ck.modules.contains(&b.name) => "full".into(),
-                _ => "keep".into(),
+            let state = match ck.policy_of(&b.name) {
+                Some(p) => format!("selective ({p})"),
+                None if ck.modules.contains(&b.name) => "full".into(),
+                None => "keep".into(),
             };
             format!("{} {state}", b.name)
         })

@@ -8,7 +8,9 @@ use ckptune_solver::formats::{
     self, AlternativeJson, CheckpointJson, ModelJson, PlanJson, PredictedJson, ProfileJson, RankPredictionJson,
     SelectiveJson, ShapeJson, ShardJson, SolverJson,
 };
-use ckptune_solver::model::{runtime_choice, seconds_range_at_selective, shard_step, solver_problem, unit_order};
+use ckptune_solver::model::{
+    policy_name, runtime_choice, seconds_range_at_selective, shard_step, solver_problem, unit_order,
+};
 use ckptune_solver::problem::ConfigProblem;
 use ckptune_solver::profile::{ConfigProfile, ConfigSpec};
 use ckptune_solver::shard::{is_default_unit, Collective, ShardSpec, ShardStep};
@@ -33,23 +35,32 @@ fn chosen_names(model: &ModelJson, x: &[bool]) -> Vec<String> {
 }
 
 /// The plan's checkpoint section for the runtime's choice (`runtime_choice`) of config `c`: the
-/// regex over every checkpointed module, and those of them run selective with `c`'s policy.
-fn checkpoint_json(model: &ModelJson, c: &ConfigProfile, mask: &[bool], selective: &[bool]) -> Result<CheckpointJson> {
+/// regex over every checkpointed module, and those of them run selective, grouped by the
+/// policy `selective` gives each (in the order of the profile's policies).
+fn checkpoint_json(
+    model: &ModelJson,
+    c: &ConfigProfile,
+    mask: &[bool],
+    selective: &[Option<usize>],
+) -> Result<CheckpointJson> {
     let modules = chosen_names(model, mask);
     let regex = regex_emit::checkpoint_regex(&modules, &model.modules)?;
-    let sel_names = chosen_names(model, selective);
-    let policy = c.regimes[0].blocks.iter().find_map(|b| b.selective.as_ref());
-    let selective = match (policy, sel_names.is_empty()) {
-        (Some(p), false) => Some(SelectiveJson {
-            policy: p.policy.clone(),
-            modules: sel_names,
-        }),
-        _ => None,
-    };
+    let policies = c.regimes[0].blocks.iter().map(|b| b.selective.len()).max().unwrap_or(0);
+    let mut groups = Vec::new();
+    for p in 0..policies {
+        let on: Vec<bool> = selective.iter().map(|&s| s == Some(p)).collect();
+        let Some(j) = on.iter().position(|&o| o) else {
+            continue;
+        };
+        groups.push(SelectiveJson {
+            policy: policy_name(c, j, p).unwrap_or_default().to_owned(),
+            modules: chosen_names(model, &on),
+        });
+    }
     Ok(CheckpointJson {
         regex,
         modules,
-        selective,
+        selective: groups,
     })
 }
 

@@ -13,6 +13,7 @@ use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, PlanJson};
 
 use crate::cli::args::VerifyArgs;
+use crate::cli::error::UsageError;
 use crate::cli::output::print_json;
 use crate::cli::plan_run::{print_verify, verify_plan};
 
@@ -21,6 +22,19 @@ pub fn verify_cmd(a: VerifyArgs) -> Result<ExitCode> {
     crate::cli::plan_check::check_plan(&plan).with_context(|| format!("verifying {}", a.plan.display()))?;
     if a.pytorch {
         return pytorch::verify_pytorch_cmd(&a, &plan);
+    }
+    if let Some(s) = &plan.shard {
+        // ckptune's runtime runs one unsharded process: its peak is no rank's, so measuring it
+        // against the per-rank budget would fail a plan that holds (or pass one that does not).
+        return Err(UsageError(format!(
+            "verify {}: a plan sharded over {} ranks is verified on {} real processes by PyTorch FSDP2; \
+             run `ckptune verify --pytorch {}`",
+            a.plan.display(),
+            s.ranks,
+            s.ranks,
+            a.plan.display()
+        ))
+        .into());
     }
     let steps = a.steps.unwrap_or(plan.shape.repeats);
     let r = verify_plan(&plan, steps, a.quiet).with_context(|| format!("verifying {}", a.plan.display()))?;

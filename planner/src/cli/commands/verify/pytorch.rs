@@ -1,15 +1,17 @@
 //! `ckptune verify --pytorch`: the plan run twice — by ckptune's runtime (as `verify` does) and
-//! in PyTorch eager on the built-in model's plain-torch reference (`python -m ckptune_harness.eager`,
+//! in PyTorch eager on the plain-torch reference of the built-in model or of the Llama-family
+//! `config.json` (`python -m ckptune_harness.eager`,
 //! the companion's run with ckptune's counting allocator loaded into the Python process) — and
 //! reported beside the prediction. Exit 1 when either run peaks over the budget. A plan with a
 //! `shard` section goes to [`super::shard`] instead: FSDP2 on its N ranks.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use ckptune_solver::budget::format_size;
-use ckptune_solver::formats::{self, PlanJson, PytorchRunJson, VerifyJson, VerifyPytorchJson};
+use ckptune_solver::formats::{self, PlanJson, PytorchRunJson, SelectiveJson, VerifyJson, VerifyPytorchJson};
 
 use super::shard::{check_shard_flags, verify_shard_cmd};
 use super::trainer::{compare, print_trainer, trainer_label, trainer_run};
@@ -29,17 +31,34 @@ fn pytorch_run(plan_path: &Path, steps: usize, python: &Path) -> Result<PytorchR
 }
 
 /// Fails unless `run` (the documented loop's, or a trainer's) ran the plan's selective modules
-/// under the plan's policy, as read back from the wrapped modules.
+/// each under the plan's policy for it, as read back from the wrapped modules.
 fn check_selective(what: &str, run: &PytorchRunJson, plan: &PlanJson) -> Result<()> {
-    if run.selective != plan.checkpoint.selective {
+    let pairs = |sel: &[SelectiveJson]| -> BTreeSet<(String, String)> {
+        sel.iter()
+            .flat_map(|s| s.modules.iter().map(|m| (m.clone(), s.policy.clone())))
+            .collect()
+    };
+    if pairs(&run.selective) != pairs(&plan.checkpoint.selective) {
         anyhow::bail!(
             "the {what} did not run the plan's selective modules: it ran {}, the plan says {} \
              (is the ckptune package on its path this checkout's?)",
-            or_none(&selective_text(run.selective.as_ref())),
-            or_none(&selective_text(plan.checkpoint.selective.as_ref()))
+            or_none(&selective_text(&run.selective)),
+            or_none(&selective_text(&plan.checkpoint.selective))
         );
     }
     Ok(())
+}
+
+/// A Hugging Face folder holding a `config.json`, or the file itself: the harness builds the
+/// reference of a Llama-family one from its fields (`models/fixtures/reference.py`,
+/// `build_config`) and says which model types it cannot.
+fn is_hf_config(path: &Path) -> bool {
+    let file = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    file.file_name().is_some_and(|n| n == "config.json") && file.is_file()
 }
 
 fn or_none(text: &str) -> &str {
@@ -60,10 +79,11 @@ pub fn verify_pytorch_cmd(a: &VerifyArgs, plan: &PlanJson) -> Result<ExitCode> {
         ))
         .into());
     }
-    if Path::new(&plan.shape.model).exists() {
+    if Path::new(&plan.shape.model).exists() && !is_hf_config(Path::new(&plan.shape.model)) {
         return Err(UsageError(format!(
-            "verify --pytorch runs the plain-torch reference of a built-in model; {} is a file (plan the \
-             built-in name, or apply the plan in your own loop with ckptune.apply)",
+            "verify --pytorch runs the plain-torch reference of a built-in model or of a Hugging Face \
+             config.json; {} is another file (plan the built-in name, or apply the plan in your own loop \
+             with ckptune.apply)",
             plan.shape.model
         ))
         .into());
@@ -197,16 +217,13 @@ fn print_side_by_side(r: &VerifyPytorchJson) {
     if let Some(t) = &r.trainer {
         print_trainer(t, p, &row);
     }
-    if c.selective.is_some() || p.selective.is_some() {
+    if !c.selective.is_empty() || !p.selective.is_empty() {
         // What PyTorch ran, from the wrapped modules themselves, not the plan.
-        outln!(
-            "  PyTorch ran {}",
-            p.selective.as_ref().map_or("no module selective".into(), |s| format!(
-                "{} selective under {} (ckptune.apply)",
-                s.modules.join(", "),
-                s.policy
-            ))
-        );
+        let ran = match selective_text(&p.selective) {
+            t if t.is_empty() => "no module selective".to_owned(),
+            t => format!("{t} (ckptune.apply)"),
+        };
+        outln!("  PyTorch ran {ran}");
     }
     if c.mismatches.is_empty() {
         outln!("  ckptune's run matched every moment of the model to the byte");
