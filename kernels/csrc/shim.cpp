@@ -387,6 +387,14 @@ int ckpt_output_edge(at::Tensor* out, OutputEdge** edge, char** err) {
 }
 void ckpt_output_edge_free(OutputEdge* edge) { delete edge; }
 
+// How many holders `t`'s storage has besides `*t` itself: other handles on its tensor (a graph
+// that saved it as an operator's input holds the tensor) and other tensors on its storage (one
+// that saved it as an operator's output holds a second tensor; so does a view).
+int64_t ckpt_storage_holders(const at::Tensor* t) {
+  if (!t->defined() || !t->unsafeGetTensorImpl()->has_storage()) return 0;
+  return static_cast<int64_t>(t->use_count() - 1 + t->storage().use_count() - 1);
+}
+
 // As ckpt_backward_roots, from the `n` output edges (the outputs themselves may be gone) with
 // their gradients, and with the gradient each of the `m` sinks already holds from later readers
 // fed in first. Takes ownership of every edge and gradient handle.

@@ -159,6 +159,7 @@ extern "C" {
     pub(crate) fn ckpt_sink_free(sink: *mut CSink);
     pub(crate) fn ckpt_output_edge(out: CTensor, edge: *mut *mut COutputEdge, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_output_edge_free(edge: *mut COutputEdge);
+    pub(crate) fn ckpt_storage_holders(t: CTensor) -> i64;
     pub(crate) fn ckpt_backward_edges(
         edges: *const *mut COutputEdge,
         grads: *const CTensor,

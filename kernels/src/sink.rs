@@ -59,6 +59,14 @@ pub fn sink_alias(t: &Tensor) -> Result<(Tensor, GradSink), KernelError> {
     Ok((ffi::from_raw(out), GradSink { raw }))
 }
 
+/// Whether anything but the handle `t` holds `t`'s storage: for a block output just made, that
+/// its graph saved it (as an operator's output or input), or that a view of it or a tensor it
+/// aliases is alive. Such an output outlives the runtime's handle on it, whoever reads it.
+pub fn storage_shared(t: &Tensor) -> bool {
+    // SAFETY: `t` is a live tensor for the duration of the call, which only reads it.
+    unsafe { ffi::ckpt_storage_holders(t.as_ptr() as ffi::CTensor) > 0 }
+}
+
 /// A block output's gradient edge: what its backward starts from once the output is gone.
 pub struct OutputEdge {
     raw: *mut ffi::COutputEdge,

@@ -1,5 +1,5 @@
-//! The loss of a micro-step: the loss head on a leaf of the last block's output (and on the
-//! leaves of the earlier outputs it reads, a program with several outputs), scaled for
+//! The loss of a micro-step: the loss head on a leaf of the last block's output (and on
+//! readers' aliases of the earlier outputs it reads, a program with several outputs), scaled for
 //! accumulation (and fp16 loss scaling), and its backward, which leaves the gradient of that
 //! output for the blocks' backward (and theirs on their leaves).
 
@@ -49,11 +49,12 @@ impl Session {
             return self.chunked_loss(head, last, batch, held, tr);
         }
         let y = boundary_leaf(last);
-        // Earlier outputs the loss reads (a program with several outputs) through the leaves
-        // their later readers took, so that the loss's gradient accumulates with theirs.
+        // Earlier outputs the loss reads (a program with several outputs) through aliases
+        // feeding the sinks their other readers feed, so that the loss's gradient accumulates
+        // with theirs.
         let reads: Vec<Tensor> = (self.chain.head.all_reads().into_iter())
             .map(|r| self.read_leaf(acts, r))
-            .collect();
+            .collect::<Result<_>>()?;
         if let Some(t) = tr.as_deref_mut() {
             t.loss_before = self.probe.current();
             self.probe.reset_window();
