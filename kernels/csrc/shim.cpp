@@ -5,6 +5,8 @@
 //  - backward with an explicit output gradient that does not keep the caller's handles alive;
 //  - post-accumulate-grad hooks on parameters (the optimizer step in backward);
 //  - a non-leaf alias of a leaf, which in-place operators may write under grad mode;
+//  - block inputs as non-leaf aliases whose gradient flows into a sink, and backward from
+//    output edges, so a boundary's storage lives only as long as a reader saved it;
 //  - the default CPU generator's state (dropout must replay bitwise under recompute);
 //  - TorchScript modules: load, named children, forward, parameters, train/eval;
 //  - one generic boxed call of any dispatcher operator (the torch.export interpreter).
@@ -39,6 +41,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -118,6 +121,42 @@ void run_seeded(torch::autograd::edge_list edges, torch::autograd::variable_list
                                                         /*create_graph=*/false,
                                                         /*accumulate_grad=*/true);
 }
+
+// A block input's gradient sink: what a leaf's AccumulateGrad is, without the leaf. A block's
+// input is a detached alias of the previous block's output (same storage and version counter,
+// no view) whose gradient edge is this node, so it is a non-leaf as the previous layer's output
+// is in PyTorch: autocast does not cache its casts, in-place operators may write it, and
+// nothing but what its readers' graphs saved holds its storage once the runtime drops its
+// handles (the node holds no tensor of the forward). Every reader's backward ends here; the
+// sum is the previous block's output gradient. The first gradient is kept as it comes (PyTorch
+// hands the previous layer's nodes the buffer itself, never a copy); a later one is added in
+// place, as AccumulateGrad adds into `.grad` outside grad mode, unless the sum is shared.
+struct GradSink final : torch::autograd::Node {
+  // Highest priority, as AccumulateGrad's: it runs as soon as its gradient is complete.
+  GradSink() : Node(/*sequence_nr=*/UINT64_MAX) {}
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& inputs) override {
+    at::Tensor g = std::move(inputs[0]);
+    if (!g.defined()) return {};
+    if (!grad.defined()) {
+      grad = std::move(g);
+    } else if (grad.use_count() == 1) {
+      grad.add_(g);
+    } else {
+      grad = grad + g;
+    }
+    return {};
+  }
+  std::string name() const override { return "ckptune::GradSink"; }
+  at::Tensor grad;
+};
+
+// The gradient edge of a block's output, kept in place of the output so that backward can
+// start from it after the output's storage went: what the edge needs of the tensor (its shape,
+// to check the gradient) is copied out.
+struct OutputEdge {
+  torch::autograd::Edge edge;
+  std::vector<int64_t> sizes;
+};
 
 }  // namespace
 
@@ -294,6 +333,96 @@ int ckpt_writable_alias(const at::Tensor* t, at::Tensor** out, char** err) {
     identity->add_next_edge(torch::autograd::impl::gradient_edge(*t));
     torch::autograd::create_gradient_edge(alias, std::move(identity));
     *out = new at::Tensor(std::move(alias));
+  });
+}
+
+// ---- boundary sinks -------------------------------------------------------------------------
+struct CkptSink {
+  c10::intrusive_ptr<GradSink> node;
+};
+
+// `*out`: a non-leaf alias of `t` whose gradient flows into the new sink `*sink` (see GradSink).
+int ckpt_sink_alias(const at::Tensor* t, at::Tensor** out, CkptSink** sink, char** err) {
+  return guarded(err, [&] {
+    TORCH_CHECK(t->is_floating_point(), "a gradient sink needs a floating-point tensor, not ",
+                t->scalar_type());
+    at::Tensor alias = t->detach();
+    auto node = c10::make_intrusive<GradSink>();
+    torch::autograd::create_gradient_edge(alias, node);
+    *sink = new CkptSink{std::move(node)};
+    *out = new at::Tensor(std::move(alias));
+  });
+}
+
+// `*out`: one more reader's alias of `t` feeding `sink`, whose first alias was of `t` (each
+// reader holds its own alias, so the boundary's storage goes with the last of them).
+int ckpt_sink_reader(CkptSink* sink, const at::Tensor* t, at::Tensor** out, char** err) {
+  return guarded(err, [&] {
+    const torch::autograd::InputMetadata& meta = sink->node->input_metadata(0);
+    TORCH_CHECK(t->dtype() == meta.dtype() && meta.is_same_shape(*t),
+                "a gradient sink's readers must read one tensor: ", t->dtype(), t->sizes(),
+                " is not the sink's ", meta.dtype(), " tensor");
+    at::Tensor alias = t->detach();
+    torch::autograd::impl::set_gradient_edge(alias, {sink->node, 0});
+    *out = new at::Tensor(std::move(alias));
+  });
+}
+
+// The gradient the sink holds (undefined if none reached it), taken off it.
+int ckpt_sink_take_grad(CkptSink* sink, at::Tensor** out, char** err) {
+  return guarded(err, [&] { *out = new at::Tensor(std::exchange(sink->node->grad, at::Tensor())); });
+}
+void ckpt_sink_free(CkptSink* sink) { delete sink; }
+
+// The gradient edge of `out`, which must require grad; takes ownership of `out` and deletes it.
+int ckpt_output_edge(at::Tensor* out, OutputEdge** edge, char** err) {
+  return guarded(err, [&] {
+    at::Tensor o = std::move(*out);
+    delete out;
+    TORCH_CHECK(o.requires_grad(), "backward: the output does not require grad");
+    torch::autograd::Edge e = torch::autograd::impl::gradient_edge(o);
+    TORCH_CHECK(e.function != nullptr, "backward: the output has no gradient function");
+    *edge = new OutputEdge{std::move(e), o.sizes().vec()};
+  });
+}
+void ckpt_output_edge_free(OutputEdge* edge) { delete edge; }
+
+// How many holders `t`'s storage has besides `*t` itself: other handles on its tensor (a graph
+// that saved it as an operator's input holds the tensor) and other tensors on its storage (one
+// that saved it as an operator's output holds a second tensor; so does a view).
+int64_t ckpt_storage_holders(const at::Tensor* t) {
+  if (!t->defined() || !t->unsafeGetTensorImpl()->has_storage()) return 0;
+  return static_cast<int64_t>(t->use_count() - 1 + t->storage().use_count() - 1);
+}
+
+// As ckpt_backward_roots, from the `n` output edges (the outputs themselves may be gone) with
+// their gradients, and with the gradient each of the `m` sinks already holds from later readers
+// fed in first. Takes ownership of every edge and gradient handle.
+int ckpt_backward_edges(OutputEdge** edges, at::Tensor** grads, int64_t n, CkptSink* const* sinks, int64_t m,
+                        char** err) {
+  return guarded(err, [&] {
+    torch::autograd::edge_list roots;
+    torch::autograd::variable_list seeds;
+    std::vector<std::vector<int64_t>> sizes;
+    for (int64_t i = 0; i < n; ++i) {
+      roots.push_back(std::move(edges[i]->edge));
+      sizes.push_back(std::move(edges[i]->sizes));
+      seeds.push_back(std::move(*grads[i]));
+      delete edges[i];
+      delete grads[i];
+    }
+    TORCH_CHECK(n > 0, "backward: no output to start from");
+    for (int64_t i = 0; i < n; ++i) {
+      TORCH_CHECK(seeds[i].sizes() == at::IntArrayRef(sizes[i]), "backward: gradient shape ", seeds[i].sizes(),
+                  " differs from output shape ", at::IntArrayRef(sizes[i]));
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      GradSink& node = *sinks[j]->node;
+      if (!node.grad.defined()) continue;
+      seeds.push_back(std::exchange(node.grad, at::Tensor()));
+      roots.emplace_back(sinks[j]->node, 0);
+    }
+    run_seeded(std::move(roots), std::move(seeds));
   });
 }
 

@@ -22,6 +22,18 @@ pub(crate) struct AutocastState {
     pub cache_enabled: c_int,
 }
 
+/// A block input's gradient sink (`CkptSink`, shim.cpp).
+#[repr(C)]
+pub(crate) struct CSink {
+    _private: [u8; 0],
+}
+
+/// A block output's gradient edge (`OutputEdge`, shim.cpp).
+#[repr(C)]
+pub(crate) struct COutputEdge {
+    _private: [u8; 0],
+}
+
 /// A selective block's cache of saved outputs (`CkptSacCache`, sac.cpp).
 #[repr(C)]
 pub(crate) struct CSacCache {
@@ -140,6 +152,22 @@ extern "C" {
         err: *mut *mut c_char,
     ) -> c_int;
     pub(crate) fn ckpt_writable_alias(t: CTensor, out: *mut CTensor, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_sink_alias(t: CTensor, out: *mut CTensor, sink: *mut *mut CSink, err: *mut *mut c_char)
+        -> c_int;
+    pub(crate) fn ckpt_sink_reader(sink: *mut CSink, t: CTensor, out: *mut CTensor, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_sink_take_grad(sink: *mut CSink, out: *mut CTensor, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_sink_free(sink: *mut CSink);
+    pub(crate) fn ckpt_output_edge(out: CTensor, edge: *mut *mut COutputEdge, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_output_edge_free(edge: *mut COutputEdge);
+    pub(crate) fn ckpt_storage_holders(t: CTensor) -> i64;
+    pub(crate) fn ckpt_backward_edges(
+        edges: *const *mut COutputEdge,
+        grads: *const CTensor,
+        n: i64,
+        sinks: *const *mut CSink,
+        m: i64,
+        err: *mut *mut c_char,
+    ) -> c_int;
     pub(crate) fn ckpt_rng_get_state(out: *mut CTensor, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_rng_set_state(state: CTensor, err: *mut *mut c_char) -> c_int;
 

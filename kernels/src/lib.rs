@@ -1,6 +1,6 @@
 //! ckptune's native code: a C++ shim over libtorch for what `tch` does not expose (an exact
 //! CPU memory meter and its allocation log, autocast, backward with an explicit output gradient,
-//! post-accumulate-grad hooks, RNG state,
+//! post-accumulate-grad hooks, block boundaries that hold no storage (gradient sinks), RNG state,
 //! TorchScript children, a generic boxed call of any dispatcher operator), and behind the `cuda` feature the CUDA allocator's statistics and
 //! device facts. This is the only crate of the workspace with native code.
 
@@ -18,6 +18,7 @@ pub mod optrace;
 pub mod post_accumulate;
 pub mod rng;
 pub mod sac;
+pub mod sink;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -99,12 +99,18 @@ class PytorchBehaviourTest(unittest.TestCase):
         # Saved-tensor hooks (which drop what a checkpointed forward saves) skip wrapped numbers.
         self.assertEqual(held(lambda: checkpoint(f, x, use_reentrant=False)), 16)
 
-    def test_autocast_caches_a_leaf_inputs_cast_and_not_a_layer_outputs(self):
-        """A BERT layer reading a leaf that requires grad (ckptune's boundary) against one reading
-        the previous layer's output (the reference's encoder), autocast's cache on: the three
-        projections share the leaf's one cached cast, which a no-grad forward keeps while the
-        region is open, where the output is cast anew by each projection and, without grad, kept
-        by none; with grad the three casts are saved, two more than the shared one."""
+    def test_a_boundary_view_casts_as_a_layer_output_and_a_plain_leaf_does_not(self):
+        """A BERT layer under bf16 autocast reading ckptune's block input (runtime/src/exec/
+        boundary.rs: a view of the detached output, made to require grad), the previous layer's
+        output (what the reference's layer reads) and a plain leaf that requires grad (a boundary
+        that is no view). Autocast caches the cast of a leaf that requires grad and is no view:
+        the plain leaf's three projections share one cached cast, which a no-grad forward keeps
+        while the region is open, where an output is cast anew by each projection and, without
+        grad, kept by none; with grad the three casts are saved, two more than the shared one.
+        With the cache off the three inputs allocate alike. The boundary view allocates what the
+        output does, to the byte, with the cache on and off, and its input and weight gradients
+        are the output's bit for bit (the projections' gradients summed in f32), where with the
+        cache on the plain leaf's input gradient differs (summed in bf16 through its one cast)."""
         from ckptune_harness import meter as meter_mod
         from ckptune_harness import reference
 
@@ -112,40 +118,60 @@ class PytorchBehaviourTest(unittest.TestCase):
         ref = reference.load()
         torch.manual_seed(0)
         model, _ = ref.build("tiny-bert", "sdpa")
-        layer = model.bert.encoder.layer[0].eval()  # no dropout: the two runs allocate alike
+        layer = model.bert.encoder.layer[0].eval()  # no dropout: the runs allocate alike
         config = model.bert.config
         batch, seq, hidden = 2, 16, config.hidden_size
         cast = batch * seq * hidden * 2  # one bf16 cast of the layer's input
         ids = torch.randint(config.vocab_size, (batch, seq))
         mask = torch.ones(batch, seq, dtype=torch.long)
         mask[1, seq - 4:] = 0
+        with torch.no_grad():
+            h = model.bert.embeddings(ids)
+            m = ref.sdpa_mask(mask, seq, False, h.device)
+        grad_out = torch.randn(batch, seq, hidden)
 
-        def run(leaf, grad):
-            with torch.no_grad():
-                h = model.bert.embeddings(ids)
-                m = ref.sdpa_mask(mask, seq, False, h.device)
-            if leaf:
-                x = h.requires_grad_(True)
+        def run(kind, grad, cache):
+            start = h.detach()
+            if kind == "leaf":
+                x = start.requires_grad_(True)
+            elif kind == "view":
+                x = start.view_as(start).requires_grad_(True)
             else:
-                start = h.requires_grad_(True)
+                start.requires_grad_(True)
                 x = start * 1.0  # an output, as the previous layer's is
+            layer.zero_grad(set_to_none=True)
             meter.reset_peak()
             before = meter.current()
-            with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=torch.bfloat16,
+                                                              cache_enabled=cache):
                 y = layer(x, m)[0]
                 held = meter.current() - before
                 peak = meter.peak() - before
+            grads = []
+            if grad:
+                y.backward(grad_out.to(y.dtype))
+                grads = [start.grad if kind == "output" else x.grad] + [p.grad for p in layer.parameters()]
             del y
-            return held, peak
+            return held, peak, grads
 
         for grad in (False, True):
-            leaf_held, leaf_peak = run(True, grad)
-            output_held, output_peak = run(False, grad)
-            if grad:
-                self.assertEqual(output_held - leaf_held, 2 * cast)
-                self.assertEqual(output_peak - leaf_peak, 2 * cast)
-            else:
-                self.assertEqual(leaf_held - output_held, cast)
+            for cache in (True, False):
+                with self.subTest(grad=grad, cache=cache):
+                    leaf_held, leaf_peak, leaf_grads = run("leaf", grad, cache)
+                    view_held, view_peak, view_grads = run("view", grad, cache)
+                    out_held, out_peak, out_grads = run("output", grad, cache)
+                    self.assertEqual((view_held, view_peak), (out_held, out_peak))
+                    for a, b in zip(view_grads, out_grads):
+                        self.assertTrue(torch.equal(a, b))
+                    if not cache:  # nothing cached: any input casts alike
+                        self.assertEqual((leaf_held, leaf_peak), (out_held, out_peak))
+                    elif grad:
+                        self.assertEqual(out_held - leaf_held, 2 * cast)
+                        self.assertEqual(out_peak - leaf_peak, 2 * cast)
+                        # The shared cast sums the projections' input gradients in bf16.
+                        self.assertFalse(torch.equal(leaf_grads[0], out_grads[0]))
+                    else:
+                        self.assertEqual(leaf_held - out_held, cast)
 
     def test_checkpoint_recomputes_from_the_saved_input_not_a_leaf(self):
         """Autocast would cache a leaf's cast: the recompute's input is the forward's own tensor."""

@@ -153,8 +153,9 @@ fn nested_checkpointing_equals_plain_bit_for_bit() {
                 let (g, p) = grads(x);
                 // Bitwise also for Llama, whose layer input has three readers and whose
                 // children cast their inputs more than once: a split run sums its input's
-                // gradient in the fused graph's order (autograd::backward_seeded), and the
-                // boundaries inside a layer are views, whose casts autocast does not cache.
+                // gradient in the fused graph's order (sink::backward_edges), and the
+                // boundaries inside a layer are non-leaf aliases, whose casts autocast does not
+                // cache.
                 for ((na, a), (_, b)) in g0.iter().chain(&p0).zip(g.iter().chain(&p)) {
                     assert_eq!(a.defined(), b.defined(), "{name} {precision} {na}");
                     if a.defined() {

@@ -630,8 +630,9 @@ pub struct Measured {
     pub after_backward: i64,
     pub optimizer: ShardOptimizer,
     /// Per block: the bytes of its output its backward frees as it starts, plain and
-    /// checkpointed (the single process holds the output until then; eager PyTorch frees an
-    /// output nothing saved once its readers' backward ran).
+    /// checkpointed (the single process holds the output until then, unless it let go of it
+    /// after its only reader, which kept none of it: 0 then; eager PyTorch frees an output
+    /// nothing saved once its readers' backward ran).
     pub released: Vec<(i64, i64)>,
 }
 

@@ -1,16 +1,18 @@
 //! The backward pass of a micro-step, last block first: a checkpointed segment is recomputed
 //! from its input (block by block, with the RNG state of its forward and its buffers restored
-//! afterwards), then every block's VJP runs from its output and gradient to its input leaf,
-//! whose gradient — complete once every reader ran — is the previous block's output gradient.
+//! afterwards), then every block's VJP runs from its output's gradient edge and gradient to its
+//! input's sink, whose gradient — complete once every reader ran — is the previous block's
+//! output gradient.
 
 use std::time::Instant;
 
 use ckptune_kernels::autocast::AutocastGuard;
-use ckptune_kernels::{autograd, rng, sac};
+use ckptune_kernels::sink::{backward_edges, output_edge, GradSink, OutputEdge};
+use ckptune_kernels::{rng, sac};
 use ckptune_models::{Batch, Ctx};
 use tch::Tensor;
 
-use super::boundary::block_input;
+use super::boundary::{block_input, release_output};
 use super::forward::Activations;
 use super::schedule::Schedule;
 use super::scope::{self, Phase};
@@ -38,17 +40,18 @@ impl Session {
         acts.extra_grads[next - 1] = further_grads(acts, next - 1);
         while next > 0 {
             let i = next - 1;
-            // A fused group is one VJP, from its last block's output to its input leaf.
+            // A fused group is one VJP, from its last block's output to its input's sink.
             let start = schedule.fused[i].map_or(i, |(first, _)| first);
             next = start;
             if let Some((first, last)) = schedule.segments[i].filter(|&(_, last)| last == i) {
-                segment_rng = Some(self.recompute_segment(first, last, acts, batch, ctx, tr.as_deref_mut())?);
+                segment_rng =
+                    Some(self.recompute_segment((first, last), acts, batch, ctx, schedule, tr.as_deref_mut())?);
             }
             if let Some(ib) = &self.in_backward {
                 ib.blocks_running(start, i);
             }
             grad = self
-                .block_backward(i, start, grad, acts, &mut segment_rng, tr.as_deref_mut())
+                .block_backward((start, i), grad, acts, schedule, &mut segment_rng, tr.as_deref_mut())
                 .map_err(|e| self.backward_failed((start, i), acts, batch, ctx, e))?;
         }
         Ok(grad)
@@ -59,11 +62,11 @@ impl Session {
     /// which stays alive until the segment's backward is done.
     fn recompute_segment(
         &mut self,
-        first: usize,
-        last: usize,
+        (first, last): (usize, usize),
         acts: &mut Activations,
         batch: &Batch,
         ctx: &Ctx<'_>,
+        schedule: &Schedule,
         mut tr: Option<&mut MicroTrace>,
     ) -> Result<(usize, Tensor)> {
         // The stored no-grad output is dead: the recompute produces it again.
@@ -101,8 +104,11 @@ impl Session {
                 self.probe.reset_window();
             }
             let block = &self.chain.blocks[k];
-            let x = block_input(&self.chain, k, &batch.input, &acts.outputs, &mut acts.leaves);
-            let skips: Vec<Tensor> = block.skip_reads().map(|r| self.read_leaf(acts, r, k)).collect();
+            let x = block_input(k, &batch.input, &acts.outputs, &mut acts.sinks)?;
+            let skips: Vec<Tensor> = block
+                .skip_reads()
+                .map(|r| self.read_leaf(acts, r))
+                .collect::<Result<_>>()?;
             // A selective block's recompute takes the outputs its forward kept.
             let mut kept = acts.sac[k].take();
             let out = {
@@ -125,7 +131,9 @@ impl Session {
                     block.name, self.chain.name
                 )));
             }
+            self.learn_output_saved(k, &out);
             drop((x, skips, kept));
+            self.learn_input_saved(k, &acts.outputs, schedule);
             acts.outputs[k] = Some(out);
             acts.extras[k] = extras.into_iter().map(Some).collect();
             if let Some(t) = tr.as_deref_mut() {
@@ -148,78 +156,56 @@ impl Session {
         Ok((first, saved_rng))
     }
 
-    /// The VJP of block `i` (of the fused run `start..=i` when `start < i`) from its output and
-    /// `grad`; returns the gradient of its input, taken from the input leaf once every reader
-    /// of that leaf has run its backward. The segment's RNG state goes when its first block's
-    /// backward is done, inside this block's window.
+    /// The VJP of block `i` (of the fused run `start..=i` when `start < i`) from its output's
+    /// gradient edge and `grad`; returns the gradient of its input, taken from the input's sink
+    /// once every reader of that input has run its backward. The segment's RNG state goes when
+    /// its first block's backward is done, inside this block's window.
     fn block_backward(
         &mut self,
-        i: usize,
-        start: usize,
-        mut grad: Tensor,
+        (start, i): (usize, usize),
+        grad: Tensor,
         acts: &mut Activations,
+        schedule: &Schedule,
         segment_rng: &mut Option<(usize, Tensor)>,
         mut tr: Option<&mut MicroTrace>,
     ) -> Result<Tensor> {
         let block = &self.chain.blocks[i];
-        let out = acts.outputs[i].take().expect("output kept until the block's backward");
         let t0 = Instant::now();
         if let Some(t) = tr.as_deref_mut() {
             t.blocks[i].bwd_before = self.probe.current();
             self.probe.reset_window();
         }
         let vjp = scope::open(Phase::Backward, Some((i, &block.name)))?;
-        let further = further_roots(acts, i);
-        if !further.is_empty() {
-            // A block that hands on several tensors: one backward from all of them.
-            let mut roots = further;
-            let g = std::mem::replace(&mut grad, Tensor::new());
-            if out.requires_grad() && g.defined() {
-                roots.insert(0, (out, g));
-            } else {
-                drop((out, g));
-            }
-            let x: Vec<&Tensor> = (start > 0)
-                .then(|| acts.leaves[start - 1].as_ref())
-                .flatten()
-                .into_iter()
-                .collect();
-            autograd::backward_roots(roots, &x)?;
+        // The output (if the runtime still holds it) goes here, its edge kept.
+        release_output(i, &mut acts.outputs, &mut acts.edges)?;
+        let roots = vjp_roots(acts.edges[i].take(), grad, further_roots(acts, i)?).map_err(|()| {
+            RuntimeError::Invalid(format!(
+                "block {} of {}: no gradient reached its output",
+                block.name, self.chain.name
+            ))
+        })?;
+        let sink: Option<GradSink> = if start > 0 { acts.sinks[start - 1].take() } else { None };
+        if !roots.is_empty() {
+            // One backward from every output, the input's pending gradient (later readers')
+            // fed in first, as one fused graph sums it.
+            backward_edges(roots, &sink.iter().collect::<Vec<_>>())?;
             if let (Some(t), Some(begun)) = (tr.as_deref_mut(), self.probe.backward_start()) {
                 t.blocks[i].out_released = t.blocks[i].bwd_before - begun;
             }
-        } else if out.requires_grad() {
-            let g = std::mem::replace(&mut grad, Tensor::new());
-            if !g.defined() {
-                return Err(RuntimeError::Invalid(format!(
-                    "block {} of {}: no gradient reached its output",
-                    block.name, self.chain.name
-                )));
-            }
-            match (start > 0).then(|| acts.leaves[start - 1].as_ref()).flatten() {
-                Some(x) => autograd::backward_seeded(out, g, x)?,
-                None => autograd::backward(out, g)?,
-            }
-            if let (Some(t), Some(begun)) = (tr.as_deref_mut(), self.probe.backward_start()) {
-                t.blocks[i].out_released = t.blocks[i].bwd_before - begun;
-            }
-        } else {
-            drop(out);
         }
-        // Every reader of the input has now run its backward: its leaf's gradient is complete
+        // Every reader of the input has now run its backward: its sink's gradient is complete
         // and is the previous block's output gradient.
-        let grad_in = match (start > 0).then(|| acts.leaves[start - 1].take()).flatten() {
-            Some(x) => {
-                let g = x.grad();
-                drop(x);
-                g
-            }
+        let grad_in = match sink {
+            Some(sink) => sink.take_grad()?,
             None => Tensor::new(),
         };
         if start > 0 {
             acts.extra_grads[start - 1] = further_grads(acts, start - 1);
+            // A checkpointed only reader kept its input until now, for its recompute.
+            if self.releasable(start - 1, schedule) {
+                release_output(start - 1, &mut acts.outputs, &mut acts.edges)?;
+            }
         }
-        drop(grad);
         if segment_rng.as_ref().is_some_and(|(first, _)| start <= *first) {
             drop(segment_rng.take());
         }
@@ -235,6 +221,25 @@ impl Session {
     }
 }
 
+/// The roots of a block's backward: its output's edge with `grad` (none when the output needs no
+/// gradient), then its further outputs'. `Err` when the output needs one and none reached it.
+fn vjp_roots(
+    edge: Option<OutputEdge>,
+    grad: Tensor,
+    further: Vec<(OutputEdge, Tensor)>,
+) -> std::result::Result<Vec<(OutputEdge, Tensor)>, ()> {
+    let mut roots = Vec::with_capacity(further.len() + 1);
+    match edge {
+        Some(e) if grad.defined() => roots.push((e, grad)),
+        // A block that hands on several tensors runs from those that got a gradient.
+        Some(_) if !further.is_empty() => {}
+        Some(_) => return Err(()),
+        None => {}
+    }
+    roots.extend(further);
+    Ok(roots)
+}
+
 /// The gradients of block `k`'s further outputs, taken off their leaves once every reader's
 /// backward ran (undefined for one no reader differentiated), the leaves dropped.
 fn further_grads(acts: &mut Activations, k: usize) -> Vec<Tensor> {
@@ -244,9 +249,9 @@ fn further_grads(acts: &mut Activations, k: usize) -> Vec<Tensor> {
         .collect()
 }
 
-/// Block `i`'s further outputs that take part in its backward, each with its gradient (those
-/// without one are dropped here).
-fn further_roots(acts: &mut Activations, i: usize) -> Vec<(Tensor, Tensor)> {
+/// Block `i`'s further outputs that take part in its backward, each as its gradient edge with
+/// its gradient (those without one are dropped here).
+fn further_roots(acts: &mut Activations, i: usize) -> Result<Vec<(OutputEdge, Tensor)>> {
     let mut grads = std::mem::take(&mut acts.extra_grads[i]).into_iter();
     std::mem::take(&mut acts.extras[i])
         .into_iter()
@@ -254,5 +259,6 @@ fn further_roots(acts: &mut Activations, i: usize) -> Vec<(Tensor, Tensor)> {
             let g = grads.next().unwrap_or_default();
             e.filter(|e| e.requires_grad() && g.defined()).map(|e| (e, g))
         })
+        .map(|(e, g)| Ok((output_edge(e)?, g)))
         .collect()
 }

@@ -1,35 +1,100 @@
-//! The tensors between blocks: each output's detached leaf, created when its first reader
-//! runs, which every reader takes as input so that their gradients accumulate in one `.grad`.
-//! A block that hands on several tensors has a leaf per tensor.
+//! The tensors between blocks. A block's output reaches its readers as aliases feeding one
+//! gradient sink (`kernels::sink`), made when its first reader runs: non-leaves, as the previous
+//! layer's output is in PyTorch, so autocast casts them once per operator and nothing but the
+//! runtime's handle and what a reader's graph saved holds the output's storage. The runtime lets
+//! go of an output whose only reader is the next block once that block's forward is done (once
+//! its backward is done, when it is checkpointed and recomputes from it), keeping the output's
+//! gradient edge to run the producer's backward from: the output then lives as long as PyTorch
+//! keeps the previous layer's output (docs/memory-model.md, "The execution scheme").
+//! A block that hands on several tensors has a leaf per further tensor.
 
-use ckptune_models::Chain;
+use ckptune_kernels::sink::{output_edge, sink_alias, storage_shared, GradSink, OutputEdge};
 use tch::Tensor;
 
-/// Block `i`'s input: the batch for the first block, else the leaf of the previous output
-/// (created on first use).
+use super::schedule::Schedule;
+use super::session::Session;
+use crate::error::Result;
+
+impl Session {
+    /// Records, the first time block `k` runs with grad, whether its output `out` (just made)
+    /// is held by more than itself: its graph saved it ([`Session::output_saved`]).
+    pub(super) fn learn_output_saved(&self, k: usize, out: &Tensor) {
+        let known = &self.output_saved[k];
+        if known.get().is_none() {
+            known.set(Some(storage_shared(out)));
+        }
+    }
+
+    /// Records, the first time block `j` ran with grad (its handles on its input dropped),
+    /// whether its graph keeps its input: whether anything but the runtime's handle holds the
+    /// input's storage, when its producer's graph is known not to and no selective cache can.
+    pub(super) fn learn_input_saved(&self, j: usize, outputs: &[Option<Tensor>], schedule: &Schedule) {
+        let Some(k) = j.checked_sub(1) else { return };
+        let known = &self.input_saved[j];
+        if known.get().is_some() || self.output_saved[k].get() != Some(false) || schedule.selective[k].is_some() {
+            return;
+        }
+        if let Some(out) = &outputs[k] {
+            known.set(Some(storage_shared(out)));
+        }
+    }
+
+    /// Whether the runtime lets go of block `k`'s output once its only reader ran (its forward,
+    /// or its backward when it recomputes): the next block is its only reader, and neither its
+    /// own graph nor the reader's (plain) keeps it. Otherwise the output is held until its
+    /// block's backward whichever blocks are checkpointed, so that what it holds stays linear
+    /// in the choice: a checkpointed block's output whose plain graph would save it is held as
+    /// the plain one is.
+    pub(super) fn releasable(&self, k: usize, schedule: &Schedule) -> bool {
+        schedule.single_reader[k]
+            && self.output_saved[k].get() == Some(false)
+            && self.input_saved[k + 1].get() == Some(false)
+    }
+}
+
+/// Block `i`'s input: the batch for the first block, else a reader's alias of the previous
+/// output (its sink created on first use).
 pub(super) fn block_input(
-    chain: &Chain,
     i: usize,
     input: &Tensor,
     outputs: &[Option<Tensor>],
-    leaves: &mut [Option<Tensor>],
-) -> Tensor {
+    sinks: &mut [Option<GradSink>],
+) -> Result<Tensor> {
     if i == 0 {
-        return input.shallow_clone();
+        return Ok(input.shallow_clone());
     }
-    if leaves[i - 1].is_none() {
-        let out = outputs[i - 1].as_ref().expect("a block's input is alive when it runs");
-        leaves[i - 1] = Some(boundary(chain, i - 1, i, out).set_requires_grad(true));
-    }
-    leaf(leaves, i - 1)
+    reader_alias(i - 1, outputs, sinks)
 }
 
-/// The leaf of block `k`'s further output `slot` (1 and up) that block `reader` (or the loss,
-/// `reader` past the last block) reads, created on first use.
+/// One more reader's alias of block `k`'s output, feeding the output's sink (created on first
+/// use). The output must still be held: its readers run before the runtime lets go of it.
+pub(super) fn reader_alias(k: usize, outputs: &[Option<Tensor>], sinks: &mut [Option<GradSink>]) -> Result<Tensor> {
+    let out = outputs[k].as_ref().expect("a block output is held while a reader runs");
+    Ok(match &sinks[k] {
+        Some(sink) => sink.alias(out)?,
+        None => {
+            let (alias, sink) = sink_alias(out)?;
+            sinks[k] = Some(sink);
+            alias
+        }
+    })
+}
+
+/// Lets go of block `k`'s output, keeping its gradient edge (when it has one) for the block's
+/// backward: the storage goes unless a reader's graph or the producer's saved it.
+pub(super) fn release_output(k: usize, outputs: &mut [Option<Tensor>], edges: &mut [Option<OutputEdge>]) -> Result<()> {
+    if let Some(out) = outputs[k].take() {
+        if out.requires_grad() {
+            edges[k] = Some(output_edge(out)?);
+        }
+    }
+    Ok(())
+}
+
+/// The leaf of block `k`'s further output `slot` (1 and up) that its readers take, created on
+/// first use.
 pub(super) fn further_leaf(
-    chain: &Chain,
     (k, slot): (usize, usize),
-    reader: usize,
     extras: &[Vec<Option<Tensor>>],
     extra_leaves: &mut [Vec<Option<Tensor>>],
 ) -> Tensor {
@@ -42,32 +107,25 @@ pub(super) fn further_leaf(
             .as_ref()
             .expect("a further output is alive when a reader runs");
         // A further output may be an integer tensor (indices), which has no gradient.
-        leaves[slot - 1] = Some(boundary(chain, k, reader, out).set_requires_grad(out.is_floating_point()));
+        leaves[slot - 1] = Some(if out.is_floating_point() {
+            boundary_leaf(out)
+        } else {
+            out.detach()
+        });
     }
-    leaf(leaves, slot - 1)
-}
-
-/// The boundary of `out`, made by block `producer` and first read by block `reader`: the
-/// tensor that becomes its leaf.
-fn boundary(chain: &Chain, producer: usize, reader: usize, out: &Tensor) -> Tensor {
-    // Inside a layer run as its children the boundary is a view: autocast caches the
-    // bf16 cast of a leaf that requires grad (meant for weights) but not of a view, so a
-    // child that casts its input more than once (Llama's q/k/v projections, gate and
-    // up) makes the casts the fused layer makes, and their gradients are summed as
-    // there, in f32. Between layers the boundary is the plain leaf both runs share.
-    let detached = out.detach();
-    let inside = chain.groups.iter().any(|g| g.first <= producer && reader <= g.last);
-    if inside {
-        detached.view_as(&detached)
-    } else {
-        detached
-    }
-}
-
-/// A handle on leaf `k`, which must exist.
-pub(super) fn leaf(leaves: &[Option<Tensor>], k: usize) -> Tensor {
-    leaves[k]
+    leaves[slot - 1]
         .as_ref()
         .expect("a leaf is alive while a reader runs")
         .shallow_clone()
+}
+
+/// The leaf readers of `t` take as input: a view of `t` detached, which requires grad. Autocast
+/// caches the bf16 cast of a leaf that requires grad (meant for weights) but not of a view, so
+/// a reader that casts its input in several operators makes one cast per operator, as PyTorch
+/// does of the previous layer's output, and their gradients are summed in f32 as there. It is
+/// still a leaf (a view of a tensor that needs no grad has no graph), so every reader's gradient
+/// accumulates in its `.grad`, in the order one fused graph sums them.
+pub(super) fn boundary_leaf(t: &Tensor) -> Tensor {
+    let detached = t.detach();
+    detached.view_as(&detached).set_requires_grad(true)
 }

@@ -41,8 +41,10 @@ impl Session {
     }
 
     /// The first block of `start..=i` that finds the node whose backward fails, run forward as
-    /// the step ran it (in the step's autocast), each on what the step handed it: the leaves
-    /// before `start`, and within the run the outputs of this re-run, detached as leaves.
+    /// the step ran it (in the step's autocast), each on what the step handed it: the outputs
+    /// before `start` the runtime still holds (it lets go of an output whose only reader ran
+    /// plain: then nothing is found) and the further outputs' leaves, and within the run the
+    /// outputs of this re-run, detached as leaves.
     fn locate(
         &self,
         start: usize,
@@ -59,7 +61,8 @@ impl Session {
                 let t = outs.get(s - start)?.get(slot)?;
                 Some(t.detach().set_requires_grad(t.is_floating_point()))
             } else if slot == 0 {
-                acts.leaves[s].as_ref().map(Tensor::shallow_clone)
+                let t = acts.outputs[s].as_ref()?;
+                Some(t.detach().set_requires_grad(true))
             } else {
                 acts.extra_leaves[s].get(slot - 1)?.as_ref().map(Tensor::shallow_clone)
             }

@@ -1,31 +1,33 @@
 //! The forward pass of a micro-step, block by block: a checkpointed segment runs under no-grad
 //! keeping only its last output (and the RNG state at its start), a fused group runs as one
-//! graph, every other block reads the leaves of the outputs it reads.
+//! graph, every other block reads aliases of the outputs it reads (`boundary`).
 
 use std::time::Instant;
 
 use ckptune_kernels::rng;
 use ckptune_kernels::sac::{self, SacCache};
+use ckptune_kernels::sink::{GradSink, OutputEdge};
 use ckptune_models::{Batch, Ctx};
 use tch::Tensor;
 
-use super::boundary::{block_input, further_leaf, leaf};
+use super::boundary::{block_input, further_leaf, reader_alias, release_output};
 use super::schedule::Schedule;
 use super::scope::{self, Phase};
 use super::session::Session;
 use super::trace::MicroTrace;
 use crate::error::Result;
 
-/// What the forward pass leaves for the loss and the backward pass, per block: its output (the
-/// last block's is the loss's input; a checkpointed block keeps its no-grad output until its
-/// recompute), the detached leaf of that output that every reader took as input (created
-/// when the next block started), for a segment's first block, the RNG state at its start, and
-/// for a selective block, the outputs its forward kept for the recompute. A block that hands on
-/// several tensors has its further outputs (slot `s` at index `s - 1`) with their leaves, and
-/// once every reader's backward ran, their gradients.
+/// What the forward pass leaves for the loss and the backward pass, per block: its output while
+/// the runtime holds it (the last block's is the loss's input; see [`Schedule::single_reader`]
+/// for when it lets go), its gradient edge once it let go, the sink its readers' gradients flow
+/// into (created when its first reader started), for a segment's first block, the RNG state at
+/// its start, and for a selective block, the outputs its forward kept for the recompute. A block
+/// that hands on several tensors has its further outputs (slot `s` at index `s - 1`) with their
+/// leaves, and once every reader's backward ran, their gradients.
 pub(super) struct Activations {
     pub outputs: Vec<Option<Tensor>>,
-    pub leaves: Vec<Option<Tensor>>,
+    pub edges: Vec<Option<OutputEdge>>,
+    pub sinks: Vec<Option<GradSink>>,
     pub extras: Vec<Vec<Option<Tensor>>>,
     pub extra_leaves: Vec<Vec<Option<Tensor>>>,
     pub extra_grads: Vec<Vec<Tensor>>,
@@ -44,7 +46,8 @@ impl Session {
         let n = self.chain.blocks.len();
         let mut acts = Activations {
             outputs: (0..n).map(|_| None).collect(),
-            leaves: (0..n).map(|_| None).collect(),
+            edges: (0..n).map(|_| None).collect(),
+            sinks: (0..n).map(|_| None).collect(),
             extras: (0..n).map(|_| Vec::new()).collect(),
             extra_leaves: (0..n).map(|_| Vec::new()).collect(),
             extra_grads: (0..n).map(|_| Vec::new()).collect(),
@@ -85,18 +88,18 @@ impl Session {
         let x = if i > 0 && inner(i - 1) {
             raw(acts, (i - 1, 0))
         } else {
-            block_input(&self.chain, i, &batch.input, &acts.outputs, &mut acts.leaves)
+            block_input(i, &batch.input, &acts.outputs, &mut acts.sinks)?
         };
         let skips: Vec<Tensor> = block
             .skip_reads()
             .map(|r| {
                 if inner(r.0) {
-                    raw(acts, r)
+                    Ok(raw(acts, r))
                 } else {
-                    self.read_leaf(acts, r, i)
+                    self.read_leaf(acts, r)
                 }
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let t0 = Instant::now();
         let mut tr = tr;
         if let Some(t) = tr.as_deref_mut() {
@@ -123,11 +126,23 @@ impl Session {
             } else {
                 block.block.try_forward_all(&x, &bctx)
             };
+            if let (Ok((o, _)), None) = (&out, seg) {
+                // Before anything it read goes, as in the recompute.
+                self.learn_output_saved(i, o);
+            }
+            drop((x, skips));
+            if i > 0 && !inner(i - 1) && seg.is_none() {
+                self.learn_input_saved(i, &acts.outputs, schedule);
+                // The input's only reader ran plain and did not keep it: the runtime lets go
+                // of it, as `h = layer(h)` does.
+                if self.releasable(i - 1, schedule) {
+                    release_output(i - 1, &mut acts.outputs, &mut acts.edges)?;
+                }
+            }
             let open = self.probe.current();
             drop(ac);
             (out.map_err(|failure| self.block_failed(i, failure))?, open)
         };
-        drop((x, skips));
         let (out, extras) = out;
         acts.outputs[i] = Some(out);
         acts.extras[i] = extras.into_iter().map(Some).collect();
@@ -135,7 +150,7 @@ impl Session {
             for k in first..last {
                 if schedule.last_reader[k] == i {
                     acts.outputs[k] = None;
-                    acts.leaves[k] = None;
+                    acts.sinks[k] = None;
                 }
             }
             for &((k, slot), _) in schedule
@@ -159,12 +174,12 @@ impl Session {
         Ok(())
     }
 
-    /// The leaf through which block `reader` (or the loss, past the last block) reads `(k, slot)`:
-    /// block `k`'s output (slot 0), whose leaf exists, or its further output `slot`.
-    pub(super) fn read_leaf(&self, acts: &mut Activations, (k, slot): (usize, usize), reader: usize) -> Tensor {
+    /// What a block or the loss reads `(k, slot)` through: an alias of block `k`'s output
+    /// (slot 0), which the runtime still holds, or the leaf of its further output `slot`.
+    pub(super) fn read_leaf(&self, acts: &mut Activations, (k, slot): (usize, usize)) -> Result<Tensor> {
         match slot {
-            0 => leaf(&acts.leaves, k),
-            _ => further_leaf(&self.chain, (k, slot), reader, &acts.extras, &mut acts.extra_leaves),
+            0 => reader_alias(k, &acts.outputs, &mut acts.sinks),
+            _ => Ok(further_leaf((k, slot), &acts.extras, &mut acts.extra_leaves)),
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The loss of a micro-step: the loss head on a leaf of the last block's output (and on the
-//! leaves of the earlier outputs it reads, a program with several outputs), scaled for
+//! The loss of a micro-step: the loss head on a leaf of the last block's output (and on
+//! readers' aliases of the earlier outputs it reads, a program with several outputs), scaled for
 //! accumulation (and fp16 loss scaling), and its backward, which leaves the gradient of that
 //! output for the blocks' backward (and theirs on their leaves).
 
@@ -8,6 +8,7 @@ use ckptune_kernels::autograd;
 use ckptune_models::Batch;
 use tch::Tensor;
 
+use super::boundary::boundary_leaf;
 use super::forward::Activations;
 use super::scope::{self, Phase};
 use super::session::{chunks_refused, Session};
@@ -47,13 +48,13 @@ impl Session {
                 .ok_or_else(|| chunks_refused(&self.cfg, &self.chain))?;
             return self.chunked_loss(head, last, batch, held, tr);
         }
-        let y = last.detach().set_requires_grad(true);
-        // Earlier outputs the loss reads (a program with several outputs) through the leaves
-        // their later readers took, so that the loss's gradient accumulates with theirs.
-        let n_blocks = self.chain.blocks.len();
+        let y = boundary_leaf(last);
+        // Earlier outputs the loss reads (a program with several outputs) through aliases
+        // feeding the sinks their other readers feed, so that the loss's gradient accumulates
+        // with theirs.
         let reads: Vec<Tensor> = (self.chain.head.all_reads().into_iter())
-            .map(|r| self.read_leaf(acts, r, n_blocks))
-            .collect();
+            .map(|r| self.read_leaf(acts, r))
+            .collect::<Result<_>>()?;
         if let Some(t) = tr.as_deref_mut() {
             t.loss_before = self.probe.current();
             self.probe.reset_window();

@@ -1,15 +1,19 @@
 //! Checkpointed execution of a chain: one training step with any set of blocks checkpointed.
 //!
 //! The scheme (docs/memory-model.md, "The execution scheme the model assumes"):
-//! - every block boundary is `h.detach().set_requires_grad(true)`, a leaf sharing storage with
-//!   the producer's output, so each block's backward is a separate graph run from its output;
-//! - a checkpointed block runs forward under no-grad, keeping only its output (its input is
-//!   the previous block's output, already kept); in backward it is recomputed with grad from
-//!   its input leaf, with the RNG state of its forward (dropout replays bitwise) and inside
-//!   its own autocast region;
-//! - backward runs block by block, last to first, through the shim's VJP, which consumes the
-//!   output and its gradient so neither outlives its use; the input leaf's `.grad` becomes the
-//!   previous block's output gradient and the leaf is dropped at once;
+//! - every block reads the previous block's output through an alias feeding a gradient sink
+//!   (`kernels::sink`): a non-leaf, as the previous layer's output is in PyTorch (autocast casts
+//!   it once per operator), whose storage nothing but the runtime's handle and what a graph
+//!   saved holds. The runtime lets go of an output whose only reader is the next block after
+//!   that block's forward (after its backward when it is checkpointed), keeping the output's
+//!   gradient edge, so the output lives as long as PyTorch keeps it; an output with several
+//!   readers (skips, the loss) is held until its block's backward;
+//! - a checkpointed block runs forward under no-grad, keeping only its output; in backward it is
+//!   recomputed with grad from its input (held for it), with the RNG state of its forward
+//!   (dropout replays bitwise) and inside its own autocast region;
+//! - backward runs block by block, last to first, through the shim's VJP from the output's
+//!   gradient edge and its gradient, neither outliving its use; the input sink's gradient, the
+//!   sum of every reader's, becomes the previous block's output gradient;
 //! - each block's forward runs in its own autocast region: the region's cache of bf16 weight
 //!   casts then lives for one block, not for the whole forward (same results bitwise, since a
 //!   cast is deterministic, and less memory than one region around the model);
@@ -24,7 +28,7 @@
 //! Files: [`session`] holds a chain prepared for training; `step` runs a step (micro-steps,
 //! then the optimizer, or the optimizer inside backward: `in_backward`) as `forward`, `loss`
 //! (`chunked_loss` for a language model's loss in chunks) and `backward`, following the `schedule` a
-//! checkpoint mask gives; `boundary` makes the leaves between blocks; `diagnose` names the node of a backward that failed; [`trace`] is what an
+//! checkpoint mask gives; `boundary` makes the aliases between blocks; `diagnose` names the node of a backward that failed; [`trace`] is what an
 //! instrumented step records; `select` turns a checkpoint regex into a mask; [`scope`] names the
 //! user scopes a step opens around each block's forward, recompute and backward, the loss and
 //! the optimizer, which say in an operator trace what each operator was part of.

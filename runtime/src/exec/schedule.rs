@@ -17,6 +17,11 @@ pub(super) struct Schedule {
     /// Per further output `(block, slot)` read inside a segment or fused group, the block after
     /// which it is dead there (its last reader).
     pub further_last_reader: Vec<((usize, usize), usize)>,
+    /// Per block: its output's only reader is the next block (no skip, not the loss), so the
+    /// runtime lets go of it after that reader's forward, or its backward when it recomputes
+    /// ([`super::boundary::release_output`]). Other outputs are held until their block's
+    /// backward.
+    pub single_reader: Vec<bool>,
     /// Per block: the policy it runs selective under, for a block checkpointed on its own
     /// whose session asks for it ([`super::Session::selective`]).
     pub selective: Vec<Option<SacPolicy>>,
@@ -40,6 +45,10 @@ impl Schedule {
                 }
             }
         }
+        let loss_reads = chain.head.all_reads();
+        let single_reader = (0..n)
+            .map(|k| k + 1 < n && last_reader[k] == k + 1 && !loss_reads.contains(&(k, 0)))
+            .collect();
         let segments = segments(chain, checkpoint);
         let selective = (0..n)
             .map(|i| {
@@ -59,6 +68,7 @@ impl Schedule {
             },
             last_reader,
             further_last_reader,
+            single_reader,
             selective,
         }
     }

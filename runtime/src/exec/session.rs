@@ -1,6 +1,8 @@
 //! A chain prepared for training under one config: its optimizer, the buffers a recompute
 //! restores, the memory probe, and what the rest of the step asks of them.
 
+use std::cell::Cell;
+
 use ckptune_kernels::autocast::AutocastGuard;
 use ckptune_kernels::fake::{FakeMode, GpuGeometry};
 use ckptune_kernels::sac::SacPolicy;
@@ -45,6 +47,20 @@ pub struct Session {
     /// For a config that steps the optimizer in backward: the parameters' hooks are set, and
     /// this says when a gradient is complete.
     pub(super) in_backward: Option<InBackward>,
+    /// Per block: whether its output's storage is held by more than the output itself when
+    /// its grad-mode forward or recompute returns (its graph saved it), learned the first time
+    /// it runs with grad. Such an output, or one not yet known, is held until the block's
+    /// backward; another whose only reader is the next block is let go after that reader
+    /// (docs/memory-model.md, "The execution scheme"): a property of the block, so that what
+    /// a boundary holds is linear in the reader's choice.
+    pub(super) output_saved: Vec<Cell<Option<bool>>>,
+    /// Per block: whether its grad-mode forward or recompute keeps its input's storage (saved
+    /// it, or a view of it), learned the first time it runs with grad on an input nothing else
+    /// holds: a block that saves only casts of its input (bf16 BERT's query, key and value)
+    /// does not. Only an output its reader does not keep is let go of: one it keeps would die
+    /// inside the reader's backward where another holder (a selective block's cache) may keep
+    /// it, so it is held until its block's backward, as before.
+    pub(super) input_saved: Vec<Cell<Option<bool>>>,
     /// Fake mode, for a session measured on the meta device ([`Session::new_fake`]): its
     /// tensors are fake, and so is everything its steps create. Declared last, so it ends after
     /// every tensor of the session is gone.
@@ -117,6 +133,8 @@ impl Session {
         };
         let probe = Probe::new(device)?;
         let hold_casts = cfg.autocast_cache;
+        let output_saved = chain.blocks.iter().map(|_| Cell::new(None)).collect();
+        let input_saved = chain.blocks.iter().map(|_| Cell::new(None)).collect();
         Ok(Self {
             chain,
             cfg,
@@ -130,6 +148,8 @@ impl Session {
             hold_casts,
             selective: Vec::new(),
             in_backward,
+            output_saved,
+            input_saved,
             fake: None,
         })
     }

@@ -25,7 +25,7 @@ pub struct BlockTrace {
     pub rec_peak: i64,
     pub rec_after: i64,
     pub rec_seconds: f64,
-    /// Level when the block's VJP starts, highest level during it, level once the input leaf
+    /// Level when the block's VJP starts, highest level during it, level once the input's sink
     /// is dropped (its gradient taken).
     pub bwd_before: i64,
     pub bwd_peak: i64,

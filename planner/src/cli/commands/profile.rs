@@ -130,7 +130,12 @@ fn block_table(c: &ConfigProfile) -> Vec<String> {
         head += &format!(" {:>12} {:>12} {:>10}", format!("if {policy}"), "saves", "recompute");
     }
     let mut lines = vec![head];
-    let size = |b: i64| format_size(b.max(0) as u64);
+    // Signed: a plain block whose input the runtime lets go of after its forward (one it keeps
+    // only casts of) can keep less than nothing, and checkpointing it then costs memory.
+    let size = |b: i64| match u64::try_from(b) {
+        Ok(b) => format_size(b),
+        Err(_) => format!("-{}", format_size(b.unsigned_abs())),
+    };
     for (b, rec) in blocks.iter().zip(&c.recompute_seconds) {
         if !b.candidate {
             lines.push(format!("  {:<28} {:>12}", b.name, size(b.kept_grad)));
