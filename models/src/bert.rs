@@ -5,9 +5,10 @@
 //! `BertSelfAttention` of transformers 4.x: `matmul`, divide by `sqrt(head_size)`, add the
 //! additive mask, softmax, dropout, `matmul`). With [`crate::Attention::Sdpa`] it is
 //! transformers 5's `BertSelfAttention` under SDPA, HF's default ([`crate::sdpa`]): no mask
-//! when nothing is padded, else `sdpa_mask`'s bidirectional `[batch, 1, seq, seq]` bool built
-//! in each attention (HF builds it once per forward), and `attention_probs_dropout_prob` as
-//! SDPA's dropout in training. Every `forward` mirrors the Python statement by statement,
+//! when nothing is padded, else `sdpa_mask`'s bidirectional `[batch, 1, seq, seq]` bool, built
+//! once per micro-batch as HF builds it once per forward (the chain's [`SharedInputs`], held by
+//! the runtime through the micro-step, as a checkpointed layer keeps it as its input in
+//! PyTorch), and `attention_probs_dropout_prob` as SDPA's dropout in training. Every `forward` mirrors the Python statement by statement,
 //! including which locals stay alive until the function returns (e.g. the masked scores
 //! beside the softmax output), so transient memory matches.
 //!
@@ -21,7 +22,7 @@
 
 use tch::{nn, Kind, Tensor};
 
-use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, TokenTargets};
+use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, LossHead, SharedInputs, TokenTargets};
 use crate::error::{ModelError, Result};
 use crate::layers::{div_by_python_float, dropout, Activation, Embedding, LayerNorm, Linear, Spec};
 use crate::options::{Attention as Implementation, Granularity, ModelOptions};
@@ -292,9 +293,16 @@ impl SelfAttention {
         let query_layer = heads(self.query.forward(hidden_states));
         let key_layer = heads(self.key.forward(hidden_states));
         let value_layer = heads(self.value.forward(hidden_states));
-        let mask = sdpa.mask(ctx.attention_mask, ctx.padded);
+        // The chain's shared mask; called alone, the attention builds its own.
+        let own;
+        let mask = if ctx.shared.is_empty() {
+            own = sdpa.mask(ctx.attention_mask, ctx.padded);
+            own.as_ref()
+        } else {
+            ctx.shared.first()
+        };
         let p = if ctx.train { self.p } else { 0.0 };
-        let attn_output = sdpa.forward(&query_layer, &key_layer, &value_layer, mask.as_ref(), p);
+        let attn_output = sdpa.forward(&query_layer, &key_layer, &value_layer, mask, p);
         input_shape.push(-1);
         attn_output.reshape(input_shape.as_slice()).contiguous()
     }
@@ -531,6 +539,8 @@ fn build_chain(
         },
         reference_params: cfg.param_count(),
         attention: Some(attention),
+        shared: (attention == Implementation::Sdpa)
+            .then(|| Box::new(SdpaMask(bert_sdpa(cfg, spec))) as Box<dyn SharedInputs>),
     })
 }
 
@@ -573,6 +583,33 @@ fn embeddings(name: &str, root: &nn::Path<'_>, cfg: &Config, spec: Spec) -> Resu
     })
 }
 
+/// What `BertModel.forward` builds once under SDPA and hands every layer: `sdpa_mask`'s
+/// bidirectional mask, where the batch pads ([`SharedInputs`]).
+struct SdpaMask(Sdpa);
+
+impl SharedInputs for SdpaMask {
+    fn compute(
+        &self,
+        _seq: i64,
+        _kind: Kind,
+        _device: tch::Device,
+        bias: Option<&Tensor>,
+        padded: bool,
+    ) -> Vec<Tensor> {
+        self.0.mask(bias, padded).into_iter().collect()
+    }
+}
+
+/// SDPA as BERT's attention runs it (bidirectional, one key/value head per head).
+fn bert_sdpa(cfg: &Config, spec: Spec) -> Sdpa {
+    Sdpa {
+        scaling: (cfg.head_size() as f64).powf(-0.5),
+        causal: false,
+        kv_groups: 1,
+        kernels: spec.trace_kernels,
+    }
+}
+
 /// `BertLayer` at `l` (`encoder.layer.N`).
 fn layer(l: &nn::Path<'_>, cfg: &Config, spec: Spec, attention: Implementation) -> Result<Layer> {
     let (h, std) = (cfg.hidden_size, cfg.initializer_range);
@@ -595,12 +632,7 @@ fn layer(l: &nn::Path<'_>, cfg: &Config, spec: Spec, attention: Implementation) 
                 head_size: cfg.head_size(),
                 p: cfg.attention_probs_dropout_prob,
                 fused: spec.fused_dropout(),
-                sdpa: (attention == Implementation::Sdpa).then(|| Sdpa {
-                    scaling: (cfg.head_size() as f64).powf(-0.5),
-                    causal: false,
-                    kv_groups: 1,
-                    kernels: spec.trace_kernels,
-                }),
+                sdpa: (attention == Implementation::Sdpa).then(|| bert_sdpa(cfg, spec)),
             },
             output: output(&(l / "attention" / "output"), h)?,
         },

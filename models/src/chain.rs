@@ -32,6 +32,10 @@ pub struct Ctx<'a> {
     /// program whose sequence classifier finds each sequence's last token from the token ids).
     /// It needs no gradient and lives through the step, so reading it again costs nothing.
     pub batch_input: Option<&'a Tensor>,
+    /// What the chain's [`SharedInputs`] computed for this micro-batch (Llama's rotary pair and
+    /// causal mask); empty when the chain has none or the caller computed none, and a block
+    /// then computes its own.
+    pub shared: &'a [Tensor],
 }
 
 impl<'a> Ctx<'a> {
@@ -45,7 +49,14 @@ impl<'a> Ctx<'a> {
             batch_mask: None,
             padded: attention_mask.is_some(),
             batch_input: None,
+            shared: &[],
         }
+    }
+
+    /// The same context with the chain's shared inputs for this micro-batch
+    /// ([`Chain::shared_inputs`]).
+    pub fn with_shared(self, shared: &'a [Tensor]) -> Self {
+        Ctx { shared, ..self }
     }
 
     /// The same context with the batch's input for blocks after the first that read it.
@@ -77,6 +88,7 @@ impl<'a> Ctx<'a> {
             batch_mask: self.batch_mask,
             padded: self.padded,
             batch_input: self.batch_input,
+            shared: self.shared,
         }
     }
 
@@ -87,6 +99,17 @@ impl<'a> Ctx<'a> {
             .get(k)
             .unwrap_or_else(|| panic!("block asked for skip input {k} but was given {}", self.skips.len()))
     }
+}
+
+/// Tensors a model computes once per micro-batch from the batch's shape alone and hands to
+/// every block that reads them, as its PyTorch forward computes them once before its layers
+/// (Llama's `LlamaModel.forward`: the rotary `(cos, sin)` and the causal mask). The runtime
+/// computes them with the attention bias, before the first block, and frees them with it after
+/// the micro-step's backward; a layer graph that saves them saves these, not copies of its own.
+pub trait SharedInputs: Send {
+    /// The tensors for `seq` positions in `kind` on `device`; `bias` is the chain's additive
+    /// attention bias and `padded` whether the batch pads (as in [`Ctx`]).
+    fn compute(&self, seq: i64, kind: Kind, device: Device, bias: Option<&Tensor>, padded: bool) -> Vec<Tensor>;
 }
 
 /// One link of the chain. `forward` must be a pure function of its input, its parameters,
@@ -312,6 +335,8 @@ pub struct Chain {
     /// The attention implementation of a transformer ckptune built (`--attention`); `None` for
     /// models without attention and for programs whose attention is already in their graph.
     pub attention: Option<crate::options::Attention>,
+    /// What every block shares per micro-batch ([`SharedInputs`]); `None` for most models.
+    pub shared: Option<Box<dyn SharedInputs>>,
 }
 
 impl std::fmt::Debug for Chain {
@@ -466,7 +491,8 @@ impl Chain {
     /// [`Chain::forward_all`] with every tensor each block hands on: per block, its output and
     /// then its further outputs (slot `s` at index `s`).
     pub fn forward_handed(&self, input: &Tensor, attention_bias: Option<&Tensor>, train: bool) -> Vec<Vec<Tensor>> {
-        let ctx = Ctx::new(attention_bias, train);
+        let shared = self.shared_inputs(input, attention_bias, attention_bias.is_some());
+        let ctx = Ctx::new(attention_bias, train).with_shared(&shared);
         let mut outs: Vec<Vec<Tensor>> = Vec::with_capacity(self.blocks.len());
         for (i, b) in self.blocks.iter().enumerate() {
             let x = if i == 0 { input } else { &outs[i - 1][0] };
@@ -552,6 +578,15 @@ impl Chain {
         };
         let ones = mask.ones_like();
         ((ones - mask).to_kind(kind) * min).unsqueeze(1).unsqueeze(1)
+    }
+
+    /// The chain's [`SharedInputs`] for a micro-batch whose token ids (or images) are `input`,
+    /// in the parameters' dtype: empty for a chain without them.
+    pub fn shared_inputs(&self, input: &Tensor, bias: Option<&Tensor>, padded: bool) -> Vec<Tensor> {
+        match &self.shared {
+            Some(s) => s.compute(input.size()[1], self.param_kind(), input.device(), bias, padded),
+            None => Vec::new(),
+        }
     }
 
     /// The dtype of the floating-point parameters (f32 unless converted, e.g. to bf16).

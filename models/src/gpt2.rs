@@ -586,6 +586,7 @@ fn build_chain(
         },
         reference_params: cfg.param_count(),
         attention: Some(attention),
+        shared: None,
     })
 }
 

@@ -154,6 +154,7 @@ pub fn chain_from_torchscript(path: &Path, opts: &ModelOptions) -> Result<Chain>
         input,
         reference_params,
         attention: None,
+        shared: None,
     };
     // Check that the children compose to the model's own forward on a sample batch (eval mode,
     // so dropout and batch statistics do not differ between the two runs).

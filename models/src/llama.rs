@@ -15,23 +15,21 @@
 //! head is `lm_head` (its own weight, or `model.embed_tokens.weight` when
 //! `tie_word_embeddings`) and `ForCausalLMLoss`, as GPT-2's.
 //!
-//! Deviations, both from `LlamaModel.forward` computing things once for all layers, which a
-//! chain cannot keep alive across blocks:
-//! - the rotary `(cos, sin)` pair (`model.rotary_emb`, `[1, seq, head_dim]` each) is computed
-//!   by every attention from the shared `inv_freq`, with autocast off as HF does; each layer's
-//!   graph therefore saves its own pair (2 · seq · head_dim elements per layer) where HF's
-//!   layers share one;
-//! - the causal mask (`create_causal_mask`, 0 / `finfo.min`, `[batch or 1, 1, seq, seq]`; under
-//!   SDPA a `[batch, 1, seq, seq]` bool where the batch pads) is built by every attention and
-//!   dies with it; HF keeps one for the whole forward.
-//!
-//! The chain's memory is exact for what the chain runs; these are the differences from
-//! PyTorch's own run of the module.
+//! What `LlamaModel.forward` computes once for all layers (`position_ids`, the causal mask,
+//! `model.rotary_emb`'s `(cos, sin)`, `[1, seq, head_dim]` each, with autocast off as HF does)
+//! is the chain's [`SharedInputs`]: the runtime computes it before the first block and holds it
+//! through the micro-step's backward, and every attention reads it from [`Ctx::shared`]. So a
+//! layer's graph saves the shared pair and mask, as HF's layers do, and a checkpointed layer
+//! keeps nothing of its own for them, as `torch.utils.checkpoint` keeps only references to the
+//! same tensors. PyTorch makes them after the embeddings and frees them after layer 0's
+//! backward (`position_ids` already when the forward returns), so at the embedding's forward
+//! and backward, and from the loss on for `position_ids`, the prediction holds them above
+//! PyTorch: never below it.
 
 use tch::{nn, Kind, Tensor};
 
 use crate::causal_lm::CausalLm;
-use crate::chain::{Block, Chain, ChainBlock, Ctx, InputSpec, TokenTargets};
+use crate::chain::{Block, Chain, ChainBlock, Ctx, InputSpec, SharedInputs, TokenTargets};
 use crate::decoder::{push_layer, PreNormLayer};
 use crate::error::{ModelError, Result};
 use crate::layers::{dropout, finfo_min, param, Embedding, Init, Linear, Spec};
@@ -375,14 +373,46 @@ impl RmsNorm {
     }
 }
 
-/// `LlamaAttention` (self-attention, no cache), with the rotary embedding and causal mask it
-/// is handed by `LlamaModel` computed here (see the module doc).
+/// What `LlamaModel.forward` computes once before its layers, in its order, and hands every
+/// attention: `position_ids` (`[1, seq]`, a local of the forward), the causal mask (eager:
+/// `create_causal_mask`'s additive one; SDPA: `sdpa_mask`'s bool one, only where the batch
+/// pads), then `model.rotary_emb`'s `(cos, sin)`. The runtime holds them through the
+/// micro-step ([`SharedInputs`]), so a checkpointed layer keeps the ones PyTorch's
+/// `torch.utils.checkpoint` saves as its inputs, and a plain layer's graph saves these, not a
+/// pair of its own.
+struct Positions {
+    inv_freq: Tensor,
+    /// `None`: eager.
+    sdpa: Option<Sdpa>,
+}
+
+/// Where [`Positions`] puts each tensor; the mask is last and absent where SDPA needs none.
+const COS: usize = 1;
+const SIN: usize = 2;
+const MASK: usize = 3;
+
+impl SharedInputs for Positions {
+    fn compute(&self, seq: i64, kind: Kind, device: tch::Device, bias: Option<&Tensor>, padded: bool) -> Vec<Tensor> {
+        let position_ids = Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0);
+        let mask = match &self.sdpa {
+            Some(sdpa) => sdpa.mask(bias, padded),
+            None => Some(Attention::causal_mask(bias, seq, kind, device)),
+        };
+        let (cos, sin) = rotary::cos_sin(&self.inv_freq, &position_ids, kind);
+        let mut shared = vec![position_ids, cos, sin];
+        shared.extend(mask);
+        shared
+    }
+}
+
+/// `LlamaAttention` (self-attention, no cache), reading the rotary embedding and causal mask
+/// `LlamaModel` hands it from [`Ctx::shared`] (computing them itself when called alone).
 struct Attention {
     q_proj: Linear,
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
-    inv_freq: Tensor,
+    positions: Positions,
     head_dim: i64,
     num_key_value_groups: i64,
     attention_dropout: f64,
@@ -420,7 +450,17 @@ impl Attention {
         let mut query_states = heads(self.q_proj.forward(hidden_states));
         let mut key_states = heads(self.k_proj.forward(hidden_states));
         let value_states = heads(self.v_proj.forward(hidden_states));
-        let (cos, sin) = rotary::cos_sin(&self.inv_freq, hidden_states, seq);
+        let own;
+        let shared = if ctx.shared.is_empty() {
+            let (kind, device) = (hidden_states.kind(), hidden_states.device());
+            own = self
+                .positions
+                .compute(seq, kind, device, ctx.attention_mask, ctx.padded);
+            &own[..]
+        } else {
+            ctx.shared
+        };
+        let (cos, sin) = (&shared[COS], &shared[SIN]);
         // apply_rotary_pos_emb(unsqueeze_dim=1); the by-value operators drop their operands
         // as soon as consumed, as Python frees its temporaries.
         let (cos_u, sin_u) = (cos.unsqueeze(1), sin.unsqueeze(1));
@@ -430,20 +470,12 @@ impl Attention {
         key_states = k_embed;
         let (attn_output, attn_weights) = match &self.sdpa {
             None => {
-                let (output, weights) = self.eager(
-                    &query_states,
-                    &key_states,
-                    &value_states,
-                    ctx.attention_mask,
-                    hidden_states.kind(),
-                    ctx.train,
-                );
+                let (output, weights) = self.eager(&query_states, &key_states, &value_states, &shared[MASK], ctx.train);
                 (output, Some(weights))
             }
             Some(sdpa) => {
-                let mask = sdpa.mask(ctx.attention_mask, ctx.padded);
                 let p = if ctx.train { self.attention_dropout } else { 0.0 };
-                let output = sdpa.forward(&query_states, &key_states, &value_states, mask.as_ref(), p);
+                let output = sdpa.forward(&query_states, &key_states, &value_states, shared.get(MASK), p);
                 (output, None)
             }
         };
@@ -453,28 +485,24 @@ impl Attention {
         (self.o_proj.forward(&attn_output), attn_weights)
     }
 
-    /// `eager_attention_forward`. The mask is in `mask_kind`, the model's float dtype (HF
-    /// builds it from `inputs_embeds`), so under autocast the bf16 scores are promoted to f32
-    /// by the addition, as in PyTorch.
+    /// `eager_attention_forward`. The mask is in the model's float dtype (HF builds it from
+    /// `inputs_embeds`), so under autocast the bf16 scores are promoted to f32 by the
+    /// addition, as in PyTorch.
     fn eager(
         &self,
         query: &Tensor,
         key: &Tensor,
         value: &Tensor,
-        padding: Option<&Tensor>,
-        mask_kind: Kind,
+        causal_mask: &Tensor,
         train: bool,
     ) -> (Tensor, Tensor) {
         let key_states = repeat_kv(key, self.num_key_value_groups);
         let value_states = repeat_kv(value, self.num_key_value_groups);
         let scaling = (self.head_dim as f64).powf(-0.5);
         let mut attn_weights = query.matmul(&key_states.transpose(2, 3)) * scaling;
-        let seq = query.size()[2];
-        let causal_mask = Self::causal_mask(padding, seq, mask_kind, query.device());
         // Out of place, as Python's `+`: tch's `+=` is `add_`, which would keep bf16 scores
         // bf16 instead of promoting them to the mask's f32.
-        attn_weights = attn_weights.g_add(&causal_mask);
-        drop(causal_mask);
+        attn_weights = attn_weights.g_add(causal_mask);
         attn_weights = attn_weights.softmax(-1, Some(Kind::Float)).to_kind(query.kind());
         attn_weights = dropout(&attn_weights, self.attention_dropout, train, self.fused);
         let mut attn_output = attn_weights.matmul(&value_states);
@@ -657,6 +685,12 @@ fn build_chain(
     let embed_tokens = Embedding::hf(&(&model / "embed_tokens"), cfg.vocab_size, d, None, std, spec)?;
     let tied = embed_tokens.weight.shallow_clone();
     let inv_freq = cfg.inv_freq(spec.device);
+    let sdpa = (attention == Implementation::Sdpa).then_some(Sdpa {
+        scaling: (hd as f64).powf(-0.5),
+        causal: true,
+        kv_groups: cfg.num_attention_heads / cfg.num_key_value_heads,
+        kernels: spec.trace_kernels,
+    });
     let mut groups = Vec::new();
     let mut blocks = vec![ChainBlock::new(
         "model.embed_tokens",
@@ -675,17 +709,15 @@ fn build_chain(
                 k_proj: linear(&a / "k_proj", d, kv, cfg.qkv_bias())?,
                 v_proj: linear(&a / "v_proj", d, kv, cfg.qkv_bias())?,
                 o_proj: linear(&a / "o_proj", q, d, cfg.o_bias())?,
-                inv_freq: inv_freq.shallow_clone(),
+                positions: Positions {
+                    inv_freq: inv_freq.shallow_clone(),
+                    sdpa,
+                },
                 head_dim: hd,
                 num_key_value_groups: cfg.num_attention_heads / cfg.num_key_value_heads,
                 attention_dropout: cfg.attention_dropout,
                 fused: spec.fused_dropout(),
-                sdpa: (attention == Implementation::Sdpa).then_some(Sdpa {
-                    scaling: (hd as f64).powf(-0.5),
-                    causal: true,
-                    kv_groups: cfg.num_attention_heads / cfg.num_key_value_heads,
-                    kernels: spec.trace_kernels,
-                }),
+                sdpa,
             },
             post_attention_layernorm: RmsNorm::new(&(&l / "post_attention_layernorm"), d, cfg.rms_norm_eps, spec)?,
             mlp: Mlp {
@@ -724,6 +756,7 @@ fn build_chain(
         },
         reference_params: cfg.param_count(),
         attention: Some(attention),
+        shared: Some(Box::new(Positions { inv_freq, sdpa })),
     })
 }
 

@@ -508,6 +508,7 @@ pub(crate) fn build_with_default_image(
         },
         reference_params: cfg.param_count(),
         attention: None,
+        shared: None,
     })
 }
 

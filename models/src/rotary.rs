@@ -41,10 +41,10 @@ pub(crate) fn inv_freq(dim: i64, theta: f64, scaling: Option<&Llama3RopeScaling>
     smoothed_inv_freq.where_self(&is_medium_freq, &inv_freq_llama)
 }
 
-/// `LlamaRotaryEmbedding.forward` for positions `0..seq`: `(cos, sin)`, `[1, seq, head_dim]`.
-pub(crate) fn cos_sin(inv_freq: &Tensor, x: &Tensor, seq: i64) -> (Tensor, Tensor) {
-    let device = x.device();
-    let position_ids = Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0);
+/// `LlamaRotaryEmbedding.forward(x, position_ids)` for `position_ids` `[1, seq]`: `(cos, sin)`,
+/// `[1, seq, head_dim]` each, in `kind` (the dtype of `x`, the embeddings').
+pub(crate) fn cos_sin(inv_freq: &Tensor, position_ids: &Tensor, kind: Kind) -> (Tensor, Tensor) {
+    let device = position_ids.device();
     let inv_freq_expanded = inv_freq
         .unsqueeze(0)
         .unsqueeze(-1)
@@ -63,7 +63,7 @@ pub(crate) fn cos_sin(inv_freq: &Tensor, x: &Tensor, seq: i64) -> (Tensor, Tenso
         // `* self.attention_scaling`, which is 1.0 for the default and llama3 rope types.
         (emb.cos() * 1.0, emb.sin() * 1.0)
     };
-    (cos.to_kind(x.kind()), sin.to_kind(x.kind()))
+    (cos.to_kind(kind), sin.to_kind(kind))
 }
 
 pub(crate) fn rotate_half(x: &Tensor) -> Tensor {

@@ -132,6 +132,7 @@ pub fn toy(cfg: &ToyConfig, device: tch::Device) -> Chain {
         },
         reference_params,
         attention: None,
+        shared: None,
     }
 }
 

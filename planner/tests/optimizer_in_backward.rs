@@ -195,6 +195,51 @@ fn pytorch_stepping_in_backward_peaks_at_the_prediction() {
     );
 }
 
+/// SmolLM2-135M's shape in miniature: a Llama config.json with tied embeddings whose loss is the
+/// peak (vocabulary 8,192 at 2 x 128 tokens, two layers).
+const TIED_LLAMA: &str = r#"{"model_type": "llama", "vocab_size": 8192, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 256, "rope_theta": 100000, "tie_word_embeddings": true}"#;
+
+/// `LlamaModel.forward` makes the rotary pair and the causal mask once, and a checkpointed
+/// layer keeps them as its inputs through the loss. The runtime holds those same tensors
+/// through the micro-step (`models::chain::SharedInputs`), so PyTorch is never above the
+/// prediction. It is below it by exactly what only ckptune holds at the loss: the additive
+/// attention bias (`[batch, 1, 1, seq]` f32, which the reference's SDPA path never makes), and
+/// `position_ids` (`[1, seq]` i64, freed by PyTorch when its forward returns). With no layer
+/// checkpointed, also the SDPA mask (`[batch, 1, seq, seq]` bool), which no layer's graph keeps.
+#[test]
+fn a_tied_llama_peaking_at_its_loss_is_not_under_predicted() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("tied-llama");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(folder.join("config.json"), TIED_LLAMA).unwrap();
+    let model = [folder.to_str().unwrap(), "--seq", "128"];
+    let (batch, seq) = (2, 128);
+    let only_ckptune = batch * seq * 4 + seq * 8;
+    for step in ["in-backward", "after"] {
+        for (budget, checkpointed, mask) in [("0%", true, 0), ("100%", false, batch * seq * seq)] {
+            let flags = ["--optimizer", "adamw", "--optimizer-step", step];
+            let r = verify_pytorch(dir.path(), budget, &model, &flags);
+            let what = format!("{step} {budget}");
+            assert_eq!(r["ckptune"]["mismatches"], serde_json::json!([]), "{what}");
+            assert_eq!(r["ckptune"]["peak_moment"], "first micro-step: loss", "{what}");
+            let modules = r["ckptune"]["modules"].as_array().unwrap();
+            assert_eq!(
+                modules.iter().any(|m| m == "model.layers.0") && modules.iter().any(|m| m == "model.layers.1"),
+                checkpointed,
+                "{what}: {modules:?}"
+            );
+            assert_eq!(
+                r["pytorch_peak_error_bytes"],
+                -(only_ckptune + mask),
+                "{what}: {}",
+                r["pytorch"]
+            );
+        }
+    }
+}
+
 /// The plan's python snippet trains the reference with `ckptune.optimizer_in_backward` (one
 /// optimizer per parameter, no `opt.step()`): every candidate runs once per step and the plan's
 /// modules twice (their recompute), and the weights change.

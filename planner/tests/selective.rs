@@ -353,10 +353,12 @@ fn a_plan_mixing_policies_per_layer_runs_each_layer_under_its_own() {
     let torch = verify(&mixed, dir.path(), &["--pytorch", "--steps", "2"]);
     assert_eq!(torch["ckptune"]["mismatches"], serde_json::json!([]));
     assert_eq!(torch["pytorch"]["selective"], read(&mixed)["checkpoint"]["selective"]);
-    // The step peaks in the second layer's backward, where PyTorch's differences from the model
-    // come from what the first layer holds (README's known limits): with the first layer under
-    // `matmul`, PyTorch's peak is as far from ckptune's as with every layer under `matmul`, so
-    // running the second under `attention` beside it adds no difference of its own.
+    // The step peaks in the second layer's backward. Whatever the first layer's policy, PyTorch's
+    // peak is below ckptune's by exactly what only ckptune holds there: the additive attention
+    // bias (`[batch, 1, 1, seq]` f32; the reference's SDPA path builds only the bool mask) and
+    // `position_ids` (`[1, seq]` i64, which PyTorch frees when its forward returns). The rotary
+    // pair and the SDPA mask are the model's shared inputs in both, which a checkpointed or
+    // selective layer keeps as its inputs, whatever it recomputes.
     let matmul = edited(dir.path(), "matmul.json", &read(&mixed), |d| {
         d["checkpoint"]["selective"] = serde_json::json!({"policy": "matmul", "modules": layers});
     });
@@ -369,5 +371,70 @@ fn a_plan_mixing_policies_per_layer_runs_each_layer_under_its_own() {
     let gap = |r: &Value| {
         r["pytorch"]["peak_bytes"].as_i64().unwrap() - r["ckptune"]["measured"]["peak_bytes"].as_i64().unwrap()
     };
-    assert_eq!(gap(&torch), gap(&matmul_run), "{torch}\n{matmul_run}");
+    let (batch, seq) = (2, 64);
+    let only_ckptune = batch * seq * 4 + seq * 8;
+    assert_eq!(gap(&torch), -only_ckptune, "{torch}");
+    assert_eq!(gap(&matmul_run), -only_ckptune, "{matmul_run}");
+    // The first layer under `attention`, or checkpointed whole, leaves the same difference.
+    for (name, selective) in [
+        (
+            "attention.json",
+            serde_json::json!({"policy": "attention", "modules": layers}),
+        ),
+        (
+            "full.json",
+            serde_json::json!({"policy": "attention", "modules": [layers[1]]}),
+        ),
+    ] {
+        let plan = edited(dir.path(), name, &read(&mixed), |d| {
+            d["checkpoint"]["selective"] = selective.clone();
+        });
+        let run = verify(&plan, dir.path(), &["--pytorch", "--steps", "2"]);
+        assert_eq!(run["ckptune"]["mismatches"], serde_json::json!([]), "{name}");
+        assert_eq!(gap(&run), -only_ckptune, "{name}: {run}");
+    }
+}
+
+/// BERT under SDPA builds its `[batch, 1, seq, seq]` bool mask once, and each checkpointed or
+/// selective layer keeps it in PyTorch as its input; the runtime holds that mask through the
+/// micro-step too (the chain's shared inputs). With every layer under `attention` or checkpointed
+/// whole, PyTorch's peak is below ckptune's run by exactly ckptune's additive
+/// `[batch, 1, 1, seq]` f32 mask, which the reference's SDPA path never makes.
+#[test]
+fn bert_layers_under_attention_or_whole_differ_from_pytorch_by_the_additive_mask_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.json");
+    let (batch, seq) = (4, 32);
+    // The budget of nothing checkpointed, which either run is under.
+    let mut args = vec!["plan", "--budget", "100%", "tiny-bert", "--batch", "4", "--seq", "32"];
+    args.extend([
+        "--precision",
+        "fp32",
+        "--selective",
+        "attention",
+        "-o",
+        base.to_str().unwrap(),
+    ]);
+    args.extend(COMMON);
+    ok(&args);
+    let layers = ["encoder.layer.0", "encoder.layer.1"];
+    for (name, selective) in [("attention.json", true), ("whole.json", false)] {
+        let plan = edited(dir.path(), name, &read(&base), |d| {
+            d["checkpoint"]["regex"] = "^(?:encoder\\.layer\\.(?:0|1))$".into();
+            d["checkpoint"]["modules"] = serde_json::json!(layers);
+            let ck = d["checkpoint"].as_object_mut().unwrap();
+            ck.remove("selective");
+            if selective {
+                ck.insert(
+                    "selective".into(),
+                    serde_json::json!({"policy": "attention", "modules": layers}),
+                );
+            }
+        });
+        let r = verify(&plan, dir.path(), &["--pytorch", "--steps", "2"]);
+        assert_eq!(r["ckptune"]["mismatches"], serde_json::json!([]), "{name}");
+        let gap =
+            r["pytorch"]["peak_bytes"].as_i64().unwrap() - r["ckptune"]["measured"]["peak_bytes"].as_i64().unwrap();
+        assert_eq!(gap, -(batch * seq * 4), "{name}: {r}");
+    }
 }

@@ -102,6 +102,7 @@ pub fn chain_from_export(path: &Path, opts: &ModelOptions) -> Result<Chain> {
         input: io.spec,
         reference_params: sig.reference_params,
         attention: None,
+        shared: None,
     };
     chain.validate().map_err(bad)?;
     let batch = io.in_sizes.first().copied().flatten().unwrap_or(2);

@@ -3,7 +3,7 @@
 #   config fp32/adamw/mb2x1/loss16: precision fp32, optimizer adamw, micro-batch 2, gradient accumulation 1, set_to_none true
 #   inputs: sequences of 512 tokens
 #   attention: attn_implementation="sdpa" (load the model with it: the plan's memory is that attention's)
-#   predicted peak 9.48 MiB (9,942,652 B) of the budget 953.67 MiB (1,000,000,000 B), measured on cpu, threads: 1
+#   predicted peak 9.92 MiB (10,405,500 B) of the budget 953.67 MiB (1,000,000,000 B), measured on cpu, threads: 1
 # NOT EXPRESSED: the plan computes the loss in 16 chunks of tokens (`ckptune.chunked_causal_lm_loss`); Trainer computes it whole from the model's logits, holding the [tokens, vocab] logits and their gradient at once, so it can peak above the plan's prediction.
 # Needs transformers (with accelerate) and the ckptune companion (`pip install ./python`).
 # The plan checkpoints nothing: activation checkpointing stays off.

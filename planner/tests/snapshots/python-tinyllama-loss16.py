@@ -3,7 +3,7 @@
 #   config fp32/adamw/mb2x1/loss16: precision fp32, optimizer adamw, micro-batch 2, gradient accumulation 1, set_to_none true
 #   inputs: sequences of 512 tokens
 #   attention: attn_implementation="sdpa" (load the model with it: the plan's memory is that attention's)
-#   predicted peak 9.48 MiB (9,942,652 B) of the budget 953.67 MiB (1,000,000,000 B), measured on cpu, threads: 1
+#   predicted peak 9.92 MiB (10,405,500 B) of the budget 953.67 MiB (1,000,000,000 B), measured on cpu, threads: 1
 # The plan computes the loss in 16 chunks of tokens (`ckptune.chunked_causal_lm_loss`); `lm_loss` below does, pass it as `loss_fn`.
 # Needs the ckptune companion (`pip install ./python` from a ckptune checkout) and torch.
 import torch

@@ -113,11 +113,15 @@ impl Session {
     ) -> Result<(f64, Tensor)> {
         self.check_mask(checkpoint)?;
         let mask = batch.attention_mask.as_ref().map(|m| self.chain.attention_bias(m));
+        // What the model computes once for all its blocks (Llama's rotary pair and causal
+        // mask), held with the bias until the micro-step's backward is done.
+        let shared = self.chain.shared_inputs(&batch.input, mask.as_ref(), batch.padded);
         // The raw mask too: an exported program computes its own bias from it; SDPA asks
         // whether it pads.
         let ctx = Ctx::new(mask.as_ref(), true)
             .with_batch_mask(batch.attention_mask.as_ref(), batch.padded)
-            .with_batch_input(&batch.input);
+            .with_batch_input(&batch.input)
+            .with_shared(&shared);
         if let Some(t) = tr.as_deref_mut() {
             t.start = self.probe.current();
             t.blocks = vec![BlockTrace::default(); self.chain.blocks.len()];
@@ -134,7 +138,7 @@ impl Session {
             drop(grad);
             Ok((loss.value, loss.var, loss.seed))
         })?;
-        drop(mask);
+        drop((mask, shared));
         if let Some(t) = tr.as_deref_mut() {
             t.bwd_end = self.probe.current();
         }
