@@ -60,19 +60,19 @@ fn eager(dir: &std::path::Path, regex: &str, cache: bool, tag: &str) -> Value {
 }
 
 /// PyTorch's peak less the prediction at the predicted moment, the backward or the recompute
-/// of `encoder.layer.{at}`:
-/// the reference's SDPA bool mask (`[batch, 1, seq, seq]`, held while a checkpointed layer at
-/// or below the moment's keeps it as an input) against ckptune's additive f32 mask (held
-/// throughout). The f32 input of a plain layer, which it saves only casts of, is freed after
-/// the layer's forward on both sides: no term.
+/// of `encoder.layer.{at}`: ckptune holds the SDPA bool mask (`[batch, 1, seq, seq]`, a shared
+/// input made once per micro-batch) and its additive f32 mask throughout the micro-step; the
+/// reference holds the bool mask only while a checkpointed layer at or below the moment keeps
+/// it as an input, and no additive mask. The f32 input of a plain layer, which it saves only
+/// casts of, is freed after the layer's forward on both sides: no term.
 fn named_difference(at: usize, checkpointed: &[usize]) -> i64 {
-    let bool_mask = if checkpointed.iter().any(|&j| j <= at) {
-        BATCH * SEQ * SEQ
-    } else {
+    let bool_mask_only_ckptune_holds = if checkpointed.iter().any(|&j| j <= at) {
         0
+    } else {
+        BATCH * SEQ * SEQ
     };
     let additive_mask = BATCH * SEQ * 4;
-    bool_mask - additive_mask
+    -bool_mask_only_ckptune_holds - additive_mask
 }
 
 /// With the loop's cache off, the bias casts of the query, key, value and attention output
