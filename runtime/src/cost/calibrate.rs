@@ -5,17 +5,18 @@
 //! and the time per call of a small training step ([`overhead`]: the dispatcher's and autograd's
 //! overhead, paid by every call). Each
 //! point is the median of a few batches of calls writing into fresh memory as a step does
-//! ([`KEEP`]), its work rate the work over the time less the calls' overhead, so that work plus
+//! ([`timed`](super::timed)), its work rate the work over the time less the calls' overhead, so that work plus
 //! overhead gives the call back.
 //! The whole run stops adding points after [`BUDGET_SECONDS`].
 
 use std::time::Instant;
 
-use ckptune_kernels::{autograd, optrace};
+use ckptune_kernels::autograd;
 use ckptune_solver::rates::{AttentionRates, Curve, DeviceRates, Dtype, OpRate, Work};
 use tch::{Device, Kind, Tensor};
 
-use super::{overhead, work};
+use super::overhead;
+use super::timed::{time_call, traced, Traced, BATCHES};
 use crate::error::{torch, Result};
 
 /// Bumped whenever what is measured changes: cached calibrations of another version are
@@ -29,16 +30,6 @@ pub const CALIBRATION_VERSION: u32 = 6;
 /// flat from the last point measured; each curve has its first point, as the estimates need an
 /// fp32 rate of each kind).
 pub const BUDGET_SECONDS: f64 = 16.0;
-
-/// Each timed batch runs at least this long.
-const BATCH_SECONDS: f64 = 0.015;
-/// Batches per point; the median counts, as a profile's times are medians (docs/timing.md).
-const BATCHES: usize = 5;
-/// Results kept alive while timing: a training step keeps its activations, so its operators
-/// write into fresh memory (first-touch page faults included), not into the buffer the
-/// previous call just freed. Measured here: an fp32 multiply over 12.6 MB took 1.0 ms writing
-/// into a reused buffer, 1.8 ms with the last 16 results alive.
-const KEEP: usize = 16;
 
 /// Square matrix sides.
 const MATMUL_SIDES: [i64; 8] = [8, 16, 32, 64, 128, 256, 512, 1024];
@@ -65,34 +56,6 @@ const CAUSAL_LENGTHS: [i64; 3] = [128, 512, 2048];
 
 /// Elements of an elementwise add's operands.
 const STREAM_ELEMENTS: [i64; 7] = [64, 1024, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
-
-/// Seconds per call of `f`: the median of [`BATCHES`] batches, each long enough to time, the
-/// last [`KEEP`] results alive.
-pub(super) fn time_call(mut f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
-    let mut kept = std::collections::VecDeque::with_capacity(KEEP + 1);
-    let mut call = || -> Result<()> {
-        kept.push_back(f()?);
-        if kept.len() > KEEP {
-            kept.pop_front();
-        }
-        Ok(())
-    };
-    call()?;
-    let t = Instant::now();
-    call()?;
-    let once = t.elapsed().as_secs_f64().max(1e-7);
-    let calls = ((BATCH_SECONDS / once).ceil() as usize).clamp(1, 100_000);
-    let mut batches = Vec::with_capacity(BATCHES);
-    for _ in 0..BATCHES {
-        let t = Instant::now();
-        for _ in 0..calls {
-            call()?;
-        }
-        batches.push(t.elapsed().as_secs_f64() / calls as f64);
-    }
-    batches.sort_by(f64::total_cmp);
-    Ok(batches[BATCHES / 2])
-}
 
 fn kind(dtype: Dtype) -> Kind {
     match dtype {
@@ -288,28 +251,6 @@ const PROBES: [Probe; 9] = [
         ops: &["aten::bernoulli_"],
     },
 ];
-
-/// What one call of a probe runs, traced once: the operators that do work and how many calls
-/// pay the overhead.
-pub(super) struct Traced {
-    counted: Vec<(String, work::Counted)>,
-    pub(super) calls: usize,
-}
-
-pub(super) fn traced(f: &mut dyn FnMut() -> Result<Tensor>) -> Result<Traced> {
-    optrace::start()?;
-    let out = f();
-    let events = optrace::stop()?;
-    drop(out?);
-    let counted = work::counted(&events, &mut work::traits)
-        .into_iter()
-        .map(|c| (work::base(&events[c.index].name).to_owned(), c))
-        .collect();
-    Ok(Traced {
-        counted,
-        calls: work::calls(&events).len(),
-    })
-}
 
 impl Run {
     /// The time per call of a small varied training step ([`overhead`]).

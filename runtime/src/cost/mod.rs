@@ -18,6 +18,7 @@ use crate::load::{CpuCounters, Load, QUIET_CORES};
 
 mod calibrate;
 mod overhead;
+mod timed;
 pub mod work;
 
 pub use calibrate::{calibrate, BUDGET_SECONDS, CALIBRATION_VERSION};

@@ -10,7 +10,7 @@
 use ckptune_kernels::autograd;
 use tch::{Device, Kind, Reduction, TchError, Tensor};
 
-use super::calibrate::{time_call, traced};
+use super::timed::{time_call, traced};
 use crate::error::{torch, Result};
 
 const F32: (Kind, Device) = (Kind::Float, Device::Cpu);
