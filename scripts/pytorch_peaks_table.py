@@ -32,19 +32,20 @@ def _attention(r):
 def _mask_bytes(doc, r):
     """What BERT's attention mask contributes to PyTorch − predicted at the predicted peak's
     moment. ckptune holds its additive mask (batch × seq f32) from before the first block to the
-    micro-step's end. The reference holds, under eager attention, the same additive mask, and
-    under SDPA the `[batch, 1, seq, seq]` bool mask `sdpa_mask` builds after the embeddings (none
-    when nothing is padded; the benchmark's batches pad every other sequence), each from where
-    `BertModel.forward` builds it until that forward returns, or until the backward of the lowest
-    checkpointed encoder layer, which keeps it as an input."""
+    micro-step's end, and under SDPA also the `[batch, 1, seq, seq]` bool mask, a shared input
+    made beside it once per micro-batch as `BertModel.forward` makes it once (none when nothing
+    is padded; the benchmark's batches pad every other sequence). The reference holds, under
+    eager attention, the same additive mask, and under SDPA the bool mask `sdpa_mask` builds
+    after the embeddings, each from where `BertModel.forward` builds it until that forward
+    returns, or until the backward of the lowest checkpointed encoder layer, which keeps it as
+    an input."""
     batch, seq = (int(x) for x in _shape(doc["shapes"][r["model"]]))
     additive = batch * seq * 4
-    if _attention(r) == "sdpa":
-        ours = batch * seq * seq if batch > 1 and seq // 4 > 0 else 0
-    else:
-        ours = additive
     ckptune, pytorch = _mask_holders(r)
-    return (ours if pytorch else 0) - (additive if ckptune else 0)
+    if _attention(r) == "sdpa":
+        bool_mask = batch * seq * seq if batch > 1 and seq // 4 > 0 else 0
+        return (bool_mask if pytorch else 0) - (bool_mask + additive if ckptune else 0)
+    return (additive if pytorch else 0) - (additive if ckptune else 0)
 
 
 def _mask_holders(r):
@@ -78,42 +79,6 @@ def _scalar_bytes(r):
 
 # Hidden sizes of the BERT configs the benchmark runs (models/fixtures/reference.py's BertConfig).
 HIDDEN = {"bert-base-uncased": 768, "tiny-bert": 32}
-
-
-def _input_cast_bytes(doc, r):
-    """What the casts of an encoder layer's input contribute to PyTorch − predicted at the
-    predicted peak's moment, in a bf16 row with autocast's cache on; None where not measured.
-    ckptune's layer input is a leaf that requires grad (the boundary every reader shares), and
-    autocast caches the bf16 cast of such a tensor: the layer's query, key and value share one
-    cast, kept in a checkpointed layer's no-grad forward until the loss's region closes. The
-    reference's layer input is the previous layer's output, not a leaf: each of the three
-    projections casts it anew, and a checkpointed forward keeps none of the casts. So at a
-    forward or loss moment each checkpointed layer already run counts one cast (batch × seq ×
-    hidden bf16) less in PyTorch, and inside a plain layer's forward PyTorch holds two casts more,
-    saved for backward (in a plain layer's kept bytes these two equal the f32 input that
-    ckptune's boundary keeps and the reference frees, so only the forward's peak shows them)."""
-    if r["precision"] != "bf16":
-        return 0
-    moment = r["predicted_moment"]
-    forward = ": forward " in moment
-    if not r.get("autocast_cache"):
-        return None if forward or ": recompute " in moment else 0
-    batch, seq = (int(x) for x in _shape(doc["shapes"][r["model"]]))
-    cast = batch * seq * HIDDEN[r["model"]] * 2
-    ckpt = [n for n in (_layer(m) for m in r["modules"]) if n is not None]
-    if moment.endswith(": loss"):
-        return -cast * len(ckpt)
-    if ": recompute " in moment:  # the recompute casts the saved input thrice: not measured here
-        return None
-    if not forward:
-        return 0
-    name = moment.split(": forward ", 1)[1]
-    k = _layer(name)
-    if k is None:  # the embeddings (token ids, nothing to cast) or the pooler (a view of its input)
-        return -cast * len(ckpt) if name == "pooler" else 0
-    if k in ckpt:
-        return None
-    return -cast * sum(j < k for j in ckpt) + 2 * cast
 
 
 def _checkpointed_layers_before_backward(r):
@@ -150,47 +115,34 @@ def _cache_section(doc, w):
       f"the cache holds are kept until the loss is made (docs/memory-model.md, \"Autocast's cache\"). "
       f"Added by `{doc.get('cache_rows_command', doc['command'])}` ({doc.get('cache_rows_minutes', '?')} min, "
       f"load average at start and end {doc.get('cache_rows_load_average_start_end')}), PyTorch run "
-      f"again beside them. *Mask* and *scalars* as above, for the attention the row ran (see below), "
-      f"and *input casts* below the table:\n")
+      f"again beside them. *Mask* and *scalars* as above, for the attention the row ran (see below):\n")
     w("| model | optimizer | checkpointed | attention | predicted peak | at | ckptune | PyTorch | "
-      "PyTorch − predicted | mask | scalars | input casts | left |")
-    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "PyTorch − predicted | mask | scalars | left |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|")
     exact = explained = 0
     for r in rows:
         d = r["pytorch_peak"] - r["predicted_peak"]
         bert = "bert" in r["model"]
         mask = _mask_bytes(doc, r) if bert else 0
         scalars = _scalar_bytes(r) if bert else 0
-        casts = _input_cast_bytes(doc, r) if bert else 0
-        left = None if casts is None else d - mask - scalars - casts
+        left = d - mask - scalars
         exact += d == 0
         explained += left == 0
         w(f"| {r['model']} | {r['optimizer']} | {r['set']} | {_attention(r) if bert else '—'} | "
           f"{b(r['predicted_peak'])} | {r['predicted_moment']} | {b(r['ckptune_peak'])} | {b(r['pytorch_peak'])} | "
-          f"{signed(d)} | {signed(mask)} | {signed(scalars)} | "
-          f"{'not measured' if casts is None else signed(casts)} | {'?' if left is None else signed(left)} |")
+          f"{signed(d)} | {signed(mask)} | {signed(scalars)} | {signed(left)} |")
     w("")
     w(f"{exact} of {len(rows)} points: PyTorch's peak equals the prediction to the byte; {explained} of "
-      f"{len(rows)} once the mask, the scalars and the input casts are accounted for. ckptune's own run "
+      f"{len(rows)} once the mask and the scalars are accounted for. ckptune's own run "
       f"equals the prediction in {sum(r['ckptune_peak'] == r['predicted_peak'] for r in rows)} of {len(rows)}.\n")
     w("Under SDPA the reference's mask is `sdpa_mask`'s `[batch, 1, seq, seq]` bool, built after the "
-      "embeddings, where ckptune holds its additive `[batch, 1, 1, seq]` f32 mask (and builds the bool "
-      "one inside each attention, freed with it); SDPA takes the scale as an argument, so no layer "
-      "keeps a wrapped number. *Input casts*: ckptune's encoder layer reads its input from the "
-      "boundary leaf, which requires grad, and autocast caches the bf16 cast of such a tensor, so the "
-      "query, key and value projections share one cast, and with the cache on a checkpointed layer's "
-      "no-grad forward keeps it until the loss is made; the reference's layer input is the previous "
-      "layer's output, which autocast does not cache: each projection casts it anew, and a "
-      "checkpointed forward keeps none of the three. At a forward or loss moment each checkpointed "
-      "layer already run holds one cast (batch × seq × hidden bf16) less in PyTorch, and inside a "
-      "plain layer's forward PyTorch holds two casts more (three, one per projection, saved for "
-      "backward, against ckptune's one). In a plain layer's kept bytes the two extra casts equal the f32 "
-      "input that ckptune's boundary keeps until backward and the reference frees after the layer, "
-      "which is why only a forward's peak shows them; at the backward moments above the term is zero. "
-      "A recompute differs too (`torch.utils.checkpoint` recomputes from the saved input itself, not a "
-      "leaf, so it makes the three casts again, where ckptune's recompute shares one): no row here "
-      "peaks in a recompute, and the column says *not measured* where one would. "
-      "`python/tests/test_eager.py` measures both effects on the reference's layer.\n")
+      "embeddings, and ckptune holds the same bool mask as a shared input beside its additive "
+      "`[batch, 1, 1, seq]` f32 mask, through the micro-step; SDPA takes the scale as an argument, so "
+      "no layer keeps a wrapped number. A layer's input is a non-leaf alias of the previous layer's "
+      "output on ckptune's side too, so autocast casts it once per operator on both sides (BERT's "
+      "query, key and value, in a forward and in a recompute), and the runtime lets go of an f32 input "
+      "that a plain bf16 layer keeps only casts of, as PyTorch frees it (docs/memory-model.md, \"The "
+      "execution scheme\"; `planner/tests/pytorch_bf16.rs` asserts both to the byte on tiny BERT).\n")
 
 
 def main():
