@@ -188,15 +188,17 @@ def main():
     if berts:
         w("Where PyTorch and the prediction differ (BERT), first the attention mask: ckptune "
           "computes the additive mask (batch × seq × 4 bytes) before the first block and keeps it "
-          "through the micro-step's backward, while the reference builds it inside "
-          "`BertModel.forward`, where it dies with the forward unless a checkpointed encoder layer "
-          "saved it (then until that layer's backward is done). Second, each attention layer "
+          "through the micro-step's backward, and under SDPA also the `[batch, 1, seq, seq]` bool "
+          "mask, a shared input made once per micro-batch; the reference builds its mask (the "
+          "additive one under eager attention, the bool one under SDPA) inside `BertModel.forward`, "
+          "where it dies with the forward unless a checkpointed encoder layer saved it (then until "
+          "that layer's backward is done). Second, under eager attention, each attention layer "
           "divides its scores by a Python float, and autograd saves that 8-byte wrapped-number "
           "tensor; saved-tensor hooks, which `torch.utils.checkpoint` uses to drop what a "
           "checkpointed forward saves, do not apply to wrapped numbers, so PyTorch keeps it per "
           "checkpointed layer from the forward to that layer's backward, where ckptune's no-grad "
-          "forward saves nothing. *Mask* and *scalars* are what these account for at the predicted "
-          "peak's moment; *left* is what neither explains:\n")
+          "forward saves nothing (SDPA takes the scale as an argument). *Mask* and *scalars* are "
+          "what these account for at the predicted peak's moment; *left* is what neither explains:\n")
         w("| model | precision | optimizer | impl | checkpointed | at | PyTorch − predicted | mask | scalars | left |")
         w("|---|---|---|---|---|---|---|---|---|---|")
         exact = 0
