@@ -27,6 +27,10 @@ const MODEL: [&str; 7] = ["tiny-llama", "--batch", "2", "--seq", "16", "--precis
 /// keeping it.
 const ATTENTION_MODEL: [&str; 7] = ["tiny-llama", "--batch", "2", "--seq", "64", "--precision", "fp32"];
 
+/// bf16 tiny BERT at a sequence other than its head dimension (16) and hidden size (32), so that
+/// only the scores have the score shape: its layers save only bf16 casts of their f32 input.
+const BERT_BF16: [&str; 7] = ["tiny-bert", "--batch", "2", "--seq", "12", "--precision", "bf16"];
+
 fn profile(path: &Path, flags: &[&str]) -> Value {
     profile_of(&MODEL, path, flags)
 }
@@ -149,6 +153,61 @@ fn a_forced_selective_plan_runs_selective_and_matches_the_model_to_the_byte() {
 fn a_forced_attention_core_plan_runs_selective_and_matches_the_model_to_the_byte() {
     forced_selective_plan(&ATTENTION_MODEL, "attention", &[]);
     forced_selective_plan(&ATTENTION_MODEL, "attention", &["--attention", "eager"]);
+}
+
+/// bf16 BERT under `attention`: a layer's cache keeps its output (the policy saves its last layer
+/// norm), which the next block, plain, would let go of after its forward (it saves only bf16
+/// casts of it). The profile measures those bytes, the model counts them where a plain block
+/// follows a selective one, ckptune's run (a fresh session that only ever runs the plan, as
+/// `verify` is) matches every moment, and PyTorch, whose cache keeps the same tensor, peaks below
+/// ckptune's run by the additive attention mask alone, which only ckptune holds
+/// (planner/tests/pytorch_bf16.rs names it).
+#[test]
+fn a_plain_block_after_a_selective_one_holds_its_cached_output_in_both_runtimes() {
+    let dir = tempfile::tempdir().unwrap();
+    let prof_path = dir.path().join("profile.json");
+    let prof = profile_of(&BERT_BF16, &prof_path, &["--selective", "attention", "--no-cache"]);
+    let (batch, seq, hidden) = (2, 12, 32);
+    for b in prof["configs"][0]["regimes"][0]["blocks"].as_array().unwrap() {
+        let layer = b["name"].as_str().unwrap().starts_with("encoder.layer.");
+        let held = b["selective"]["held_output"].as_i64().unwrap();
+        assert_eq!(held, if layer { batch * seq * hidden * 4 } else { 0 }, "{}", b["name"]);
+    }
+    let plan = dir.path().join("plan.json");
+    let mut args = vec!["plan", "--budget", "1GiB"];
+    args.extend(BERT_BF16);
+    args.extend(["--profile", prof_path.to_str().unwrap(), "--selective", "attention"]);
+    args.extend(["-o", plan.to_str().unwrap()]);
+    args.extend(COMMON);
+    ok(&args);
+    let doc = read(&plan);
+    // Layer 0 selective with layer 1 plain after it, in both runtimes; layer 1 selective with
+    // the pooler plain after it, in ckptune's (its peak, at layer 1's recompute, would add the
+    // bias casts ckptune's per-block autocast region holds there, pytorch_bf16.rs).
+    for (layer, pytorch) in [("encoder.layer.0", true), ("encoder.layer.1", false)] {
+        let forced = edited(dir.path(), "forced.json", &doc, |d| {
+            let ck = &mut d["checkpoint"];
+            ck["modules"] = serde_json::json!([layer]);
+            ck["regex"] = format!("^(?:{})$", layer.replace('.', "\\.")).into();
+            ck["selective"] = serde_json::json!({"policy": "attention", "modules": [layer]});
+        });
+        if !pytorch {
+            let r = verify(&forced, dir.path(), &[]);
+            assert_eq!(r["mismatches"], serde_json::json!([]), "{layer}: {r}");
+            continue;
+        }
+        let r = verify(&forced, dir.path(), &["--pytorch", "--steps", "2"]);
+        assert_eq!(r["pytorch"]["selective"]["modules"], serde_json::json!([layer]), "{r}");
+        assert_eq!(r["ckptune"]["mismatches"], serde_json::json!([]), "{layer}: {r}");
+        let ckptune = r["ckptune"]["measured"]["peak_bytes"].as_i64().unwrap();
+        let torch = r["pytorch"]["peak_bytes"].as_i64().unwrap();
+        let additive_mask = batch * seq * 4;
+        assert_eq!(
+            torch - ckptune,
+            -additive_mask,
+            "{layer}: PyTorch's peak less ckptune's: {r}"
+        );
+    }
 }
 
 /// A plan of `model` (with `extra` flags) forced to run layers selective under `policy`, checked

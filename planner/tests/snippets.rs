@@ -131,6 +131,7 @@ fn selective_plan(kind: EmitKind, selective: [(&str, &str); 2]) -> PlanJson {
                 kept_recompute: 0,
                 bwd_transient: 0,
                 out_released: 0,
+                held_output: 0,
                 rec_seconds: 0.0,
             }];
         }

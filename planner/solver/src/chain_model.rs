@@ -8,6 +8,7 @@
 
 use crate::problem::{peak_of, ties_by_name, ConfigProblem, Moment, Occurs, UNDECIDED};
 
+mod held;
 mod terms;
 pub use terms::*;
 
@@ -65,6 +66,9 @@ impl Affine {
 /// optimizer   : F + Σ_i g_i + otmp
 /// ```
 ///
+/// with `held_{j−1} · h_j` more in every moment after block `j`'s forward up to its backward,
+/// where the block before `j` has a selective state whose cache keeps its output ([`held`]).
+///
 /// Coefficients are filled for every block, candidate or not; whether a block may be
 /// checkpointed is the solver's business ([`ConfigProblem::candidate`]).
 ///
@@ -89,6 +93,7 @@ pub fn moments(step: &StepTerms) -> Vec<Moment> {
     let opt = Affine::new(l.nv, step.fixed.saturating_add(grads).saturating_add(step.otmp));
     out.push(opt.moment("optimizer".to_string(), Occurs::Always));
     covering_moments(&l, &mut out);
+    held::held_moments(&l, &mut out);
     out
 }
 
@@ -104,6 +109,8 @@ struct Layout<'a> {
     /// Per block: the variable of each policy it may run selective under (`BlockTerms::sel`'s
     /// order); empty when it has none.
     sel_var: Vec<Vec<usize>>,
+    /// Per block: its `h_j` and the bytes it adds ([`held`]).
+    held_var: Vec<Option<(usize, i64)>>,
 }
 
 impl<'a> Layout<'a> {
@@ -117,13 +124,15 @@ impl<'a> Layout<'a> {
             }
         }
         let sel_var = selective_vars(step);
+        let held_var = held::held_vars(step, &sel_var);
         Layout {
             step,
             n,
             m,
-            nv: n + 2 * m + sel_var.iter().map(Vec::len).sum::<usize>(),
+            nv: n + 2 * m + sel_var.iter().map(Vec::len).sum::<usize>() + held_var.iter().flatten().count(),
             group_of,
             sel_var,
+            held_var,
         }
     }
 
@@ -226,6 +235,7 @@ fn forward_moments(l: &Layout<'_>, out: &mut Vec<Moment>) {
         out.push(mo.moment(format!("forward {}", blk.name), l.in_blocks(j, &[])));
         kept_fwd.term(j, blk.kg, blk.kng);
         l.sel(&mut kept_fwd, j, blk.kg, |s| s.kf);
+        l.held(&mut kept_fwd, j);
         if let Some(g) = l.ends(j) {
             l.group_kf(&mut kept_fwd, g);
         }
@@ -280,6 +290,8 @@ fn loss_moments(l: &Layout<'_>, out: &mut Vec<Moment>) {
         l.sel(&mut kept_open, i, blk.kg, |s| s.kf);
         kept_all.term(i, blk.krec, blk.out);
         l.sel(&mut kept_all, i, blk.krec, |s| s.kb);
+        l.held(&mut kept_open, i);
+        l.held(&mut kept_all, i);
     }
     for g in 0..l.m {
         l.group_kf(&mut kept_open, g);
@@ -345,6 +357,7 @@ fn backward_moments(l: &Layout<'_>, out: &mut Vec<Moment>) -> i64 {
         prefix_kb.push(acc.clone());
         acc.term(i, blk.krec, blk.out);
         l.sel(&mut acc, i, blk.krec, |s| s.kb);
+        l.held(&mut acc, i);
         if let Some(g) = l.ends(i) {
             l.group_kb(&mut acc, g);
         }
@@ -363,6 +376,8 @@ fn backward_moments(l: &Layout<'_>, out: &mut Vec<Moment>) -> i64 {
         let mut base = prefix_kb[j].clone();
         base.add(step.fixed).add(grads_after).add(blk.gout);
         l.shifted(&mut base, j, &shift_bwd);
+        // A plain block holds what it reads through its own backward.
+        l.held(&mut base, j);
 
         let mut rec = base.clone();
         rec.term(j, phantom(blk), blk.frec);
@@ -524,6 +539,7 @@ pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem
         }
     }
     let sel_var = selective_vars(step);
+    let held = held::held_vars(step, &sel_var);
     let selective = || {
         step.blocks
             .iter()
@@ -575,6 +591,7 @@ pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem
             .chain(step.groups.iter().map(|g| g.recompute_seconds))
             .chain(step.groups.iter().map(|_| 0.0))
             .chain(selective().map(|s| s.recompute_seconds))
+            .chain(held.iter().flatten().map(|_| 0.0))
             .collect(),
         candidate: step
             .blocks
@@ -583,6 +600,7 @@ pub fn config_problem(key: impl Into<String>, step: &StepTerms) -> ConfigProblem
             .chain(step.groups.iter().map(|_| true))
             .chain(step.groups.iter().map(|g| g.fused.is_some()))
             .chain(selective().map(|_| true))
+            .chain(held.iter().flatten().map(|_| true))
             .collect(),
         exclusive,
         tied,
@@ -609,15 +627,20 @@ pub fn solver_order(n: usize, groups: &[(usize, usize)]) -> Vec<usize> {
 pub fn step_order(step: &StepTerms) -> Vec<usize> {
     let groups: Vec<(usize, usize)> = step.groups.iter().map(|g| (g.first, g.last)).collect();
     let sel_var = selective_vars(step);
+    let held = held::held_vars(step, &sel_var);
     let mut order = Vec::new();
     for u in solver_order(step.blocks.len(), &groups) {
         order.push(u);
         order.extend(sel_var.get(u).into_iter().flatten());
+        // `h` of the next block right after this block's states: the next block's own sites
+        // then close at its variables, as without `h`.
+        order.extend(held.get(u + 1).copied().flatten().map(|(h, _)| h));
     }
     order
 }
 
-/// The full choice ([`with_fused`], then the selective variables) for a runtime checkpoint
+/// The full choice ([`with_fused`], the selective variables, then each `h_j`, on where block
+/// `j` runs plain after a selective block whose cache keeps its output) for a runtime checkpoint
 /// mask `x` over blocks and groups where each checkpointed block `selective` gives a policy
 /// (an index into its `BlockTerms::sel`) runs selective under it (the caller checks that the
 /// block has that policy's terms).
@@ -636,6 +659,11 @@ pub fn with_selective(step: &StepTerms, x: &[bool], selective: &[Option<usize>])
     let mut full = with_fused(&plain, n, &groups);
     for (j, vs) in sel_var.iter().enumerate() {
         full.extend((0..vs.len()).map(|p| policy(j) == Some(p)));
+    }
+    for (j, h) in held::held_vars(step, &sel_var).iter().enumerate() {
+        if h.is_some() {
+            full.push(held::keeps(step, j - 1, policy(j - 1)) && !x[j]);
+        }
     }
     full
 }

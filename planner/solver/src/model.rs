@@ -60,6 +60,7 @@ pub fn step_terms(c: &ConfigProfile, r: &RegimeProfile) -> StepTerms {
                         fwd: s.fwd_transient,
                         frec: s.rec_transient,
                         btb: s.kept_recompute + s.bwd_transient - b.kept_grad,
+                        held: s.held_output,
                         recompute_seconds: s.rec_seconds,
                     })
                     .collect(),

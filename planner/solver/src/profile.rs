@@ -179,6 +179,11 @@ pub struct SelectiveProfile {
     pub kept_recompute: i64,
     pub bwd_transient: i64,
     pub out_released: i64,
+    /// Bytes of the block's output its selective cache keeps where a plain next block would let
+    /// go of it (the policy saves the operator that made it): held until this block's backward
+    /// whatever the next block does (docs/memory-model.md, "Selective checkpointing").
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub held_output: i64,
     pub rec_seconds: f64,
 }
 

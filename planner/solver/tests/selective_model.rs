@@ -3,11 +3,13 @@
 //! full and selective under each policy per block equals the step walked directly with
 //! branches (docs/memory-model.md's formulas, the policy's selective terms in place of the
 //! checkpointed ones), and every solver engine finds the fastest choice under the budget that
-//! brute force over all (up to 4^n) choices finds, in the solver's variable order.
+//! brute force over all (up to 4^n) choices finds, in the solver's variable order. Some
+//! selective states keep the block's output in their cache (`SelTerms::held`): a plain next
+//! block then holds it from its forward's end to its backward's end.
 
 use ckptune_solver::chain_model::{self, BlockTerms, SelTerms, StepTerms};
 use ckptune_solver::problem::peak_of;
-use ckptune_solver::solver::{solve_config_with, Engine, SolveOptions, SolveStatus};
+use ckptune_solver::solver::{solve_config_with, Engine, SolveOptions, SolveStatus, MAX_ENUMERATE};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -19,6 +21,8 @@ fn random_chain(rng: &mut StdRng, n: usize) -> StepTerms {
     let blocks = (0..n)
         .map(|i| {
             let out = v(1, 40);
+            // The output bytes a policy's cache keeps, the same for every policy that keeps it.
+            let held = v(1, out + 1);
             let kg = out + v(0, 200);
             let g = v(0, 30);
             BlockTerms {
@@ -45,6 +49,7 @@ fn random_chain(rng: &mut StdRng, n: usize) -> StepTerms {
                             fwd: v(0, 80),
                             frec: v(0, 100),
                             btb: g + v(-20, 100),
+                            held: if v(0, 2) == 0 { 0 } else { held },
                             recompute_seconds: v(1, 20) as f64 / 100.0,
                         }
                     })
@@ -79,6 +84,14 @@ fn walked(s: &StepTerms, c: &Choice) -> (i64, f64) {
         1 => b[i].out,
         _ => sel(i).kb,
     };
+    // What block `i` holds of its input when it runs plain after a selective block whose cache
+    // keeps its output.
+    let held = |i: usize| match (i.checked_sub(1).map(|k| c[k]), c[i]) {
+        (Some(k @ 2..), 0) => b[i - 1].sel[k as usize - 2].held,
+        _ => 0,
+    };
+    let kf = |i: usize| kf(i) + held(i);
+    let kb = |i: usize| kb(i) + held(i);
     let mut peaks = Vec::new();
     for j in 0..n {
         let own = match c[j] {
@@ -93,7 +106,7 @@ fn walked(s: &StepTerms, c: &Choice) -> (i64, f64) {
     for j in (0..n).rev() {
         let base = s.fixed + (j + 1..n).map(|i| b[i].g).sum::<i64>() + (0..j).map(kb).sum::<i64>() + b[j].gout;
         match c[j] {
-            0 => peaks.push(base + b[j].krec + b[j].bta),
+            0 => peaks.push(base + b[j].krec + held(j) + b[j].bta),
             1 => peaks.extend([base + b[j].frec, base + b[j].krec + b[j].btb]),
             _ => peaks.extend([base + sel(j).frec, base + b[j].krec + sel(j).btb]),
         }
@@ -177,7 +190,7 @@ fn moments_equal_the_walked_step_under_every_choice() {
 #[test]
 fn every_engine_finds_the_fastest_choice_brute_force_finds() {
     let mut rng = StdRng::seed_from_u64(0xc401ce);
-    let (mut feasible, mut chose_selective, mut mixed) = (0, 0, 0);
+    let (mut feasible, mut chose_selective, mut mixed, mut held) = (0, 0, 0, 0);
     for case in 0..150 {
         let n = rng.random_range(2..7);
         let s = random_chain(&mut rng, n);
@@ -194,6 +207,10 @@ fn every_engine_finds_the_fastest_choice_brute_force_finds() {
         let order = chain_model::step_order(&s);
         let p = chain_model::permute(chain_model::config_problem("c", &s), &order);
         for engine in [Engine::Dp, Engine::Milp, Engine::Enumerate] {
+            // Enumeration takes at most MAX_ENUMERATE variables (blocks, policies and `h`).
+            if engine == Engine::Enumerate && p.candidate.len() > MAX_ENUMERATE {
+                continue;
+            }
             let sol = solve_config_with(
                 &p,
                 budget,
@@ -220,14 +237,20 @@ fn every_engine_finds_the_fastest_choice_brute_force_finds() {
                         chose_selective += usize::from(x[s.blocks.len()..].contains(&true));
                         let (_, used) = chain_model::split_selective(&s, &x);
                         mixed += usize::from(used.contains(&Some(0)) && used.contains(&Some(1)));
+                        let (mask, _) = chain_model::split_selective(&s, &x);
+                        held += usize::from(
+                            (1..mask.len())
+                                .any(|j| !mask[j] && used[j - 1].is_some_and(|p| s.blocks[j - 1].sel[p].held > 0)),
+                        );
                     }
                 }
             }
         }
     }
-    // The fastest choice mixes both policies in one plan in some cases: the trade per layer.
+    // The fastest choice mixes both policies in one plan in some cases (the trade per layer),
+    // and in some runs a block plain after a selective one whose cache keeps its output.
     assert!(
-        feasible > 50 && chose_selective > 10 && mixed > 3,
-        "{feasible} feasible, {chose_selective} selective, {mixed} mixing policies"
+        feasible > 50 && chose_selective > 10 && mixed > 3 && held > 3,
+        "{feasible} feasible, {chose_selective} selective, {mixed} mixing policies, {held} holding"
     );
 }

@@ -44,8 +44,7 @@ impl Session {
             let start = schedule.fused[i].map_or(i, |(first, _)| first);
             next = start;
             if let Some((first, last)) = schedule.segments[i].filter(|&(_, last)| last == i) {
-                segment_rng =
-                    Some(self.recompute_segment((first, last), acts, batch, ctx, schedule, tr.as_deref_mut())?);
+                segment_rng = Some(self.recompute_segment((first, last), acts, batch, ctx, tr.as_deref_mut())?);
             }
             if let Some(ib) = &self.in_backward {
                 ib.blocks_running(start, i);
@@ -66,7 +65,6 @@ impl Session {
         acts: &mut Activations,
         batch: &Batch,
         ctx: &Ctx<'_>,
-        schedule: &Schedule,
         mut tr: Option<&mut MicroTrace>,
     ) -> Result<(usize, Tensor)> {
         // The stored no-grad output is dead: the recompute produces it again.
@@ -133,7 +131,7 @@ impl Session {
             }
             self.learn_output_saved(k, &out);
             drop((x, skips, kept));
-            self.learn_input_saved(k, &acts.outputs, schedule);
+            self.learn_input_saved(k, &acts.outputs, &acts.sac_keeps_output);
             acts.outputs[k] = Some(out);
             acts.extras[k] = extras.into_iter().map(Some).collect();
             if let Some(t) = tr.as_deref_mut() {

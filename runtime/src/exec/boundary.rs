@@ -12,7 +12,7 @@ use ckptune_kernels::sink::{output_edge, sink_alias, storage_shared, GradSink, O
 use tch::Tensor;
 
 use super::schedule::Schedule;
-use super::session::Session;
+use super::session::{nbytes, Session};
 use crate::error::Result;
 
 impl Session {
@@ -27,11 +27,13 @@ impl Session {
 
     /// Records, the first time block `j` ran with grad (its handles on its input dropped),
     /// whether its graph keeps its input: whether anything but the runtime's handle holds the
-    /// input's storage, when its producer's graph is known not to and no selective cache can.
-    pub(super) fn learn_input_saved(&self, j: usize, outputs: &[Option<Tensor>], schedule: &Schedule) {
+    /// input's storage, when its producer's graph is known not to and the producer's selective
+    /// cache, if it ran selective, does not keep it either.
+    /// `sac_keeps_output`: per block, whether its selective cache keeps its output.
+    pub(super) fn learn_input_saved(&self, j: usize, outputs: &[Option<Tensor>], sac_keeps_output: &[bool]) {
         let Some(k) = j.checked_sub(1) else { return };
         let known = &self.input_saved[j];
-        if known.get().is_some() || self.output_saved[k].get() != Some(false) || schedule.selective[k].is_some() {
+        if known.get().is_some() || self.output_saved[k].get() != Some(false) || sac_keeps_output[k] {
             return;
         }
         if let Some(out) = &outputs[k] {
@@ -49,6 +51,24 @@ impl Session {
         schedule.single_reader[k]
             && self.output_saved[k].get() == Some(false)
             && self.input_saved[k + 1].get() == Some(false)
+    }
+
+    /// Bytes of block `k`'s output, just made by a selective forward, that its selective cache
+    /// keeps (the policy saved the operator that made it) where the runtime would let go of the
+    /// output after a plain reader's forward: they then live until `k`'s backward whatever the
+    /// reader does, so a plain reader's kept bytes, measured with the output let go, miss them.
+    /// 0 for a block not run selective, or whose output is held anyway.
+    pub(super) fn held_by_cache(
+        &self,
+        k: usize,
+        schedule: &Schedule,
+        outputs: &[Option<Tensor>],
+        sac_keeps_output: &[bool],
+    ) -> i64 {
+        match &outputs[k] {
+            Some(out) if sac_keeps_output[k] && self.releasable(k, schedule) => nbytes(out),
+            _ => 0,
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use ckptune_kernels::rng;
 use ckptune_kernels::sac::{self, SacCache};
-use ckptune_kernels::sink::{GradSink, OutputEdge};
+use ckptune_kernels::sink::{storage_shared, GradSink, OutputEdge};
 use ckptune_models::{Batch, Ctx};
 use tch::Tensor;
 
@@ -33,6 +33,9 @@ pub(super) struct Activations {
     pub extra_grads: Vec<Vec<Tensor>>,
     pub rng_states: Vec<Option<Tensor>>,
     pub sac: Vec<Option<SacCache>>,
+    /// Per block run selective in this step: whether its cache keeps its output (shared the
+    /// output's storage right after its forward, before any reader); false for the others.
+    pub sac_keeps_output: Vec<bool>,
 }
 
 impl Session {
@@ -53,6 +56,7 @@ impl Session {
             extra_grads: (0..n).map(|_| Vec::new()).collect(),
             rng_states: (0..n).map(|_| None).collect(),
             sac: (0..n).map(|_| None).collect(),
+            sac_keeps_output: vec![false; n],
         };
         for i in 0..n {
             self.forward_block(i, batch, ctx, schedule, &mut acts, tr.as_deref_mut())?;
@@ -120,6 +124,7 @@ impl Session {
                 let recording = sac::record(policy)?;
                 let out = tch::no_grad(|| block.block.try_forward_all(&x, &bctx));
                 acts.sac[i] = Some(recording.finish());
+                acts.sac_keeps_output[i] = out.as_ref().is_ok_and(|(o, _)| storage_shared(o));
                 out
             } else if seg.is_some() {
                 tch::no_grad(|| block.block.try_forward_all(&x, &bctx))
@@ -132,7 +137,7 @@ impl Session {
             }
             drop((x, skips));
             if i > 0 && !inner(i - 1) && seg.is_none() {
-                self.learn_input_saved(i, &acts.outputs, schedule);
+                self.learn_input_saved(i, &acts.outputs, &acts.sac_keeps_output);
                 // The input's only reader ran plain and did not keep it: the runtime lets go
                 // of it, as `h = layer(h)` does.
                 if self.releasable(i - 1, schedule) {
@@ -170,6 +175,7 @@ impl Session {
             b.fwd_after = self.probe.current();
             b.fwd_open = open;
             b.fwd_seconds = t0.elapsed().as_secs_f64();
+            b.sel_held = self.held_by_cache(i, schedule, &acts.outputs, &acts.sac_keeps_output);
         }
         Ok(())
     }

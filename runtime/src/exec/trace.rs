@@ -38,6 +38,10 @@ pub struct BlockTrace {
     /// recompute: eager PyTorch frees an unsaved output as soon as its readers' backward ran.
     pub out_released: i64,
     pub ckpt_out_released: i64,
+    /// A selective block: bytes of its output that its selective cache holds and that the
+    /// runtime would otherwise let go after a plain reader's forward (0 when the cache does not
+    /// keep the output, or the output is held until its backward anyway).
+    pub sel_held: i64,
 }
 
 /// Meter readings for one micro-step.

@@ -48,6 +48,7 @@ pub(super) fn measure(
                 kept_recompute: t.kept_recompute,
                 bwd_transient: t.bwd_transient_ckpt,
                 out_released: t.out_released_ckpt.unwrap_or(0),
+                held_output: trace.micro[k].blocks[i].sel_held,
                 rec_seconds: Stats::of(&seconds[i]).median,
             });
         }

@@ -55,6 +55,10 @@ pub struct SelTerms {
     pub frec: i64,
     /// Backward transient after the recompute, above `base + krec` (as `btb`).
     pub btb: i64,
+    /// Bytes of the block's output its selective cache keeps where a plain next block's `kg`
+    /// and `krec` count them as let go: the next block holds them when it runs plain after
+    /// this one ran selective (`h_j`, see [`super::moments`]).
+    pub held: i64,
     pub recompute_seconds: f64,
 }
 

@@ -150,6 +150,7 @@ fn calls_of_one_module_are_tied() {
             fwd: b.fg,
             frec: b.frec,
             btb: b.btb,
+            held: 0,
             recompute_seconds: b.recompute_seconds / 2.0,
         }];
     }
@@ -179,4 +180,53 @@ fn calls_of_one_module_are_tied() {
         checkpointed += usize::from(x[0] || x[3]);
     }
     assert!(checkpointed > 0, "no budget checkpointed the tied module");
+}
+
+/// A deep chain whose every layer keeps its output in its cache under one of two policies (bf16
+/// BERT under `attention`): one `h` per layer, placed after the layer before it, keeps the
+/// chain structure, so the exact DP solves it without falling back; and at a budget between
+/// nothing and everything checkpointed, no plan has a layer plain after a holding one without
+/// its `h` on.
+#[test]
+fn held_outputs_keep_the_chain_structure() {
+    let mut s = step();
+    s.blocks = (0..24).map(|i| block(&format!("layer.{i}"), 1)).collect();
+    for b in &mut s.blocks {
+        let sel = |kept: i64, held: i64, share: f64| SelTerms {
+            kf: kept,
+            kb: kept,
+            fwd: b.fg,
+            frec: b.frec / 2,
+            btb: b.btb,
+            held,
+            recompute_seconds: b.recompute_seconds * share,
+        };
+        b.sel = vec![sel(b.kg / 2, 0, 0.5), sel(b.kg * 3 / 4, b.out, 0.1)];
+    }
+    // The last block (a pooler) is no candidate: a holding layer before it makes `h` on.
+    s.blocks[23].candidate = false;
+    s.blocks[23].sel.clear();
+    let order = step_order(&s);
+    let q = permute(config_problem("held", &s), &order);
+    let min = crate::solver::min_peak(&q).unwrap();
+    let all_plain = peak(&s, &with_selective(&s, &[false; 24], &[None; 24])).0;
+    let mut held_on = 0;
+    for k in 0..=8 {
+        let budget = min.peak + (all_plain - min.peak) * k / 8;
+        let opts = crate::solver::SolveOptions {
+            engine: crate::solver::Engine::Dp,
+            ..Default::default()
+        };
+        let sol = crate::solver::solve_config_with(&q, budget, opts).unwrap();
+        let x = unpermute(&sol.x, &order);
+        let (mask, policy) = split_selective(&s, &x);
+        assert_eq!(
+            with_selective(&s, &mask, &policy),
+            x,
+            "budget {budget}: h as the choice sets it"
+        );
+        assert!(peak(&s, &x).0 <= budget);
+        held_on += x[24 + 46..].iter().filter(|&&h| h).count();
+    }
+    assert!(held_on > 0, "no plan ran a layer plain after a holding one");
 }
