@@ -176,6 +176,37 @@ fn trainers_run_selective_layers_as_the_documented_loop_does() {
     }
 }
 
+/// A plan mixing the policies per layer (`encoder.layer.0` under `matmul`, `encoder.layer.1`
+/// under `attention`, from one profile measuring both) runs each layer under its own policy in
+/// either trainer (read back from the wrapped modules): Lightning at the documented loop's bytes
+/// plus what it explains, the HF Trainer with the same unexplained bookkeeping as with the layers
+/// checkpointed whole.
+#[test]
+fn trainers_run_each_layer_of_a_mixed_plan_under_its_own_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        dir.path(),
+        "tiny-bert",
+        &["--batch", "4", "--seq", "24"],
+        &["--precision", "fp32", "--selective", "matmul,attention"],
+    );
+    let mixed = edited(dir.path(), "mixed.json", &read(&p), |d| {
+        let ck = &mut d["checkpoint"];
+        ck["modules"] = serde_json::json!(["encoder.layer.0", "encoder.layer.1"]);
+        ck["regex"] = "^(?:encoder\\.layer\\.(?:0|1))$".into();
+        ck["selective"] = serde_json::json!([
+            {"policy": "matmul", "modules": ["encoder.layer.0"]},
+            {"policy": "attention", "modules": ["encoder.layer.1"]},
+        ]);
+    });
+    assert_eq!(check(&verify(&mixed, "lightning"), &mixed), 0, "every byte explained");
+    let selective = check(&verify(&mixed, "hf"), &mixed);
+    let whole = edited(dir.path(), "whole.json", &read(&mixed), |d| {
+        d["checkpoint"].as_object_mut().unwrap().remove("selective");
+    });
+    assert_eq!(selective, check(&verify(&whole, "hf"), &whole));
+}
+
 #[test]
 fn verify_trainer_refuses_a_plan_its_snippet_refuses() {
     let dir = tempfile::tempdir().unwrap();
