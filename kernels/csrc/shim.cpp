@@ -63,11 +63,11 @@ struct ReleaseAfterRoot final : torch::autograd::FunctionPostHook {
   torch::autograd::variable_list* held_;
 };
 
-// Backward helper: a root that hands out two gradients at once, the block output's and the
-// gradient the block's input leaf already holds from later blocks that read it (skips). The
-// engine runs it first, so the leaf's accumulation buffer starts with that gradient and then
-// adds the block's own contributions in the engine's order: the sum a fused graph computes,
-// where the later readers' backward also ran first. (Adding the block's total to the leaf's
+// Backward helper: a root that hands out several gradients at once, the block outputs' and
+// the gradient each of the block's input sinks already holds from later blocks that read it
+// (skips). The engine runs it first, so a sink's accumulation buffer starts with that gradient
+// and then adds the block's own contributions in the engine's order: the sum a fused graph
+// computes, where the later readers' backward also ran first. (Adding the block's total to the leaf's
 // .grad afterwards sums in another order, which differs in the last bit when the block reads
 // its input more than once, as RMSNorm does.) It moves the gradients out when it runs, so it
 // keeps neither alive.
@@ -230,74 +230,6 @@ int ckpt_backward(at::Tensor* out, at::Tensor* grad, char** err) {
   });
 }
 
-// As ckpt_backward, with `leaf`'s pending gradient `leaf_grad` (taken off the leaf by the
-// caller) fed in before the block's own contributions to it (see SeededRoot). Takes ownership
-// of `out`, `grad` and `leaf_grad`.
-int ckpt_backward_seeded(at::Tensor* out, at::Tensor* grad, const at::Tensor* leaf, at::Tensor* leaf_grad,
-                         char** err) {
-  return guarded(err, [&] {
-    at::Tensor o = std::move(*out);
-    at::Tensor g = std::move(*grad);
-    at::Tensor lg = std::move(*leaf_grad);
-    delete out;
-    delete grad;
-    delete leaf_grad;
-    TORCH_CHECK(leaf->requires_grad() && leaf->is_leaf(), "backward: the seeded tensor is not a leaf that requires grad");
-    TORCH_CHECK(lg.sizes() == leaf->sizes(), "backward: seed gradient shape ", lg.sizes(),
-                " differs from the leaf's ", leaf->sizes());
-    torch::autograd::edge_list edges{output_edge(o, g), torch::autograd::impl::gradient_edge(*leaf)};
-    o.reset();
-    // Pushed, not a braced list: an initializer list's copies would live until the call
-    // returns, holding both gradients through the whole backward.
-    torch::autograd::variable_list seeds;
-    seeds.push_back(std::move(g));
-    seeds.push_back(std::move(lg));
-    run_seeded(std::move(edges), std::move(seeds));
-  });
-}
-
-// As ckpt_backward_seeded for a block that hands on several tensors: the `n` outputs with their
-// gradients and the `m` leaves with the gradients later readers left on them (taken off by the
-// caller) are handed out by one root, so every gradient enters the block's graph before its own
-// nodes run, as they would in one fused graph. Takes ownership of every output, gradient and
-// leaf gradient, and deletes the handles before the graph runs.
-int ckpt_backward_roots(at::Tensor** outs, at::Tensor** grads, int64_t n, at::Tensor* const* leaves,
-                        at::Tensor** leaf_grads, int64_t m, char** err) {
-  return guarded(err, [&] {
-    std::vector<at::Tensor> o, g, lg;
-    for (int64_t i = 0; i < n; ++i) {
-      o.push_back(std::move(*outs[i]));
-      g.push_back(std::move(*grads[i]));
-      delete outs[i];
-      delete grads[i];
-    }
-    for (int64_t j = 0; j < m; ++j) {
-      lg.push_back(std::move(*leaf_grads[j]));
-      delete leaf_grads[j];
-    }
-    TORCH_CHECK(n > 0, "backward: no output to start from");
-    torch::autograd::edge_list edges;
-    torch::autograd::variable_list seeds;
-    for (int64_t i = 0; i < n; ++i) {
-      edges.push_back(output_edge(o[i], g[i]));
-    }
-    for (int64_t j = 0; j < m; ++j) {
-      const at::Tensor* leaf = leaves[j];
-      TORCH_CHECK(leaf->requires_grad() && leaf->is_leaf(), "backward: seeded tensor ", j,
-                  " is not a leaf that requires grad");
-      TORCH_CHECK(lg[j].sizes() == leaf->sizes(), "backward: seed gradient shape ", lg[j].sizes(),
-                  " differs from the leaf's ", leaf->sizes());
-      edges.push_back(torch::autograd::impl::gradient_edge(*leaf));
-    }
-    o.clear();
-    for (auto& t : g) seeds.push_back(std::move(t));
-    for (auto& t : lg) seeds.push_back(std::move(t));
-    g.clear();
-    lg.clear();
-    run_seeded(std::move(edges), std::move(seeds));
-  });
-}
-
 // `param.grad = None`, as zero_grad(set_to_none=True) does.
 int ckpt_clear_grad(at::Tensor* t, char** err) {
   return guarded(err, [&] { t->mutable_grad().reset(); });
@@ -395,9 +327,9 @@ int64_t ckpt_storage_holders(const at::Tensor* t) {
   return static_cast<int64_t>(t->use_count() - 1 + t->storage().use_count() - 1);
 }
 
-// As ckpt_backward_roots, from the `n` output edges (the outputs themselves may be gone) with
-// their gradients, and with the gradient each of the `m` sinks already holds from later readers
-// fed in first. Takes ownership of every edge and gradient handle.
+// Backward from the `n` output edges (the outputs themselves may be gone) with their
+// gradients, and with the gradient each of the `m` sinks already holds from later readers fed in
+// first, all handed out by one SeededRoot. Takes ownership of every edge and gradient handle.
 int ckpt_backward_edges(OutputEdge** edges, at::Tensor** grads, int64_t n, CkptSink* const* sinks, int64_t m,
                         char** err) {
   return guarded(err, [&] {

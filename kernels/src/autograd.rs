@@ -20,60 +20,6 @@ pub fn backward(output: Tensor, grad_output: Tensor) -> Result<(), KernelError> 
     })
 }
 
-/// [`backward`] for a block whose input `leaf` already holds a gradient from later blocks
-/// that read it: that gradient is taken off the leaf and fed to the engine ahead of the
-/// block's own contributions, so the leaf ends with the sum a single fused graph computes, in
-/// the same order, bit for bit (summing the block's total into `.grad` afterwards adds in
-/// another order). Without a pending gradient this is [`backward`].
-pub fn backward_seeded(output: Tensor, grad_output: Tensor, leaf: &Tensor) -> Result<(), KernelError> {
-    let pending = leaf.grad();
-    if !pending.defined() {
-        return backward(output, grad_output);
-    }
-    clear_grad(leaf)?;
-    let out = ffi::into_raw(output);
-    let grad = ffi::into_raw(grad_output);
-    let seed = ffi::into_raw(pending);
-    let leaf = leaf.as_ptr() as ffi::CTensor;
-    ffi::check("backward with an output gradient and a seeded input", |e| unsafe {
-        ffi::ckpt_backward_seeded(out, grad, leaf, seed, e)
-    })
-}
-
-/// [`backward_seeded`] for a block that hands on several tensors: one backward from every
-/// `(output, gradient)` of `roots`, with the gradient each of `leaves` (the block's inputs)
-/// already holds from later readers fed in ahead of the block's own contributions, so each
-/// leaf ends with the sum one fused graph computes. With one root and one leaf it is
-/// [`backward_seeded`], allocation for allocation. Outputs and gradients are consumed as in
-/// [`backward`].
-pub fn backward_roots(roots: Vec<(Tensor, Tensor)>, leaves: &[&Tensor]) -> Result<(), KernelError> {
-    let mut seeded: Vec<ffi::CTensor> = Vec::new();
-    let mut seeds: Vec<ffi::CTensor> = Vec::new();
-    for leaf in leaves {
-        let pending = leaf.grad();
-        if pending.defined() {
-            clear_grad(leaf)?;
-            seeded.push(leaf.as_ptr() as ffi::CTensor);
-            seeds.push(ffi::into_raw(pending));
-        }
-    }
-    let (outs, grads): (Vec<ffi::CTensor>, Vec<ffi::CTensor>) = roots
-        .into_iter()
-        .map(|(o, g)| (ffi::into_raw(o), ffi::into_raw(g)))
-        .unzip();
-    ffi::check("backward from several outputs", |e| unsafe {
-        ffi::ckpt_backward_roots(
-            outs.as_ptr(),
-            grads.as_ptr(),
-            outs.len() as i64,
-            seeded.as_ptr(),
-            seeds.as_ptr(),
-            seeds.len() as i64,
-            e,
-        )
-    })
-}
-
 /// Sets a tensor's `.grad` to None (`zero_grad(set_to_none=True)`), freeing it if no one else
 /// holds it. tch can only zero a gradient in place.
 pub fn clear_grad(t: &Tensor) -> Result<(), KernelError> {

@@ -126,24 +126,6 @@ extern "C" {
     pub(crate) fn ckpt_autocast_clear_cache();
 
     pub(crate) fn ckpt_backward(out: CTensor, grad: CTensor, err: *mut *mut c_char) -> c_int;
-    pub(crate) fn ckpt_backward_seeded(
-        out: CTensor,
-        grad: CTensor,
-        leaf: CTensor,
-        leaf_grad: CTensor,
-        err: *mut *mut c_char,
-    ) -> c_int;
-
-    pub(crate) fn ckpt_backward_roots(
-        outs: *const CTensor,
-        grads: *const CTensor,
-        n: i64,
-        leaves: *const CTensor,
-        leaf_grads: *const CTensor,
-        m: i64,
-        err: *mut *mut c_char,
-    ) -> c_int;
-
     pub(crate) fn ckpt_clear_grad(t: CTensor, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_set_post_accumulate_hook(
         t: CTensor,

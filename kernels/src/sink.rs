@@ -93,8 +93,7 @@ pub fn output_edge(out: Tensor) -> Result<OutputEdge, KernelError> {
 
 /// One backward from every `(edge, gradient)` of `roots`, with the gradient each of `sinks`
 /// (the block's inputs) already holds from later readers fed in ahead of the block's own
-/// contributions, so each sink ends with the sum one fused graph computes, bit for bit: as
-/// [`crate::autograd::backward_roots`], with edges for outputs and sinks for leaves. Edges and
+/// contributions, so each sink ends with the sum one fused graph computes, bit for bit. Edges and
 /// gradients are consumed, the gradients' handles dropped before the graph runs.
 pub fn backward_edges(roots: Vec<(OutputEdge, Tensor)>, sinks: &[&GradSink]) -> Result<(), KernelError> {
     let (edges, grads): (Vec<*mut ffi::COutputEdge>, Vec<ffi::CTensor>) = roots

@@ -177,65 +177,6 @@ fn vjp_equals_autograd_of_weighted_sum() {
     assert!(w.grad().equal(&(&rw + &rw)));
 }
 
-/// A block handing on two tensors (`a` and `b`, both made from `h`) whose input `x` a later block
-/// read too: one backward from both outputs, `x`'s pending gradient fed first, equals PyTorch's
-/// one pass over the fused graph (the later reader's backward runs first there) to the bit.
-#[test]
-fn vjp_from_several_outputs_equals_one_fused_pass() {
-    let _m = setup();
-    tch::manual_seed(8);
-    let x = Tensor::randn([5, 7], (Kind::Double, Device::Cpu)).set_requires_grad(true);
-    let w = Tensor::randn([7, 3], (Kind::Double, Device::Cpu)).set_requires_grad(true);
-    let q = Tensor::randn([5, 7], (Kind::Double, Device::Cpu));
-    let outputs = |x: &Tensor| {
-        let h = x.matmul(&w);
-        (h.tanh(), h.sin() * &h)
-    };
-    let ones = |t: &Tensor| t.ones_like();
-
-    let (a, b) = outputs(&x);
-    let later = &x * &q;
-    let reference = Tensor::run_backward(&[&a, &b, &later], &[&x, &w], false, false);
-    drop((a, b, later));
-
-    let later = &x * &q;
-    let seed = ones(&later);
-    autograd::backward(later, seed).unwrap();
-    let (a, b) = outputs(&x);
-    let (ga, gb) = (ones(&a), ones(&b));
-    autograd::backward_roots(vec![(a, ga), (b, gb)], &[&x]).unwrap();
-    assert!(x.grad().equal(&reference[0]), "input gradient");
-    assert!(w.grad().equal(&reference[1]), "weight gradient");
-}
-
-/// With one output and one seeded leaf it is `backward_seeded`: the same gradients and the
-/// same bytes held and at peak.
-#[test]
-fn vjp_from_one_output_is_the_seeded_vjp() {
-    let m = setup();
-    let run = |several: bool| {
-        tch::manual_seed(9);
-        let x = Tensor::randn([256, 64], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-        let w = Tensor::randn([64, 64], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-        let p = Tensor::randn([256, 64], (Kind::Float, Device::Cpu));
-        autograd::backward(&x * 1.0, p).unwrap();
-        let out = x.matmul(&w).tanh();
-        let g = out.ones_like();
-        let (_, used) = m.measure(|| {
-            if several {
-                autograd::backward_roots(vec![(out, g)], &[&x]).unwrap()
-            } else {
-                autograd::backward_seeded(out, g, &x).unwrap()
-            }
-        });
-        (x.grad(), w.grad(), used.kept(), used.peak_above_start())
-    };
-    let (x1, w1, kept1, peak1) = run(true);
-    let (x2, w2, kept2, peak2) = run(false);
-    assert!(x1.equal(&x2) && w1.equal(&w2), "gradients");
-    assert_eq!((kept1, peak1), (kept2, peak2), "bytes kept and at peak");
-}
-
 #[test]
 fn vjp_frees_output_and_gradient_before_returning() {
     let m = setup();

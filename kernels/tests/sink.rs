@@ -3,7 +3,7 @@
 //! bit and allocates, keeps and frees the same bytes. Every test takes the meter's lock.
 
 use ckptune_kernels::autocast::AutocastGuard;
-use ckptune_kernels::sink::{backward_edges, output_edge, sink_alias};
+use ckptune_kernels::sink::{backward_edges, output_edge, sink_alias, GradSink, OutputEdge};
 use ckptune_kernels::{autograd, MemoryMeter};
 use tch::{Device, Kind, Tensor};
 
@@ -23,17 +23,39 @@ fn norm_reader(h: &Tensor, w: &Tensor) -> Tensor {
     (h * (ms + 1e-6).rsqrt()).matmul(w)
 }
 
+/// A producer's input `x`, its weight `w`, a reader's weight and a skip reader's factor `q`.
+fn weights(seed: i64) -> [Tensor; 4] {
+    tch::manual_seed(seed);
+    [
+        randn([16, 32], true),
+        randn([32, 32], true),
+        randn([32, 8], true),
+        randn([16, 32], false),
+    ]
+}
+
+/// The producer `h = tanh(x w)` read twice, as the runtime hands each block reading it an alias:
+/// a later block's skip reader (`h * q`), whose backward runs here, leaving its gradient in the
+/// sink, and the next block, whose input alias is returned with the sink and the producer's edge.
+fn read_twice(x: &Tensor, w: &Tensor, q: &Tensor) -> (Tensor, GradSink, OutputEdge) {
+    let h = x.matmul(w).tanh();
+    let (input, sink) = sink_alias(&h).unwrap();
+    let skip = sink.alias(&h).unwrap();
+    let edge = output_edge(h).unwrap();
+    let s = &skip * q;
+    drop(skip);
+    let seed = s.ones_like();
+    autograd::backward(s, seed).unwrap();
+    (input, sink, edge)
+}
+
 /// A producer `h = tanh(x w)`, its input reader (a norm and a projection, the next block) and a
 /// later block's skip reader: backward reader by reader, the skip's first, then the producer
 /// from its output's edge with the sink's sum, equals one pass over the fused graph bit for bit.
 #[test]
 fn sink_sums_readers_as_one_fused_graph() {
     let _m = setup();
-    tch::manual_seed(3);
-    let x = randn([16, 32], true);
-    let w = randn([32, 32], true);
-    let w2 = randn([32, 8], true);
-    let q = randn([16, 32], false);
+    let [x, w, w2, q] = weights(3);
 
     let h = x.matmul(&w).tanh();
     let r = norm_reader(&h, &w2);
@@ -41,17 +63,9 @@ fn sink_sums_readers_as_one_fused_graph() {
     let reference = Tensor::run_backward(&[&r, &s], &[&x, &w, &w2], false, false);
     drop((h, r, s));
 
-    // Each reader takes its own alias, as the runtime hands one to each block reading `h`.
-    let h = x.matmul(&w).tanh();
-    let (input, sink) = sink_alias(&h).unwrap();
+    let (input, sink, edge) = read_twice(&x, &w, &q);
     let r = norm_reader(&input, &w2);
     drop(input);
-    let skip = sink.alias(&h).unwrap();
-    let edge = output_edge(h).unwrap();
-    let s = &skip * &q;
-    drop(skip);
-    let seed = s.ones_like();
-    autograd::backward(s, seed).unwrap();
     let seed = r.ones_like();
     backward_edges(vec![(output_edge(r).unwrap(), seed)], &[&sink]).unwrap();
     let g = sink.take_grad().unwrap();
@@ -60,6 +74,37 @@ fn sink_sums_readers_as_one_fused_graph() {
         "taking the gradient empties the sink"
     );
     backward_edges(vec![(edge, g)], &[]).unwrap();
+    assert!(x.grad().equal(&reference[0]), "input gradient");
+    assert!(w.grad().equal(&reference[1]), "producer weight gradient");
+    assert!(w2.grad().equal(&reference[2]), "reader weight gradient");
+}
+
+/// A reader handing on two tensors (`a` and `b`, both made from its input, as a `torch.export`
+/// layer returning `(hidden, gate)` does) whose input a later block read too: one backward from
+/// both outputs' edges, the later reader's gradient in the sink fed in first, then the producer
+/// from its edge with the sink's sum, equals one pass over the fused graph bit for bit.
+#[test]
+fn a_backward_from_several_output_edges_equals_one_fused_pass() {
+    let _m = setup();
+    let [x, w, w2, q] = weights(8);
+    let outputs = |h: &Tensor| {
+        let p = h.matmul(&w2);
+        (p.tanh(), p.sin() * &p)
+    };
+
+    let h = x.matmul(&w).tanh();
+    let (a, b) = outputs(&h);
+    let s = &h * &q;
+    let reference = Tensor::run_backward(&[&a, &b, &s], &[&x, &w, &w2], false, false);
+    drop((h, a, b, s));
+
+    let (input, sink, edge) = read_twice(&x, &w, &q);
+    let (a, b) = outputs(&input);
+    drop(input);
+    let (ga, gb) = (a.ones_like(), b.ones_like());
+    let roots = vec![(output_edge(a).unwrap(), ga), (output_edge(b).unwrap(), gb)];
+    backward_edges(roots, &[&sink]).unwrap();
+    backward_edges(vec![(edge, sink.take_grad().unwrap())], &[]).unwrap();
     assert!(x.grad().equal(&reference[0]), "input gradient");
     assert!(w.grad().equal(&reference[1]), "producer weight gradient");
     assert!(w2.grad().equal(&reference[2]), "reader weight gradient");
