@@ -179,7 +179,7 @@ fn timed_where_they_can_win(
         }
         rank(&profile_json(setup, How::MetaTimed, model.clone(), profiles))
     };
-    let (ranks, states) = contenders::time_until_none_can_win(
+    let timing = contenders::time_until_none_can_win(
         setup.configs.len(),
         || rank_with(None),
         |c, fastest| {
@@ -209,7 +209,7 @@ fn timed_where_they_can_win(
     )?;
     if !setup.quiet {
         let labels: Vec<String> = setup.configs.iter().map(|c| c.label()).collect();
-        for note in contenders::untimed_notes(&labels, &ranks, &states) {
+        for note in contenders::untimed_notes(&labels, &timing) {
             eprintln!("note: {note}");
         }
     }
