@@ -61,7 +61,9 @@ fn a_fake_step_counts_the_bytes_of_the_real_one() {
 
 /// Under bf16 a CPU with AMX or AVX-512-BF16 multiplies through oneDNN, whose scratch the meta
 /// kernels do not allocate: every call still leaves the same bytes, and only matrix products
-/// peak higher, by at most their operands' and result's bytes twice over.
+/// peak higher, by at most their operands' and result's bytes in f32, twice over. (The scratch
+/// depends on the ISA oneDNN picks: 17,536 B at most on an AMD EPYC with AVX-512-BF16 and
+/// without AVX-VNNI, over the bf16 bytes twice over, 14,336 B, that other CPUs stayed within.)
 #[test]
 fn under_bf16_only_onednn_scratch_differs() {
     let _lock = meter::exclusive();
@@ -69,7 +71,7 @@ fn under_bf16_only_onednn_scratch_differs() {
     assert_eq!(fake.0, real.0);
     let differences = optrace::line_up(&real.2, &fake.2).unwrap();
     for d in &differences {
-        let bound = 2 * (16 * 32 + 32 * 64 + 16 * 64) * 2;
+        let bound = 2 * (16 * 32 + 32 * 64 + 16 * 64) * 4;
         assert!(d.culprit == "aten::mm" && 0 < d.bytes && d.bytes <= bound, "{d:?}");
     }
     let most = differences.iter().map(|d| d.bytes).max().unwrap_or(0);

@@ -12,12 +12,16 @@ use ckptune_solver::formats::{self, CudaMemoryJson, PlanJson, SelectiveJson};
 use ckptune_solver::profile::SelectiveProfile;
 use expect_test::expect_file;
 
-fn results() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../results")
+/// `path` relative to this crate: `../results/...` for a plan committed with its results, or
+/// `tests/fixtures/plans/...` for one kept as the snapshots' input (results re-run under new
+/// budgets and file names; these BERT-base plans, from `scripts/results` and
+/// `scripts/results_nested`, checkpoint what their snapshots are named for).
+fn in_crate(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
 fn plan(path: &str) -> PlanJson {
-    formats::read_tagged(&results().join(path), formats::PLAN_FORMAT).unwrap()
+    formats::read_tagged(&in_crate(path), formats::PLAN_FORMAT).unwrap()
 }
 
 /// The plan at `path` as `plan --emit KIND` makes it: for the trainers that keep autocast's cache
@@ -37,15 +41,15 @@ fn check(name: &str, plan_path: &str, kind: EmitKind) {
     expect_file![format!("snapshots/{name}.py")].assert_eq(&text);
 }
 
-const BERT_EMBEDDINGS: &str = "bert-base-uncased/plans/plan-2326261216.json";
-const BERT_LAYERS: &str = "bert-base-uncased/plans/plan-1954779696.json";
-const BERT_NOTHING: &str = "bert-base-uncased/plans/plan-2697742735.json";
-const BERT_NESTED: &str = "nested/plans/nested-2094085266.json";
-const TINYLLAMA: &str = "tinyllama/plans/plan-19367044016.json";
-const RESNET152: &str = "resnet152/plans/plan-1096590090.json";
-const BERT_SHARDED: &str = "fsdp/avx512-bf16/bert-base-n2.plan.json";
-const RESNET50_SHARDED: &str = "fsdp/avx512-bf16/resnet50-n4.plan.json";
-const TINYLLAMA_LOSS16: &str = "loss-chunks/plan-16.json";
+const BERT_EMBEDDINGS: &str = "tests/fixtures/plans/bert-embeddings.json";
+const BERT_LAYERS: &str = "tests/fixtures/plans/bert-layers.json";
+const BERT_NOTHING: &str = "tests/fixtures/plans/bert-nothing.json";
+const BERT_NESTED: &str = "tests/fixtures/plans/bert-nested.json";
+const TINYLLAMA: &str = "../results/tinyllama/plans/plan-19367044016.json";
+const RESNET152: &str = "../results/resnet152/plans/plan-1096590090.json";
+const BERT_SHARDED: &str = "../results/fsdp/avx512-bf16/bert-base-n2.plan.json";
+const RESNET50_SHARDED: &str = "../results/fsdp/avx512-bf16/resnet50-n4.plan.json";
+const TINYLLAMA_LOSS16: &str = "../results/loss-chunks/plan-16.json";
 
 /// A plan whose loss is chunked: `--emit python` computes it with the companion, the trainers
 /// that compute the loss from the logits say they do not.
