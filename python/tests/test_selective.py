@@ -85,11 +85,13 @@ class PolicyTest(unittest.TestCase):
 
 class Kept(TorchDispatchMode):
     """Above a selective checkpoint's own mode: every tensor the checkpoint's policy keeps in the
-    forward, as (operator, output shapes)."""
+    forward, as (operator, output shapes). It holds what it keeps, as the checkpoint's cache
+    does: the policy knows a kept output by its storage, and a storage freed here could come back
+    as a later call's (a dropout mask's, written in place), which the policy would take as kept."""
 
     def __init__(self, policy):
         super().__init__()
-        self.policy, self.kept = policy_fn(policy), []
+        self.policy, self.kept, self.held = policy_fn(policy), [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -97,6 +99,7 @@ class Kept(TorchDispatchMode):
         if self.policy(ctx, func, *args, **(kwargs or {})) == CheckpointPolicy.MUST_SAVE:
             shapes = [tuple(x.shape) for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
             self.kept.append((str(func._schema.name), shapes))
+            self.held.append(out)
         return out
 
 
