@@ -291,3 +291,89 @@ fn plan_times_only_the_configs_that_can_win() {
         }
     }
 }
+
+/// Flat CPU rates at `scale` times 100 GFLOP/s, 50 GFLOP/s and 20 GB/s, cached where
+/// `cost::cpu_rates` reads them under `xdg` for one thread: what a calibration leaves there.
+fn cache_rates(xdg: &Path, scale: f64) -> ckptune_solver::rates::DeviceRates {
+    use ckptune_runtime::cost::{cpu_identity, CALIBRATION_VERSION};
+    use ckptune_solver::formats::{self, CachedRates};
+    use ckptune_solver::rates::{Curve, DeviceRates, Dtype};
+    let rates = DeviceRates {
+        device: "cpu".into(),
+        name: cpu_identity(),
+        measured: true,
+        source: format!("test rates x{scale}"),
+        threads: Some(1),
+        matmul: vec![Curve::flat(Dtype::Fp32, 1e11 * scale)],
+        conv: vec![Curve::flat(Dtype::Fp32, 5e10 * scale)],
+        conv_backward: Vec::new(),
+        bandwidth: vec![Curve::flat(Dtype::Fp32, 2e10 * scale)],
+        bandwidth_in_place: Vec::new(),
+        overhead_seconds: 2e-6 / scale,
+        ops: Vec::new(),
+        attention: None,
+    };
+    let doc = CachedRates {
+        format: formats::RATES_FORMAT.into(),
+        key: format!("{} | threads 1 | calibration {CALIBRATION_VERSION}", cpu_identity()),
+        rates: rates.clone(),
+        other_cores: Some(0.0),
+    };
+    formats::write_atomic(&xdg.join("ckptune/rates/cpu-1-threads.json"), &doc).unwrap();
+    rates
+}
+
+#[test]
+fn a_cached_estimate_is_estimated_again_over_rates_calibrated_since() {
+    let dir = tempfile::tempdir().unwrap();
+    let (xdg, profiles) = (dir.path().join("xdg"), dir.path().join("profiles"));
+    let estimate = |name: &str| {
+        let out = dir.path().join(name);
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_ckptune"))
+            .args([
+                "profile",
+                "tiny-bert",
+                "--batch",
+                "4",
+                "--seq",
+                "16",
+                "--precision",
+                "fp32",
+            ])
+            .args([
+                "--optimizer",
+                "sgd",
+                "--measure",
+                "estimate",
+                "--threads",
+                "1",
+                "--quiet",
+            ])
+            .arg("-o")
+            .arg(&out)
+            .env("XDG_CACHE_HOME", &xdg)
+            .env("CKPTUNE_CACHE", &profiles)
+            .status()
+            .expect("runs ckptune");
+        assert!(status.success(), "{name}");
+        let p = read(&out);
+        let c = &p["configs"][0];
+        (
+            c["seconds_all"]["median"].as_f64().unwrap(),
+            c["estimated"]["rates"].clone(),
+        )
+    };
+    let slow = serde_json::to_value(cache_rates(&xdg, 1.0)).unwrap();
+    let (first, rates) = estimate("first.json");
+    assert_eq!(rates, slow);
+    // Cached: the same profile back.
+    assert_eq!(estimate("cached.json"), (first, slow));
+    // Calibrated again, twice as fast at everything: estimated again, in half the time.
+    let fast = serde_json::to_value(cache_rates(&xdg, 2.0)).unwrap();
+    let (second, rates) = estimate("second.json");
+    assert_eq!(rates, fast);
+    assert!(
+        (second - first / 2.0).abs() <= 1e-9 * first,
+        "{first} s, then {second} s"
+    );
+}

@@ -14,7 +14,7 @@ use ckptune_solver::rates::{gpu, Curve, DeviceRates, Dtype, Engine, GPU_OVERHEAD
 use tch::Device;
 
 /// Flat rates of the size a CPU measures: 100 GFLOP/s products, 50 GFLOP/s convolutions,
-/// 20 GB/s streaming, 2 µs per call.
+/// 20 GB/s streaming into fresh memory and 40 GB/s in place, 2 µs per call.
 fn flat() -> DeviceRates {
     DeviceRates {
         device: "cpu".into(),
@@ -26,6 +26,7 @@ fn flat() -> DeviceRates {
         conv: vec![Curve::flat(Dtype::Fp32, 5e10)],
         conv_backward: Vec::new(),
         bandwidth: vec![Curve::flat(Dtype::Fp32, 2e10)],
+        bandwidth_in_place: vec![Curve::flat(Dtype::Fp32, 4e10)],
         overhead_seconds: 2e-6,
         ops: Vec::new(),
         attention: None,
@@ -58,14 +59,17 @@ fn fake_with(model: &str, in_backward: bool) -> Session {
 }
 
 /// The step by hand: each counted operator's FLOPs or bytes, whichever is slower, at the flat
-/// rates, and 2 µs per call.
+/// rates (in place for a call that updates a tensor it was given), and 2 µs per call.
 fn by_hand(events: &[ckptune_kernels::optrace::OpEvent]) -> f64 {
     let counted = work::counted(events, &mut work::traits);
+    let calls = work::calls(events);
     let work: f64 = counted
         .iter()
         .map(|c| {
             let w = c.work;
-            let bytes = w.bytes / 2e10;
+            let e = &events[c.index];
+            let in_place = calls.contains(&c.index) && work::updates_in_place(e, work::traits(&e.name).writes_input);
+            let bytes = w.bytes / if in_place { 4e10 } else { 2e10 };
             match w.engine {
                 Engine::Memory => bytes,
                 Engine::Matmul => (w.flops / 1e11).max(bytes),
@@ -108,6 +112,50 @@ fn a_fake_step_gives_every_block_a_time_and_flat_rates_give_the_sum_by_hand() {
         // The parts add up to the whole.
         let phases = cost::phase_seconds(&events, s.chain.blocks.len(), &flat());
         assert!((phases.total() - hand).abs() <= 1e-9 * hand, "{model}");
+    }
+}
+
+#[test]
+fn an_optimizer_updating_its_state_in_place_streams_at_the_in_place_rate_and_fresh_outputs_do_not() {
+    // Operator traces read the process-wide meter: one test at a time.
+    let _lock = meter::exclusive();
+    let mut s = fake("tiny-bert");
+    let events = s.op_trace(&s.chain.every_candidate()).expect("trace");
+    let seconds = cost::event_seconds(&events, &flat());
+    let calls = work::calls(&events);
+    let (mut in_place, mut fresh) = (Vec::new(), Vec::new());
+    for c in work::counted(&events, &mut work::traits) {
+        let e = &events[c.index];
+        let called = calls.contains(&c.index);
+        let overhead = if called { 2e-6 } else { 0.0 };
+        let at = |rate: f64| (seconds[c.index] - overhead - c.work.bytes / rate).abs() <= 1e-15;
+        match work::base(&e.name) {
+            // AdamW's updates of its moments and the weights, each called by the step.
+            "aten::lerp_" | "aten::addcmul_" | "aten::addcdiv_" | "aten::mul_" if called => {
+                assert!(at(4e10), "{}: {} s for {} B", e.name, seconds[c.index], c.work.bytes);
+                in_place.push(e.name.clone());
+            }
+            // Dropout's mask, written into the tensor `dropout` just allocated; a cast's copy.
+            "aten::bernoulli_" | "aten::copy_" if !called => {
+                assert!(at(2e10), "{}: {} s for {} B", e.name, seconds[c.index], c.work.bytes);
+                fresh.push(e.name.clone());
+            }
+            // Fresh outputs, each called by the step or an autograd node.
+            "aten::sqrt" | "aten::div" | "aten::gelu" if called => {
+                assert!(at(2e10), "{}: {} s for {} B", e.name, seconds[c.index], c.work.bytes);
+                fresh.push(e.name.clone());
+            }
+            _ => {}
+        }
+    }
+    for op in ["aten::lerp_", "aten::addcmul_", "aten::addcdiv_", "aten::mul_"] {
+        assert!(
+            in_place.iter().any(|n| n.starts_with(op)),
+            "{op} not seen: {in_place:?}"
+        );
+    }
+    for op in ["aten::bernoulli_", "aten::sqrt", "aten::gelu"] {
+        assert!(fresh.iter().any(|n| n.starts_with(op)), "{op} not seen: {fresh:?}");
     }
 }
 

@@ -127,8 +127,14 @@ pub struct DeviceRates {
     /// backward kernels run slower than its forward ones); a dtype without one takes `conv`'s.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
     pub conv_backward: Vec<Curve>,
-    /// Bytes/s of streaming elementwise work per dtype, by the bytes an operator moves.
+    /// Bytes/s of streaming elementwise work per dtype, by the bytes an operator moves, writing
+    /// into fresh memory as a step's outputs do (a CPU's first touch of a page faults).
     pub bandwidth: Vec<Curve>,
+    /// Bytes/s of an operator that updates a tensor it was given in place (`add_`, `lerp_`,
+    /// `addcmul_`: an optimizer's step), where measured (a CPU's calibration): it writes memory
+    /// already touched, so it pays no page faults. Empty: such operators stream at `bandwidth`.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub bandwidth_in_place: Vec<Curve>,
     /// Seconds every operator costs besides its work (dispatch, and on a GPU the launch).
     pub overhead_seconds: f64,
     /// Memory-bound operators whose kernels stream slower than an elementwise add (windowed,
@@ -203,6 +209,18 @@ impl DeviceRates {
         (full * share).max(memory)
     }
 
+    /// Seconds an operator that updates a tensor in place takes for memory-bound `work`, without
+    /// the per-operator overhead: its bytes at the in-place streaming rate where the device has
+    /// one for its dtype or fp32, else [`Self::work_seconds`].
+    pub fn in_place_seconds(&self, work: &Work) -> f64 {
+        let rate = rate(&self.bandwidth_in_place, work.dtype, work.bytes);
+        if work.engine == Engine::Memory && rate.is_finite() {
+            work.bytes / rate
+        } else {
+            self.work_seconds(work)
+        }
+    }
+
     /// Seconds `work` takes without the per-operator overhead: the slower of its FLOPs on its
     /// engine and its bytes at the streaming rate.
     pub fn work_seconds(&self, work: &Work) -> f64 {
@@ -230,8 +248,10 @@ impl DeviceRates {
             ("matmul", &self.matmul),
             ("conv", &self.conv),
             ("bandwidth", &self.bandwidth),
+            ("bandwidth_in_place", &self.bandwidth_in_place),
         ] {
-            if !curves.iter().any(|c| c.dtype == "fp32" && !c.points.is_empty()) {
+            let optional = what == "bandwidth_in_place";
+            if !optional && !curves.iter().any(|c| c.dtype == "fp32" && !c.points.is_empty()) {
                 return Err(format!("rates of {}: no fp32 {what} rate", self.device));
             }
             for c in curves {
@@ -400,6 +420,7 @@ impl GpuSpec {
             ],
             conv_backward: Vec::new(),
             bandwidth: vec![flat(Dtype::Fp32, self.memory_gbps * 1e9 * GPU_MEMORY_EFFICIENCY)],
+            bandwidth_in_place: Vec::new(),
             overhead_seconds: GPU_OVERHEAD_SECONDS,
             ops: Vec::new(),
             attention: None,
@@ -443,6 +464,7 @@ mod tests {
             conv: vec![Curve::flat(Dtype::Fp32, 5e8)],
             conv_backward: vec![Curve::flat(Dtype::Fp32, 2.5e8)],
             bandwidth: vec![Curve::flat(Dtype::Fp32, 1e9), Curve::flat(Dtype::Bf16, 2e9)],
+            bandwidth_in_place: vec![Curve::flat(Dtype::Fp32, 4e9)],
             overhead_seconds: 1e-6,
             ops: vec![OpRate {
                 op: "aten::gelu".into(),
@@ -479,6 +501,17 @@ mod tests {
         assert!((r.op_seconds("aten::add", &gelu) - 1e-3).abs() < 1e-12);
         let bf16 = work(Engine::Memory, Dtype::Bf16, 0.0, 1e6);
         assert!((r.op_seconds("aten::gelu", &bf16) - 5e-4).abs() < 1e-12);
+        // In place: at its own streaming rate, bf16 at fp32's where it has none; a product is
+        // timed as any product, and a device without the curve streams at `bandwidth`.
+        assert!((r.in_place_seconds(&gelu) - 2.5e-4).abs() < 1e-12);
+        assert!((r.in_place_seconds(&bf16) - 2.5e-4).abs() < 1e-12);
+        let product = work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3);
+        assert!((r.in_place_seconds(&product) - 2e-3).abs() < 1e-12);
+        let without = DeviceRates {
+            bandwidth_in_place: Vec::new(),
+            ..r.clone()
+        };
+        assert!((without.in_place_seconds(&gelu) - 1e-3).abs() < 1e-12);
         assert_eq!(r.check(), Ok(()));
     }
 

@@ -367,7 +367,10 @@ fn cached_or_measured(
     rates: Option<&DeviceRates>,
 ) -> Result<(ModelJson, ConfigProfile)> {
     let key = setup.cache_key(cfg) + &how.key(setup);
-    if let Some(cached) = read_cache(setup, &key) {
+    // Estimated times hold only over the rates they were estimated over: a CPU calibrated again
+    // (quiet after busy, or a newer calibration) estimates the profile again.
+    let stale = |p: &ConfigProfile| how == How::Estimated && p.estimated.as_ref().map(|e| &e.rates) != rates;
+    if let Some(cached) = read_cache(setup, &key).filter(|c| !stale(&c.profile)) {
         if !cached.profile.contention.contended() {
             return Ok((cached.model, cached.profile));
         }

@@ -23,8 +23,9 @@ use crate::error::{torch, Result};
 /// measured again. Version 4 records the machine's other load while it ran (a version 3
 /// cache may hold a busy machine's rates); version 5 measures fused attention's cost per score
 /// and its causal share, and convolutions' backward; version 6 times the overhead on a varied
-/// small step instead of a loop of two operators.
-pub const CALIBRATION_VERSION: u32 = 6;
+/// small step instead of a loop of two operators; version 7 measures the in-place streaming
+/// rate (`add_` into memory already touched).
+pub const CALIBRATION_VERSION: u32 = 7;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured; each curve has its first point, as the estimates need an
@@ -150,14 +151,28 @@ impl Run {
         })
     }
 
-    fn bandwidth(&self, dtype: Dtype) -> Result<Curve> {
+    /// An elementwise add's bytes/s over [`STREAM_ELEMENTS`]: into a fresh output (`a + b`,
+    /// the outputs kept alive as a step keeps its activations), or with `in_place` into its
+    /// first operand (`a += b`, memory already touched: no page faults, as an optimizer's
+    /// updates of its state).
+    fn bandwidth(&self, dtype: Dtype, in_place: bool) -> Result<Curve> {
         let mut points = Vec::new();
         for n in STREAM_ELEMENTS {
             if self.over() && !points.is_empty() {
                 break;
             }
-            let (a, b) = (randn(&[n], dtype)?, randn(&[n], dtype)?);
-            let t = time_call(|| a.f_add(&b).map_err(torch("calibration: add")))?;
+            let t = if in_place {
+                let mut pairs = in_place_operands(n, dtype)?;
+                let mut next = 0;
+                time_call(|| {
+                    next = (next + 1) % pairs.len();
+                    let (a, b) = &mut pairs[next];
+                    a.f_add_(b).map_err(torch("calibration: add_"))
+                })?
+            } else {
+                let (a, b) = (randn(&[n], dtype)?, randn(&[n], dtype)?);
+                time_call(|| a.f_add(&b).map_err(torch("calibration: add")))?
+            };
             let bytes = 3.0 * n as f64 * kind(dtype).elt_size_in_bytes() as f64;
             points.push([bytes, self.rate(bytes, t)]);
         }
@@ -166,6 +181,22 @@ impl Run {
             points,
         })
     }
+}
+
+/// Bytes the in-place streaming rate's operands span at least (where [`IN_PLACE_PAIRS`] allow),
+/// so that they come from memory, not the caches, as an optimizer's state does: each of its
+/// tensors is touched once per step.
+const IN_PLACE_FOOTPRINT: f64 = 256.0 * 1024.0 * 1024.0;
+/// At most this many operand pairs: below a few KiB per operand the call's overhead dominates.
+const IN_PLACE_PAIRS: usize = 1024;
+
+/// Pairs of operands of `n` elements for `a += b`, taken in turn, spanning
+/// [`IN_PLACE_FOOTPRINT`] where [`IN_PLACE_PAIRS`] allow (ones: the values do not matter).
+fn in_place_operands(n: i64, dtype: Dtype) -> Result<Vec<(Tensor, Tensor)>> {
+    let pair_bytes = 2.0 * n as f64 * kind(dtype).elt_size_in_bytes() as f64;
+    let count = ((IN_PLACE_FOOTPRINT / pair_bytes).ceil() as usize).clamp(2, IN_PLACE_PAIRS);
+    let ones = || Tensor::f_ones([n], (kind(dtype), Device::Cpu)).map_err(torch("calibration: ones"));
+    (0..count).map(|_| Ok((ones()?, ones()?))).collect()
 }
 
 /// A probe: an input's shape, a forward over it in grad mode, and the operators whose rates
@@ -386,9 +417,12 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         overhead: 0.0,
     };
     run.overhead()?;
-    let bandwidth = {
+    let (bandwidth, bandwidth_in_place) = {
         let _no_grad = tch::no_grad_guard();
-        vec![run.bandwidth(Dtype::Fp32)?, run.bandwidth(Dtype::Bf16)?]
+        (
+            vec![run.bandwidth(Dtype::Fp32, false)?, run.bandwidth(Dtype::Bf16, false)?],
+            vec![run.bandwidth(Dtype::Fp32, true)?, run.bandwidth(Dtype::Bf16, true)?],
+        )
     };
     let generic = DeviceRates {
         device: "cpu".into(),
@@ -400,6 +434,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         conv: vec![Curve::flat(Dtype::Fp32, 1e11)],
         conv_backward: Vec::new(),
         bandwidth: bandwidth.clone(),
+        bandwidth_in_place: Vec::new(),
         overhead_seconds: run.overhead,
         ops: Vec::new(),
         attention: None,
@@ -438,7 +473,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         measured: true,
         source: format!(
             "calibration run (version {CALIBRATION_VERSION}) with {threads} threads, {seconds:.1} s: mm, conv2d \
-             3×3 forward and backward and add over sizes, {} slow kernels forward and backward, fused attention per score and its \
+             3×3 forward and backward and add (fresh and in place) over sizes, {} slow kernels forward and backward, fused attention per score and its \
              causal share, a small varied training step's overhead per call; each point the median of {BATCHES} batches",
             PROBES.len()
         ),
@@ -447,6 +482,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         conv: conv.into_iter().filter(|c| !c.points.is_empty()).collect(),
         conv_backward: [conv_backward].into_iter().filter(|c| !c.points.is_empty()).collect(),
         bandwidth: bandwidth.into_iter().filter(|c| !c.points.is_empty()).collect(),
+        bandwidth_in_place: bandwidth_in_place.into_iter().filter(|c| !c.points.is_empty()).collect(),
         overhead_seconds: run.overhead,
         ops,
         attention,
@@ -462,7 +498,13 @@ mod tests {
         // As on a machine so busy that the time limit passes before the first curve.
         let rates = measure(1, "test", 0.0).unwrap();
         rates.check().unwrap();
-        for curves in [&rates.matmul, &rates.conv, &rates.conv_backward, &rates.bandwidth] {
+        for curves in [
+            &rates.matmul,
+            &rates.conv,
+            &rates.conv_backward,
+            &rates.bandwidth,
+            &rates.bandwidth_in_place,
+        ] {
             assert!(curves.iter().all(|c| c.points.len() == 1), "{curves:?}");
         }
         // What the limit cuts falls back to the generic rates.

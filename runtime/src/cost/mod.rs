@@ -169,7 +169,10 @@ impl PhaseSeconds {
 
 /// Per event of a trace, the seconds the cost model gives it over `rates`: each counted
 /// operator's work ([`work::counted`]), and the per-call overhead on each call
-/// ([`work::calls`]).
+/// ([`work::calls`]). A call that updates a tensor in place ([`work::updates_in_place`]: an
+/// optimizer's `lerp_`, `addcmul_`) streams at the in-place rate, as it writes memory already
+/// touched; one inside another operator does not, as its destination is commonly the output its
+/// caller just allocated.
 pub fn event_seconds(events: &[OpEvent], rates: &DeviceRates) -> Vec<f64> {
     event_seconds_except(events, rates, &[])
 }
@@ -180,10 +183,20 @@ fn event_seconds_except(events: &[OpEvent], rates: &DeviceRates, replayed: &[boo
     let mut known: HashMap<String, work::Traits> = HashMap::new();
     let mut traits = |name: &str| *known.entry(name.to_owned()).or_insert_with(|| work::traits(name));
     let mut seconds = vec![0.0; events.len()];
-    for c in work::counted_except(events, replayed, &mut traits) {
-        seconds[c.index] += rates.op_seconds(work::base(&events[c.index].name), &c.work);
+    let calls = work::calls(events);
+    let mut is_call = vec![false; events.len()];
+    for &i in &calls {
+        is_call[i] = true;
     }
-    for i in work::calls(events) {
+    for c in work::counted_except(events, replayed, &mut traits) {
+        let e = &events[c.index];
+        seconds[c.index] += if is_call[c.index] && work::updates_in_place(e, traits(&e.name).writes_input) {
+            rates.in_place_seconds(&c.work)
+        } else {
+            rates.op_seconds(work::base(&e.name), &c.work)
+        };
+    }
+    for i in calls {
         seconds[i] += rates.overhead_seconds;
     }
     seconds

@@ -108,6 +108,16 @@ fn bytes_moved(e: &OpEvent, writes_input: bool) -> f64 {
     inputs.into_iter().map(bytes_of).sum::<f64>() + returned
 }
 
+/// Whether an operator updates a tensor it was given in place, reading it (`add_`, `lerp_`,
+/// `addcmul_`, `_foreach_mul_`): not an `out=` overload or an operator that overwrites its
+/// destination ([`OVERWRITES`]), whose destination is commonly memory just allocated for it
+/// (`_to_copy`'s `copy_`, `dropout`'s `bernoulli_`). `writes_input`: the schema says it writes
+/// an input ([`traits`]).
+pub fn updates_in_place(e: &OpEvent, writes_input: bool) -> bool {
+    let overload = e.name.rsplit_once('.').map_or("", |(_, o)| o);
+    writes_input && !overload.starts_with("out") && !overload.ends_with("_out") && !OVERWRITES.contains(&base(&e.name))
+}
+
 /// The dtype of the largest tensor an operator touches (fp32 when it touches none).
 fn main_dtype(e: &OpEvent) -> Dtype {
     e.inputs
