@@ -6,9 +6,8 @@
 //! estimate is more than [`MARGIN`] times the fastest step measured so far and than the cost
 //! model's own estimate of that step: where the model's steps run *below* measured ones (6-19%
 //! on the larger models of results/cost, one thread), such a config's real step is slower still
-//! and cannot win; where they run above (BERT-base at two threads on an AMD EPYC: 1.97 s
-//! estimated, 1.37 s measured, for the step with the optimizer after backward and the one with
-//! it in backward alike), the estimates compare with each other, not with a measurement. Configs
+//! and cannot win; where they run above (ResNet-50 at two threads on an AMD EPYC: 40-47% high in
+//! results/cost/amd-epyc/), the estimates compare with each other, not with a measurement. Configs
 //! not timed keep their estimated times, labelled as such in the plan's alternatives.
 //!
 //! A config being timed stops early where its own steps settle the plan (`staged`): after its
