@@ -98,8 +98,7 @@ fn bytes_moved(e: &OpEvent, writes_input: bool) -> f64 {
     }
     let mut inputs: Vec<&(Kind, Vec<i64>)> = e.inputs.iter().flatten().collect();
     if writes_input {
-        let overload = e.name.rsplit_once('.').map_or("", |(_, o)| o);
-        if overload.starts_with("out") || overload.ends_with("_out") {
+        if is_out_overload(&e.name) {
             inputs.pop();
         } else if OVERWRITES.contains(&base(&e.name)) && !inputs.is_empty() {
             inputs.remove(0);
@@ -114,8 +113,14 @@ fn bytes_moved(e: &OpEvent, writes_input: bool) -> f64 {
 /// (`_to_copy`'s `copy_`, `dropout`'s `bernoulli_`). `writes_input`: the schema says it writes
 /// an input ([`traits`]).
 pub fn updates_in_place(e: &OpEvent, writes_input: bool) -> bool {
-    let overload = e.name.rsplit_once('.').map_or("", |(_, o)| o);
-    writes_input && !overload.starts_with("out") && !overload.ends_with("_out") && !OVERWRITES.contains(&base(&e.name))
+    writes_input && !is_out_overload(&e.name) && !OVERWRITES.contains(&base(&e.name))
+}
+
+/// Whether `name` is an `out=` overload (`aten::add.out`, or an overload named `…_out`), which
+/// writes its last argument.
+fn is_out_overload(name: &str) -> bool {
+    let overload = name.rsplit_once('.').map_or("", |(_, o)| o);
+    overload.starts_with("out") || overload.ends_with("_out")
 }
 
 /// The dtype of the largest tensor an operator touches (fp32 when it touches none).
