@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -451,6 +452,9 @@ struct CkptArg {
 // `i` its length (so an empty list is seen too).
 typedef void (*ckpt_value_cb)(void* ctx, int ret, int item, int tag, at::Tensor* t, int64_t i, double f);
 
+// Receives what a number scope saw (ckpt_numbers_end).
+typedef void (*ckpt_number_cb)(void* ctx, int saved, at::Tensor* kept);
+
 namespace {
 
 std::string describe_arg(const CkptArg& a) {
@@ -459,7 +463,43 @@ std::string describe_arg(const CkptArg& a) {
   return (a.tag >= 0 && a.tag <= 9) ? names[a.tag] : "an unknown value";
 }
 
-c10::IValue to_ivalue(const c10::Argument& formal, const CkptArg& a) {
+// Block forwards' number scopes (`ckpt_numbers_begin`): a Python number where the schema wants
+// a tensor becomes a 0-dim wrapped number (to_ivalue), as PyTorch's Python binding makes it, and
+// an operator's backward may save it (`x / 8.0` is div.Tensor, whose backward divides by the
+// saved 8.0). Autograd saves a wrapped number as it is, past any saved-tensor hooks
+// (SavedVariable's constructor skips the hooks for wrapped numbers, so they never leak to them),
+// so `torch.utils.checkpoint`'s forward keeps the 8 bytes of each such number until the
+// checkpointed module's backward, where a no-grad forward keeps none. While a scope is open on a
+// thread, each call's wrapped numbers are counted in order: a call with grad on records whether
+// autograd saved the number (something besides the call's own handle holds it afterwards); a call
+// with grad off keeps the number when the block's grad run saved the one in its place, or when the
+// block has not run with grad yet (`learned` off).
+struct NumberScope {
+  bool learned = false;
+  std::vector<uint8_t> saved_before;  // per number of the block's grad run: saved or not
+  size_t next = 0;
+  std::vector<uint8_t> saved;         // per number made with grad on
+  std::vector<at::Tensor> kept;       // numbers made with grad off that the checkpoint would keep
+};
+thread_local std::unique_ptr<NumberScope> t_numbers;
+
+// A call's wrapped numbers, each with no holder but `made` once the call returned unless its
+// backward saved it.
+void numbers_seen(std::vector<at::Tensor>& made) {
+  NumberScope* s = t_numbers.get();
+  if (s == nullptr) return;
+  for (auto& t : made) {
+    const size_t k = s->next++;
+    if (torch::autograd::GradMode::is_enabled()) {
+      s->saved.push_back(t.use_count() > 1 || t.storage().use_count() > 1 ? 1 : 0);
+    } else if (!s->learned || k >= s->saved_before.size() || s->saved_before[k] != 0) {
+      s->kept.push_back(std::move(t));
+    }
+  }
+}
+
+// `made`: where a wrapped number made for a tensor argument is handed to as well.
+c10::IValue to_ivalue(const c10::Argument& formal, const CkptArg& a, std::vector<at::Tensor>& made) {
   c10::TypePtr type = formal.type();
   if (auto opt = type->cast<c10::OptionalType>()) {
     if (a.tag == 0) return c10::IValue();
@@ -481,6 +521,7 @@ c10::IValue to_ivalue(const c10::Argument& formal, const CkptArg& a) {
       else if (a.tag == 4) t = at::scalar_to_tensor(at::Scalar(a.i != 0));
       else return bad();
       t.unsafeGetTensorImpl()->set_wrapped_number(true);
+      made.push_back(t);
       return t;
     }
     case c10::TypeKind::IntType:
@@ -609,6 +650,7 @@ int ckpt_op_call(const char* name, const char* overload, const CkptArg* args, in
     const c10::FunctionSchema& schema = op.schema();
     const auto& formals = schema.arguments();
     std::vector<bool> used(nargs, false);
+    std::vector<at::Tensor> made;  // the wrapped numbers the arguments became
     torch::jit::Stack stack;
     stack.reserve(formals.size());
     for (const auto& formal : formals) {
@@ -621,7 +663,7 @@ int ckpt_op_call(const char* name, const char* overload, const CkptArg* args, in
       }
       if (found >= 0) {
         used[found] = true;
-        stack.push_back(to_ivalue(formal, args[found]));
+        stack.push_back(to_ivalue(formal, args[found], made));
       } else if (formal.default_value().has_value()) {
         stack.push_back(*formal.default_value());
       } else {
@@ -633,6 +675,8 @@ int ckpt_op_call(const char* name, const char* overload, const CkptArg* args, in
       TORCH_CHECK(used[k], "the schema ", schema, " has no argument '", args[k].name, "'");
     }
     op.callBoxed(stack);
+    numbers_seen(made);
+    made.clear();
     for (size_t r = 0; r < stack.size(); ++r) {
       const c10::IValue& v = stack[r];
       if (v.isTensorList()) {
@@ -652,6 +696,28 @@ int ckpt_op_call(const char* name, const char* overload, const CkptArg* args, in
     // own survives it (the meter sees what eager PyTorch frees).
     stack.clear();
   });
+}
+
+// Opens this thread's number scope for a block's forward or recompute (see NumberScope):
+// `learned` says whether `saved` (n entries) is the block's grad run's answer per number.
+int ckpt_numbers_begin(const uint8_t* saved, int64_t n, int learned, char** err) {
+  return guarded(err, [&] {
+    TORCH_CHECK(t_numbers == nullptr, "number scope: one is already open on this thread");
+    auto s = std::make_unique<NumberScope>();
+    s->learned = learned != 0;
+    if (s->learned) s->saved_before.assign(saved, saved + n);
+    t_numbers = std::move(s);
+  });
+}
+
+// Closes this thread's number scope (none open: nothing is reported) and reports what it saw
+// through `cb`: each number made with grad on as whether autograd saved it (`kept` null), then
+// each number kept with grad off as a fresh handle the callee owns (`saved` -1).
+void ckpt_numbers_end(void* ctx, ckpt_number_cb cb) {
+  std::unique_ptr<NumberScope> s = std::move(t_numbers);
+  if (s == nullptr || cb == nullptr) return;
+  for (uint8_t v : s->saved) cb(ctx, v, nullptr);
+  for (auto& t : s->kept) cb(ctx, -1, new at::Tensor(std::move(t)));
 }
 
 }  // extern "C"

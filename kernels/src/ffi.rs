@@ -63,6 +63,8 @@ pub(crate) type OpEventCb = extern "C" fn(
 );
 /// (ctx, return index, list item or -1, tag, tensor, int, float); see shim.cpp's ckpt_value_cb.
 pub(crate) type ValueCb = extern "C" fn(*mut c_void, i32, i32, i32, CTensor, i64, f64);
+/// (ctx, saved (0 or 1) or -1 for a kept number, the kept number); see shim.cpp's ckpt_number_cb.
+pub(crate) type NumberCb = extern "C" fn(*mut c_void, c_int, CTensor);
 
 extern "C" {
     pub(crate) fn ckpt_free_str(s: *mut c_char);
@@ -194,6 +196,8 @@ extern "C" {
         cb: ValueCb,
         err: *mut *mut c_char,
     ) -> c_int;
+    pub(crate) fn ckpt_numbers_begin(saved: *const u8, n: i64, learned: c_int, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_numbers_end(ctx: *mut c_void, cb: Option<NumberCb>);
 }
 
 /// Takes a malloc'd C string from the shim and frees it.

@@ -14,7 +14,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ckptune_solver::budget::format_size;
 use common::{ckptune, edited, ok, read, refused, selective_made_cheap, COMMON};
@@ -208,6 +208,24 @@ fn a_plain_block_after_a_selective_one_holds_its_cached_output_in_both_runtimes(
             "{layer}: PyTorch's peak less ckptune's: {r}"
         );
     }
+}
+
+/// `doc` with `modules` checkpointed, each run selective under `attention` when `selective`,
+/// checkpointed whole otherwise, written to `name` in `dir`.
+fn checkpointing(dir: &Path, name: &str, doc: &Value, modules: &[&str], selective: bool) -> PathBuf {
+    edited(dir, name, doc, |d| {
+        let alternatives: Vec<String> = modules.iter().map(|m| m.replace('.', "\\.")).collect();
+        let ck = d["checkpoint"].as_object_mut().unwrap();
+        ck.insert("regex".into(), format!("^(?:{})$", alternatives.join("|")).into());
+        ck.insert("modules".into(), serde_json::json!(modules));
+        ck.remove("selective");
+        if selective {
+            ck.insert(
+                "selective".into(),
+                serde_json::json!({"policy": "attention", "modules": modules}),
+            );
+        }
+    })
 }
 
 /// A plan of `model` (with `extra` flags) forced to run layers selective under `policy`, checked
@@ -482,22 +500,73 @@ fn bert_layers_under_attention_or_whole_differ_from_pytorch_by_the_additive_mask
     ok(&args);
     let layers = ["encoder.layer.0", "encoder.layer.1"];
     for (name, selective) in [("attention.json", true), ("whole.json", false)] {
-        let plan = edited(dir.path(), name, &read(&base), |d| {
-            d["checkpoint"]["regex"] = "^(?:encoder\\.layer\\.(?:0|1))$".into();
-            d["checkpoint"]["modules"] = serde_json::json!(layers);
-            let ck = d["checkpoint"].as_object_mut().unwrap();
-            ck.remove("selective");
-            if selective {
-                ck.insert(
-                    "selective".into(),
-                    serde_json::json!({"policy": "attention", "modules": layers}),
-                );
-            }
-        });
+        let plan = checkpointing(dir.path(), name, &read(&base), &layers, selective);
         let r = verify(&plan, dir.path(), &["--pytorch", "--steps", "2"]);
         assert_eq!(r["ckptune"]["mismatches"], serde_json::json!([]), "{name}");
         let gap =
             r["pytorch"]["peak_bytes"].as_i64().unwrap() - r["ckptune"]["measured"]["peak_bytes"].as_i64().unwrap();
         assert_eq!(gap, -(batch * seq * 4), "{name}: {r}");
+    }
+}
+
+/// BERT under eager attention, a layer selective under `attention` or checkpointed whole, against
+/// PyTorch, every byte itemized (BERT-base at batch 2, sequence 512, `encoder.layer.11`: docs/
+/// memory-model.md, "Where exactness needs care"). The reference builds the same additive mask as
+/// ckptune here, so two mechanisms are left:
+/// - the attention's scaling, `scores / sqrt(head_size)`, is `div.Tensor` by an 8-byte wrapped
+///   number its backward saves, which a checkpoint's forward keeps until the layer's backward
+///   (saved-tensor hooks skip wrapped numbers) and ckptune's checkpointed or selective forward
+///   keeps too (`kernels::numbers`): where the step peaks in a recompute, the two runs hold the
+///   same numbers (PyTorch was 8 B above per such layer before ckptune kept them);
+/// - where it peaks in a layer's VJP, at `output.dense`'s weight gradient, PyTorch is one bias
+///   gradient below (hidden 32 × 4 B): the checkpoint, whole or selective, frees the input it
+///   unpacked for the Linear's backward before the bias gradient's `sum`, where ckptune's
+///   recompute, a plain graph, holds it (python/tests/test_eager.py measures it alone).
+#[test]
+fn bert_eager_layers_under_attention_or_whole_differ_from_pytorch_by_a_bias_gradient_at_most() {
+    let dir = tempfile::tempdir().unwrap();
+    let hidden = 32;
+    let bias = hidden * 4;
+    let layers = |ls: &[usize]| -> Vec<String> { ls.iter().map(|l| format!("encoder.layer.{l}")).collect() };
+    // (batch, layers, selective, ckptune's peak moment, PyTorch's peak less ckptune's)
+    let cases: [(&str, &[usize], bool, &str, i64); 4] = [
+        ("4", &[0, 1], true, "recompute encoder.layer.1", 0),
+        ("4", &[0, 1], false, "recompute encoder.layer.0", 0),
+        ("2", &[0, 1], true, "backward encoder.layer.1", -bias),
+        ("2", &[1], false, "backward encoder.layer.1", -bias),
+    ];
+    for batch in ["2", "4"] {
+        // Sequence 12: neither the head dimension (16) nor the hidden size, so only the scores
+        // have the score shape.
+        let base = dir.path().join(format!("base-{batch}.json"));
+        // A budget every case is under (a selective layer can peak above nothing checkpointed).
+        let mut args = vec!["plan", "--budget", "1GiB", "tiny-bert", "--batch", batch, "--seq", "12"];
+        args.extend([
+            "--precision",
+            "fp32",
+            "--attention",
+            "eager",
+            "--selective",
+            "attention",
+        ]);
+        args.extend(["-o", base.to_str().unwrap()]);
+        args.extend(COMMON);
+        ok(&args);
+        for &(_, ls, selective, moment, gap) in cases.iter().filter(|c| c.0 == batch) {
+            let modules = layers(ls);
+            let modules: Vec<&str> = modules.iter().map(String::as_str).collect();
+            let name = format!("b{batch}-{ls:?}-{}", if selective { "attention" } else { "whole" });
+            let plan = checkpointing(dir.path(), "plan.json", &read(&base), &modules, selective);
+            let r = verify(&plan, dir.path(), &["--pytorch", "--steps", "2"]);
+            assert_eq!(r["ckptune"]["mismatches"], serde_json::json!([]), "{name}: {r}");
+            assert_eq!(
+                r["ckptune"]["peak_moment"],
+                format!("first micro-step: {moment}"),
+                "{name}: {r}"
+            );
+            let torch = r["pytorch"]["peak_bytes"].as_i64().unwrap();
+            let ckptune = r["ckptune"]["measured"]["peak_bytes"].as_i64().unwrap();
+            assert_eq!(torch - ckptune, gap, "{name}: PyTorch's peak less ckptune's: {r}");
+        }
     }
 }

@@ -99,6 +99,71 @@ class PytorchBehaviourTest(unittest.TestCase):
         # Saved-tensor hooks (which drop what a checkpointed forward saves) skip wrapped numbers.
         self.assertEqual(held(lambda: checkpoint(f, x, use_reentrant=False)), 16)
 
+    def test_checkpoint_frees_a_linears_input_before_its_bias_gradient_whole_or_selective(self):
+        """A Linear's backward (`AddmmBackward0`) computes the input's gradient and the weight's
+        (an `mm` over the saved input), then the bias's (a `sum`). A plain graph holds the saved
+        input until the node is done, so the bias gradient is allocated on top of everything the
+        `mm` had. `torch.utils.checkpoint`, whole or selective, hands the node its recomputed
+        input by unpacking it and keeps no reference itself, so the input is freed after its last
+        use, the `mm`, and the `sum` lands that much lower: a backward peaking there is one bias
+        gradient lower in PyTorch than in ckptune's recompute, a plain graph (docs/memory-model.md,
+        "Where exactness needs care"). That holds for an input the selective cache kept (a
+        LayerNorm's output under `attention`, which its recompute takes from the cache) as for one
+        it recomputes (GELU's), under either policy."""
+        from torch.utils.checkpoint import checkpoint
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        from ckptune.selective import context_fn
+        from ckptune_harness import meter as meter_mod
+
+        meter = meter_mod.Meter(meter_mod.build())
+        torch.manual_seed(0)
+        n, d = 24, 8
+        first, last = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+        norm = torch.nn.LayerNorm(4 * d)
+        feeds = {"gelu": lambda h: torch.nn.functional.gelu(first(h)), "norm": lambda h: norm(first(h))}
+        runs = {
+            "plain": lambda f, x: f(x),
+            "whole": lambda f, x: checkpoint(f, x, use_reentrant=False),
+            "matmul": lambda f, x: checkpoint(f, x, use_reentrant=False, context_fn=context_fn("matmul"),
+                                              early_stop=False),
+            "attention": lambda f, x: checkpoint(f, x, use_reentrant=False, context_fn=context_fn("attention"),
+                                                 early_stop=False),
+        }
+
+        class Levels(TorchDispatchMode):
+            """The meter's level after each operator of the backward, with the node running it."""
+
+            def __init__(self):
+                super().__init__()
+                self.ops = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                node = torch._C._current_autograd_node()
+                self.ops.append((func, node.name() if node is not None else None, meter.current()))
+                return out
+
+        def bias_step(feed, run):
+            """The level the last Linear's bias gradient (`sum`) adds to the level after its weight
+            gradient (`mm`)."""
+            x = torch.randn(n, d, requires_grad=True)
+            y = run(lambda h: last(feeds[feed](h)), x)
+            with Levels() as levels:
+                y.sum().backward()
+            ops = levels.ops
+            at = next(i for i, (f, node, _) in enumerate(ops)
+                      if f is torch.ops.aten.sum.dim_IntList and node == "AddmmBackward0")
+            mm = max(i for i in range(at) if ops[i][0] is torch.ops.aten.mm.default)
+            return ops[at][2] - ops[mm][2]
+
+        bias, linear_input = d * 4, n * 4 * d * 4
+        for feed in feeds:
+            for name, run in runs.items():
+                with self.subTest(feed=feed, run=name):
+                    freed = 0 if name == "plain" else linear_input
+                    self.assertEqual(bias_step(feed, run), bias - freed)
+
     def test_a_boundary_view_casts_as_a_layer_output_and_a_plain_leaf_does_not(self):
         """A BERT layer under bf16 autocast reading ckptune's block input (runtime/src/exec/
         boundary.rs: a view of the detached output, made to require grad), the previous layer's

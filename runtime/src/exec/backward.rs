@@ -58,7 +58,9 @@ impl Session {
 
     /// Recomputes the checkpointed segment `first..=last` with grad from its input, in the RNG
     /// state of its forward, each block in its own autocast region; returns that RNG state,
-    /// which stays alive until the segment's backward is done.
+    /// which stays alive until the segment's backward is done. The numbers the segment's forward
+    /// kept go once its last block is recomputed, as `torch.utils.checkpoint` frees the
+    /// recompute's own graph, which holds the same numbers, before the backward goes on.
     fn recompute_segment(
         &mut self,
         (first, last): (usize, usize),
@@ -118,7 +120,10 @@ impl Session {
                     .map(|a| AutocastGuard::new(self.device, a, true))
                     .transpose()?;
                 let _replay = kept.as_mut().map(sac::replay).transpose()?;
-                block.block.try_forward_all(&x, &ctx.with_skips(&skips))
+                let numbers = self.open_numbers(k, true)?;
+                let out = block.block.try_forward_all(&x, &ctx.with_skips(&skips));
+                self.close_numbers(k, numbers, true);
+                out
             }
             .map_err(|failure| self.block_failed(k, failure))?;
             let (out, extras) = out;
@@ -134,6 +139,9 @@ impl Session {
             self.learn_input_saved(k, &acts.outputs, &acts.sac_keeps_output);
             acts.outputs[k] = Some(out);
             acts.extras[k] = extras.into_iter().map(Some).collect();
+            if k == last {
+                acts.numbers[first..=last].iter_mut().for_each(Vec::clear);
+            }
             if let Some(t) = tr.as_deref_mut() {
                 let b = &mut t.blocks[k];
                 b.rec_peak = self.probe.window_peak();

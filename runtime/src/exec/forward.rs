@@ -21,7 +21,8 @@ use crate::error::Result;
 /// the runtime holds it (the last block's is the loss's input; see [`Schedule::single_reader`]
 /// for when it lets go), its gradient edge once it let go, the sink its readers' gradients flow
 /// into (created when its first reader started), for a segment's first block, the RNG state at
-/// its start, and for a selective block, the outputs its forward kept for the recompute. A block
+/// its start, for a selective block, the outputs its forward kept for the recompute, and for a
+/// checkpointed or selective block, the Python numbers its forward kept (`numbers`). A block
 /// that hands on several tensors has its further outputs (slot `s` at index `s - 1`) with their
 /// leaves, and once every reader's backward ran, their gradients.
 pub(super) struct Activations {
@@ -33,6 +34,9 @@ pub(super) struct Activations {
     pub extra_grads: Vec<Vec<Tensor>>,
     pub rng_states: Vec<Option<Tensor>>,
     pub sac: Vec<Option<SacCache>>,
+    /// Per block run without grad (checkpointed or selective): the wrapped numbers its forward
+    /// kept, which its graph with grad saves; they go when its segment's recompute is done.
+    pub numbers: Vec<Vec<Tensor>>,
     /// Per block run selective in this step: whether its cache keeps its output (shared the
     /// output's storage right after its forward, before any reader); false for the others.
     pub sac_keeps_output: Vec<bool>,
@@ -56,6 +60,7 @@ impl Session {
             extra_grads: (0..n).map(|_| Vec::new()).collect(),
             rng_states: (0..n).map(|_| None).collect(),
             sac: (0..n).map(|_| None).collect(),
+            numbers: (0..n).map(|_| Vec::new()).collect(),
             sac_keeps_output: vec![false; n],
         };
         for i in 0..n {
@@ -120,6 +125,9 @@ impl Session {
             let _scope = scope::open(Phase::Forward, Some((i, &block.name)))?;
             let ac = self.autocast_region()?;
             let bctx = ctx.with_skips(&skips);
+            // A checkpointed or selective block runs without grad and keeps the numbers its
+            // graph with grad saves; a plain one learns which those are.
+            let numbers = self.open_numbers(i, seg.is_none())?;
             let out = if let Some(policy) = schedule.selective[i] {
                 let recording = sac::record(policy)?;
                 let out = tch::no_grad(|| block.block.try_forward_all(&x, &bctx));
@@ -131,6 +139,7 @@ impl Session {
             } else {
                 block.block.try_forward_all(&x, &bctx)
             };
+            acts.numbers[i] = self.close_numbers(i, numbers, seg.is_none());
             if let (Ok((o, _)), None) = (&out, seg) {
                 // Before anything it read goes, as in the recompute.
                 self.learn_output_saved(i, o);

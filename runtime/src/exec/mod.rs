@@ -28,7 +28,7 @@
 //! Files: [`session`] holds a chain prepared for training; `step` runs a step (micro-steps,
 //! then the optimizer, or the optimizer inside backward: `in_backward`) as `forward`, `loss`
 //! (`chunked_loss` for a language model's loss in chunks) and `backward`, following the `schedule` a
-//! checkpoint mask gives; `boundary` makes the aliases between blocks; `diagnose` names the node of a backward that failed; [`trace`] is what an
+//! checkpoint mask gives; `boundary` makes the aliases between blocks; `numbers` keeps what a checkpointed forward keeps of the Python numbers its operators take; `diagnose` names the node of a backward that failed; [`trace`] is what an
 //! instrumented step records; `select` turns a checkpoint regex into a mask; [`scope`] names the
 //! user scopes a step opens around each block's forward, recompute and backward, the loss and
 //! the optimizer, which say in an operator trace what each operator was part of.
@@ -40,6 +40,7 @@ mod diagnose;
 mod forward;
 mod in_backward;
 mod loss;
+mod numbers;
 mod schedule;
 pub mod scope;
 mod select;

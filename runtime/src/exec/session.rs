@@ -1,7 +1,7 @@
 //! A chain prepared for training under one config: its optimizer, the buffers a recompute
 //! restores, the memory probe, and what the rest of the step asks of them.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 
 use ckptune_kernels::autocast::AutocastGuard;
 use ckptune_kernels::fake::{FakeMode, GpuGeometry};
@@ -61,6 +61,12 @@ pub struct Session {
     /// inside the reader's backward where another holder (a selective block's cache) may keep
     /// it, so it is held until its block's backward, as before.
     pub(super) input_saved: Vec<Cell<Option<bool>>>,
+    /// Per block: which of the Python numbers its operators take as tensors its graph saves, in
+    /// the order they are made, learned the first time it runs with grad. A checkpointed or
+    /// selective forward keeps those (all of them, before the block has run with grad) until
+    /// its recompute is done, as `torch.utils.checkpoint`'s forward keeps the wrapped numbers
+    /// its graph saves (`kernels::numbers`).
+    pub(super) numbers_saved: Vec<OnceCell<Vec<bool>>>,
     /// Fake mode, for a session measured on the meta device ([`Session::new_fake`]): its
     /// tensors are fake, and so is everything its steps create. Declared last, so it ends after
     /// every tensor of the session is gone.
@@ -135,6 +141,7 @@ impl Session {
         let hold_casts = cfg.autocast_cache;
         let output_saved = chain.blocks.iter().map(|_| Cell::new(None)).collect();
         let input_saved = chain.blocks.iter().map(|_| Cell::new(None)).collect();
+        let numbers_saved = chain.blocks.iter().map(|_| OnceCell::new()).collect();
         Ok(Self {
             chain,
             cfg,
@@ -150,6 +157,7 @@ impl Session {
             in_backward,
             output_saved,
             input_saved,
+            numbers_saved,
             fake: None,
         })
     }
