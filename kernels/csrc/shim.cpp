@@ -470,11 +470,14 @@ std::string describe_arg(const CkptArg& a) {
 // (SavedVariable's constructor skips the hooks for wrapped numbers, so they never leak to them),
 // so `torch.utils.checkpoint`'s forward keeps the 8 bytes of each such number until the
 // checkpointed module's backward, where a no-grad forward keeps none. While a scope is open on a
-// thread, each call's wrapped numbers are counted in order: a call with grad on records whether
-// autograd saved the number (something besides the call's own handle holds it afterwards); a call
-// with grad off keeps the number when the block's grad run saved the one in its place, or when the
-// block has not run with grad yet (`learned` off).
+// thread, each call's wrapped numbers are counted in order: in a block's run with grad, whether
+// autograd saved the number (something besides the call's own handle holds it afterwards); in its
+// run without grad, the number is kept when the block's grad run saved the one in its place, or
+// when the block has not run with grad yet (`learned` off). The block's run decides, not the
+// operator's grad mode: a block run with grad may turn grad off inside (transformers' rotary
+// embedding is `@torch.no_grad()`), and a number made there is saved by nothing, in either run.
 struct NumberScope {
+  bool grad = false;     // the block runs with grad
   bool learned = false;
   std::vector<uint8_t> saved_before;  // per number of the block's grad run: saved or not
   size_t next = 0;
@@ -490,7 +493,7 @@ void numbers_seen(std::vector<at::Tensor>& made) {
   if (s == nullptr) return;
   for (auto& t : made) {
     const size_t k = s->next++;
-    if (torch::autograd::GradMode::is_enabled()) {
+    if (s->grad) {
       s->saved.push_back(t.use_count() > 1 || t.storage().use_count() > 1 ? 1 : 0);
     } else if (!s->learned || k >= s->saved_before.size() || s->saved_before[k] != 0) {
       s->kept.push_back(std::move(t));
@@ -698,12 +701,14 @@ int ckpt_op_call(const char* name, const char* overload, const CkptArg* args, in
   });
 }
 
-// Opens this thread's number scope for a block's forward or recompute (see NumberScope):
-// `learned` says whether `saved` (n entries) is the block's grad run's answer per number.
-int ckpt_numbers_begin(const uint8_t* saved, int64_t n, int learned, char** err) {
+// Opens this thread's number scope for a block's forward or recompute (see NumberScope): `grad`
+// says whether the block runs with grad; without, `learned` says whether `saved` (n entries) is
+// the block's grad run's answer per number.
+int ckpt_numbers_begin(int grad, const uint8_t* saved, int64_t n, int learned, char** err) {
   return guarded(err, [&] {
     TORCH_CHECK(t_numbers == nullptr, "number scope: one is already open on this thread");
     auto s = std::make_unique<NumberScope>();
+    s->grad = grad != 0;
     s->learned = learned != 0;
     if (s->learned) s->saved_before.assign(saved, saved + n);
     t_numbers = std::move(s);
@@ -711,8 +716,8 @@ int ckpt_numbers_begin(const uint8_t* saved, int64_t n, int learned, char** err)
 }
 
 // Closes this thread's number scope (none open: nothing is reported) and reports what it saw
-// through `cb`: each number made with grad on as whether autograd saved it (`kept` null), then
-// each number kept with grad off as a fresh handle the callee owns (`saved` -1).
+// through `cb`: in a run with grad, each number as whether autograd saved it (`kept` null); in
+// one without, each number kept as a fresh handle the callee owns (`saved` -1).
 void ckpt_numbers_end(void* ctx, ckpt_number_cb cb) {
   std::unique_ptr<NumberScope> s = std::move(t_numbers);
   if (s == nullptr || cb == nullptr) return;

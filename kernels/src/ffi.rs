@@ -196,7 +196,13 @@ extern "C" {
         cb: ValueCb,
         err: *mut *mut c_char,
     ) -> c_int;
-    pub(crate) fn ckpt_numbers_begin(saved: *const u8, n: i64, learned: c_int, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_numbers_begin(
+        grad: c_int,
+        saved: *const u8,
+        n: i64,
+        learned: c_int,
+        err: *mut *mut c_char,
+    ) -> c_int;
     pub(crate) fn ckpt_numbers_end(ctx: *mut c_void, cb: Option<NumberCb>);
 }
 

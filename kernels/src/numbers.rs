@@ -19,10 +19,10 @@ use crate::{ffi, KernelError};
 /// order they were made.
 #[derive(Debug, Default)]
 pub struct Numbers {
-    /// With grad on: per number, whether autograd saved it. The answer a later no-grad forward of
+    /// In a run with grad: per number, whether autograd saved it. The answer a later no-grad forward of
     /// the same block is told.
     pub saved: Vec<bool>,
-    /// With grad off: the numbers the block's run with grad saves (every number, when the scope
+    /// In a run without grad: the numbers the block's run with grad saves (every number, when the scope
     /// was told nothing), kept alive as the checkpoint's forward graph keeps them.
     pub kept: Vec<Tensor>,
 }
@@ -34,14 +34,35 @@ pub struct Scope {
     _thread: PhantomData<*const ()>,
 }
 
-/// Opens a number scope on this thread for a block's forward or recompute. `saved`: the block's
-/// answer from a run with grad ([`Numbers::saved`]), which a run without grad keeps by; `None`
-/// when the block has not run with grad yet, and then every number it makes without grad is
-/// kept.
-pub fn scope(saved: Option<&[bool]>) -> Result<Scope, KernelError> {
+/// How the block whose numbers a [`Scope`] counts runs.
+#[derive(Debug, Clone, Copy)]
+pub enum BlockRun<'a> {
+    /// With grad (a plain forward or a recompute): the scope learns which numbers autograd saves.
+    WithGrad,
+    /// Without grad (a checkpointed or selective forward): the scope keeps the numbers the
+    /// block's run with grad saved ([`Numbers::saved`]), or every number when that is `None`
+    /// (the block has not run with grad yet).
+    WithoutGrad(Option<&'a [bool]>),
+}
+
+/// Opens a number scope on this thread for a block's forward or recompute, run as `run` says.
+/// The block's run decides, not the grad mode of each operator: a number made where a block run
+/// with grad turns grad off inside (transformers' rotary embedding is `@torch.no_grad()`) is
+/// saved by nothing, and its place is learned as not saved.
+pub fn scope(run: BlockRun<'_>) -> Result<Scope, KernelError> {
+    let (grad, saved) = match run {
+        BlockRun::WithGrad => (true, None),
+        BlockRun::WithoutGrad(saved) => (false, saved),
+    };
     let flags: Vec<u8> = saved.unwrap_or_default().iter().map(|&s| s as u8).collect();
     ffi::check("opening a block's number scope", |e| unsafe {
-        ffi::ckpt_numbers_begin(flags.as_ptr(), flags.len() as i64, saved.is_some() as c_int, e)
+        ffi::ckpt_numbers_begin(
+            grad as c_int,
+            flags.as_ptr(),
+            flags.len() as i64,
+            saved.is_some() as c_int,
+            e,
+        )
     })?;
     Ok(Scope {
         open: true,
@@ -100,36 +121,38 @@ mod tests {
     fn a_run_without_grad_keeps_the_numbers_the_run_with_grad_saved() {
         let w = Tensor::ones([4], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let b = Tensor::ones([4], (Kind::Float, Device::Cpu));
-        let run = |saved: Option<&[bool]>, grad: bool| {
-            let s = scope(saved).unwrap();
-            let f = || {
-                div(&w);
-                div(&b);
-            };
-            if grad {
-                f();
-            } else {
-                tch::no_grad(f);
+        // `w / 8.0`, `b / 8.0`, and `w / 8.0` where the block turns grad off inside.
+        let block = || {
+            div(&w);
+            div(&b);
+            tch::no_grad(|| div(&w));
+        };
+        let run = |how: BlockRun<'_>| {
+            let s = scope(how).unwrap();
+            match how {
+                BlockRun::WithGrad => block(),
+                BlockRun::WithoutGrad(_) => tch::no_grad(block),
             }
             s.finish()
         };
-        // With grad, `w / 8.0`'s backward saves the 8.0; `b / 8.0` has no backward.
-        let learned = run(None, true);
-        assert_eq!(learned.saved, [true, false]);
+        // With grad, the first `w / 8.0`'s backward saves the 8.0; `b / 8.0` has no backward,
+        // and neither has the `w / 8.0` run without grad inside the block.
+        let learned = run(BlockRun::WithGrad);
+        assert_eq!(learned.saved, [true, false, false]);
         assert!(learned.kept.is_empty());
         // Without grad, told that, the scope keeps the first number alone: 8 bytes of f64.
-        let kept = run(Some(&learned.saved), false);
+        let kept = run(BlockRun::WithoutGrad(Some(&learned.saved)));
         assert!(kept.saved.is_empty());
         assert_eq!(kept.kept.len(), 1);
         let n = &kept.kept[0];
         assert_eq!((n.kind(), n.dim(), n.double_value(&[])), (Kind::Double, 0, 8.0));
         // Told nothing (a block that has not run with grad yet), it keeps every number.
-        assert_eq!(run(None, false).kept.len(), 2);
+        assert_eq!(run(BlockRun::WithoutGrad(None)).kept.len(), 3);
         // A second scope on the thread is refused while one is open; a dropped one closes.
-        let open = scope(None).unwrap();
-        let e = scope(None).unwrap_err().to_string();
+        let open = scope(BlockRun::WithGrad).unwrap();
+        let e = scope(BlockRun::WithGrad).unwrap_err().to_string();
         assert!(e.contains("already open"), "{e}");
         drop(open);
-        scope(None).unwrap().finish();
+        scope(BlockRun::WithGrad).unwrap().finish();
     }
 }

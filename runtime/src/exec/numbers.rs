@@ -3,7 +3,7 @@
 //! selective block's forward keeps until its segment's recompute is done, as the forward of
 //! `torch.utils.checkpoint` keeps them (docs/memory-model.md, "The execution scheme").
 
-use ckptune_kernels::numbers::{self, Scope};
+use ckptune_kernels::numbers::{self, BlockRun, Scope};
 use tch::Tensor;
 
 use super::session::Session;
@@ -14,8 +14,12 @@ impl Session {
     /// grad; a run without grad keeps the numbers the block's run with grad saved (every one,
     /// before the block has run with grad).
     pub(super) fn open_numbers(&self, i: usize, grad: bool) -> Result<Scope> {
-        let saved = if grad { None } else { self.numbers_saved[i].get() };
-        Ok(numbers::scope(saved.map(Vec::as_slice))?)
+        let run = if grad {
+            BlockRun::WithGrad
+        } else {
+            BlockRun::WithoutGrad(self.numbers_saved[i].get().map(Vec::as_slice))
+        };
+        Ok(numbers::scope(run)?)
     }
 
     /// Closes block `i`'s number scope: a run with grad teaches the block which numbers its
