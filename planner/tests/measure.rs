@@ -305,6 +305,7 @@ fn cache_rates(xdg: &Path, scale: f64) -> ckptune_solver::rates::DeviceRates {
         source: format!("test rates x{scale}"),
         threads: Some(1),
         matmul: vec![Curve::flat(Dtype::Fp32, 1e11 * scale)],
+        matmul_thin: Vec::new(),
         conv: vec![Curve::flat(Dtype::Fp32, 5e10 * scale)],
         conv_backward: Vec::new(),
         bandwidth: vec![Curve::flat(Dtype::Fp32, 2e10 * scale)],
@@ -312,6 +313,7 @@ fn cache_rates(xdg: &Path, scale: f64) -> ckptune_solver::rates::DeviceRates {
         overhead_seconds: 2e-6 / scale,
         ops: Vec::new(),
         attention: None,
+        block_overhead: None,
     };
     let doc = CachedRates {
         format: formats::RATES_FORMAT.into(),

@@ -329,8 +329,24 @@ fn pct(v: &serde_json::Value) -> String {
     format!("{:+.1}%", v.as_f64().unwrap_or(f64::NAN) * 100.0)
 }
 
-/// The README's table of the cases.
-fn readme(a: &Args, cpu: &str, load: (f64, f64), rows: &[serde_json::Value]) -> String {
+/// How long the rounds' calibrations took and what their time limit cut, in words.
+fn calibrated(seconds: &[f64], rates: &[DeviceRates]) -> String {
+    let (lo, hi) = seconds
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), &s| (lo.min(s), hi.max(s)));
+    let count = |f: &dyn Fn(&DeviceRates) -> bool| rates.iter().filter(|r| f(r)).count();
+    format!(
+        "{lo:.0} to {hi:.0} s; fused attention measured in {} of {n} rounds, skinny products in {}, {} to {} slow-kernel rates",
+        count(&|r| r.attention.is_some()),
+        count(&|r| !r.matmul_thin.is_empty()),
+        rates.iter().map(|r| r.ops.len()).min().unwrap_or(0),
+        rates.iter().map(|r| r.ops.len()).max().unwrap_or(0),
+        n = rates.len(),
+    )
+}
+
+/// The README's table of the cases; `calibrated` says what the rounds' calibrations did.
+fn readme(a: &Args, cpu: &str, load: (f64, f64), calibrated: &str, rows: &[serde_json::Value]) -> String {
     let (rounds, threads) = (a.rounds, a.threads);
     let command: Vec<String> = std::env::args().skip(1).collect();
     let rates = match &a.rates {
@@ -338,7 +354,7 @@ fn readme(a: &Args, cpu: &str, load: (f64, f64), rows: &[serde_json::Value]) -> 
             "every round estimates over the cached calibration `{}` (not calibrated afresh)",
             f.display()
         ),
-        None => "every round calibrates the rates afresh (about 8 s)".into(),
+        None => format!("every round calibrates the rates afresh ({calibrated})"),
     };
     let mut s = format!(
         "# Cost model against measured times\n\n\
@@ -517,6 +533,7 @@ fn main() -> Result<(), RuntimeError> {
     let identity = cost::cpu_identity();
     let mut rates = Vec::new();
     let mut loads = Vec::new();
+    let mut calibration_seconds = Vec::new();
     for r in 0..a.rounds {
         eprintln!("round {} of {}", r + 1, a.rounds);
         loads.push(load_average());
@@ -526,7 +543,12 @@ fn main() -> Result<(), RuntimeError> {
                     .map_err(|e| RuntimeError::Invalid(format!("reading {}: {e}", f.display())))?
                     .rates
             }
-            None => cost::calibrate(a.threads, &identity)?,
+            None => {
+                let t = std::time::Instant::now();
+                let rates = cost::calibrate(a.threads, &identity)?;
+                calibration_seconds.push(t.elapsed().as_secs_f64());
+                rates
+            }
         };
         for ((c, e), m) in cases.iter().zip(estimated.iter_mut()).zip(measured.iter_mut()) {
             e.round(c, &round_rates)?;
@@ -547,6 +569,7 @@ fn main() -> Result<(), RuntimeError> {
         "threads": a.threads,
         "rounds": a.rounds,
         "load_average_by_round": loads,
+        "calibration_seconds_by_round": calibration_seconds,
         "rates_by_round": rates.iter().map(rates_json).collect::<Vec<_>>(),
         "cases": rows,
     });
@@ -561,7 +584,7 @@ fn main() -> Result<(), RuntimeError> {
     let load = loads
         .iter()
         .fold((f64::INFINITY, 0.0f64), |(lo, hi), &l| (lo.min(l), hi.max(l)));
-    let text = readme(&a, &identity, load, &rows);
+    let text = readme(&a, &identity, load, &calibrated(&calibration_seconds, &rates), &rows);
     print!("{text}");
     write("README.md", text)
 }
@@ -584,8 +607,17 @@ fn rates_json(r: &DeviceRates) -> serde_json::Value {
     json!({
         "source": r.source,
         "matmul_flops": curves(&r.matmul),
+        "matmul_thin_flops": curves(&r.matmul_thin),
+        "slow_kernel_rates": r.ops.len(),
+        "attention_measured": r.attention.is_some(),
         "conv_flops": curves(&r.conv),
         "bandwidth_bytes": curves(&r.bandwidth),
         "overhead_seconds": r.overhead_seconds,
+        "block_overhead_seconds": r.block_overhead.map(|b| json!({
+            "forward": b.forward,
+            "nograd_forward": b.nograd_forward,
+            "recompute": b.recompute,
+            "backward": b.backward,
+        })),
     })
 }

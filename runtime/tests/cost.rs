@@ -10,7 +10,7 @@ use ckptune_runtime::cost::{self, work};
 use ckptune_runtime::exec::scope::{self, Phase};
 use ckptune_runtime::profile::times_from_fake_step;
 use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, TrainConfig};
-use ckptune_solver::rates::{gpu, Curve, DeviceRates, Dtype, Engine, GPU_OVERHEAD_SECONDS};
+use ckptune_solver::rates::{gpu, BlockOverhead, Curve, DeviceRates, Dtype, Engine, GPU_OVERHEAD_SECONDS};
 use tch::Device;
 
 /// Flat rates of the size a CPU measures: 100 GFLOP/s products, 50 GFLOP/s convolutions,
@@ -23,6 +23,7 @@ fn flat() -> DeviceRates {
         source: "test".into(),
         threads: Some(1),
         matmul: vec![Curve::flat(Dtype::Fp32, 1e11)],
+        matmul_thin: Vec::new(),
         conv: vec![Curve::flat(Dtype::Fp32, 5e10)],
         conv_backward: Vec::new(),
         bandwidth: vec![Curve::flat(Dtype::Fp32, 2e10)],
@@ -30,6 +31,7 @@ fn flat() -> DeviceRates {
         overhead_seconds: 2e-6,
         ops: Vec::new(),
         attention: None,
+        block_overhead: None,
     }
 }
 
@@ -112,6 +114,57 @@ fn a_fake_step_gives_every_block_a_time_and_flat_rates_give_the_sum_by_hand() {
         // The parts add up to the whole.
         let phases = cost::phase_seconds(&events, s.chain.blocks.len(), &flat());
         assert!((phases.total() - hand).abs() <= 1e-9 * hand, "{model}");
+    }
+}
+
+/// The runtime's time around a block, where the rates have it, adds to each block's part of the
+/// step by that part's figure and to nothing else: with every candidate checkpointed (as the
+/// estimate traces), a candidate's forward gains the no-grad figure, a plain block's the grad
+/// one, every recompute and backward theirs.
+#[test]
+fn the_runtimes_time_around_a_block_adds_to_each_blocks_parts_alone() {
+    let _lock = meter::exclusive();
+    for model in ["tiny-bert", "tiny-llama"] {
+        let mut s = fake(model);
+        let events = s.op_trace(&s.chain.every_candidate()).expect("trace");
+        let n = s.chain.blocks.len();
+        let o = BlockOverhead {
+            forward: 1e-3,
+            nograd_forward: 2e-3,
+            recompute: 3e-3,
+            backward: 4e-3,
+        };
+        let with = DeviceRates {
+            block_overhead: Some(o),
+            ..flat()
+        };
+        let (plain, more) = (
+            cost::phase_seconds(&events, n, &flat()),
+            cost::phase_seconds(&events, n, &with),
+        );
+        for (i, b) in s.chain.blocks.iter().enumerate() {
+            let (forward, recompute) = if b.candidate {
+                (o.nograd_forward, o.recompute)
+            } else {
+                (o.forward, 0.0)
+            };
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-12;
+            assert!(close(more.forward[i] - plain.forward[i], forward), "{model} {}", b.name);
+            assert!(
+                close(more.recompute[i] - plain.recompute[i], recompute),
+                "{model} {}",
+                b.name
+            );
+            assert!(
+                close(more.backward[i] - plain.backward[i], o.backward),
+                "{model} {}",
+                b.name
+            );
+        }
+        assert_eq!(
+            (more.loss, more.optimizer, more.other),
+            (plain.loss, plain.optimizer, plain.other)
+        );
     }
 }
 

@@ -46,6 +46,10 @@ pub struct Work {
     pub flops: f64,
     pub bytes: f64,
     pub size: f64,
+    /// A matrix product's smaller output dimension (`min(m, n)`): how many times each element of
+    /// its larger operand is used, which bounds a skinny product by how fast that operand
+    /// streams in ([`DeviceRates::matmul_thin`]). 0 for every other operator.
+    pub thin: f64,
     /// A fused attention kernel's scores, which a device with calibrated attention rates times
     /// beyond the FLOPs (None for every other operator).
     pub attention: Option<AttentionWork>,
@@ -121,6 +125,12 @@ pub struct DeviceRates {
     pub threads: Option<i32>,
     /// FLOP/s of matrix products per dtype, by the product's mean dimension.
     pub matmul: Vec<Curve>,
+    /// FLOP/s of skinny matrix products per dtype, by their smaller output dimension
+    /// ([`Work::thin`]), the larger operand read from memory, where measured (a CPU's
+    /// calibration): a product runs at the slower of this and `matmul`. A BERT pooler's `[8, 768]`
+    /// by `[768, 768]` ran at a quarter of the rate of a square product of its mean dimension.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub matmul_thin: Vec<Curve>,
     /// FLOP/s of convolutions per dtype, by the mean dimension of their implicit product.
     pub conv: Vec<Curve>,
     /// FLOP/s of convolutions' backwards per dtype, where measured (a CPU's calibration, whose
@@ -146,6 +156,26 @@ pub struct DeviceRates {
     /// measured (a CPU's calibration); without them attention is timed by its FLOPs alone.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub attention: Option<AttentionRates>,
+    /// The runtime's own seconds around a block, per part of the step, where measured (a CPU's
+    /// calibration); none for a GPU of the table, whose kernels run while the host does this.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub block_overhead: Option<BlockOverhead>,
+}
+
+/// What ckptune's runtime spends around one block besides its operators' calls, in seconds:
+/// saving or swapping the RNG state, the block's scope and autocast region, the boundary's
+/// aliases and gradient sink. A block of a few calls measures mostly this.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct BlockOverhead {
+    /// A plain block's forward, in grad mode.
+    pub forward: f64,
+    /// A checkpointed block's forward, under no-grad (its RNG state saved).
+    pub nograd_forward: f64,
+    /// A checkpointed block's recompute (the RNG state swapped, buffers snapshotted).
+    pub recompute: f64,
+    /// A block's backward (its VJP from the output's gradient edge).
+    pub backward: f64,
 }
 
 /// A CPU's fused attention, measured ([`AttentionWork`]): a call takes its full products' FLOPs
@@ -199,7 +229,7 @@ impl DeviceRates {
         } else {
             r.forward_seconds_per_score
         };
-        let full = a.full_flops / rate(&self.matmul, work.dtype, work.size) + a.scores * per_score;
+        let full = a.full_flops / self.matmul_rate(work) + a.scores * per_score;
         let share = if a.causal {
             r.causal_share.at(a.length).unwrap_or(1.0)
         } else {
@@ -231,7 +261,7 @@ impl DeviceRates {
         };
         let compute = match work.engine {
             Engine::Memory => 0.0,
-            Engine::Matmul => work.flops / rate(&self.matmul, work.dtype, work.size),
+            Engine::Matmul => work.flops / self.matmul_rate(work),
             Engine::Conv => work.flops / rate(&self.conv, work.dtype, work.size),
             Engine::ConvBackward => {
                 let own = self.conv_backward.iter().any(|c| c.dtype == work.dtype.name());
@@ -242,6 +272,17 @@ impl DeviceRates {
         compute.max(memory)
     }
 
+    /// FLOP/s of the matrix product `work`: the rate of its mean dimension, or of its smaller
+    /// output dimension where that is slower (a skinny product, where the device measured one).
+    fn matmul_rate(&self, work: &Work) -> f64 {
+        let square = rate(&self.matmul, work.dtype, work.size);
+        if work.thin > 0.0 {
+            square.min(rate(&self.matmul_thin, work.dtype, work.thin))
+        } else {
+            square
+        }
+    }
+
     /// The rates are complete: every curve positive and finite, fp32 given for each engine.
     pub fn check(&self) -> Result<(), String> {
         for (what, curves) in [
@@ -249,8 +290,9 @@ impl DeviceRates {
             ("conv", &self.conv),
             ("bandwidth", &self.bandwidth),
             ("bandwidth_in_place", &self.bandwidth_in_place),
+            ("matmul_thin", &self.matmul_thin),
         ] {
-            let optional = what == "bandwidth_in_place";
+            let optional = what == "bandwidth_in_place" || what == "matmul_thin";
             if !optional && !curves.iter().any(|c| c.dtype == "fp32" && !c.points.is_empty()) {
                 return Err(format!("rates of {}: no fp32 {what} rate", self.device));
             }
@@ -273,11 +315,21 @@ impl DeviceRates {
                 }
             }
         }
-        if !(self.overhead_seconds >= 0.0 && self.overhead_seconds.is_finite()) {
-            return Err(format!(
-                "rates of {}: overhead {} s is not a duration",
-                self.device, self.overhead_seconds
-            ));
+        let durations = self.block_overhead.iter().flat_map(|b| {
+            [
+                ("a block's forward", b.forward),
+                ("a block's no-grad forward", b.nograd_forward),
+                ("a block's recompute", b.recompute),
+                ("a block's backward", b.backward),
+            ]
+        });
+        for (what, seconds) in [("overhead", self.overhead_seconds)].into_iter().chain(durations) {
+            if !(seconds >= 0.0 && seconds.is_finite()) {
+                return Err(format!(
+                    "rates of {}: {what} {seconds} s is not a duration",
+                    self.device
+                ));
+            }
         }
         Ok(())
     }
@@ -413,6 +465,7 @@ impl GpuSpec {
                 flat(Dtype::Bf16, self.bf16_tflops * t * GPU_MATMUL_EFFICIENCY),
                 flat(Dtype::Fp16, self.fp16_tflops * t * GPU_MATMUL_EFFICIENCY),
             ],
+            matmul_thin: Vec::new(),
             conv: vec![
                 flat(Dtype::Fp32, self.tf32_tflops * t * GPU_CONV_EFFICIENCY),
                 flat(Dtype::Bf16, self.bf16_tflops * t * GPU_CONV_EFFICIENCY),
@@ -424,6 +477,7 @@ impl GpuSpec {
             overhead_seconds: GPU_OVERHEAD_SECONDS,
             ops: Vec::new(),
             attention: None,
+            block_overhead: None,
         }
     }
 }
@@ -461,6 +515,7 @@ mod tests {
             source: String::new(),
             threads: Some(1),
             matmul: vec![Curve::flat(Dtype::Fp32, 1e9)],
+            matmul_thin: vec![Curve::flat(Dtype::Fp32, 1e8)],
             conv: vec![Curve::flat(Dtype::Fp32, 5e8)],
             conv_backward: vec![Curve::flat(Dtype::Fp32, 2.5e8)],
             bandwidth: vec![Curve::flat(Dtype::Fp32, 1e9), Curve::flat(Dtype::Bf16, 2e9)],
@@ -472,6 +527,7 @@ mod tests {
                 bytes_per_second: 1e8,
             }],
             attention: None,
+            block_overhead: None,
         };
         let work = |engine, dtype, flops, bytes| Work {
             engine,
@@ -479,10 +535,23 @@ mod tests {
             flops,
             bytes,
             size: 64.0,
+            thin: 0.0,
             attention: None,
         };
         let t = r.seconds(&work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3));
         assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
+        // A skinny product at the slower of its mean dimension's rate and its thin one's; a
+        // product with no thin dimension (a convolution) at the mean dimension's.
+        let skinny = Work {
+            thin: 8.0,
+            ..work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3)
+        };
+        assert!((r.seconds(&skinny) - (2e-2 + 1e-6)).abs() < 1e-12);
+        let faster_thin = DeviceRates {
+            matmul_thin: vec![Curve::flat(Dtype::Fp32, 1e10)],
+            ..r.clone()
+        };
+        assert!((faster_thin.seconds(&skinny) - (2e-3 + 1e-6)).abs() < 1e-12);
         let t = r.seconds(&work(Engine::Conv, Dtype::Fp32, 1e6, 1e3));
         assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
         // A convolution's backward at its own rate where its dtype has one, else the forward's.
@@ -526,6 +595,7 @@ mod tests {
             flops: if causal { 1e6 } else { 2e6 },
             bytes: 1e3,
             size: 64.0,
+            thin: 0.0,
             attention: Some(AttentionWork {
                 scores: 1e4,
                 full_flops: 2e6,
@@ -563,6 +633,7 @@ mod tests {
                 flops: 1e12,
                 bytes: 0.0,
                 size: 4096.0,
+                thin: 0.0,
                 attention: None,
             };
             assert!(

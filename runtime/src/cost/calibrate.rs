@@ -2,12 +2,12 @@
 //! ResNet-50 shapes, elementwise streaming per dtype over sizes, the kernels that run slower
 //! than their bytes at an add's rate ([`PROBES`], forward and backward), fused attention's cost
 //! per score beyond its FLOPs and a causal call's share ([`ATTENTION_SHAPE`], [`CAUSAL_LENGTHS`]),
-//! and the time per call of a small training step ([`overhead`]: the dispatcher's and autograd's
-//! overhead, paid by every call). Each
-//! point is the median of a few batches of calls writing into fresh memory as a step does
-//! ([`timed`](super::timed)), its work rate the work over the time less the calls' overhead, so that work plus
-//! overhead gives the call back.
-//! The whole run stops adding points after [`BUDGET_SECONDS`].
+//! the time per call of a small training step ([`overhead`]: the dispatcher's and autograd's
+//! overhead, paid by every call), the runtime's own time around a block ([`block_overhead`]), and
+//! last skinny products by their rows. Each point is the median of a few batches of calls writing
+//! into fresh memory as a step does ([`timed`](super::timed)), its work rate the work over the time
+//! less the calls' overhead, so that work plus overhead gives the call back. The whole run stops
+//! adding points after [`BUDGET_SECONDS`], in an order that cuts the refinements first.
 
 use std::time::Instant;
 
@@ -15,8 +15,8 @@ use ckptune_kernels::autograd;
 use ckptune_solver::rates::{AttentionRates, Curve, DeviceRates, Dtype, OpRate, Work};
 use tch::{Device, Kind, Tensor};
 
-use super::overhead;
 use super::timed::{time_call, traced, Traced, BATCHES};
+use super::{block_overhead, overhead};
 use crate::error::{torch, Result};
 
 /// Bumped whenever what is measured changes: cached calibrations of another version are
@@ -24,16 +24,22 @@ use crate::error::{torch, Result};
 /// cache may hold a busy machine's rates); version 5 measures fused attention's cost per score
 /// and its causal share, and convolutions' backward; version 6 times the overhead on a varied
 /// small step instead of a loop of two operators; version 7 measures the in-place streaming
-/// rate (`add_` into memory already touched).
-pub const CALIBRATION_VERSION: u32 = 7;
+/// rate (`add_` into memory already touched); version 8 the runtime's own time around a block
+/// and skinny products with their weights from memory, within a limit of 24 s (was 16 s).
+pub const CALIBRATION_VERSION: u32 = 8;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured; each curve has its first point, as the estimates need an
-/// fp32 rate of each kind).
-pub const BUDGET_SECONDS: f64 = 16.0;
+/// fp32 rate of each kind). On the 2-core Intel Xeon of `results/cost/` at 2.0 GHz, one thread
+/// spent 16 s before fused attention: 4 s on streaming rates, 4.3 s on convolutions' backward.
+pub const BUDGET_SECONDS: f64 = 24.0;
 
 /// Square matrix sides.
 const MATMUL_SIDES: [i64; 8] = [8, 16, 32, 64, 128, 256, 512, 1024];
+/// Rows of the skinny products, each by a `[THIN_WEIGHT, THIN_WEIGHT]` weight, as a linear
+/// layer over that many tokens multiplies (`x @ w.T`).
+const THIN_ROWS: [i64; 6] = [1, 4, 16, 64, 256, 1024];
+const THIN_WEIGHT: i64 = 1024;
 /// Convolutions `(batch, channels in, channels out, side, kernel)`, stride 1, padding `kernel /
 /// 2`: small ones, then ResNet-50's at batch 8 (activations beyond the caches, 1×1 and 3×3).
 const CONVS: [(i64, i64, i64, i64, i64); 9] = [
@@ -98,6 +104,42 @@ impl Run {
             let (a, b) = (randn(&[n, n], dtype)?, randn(&[n, n], dtype)?);
             let t = time_call(|| a.f_mm(&b).map_err(torch("calibration: mm")))?;
             points.push([n as f64, self.rate(2.0 * (n * n * n) as f64, t)]);
+        }
+        Ok(Curve {
+            dtype: dtype.name().into(),
+            points,
+        })
+    }
+
+    /// Skinny products' FLOP/s by their rows ([`THIN_ROWS`]): `x @ w.T` with `w` a
+    /// [`THIN_WEIGHT`]-square weight, the weights taken in turn from enough of them to span
+    /// [`FROM_MEMORY`], so that each comes from memory as a step's weights do (read once
+    /// per pass). Below a few dozen rows the product's time is its weight's, packed and streamed,
+    /// not its FLOPs: on the benchmark's Intel Xeon, a BERT pooler's `[8, 768]` by `[768, 768]`
+    /// took 300 µs with its weight in cache and 530 µs from memory, at a quarter of a square
+    /// product's rate of its mean dimension.
+    fn matmul_thin(&self, dtype: Dtype) -> Result<Curve> {
+        let weight_bytes = (THIN_WEIGHT * THIN_WEIGHT) as f64 * kind(dtype).elt_size_in_bytes() as f64;
+        let count = (FROM_MEMORY / weight_bytes).ceil() as usize;
+        let weights = (0..count)
+            .map(|_| {
+                Tensor::f_ones([THIN_WEIGHT, THIN_WEIGHT], (kind(dtype), Device::Cpu))
+                    .map_err(torch("calibration: ones"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut points = Vec::new();
+        for rows in THIN_ROWS {
+            if self.over() && !points.is_empty() {
+                break;
+            }
+            let x = randn(&[rows, THIN_WEIGHT], dtype)?;
+            let mut next = 0;
+            let t = time_call(|| {
+                next = (next + 1) % weights.len();
+                x.f_mm(&weights[next].tr()).map_err(torch("calibration: mm"))
+            })?;
+            let flops = 2.0 * (rows * THIN_WEIGHT * THIN_WEIGHT) as f64;
+            points.push([rows as f64, self.rate(flops, t)]);
         }
         Ok(Curve {
             dtype: dtype.name().into(),
@@ -183,18 +225,18 @@ impl Run {
     }
 }
 
-/// Bytes the in-place streaming rate's operands span at least (where [`IN_PLACE_PAIRS`] allow),
-/// so that they come from memory, not the caches, as an optimizer's state does: each of its
-/// tensors is touched once per step.
-const IN_PLACE_FOOTPRINT: f64 = 256.0 * 1024.0 * 1024.0;
+/// Bytes the operands of the in-place streaming rate and of the skinny products span at least
+/// (where [`IN_PLACE_PAIRS`] allow), so that they come from memory, not the caches, as an
+/// optimizer's state and a step's weights do: each is touched once per pass.
+const FROM_MEMORY: f64 = 256.0 * 1024.0 * 1024.0;
 /// At most this many operand pairs: below a few KiB per operand the call's overhead dominates.
 const IN_PLACE_PAIRS: usize = 1024;
 
 /// Pairs of operands of `n` elements for `a += b`, taken in turn, spanning
-/// [`IN_PLACE_FOOTPRINT`] where [`IN_PLACE_PAIRS`] allow (ones: the values do not matter).
+/// [`FROM_MEMORY`] where [`IN_PLACE_PAIRS`] allow (ones: the values do not matter).
 fn in_place_operands(n: i64, dtype: Dtype) -> Result<Vec<(Tensor, Tensor)>> {
     let pair_bytes = 2.0 * n as f64 * kind(dtype).elt_size_in_bytes() as f64;
-    let count = ((IN_PLACE_FOOTPRINT / pair_bytes).ceil() as usize).clamp(2, IN_PLACE_PAIRS);
+    let count = ((FROM_MEMORY / pair_bytes).ceil() as usize).clamp(2, IN_PLACE_PAIRS);
     let ones = || Tensor::f_ones([n], (kind(dtype), Device::Cpu)).map_err(torch("calibration: ones"));
     (0..count).map(|_| Ok((ones()?, ones()?))).collect()
 }
@@ -417,6 +459,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         overhead: 0.0,
     };
     run.overhead()?;
+    let block_overhead = Some(block_overhead::per_block()?);
     let (bandwidth, bandwidth_in_place) = {
         let _no_grad = tch::no_grad_guard();
         (
@@ -431,6 +474,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         source: String::new(),
         threads: Some(threads),
         matmul: vec![Curve::flat(Dtype::Fp32, 1e11)],
+        matmul_thin: Vec::new(),
         conv: vec![Curve::flat(Dtype::Fp32, 1e11)],
         conv_backward: Vec::new(),
         bandwidth: bandwidth.clone(),
@@ -438,9 +482,11 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         overhead_seconds: run.overhead,
         ops: Vec::new(),
         attention: None,
+        block_overhead: None,
     };
-    // The curves every estimate needs come first, so that a busy machine's time limit cuts the
-    // slow kernels and attention (which fall back to the generic rates) rather than them.
+    // The curves every estimate needs come first, so that a busy or slow machine's time limit
+    // cuts the slow kernels, attention and last the skinny products (which fall back to the
+    // generic and square rates) rather than them.
     let (matmul, conv) = {
         let _no_grad = tch::no_grad_guard();
         (
@@ -466,6 +512,21 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
             ..generic
         })?
     };
+    // A refinement for the few products of a few rows (a pooler, a classifier head), kept only
+    // where the time limit left room for every point of both dtypes: a curve holds flat past its
+    // last point, and a bf16 product without its own curve would take fp32's, so a cut one
+    // would cap larger products at a few rows' rate.
+    let matmul_thin = if run.over() {
+        Vec::new()
+    } else {
+        let _no_grad = tch::no_grad_guard();
+        vec![run.matmul_thin(Dtype::Fp32)?, run.matmul_thin(Dtype::Bf16)?]
+    };
+    let matmul_thin = if matmul_thin.iter().all(|c| c.points.len() == THIN_ROWS.len()) {
+        matmul_thin
+    } else {
+        Vec::new()
+    };
     let seconds = run.t0.elapsed().as_secs_f64();
     Ok(DeviceRates {
         device: "cpu".into(),
@@ -473,12 +534,14 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         measured: true,
         source: format!(
             "calibration run (version {CALIBRATION_VERSION}) with {threads} threads, {seconds:.1} s: mm, conv2d \
-             3×3 forward and backward and add (fresh and in place) over sizes, {} slow kernels forward and backward, fused attention per score and its \
-             causal share, a small varied training step's overhead per call; each point the median of {BATCHES} batches",
+             3×3 forward and backward and add (fresh and in place) over sizes, skinny mm by rows, {} slow kernels forward and backward, fused attention per score and its \
+             causal share, a small varied training step's overhead per call, the runtime's time around a block; \
+             each point the median of {BATCHES} batches",
             PROBES.len()
         ),
         threads: Some(threads),
         matmul,
+        matmul_thin,
         conv: conv.into_iter().filter(|c| !c.points.is_empty()).collect(),
         conv_backward: [conv_backward].into_iter().filter(|c| !c.points.is_empty()).collect(),
         bandwidth: bandwidth.into_iter().filter(|c| !c.points.is_empty()).collect(),
@@ -486,6 +549,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         overhead_seconds: run.overhead,
         ops,
         attention,
+        block_overhead,
     })
 }
 
@@ -507,7 +571,11 @@ mod tests {
         ] {
             assert!(curves.iter().all(|c| c.points.len() == 1), "{curves:?}");
         }
-        // What the limit cuts falls back to the generic rates.
+        // What the limit cuts falls back to the generic rates, and the skinny products to the
+        // square ones; the runtime's time around a block is always measured (a few
+        // milliseconds of toy steps).
+        assert!(rates.block_overhead.is_some());
+        assert!(rates.matmul_thin.is_empty());
         assert!(rates.ops.is_empty());
         assert!(rates.attention.is_none());
     }

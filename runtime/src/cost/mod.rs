@@ -4,18 +4,19 @@
 //! ([`phase_seconds`]). The rates themselves, and the GPU table, are the solver's
 //! (`ckptune_solver::rates`): plain numbers, no libtorch.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use ckptune_kernels::optrace::OpEvent;
 use ckptune_kernels::sac::SacPolicy;
 use ckptune_solver::formats::{self, CachedRates};
-use ckptune_solver::rates::DeviceRates;
+use ckptune_solver::rates::{BlockOverhead, DeviceRates};
 
 use crate::error::{Result, RuntimeError};
 use crate::exec::scope::{self, Phase};
 use crate::load::{CpuCounters, Load, QUIET_CORES};
 
+mod block_overhead;
 mod calibrate;
 mod overhead;
 mod timed;
@@ -168,11 +169,12 @@ impl PhaseSeconds {
 }
 
 /// Per event of a trace, the seconds the cost model gives it over `rates`: each counted
-/// operator's work ([`work::counted`]), and the per-call overhead on each call
-/// ([`work::calls`]). A call that updates a tensor in place ([`work::updates_in_place`]: an
-/// optimizer's `lerp_`, `addcmul_`) streams at the in-place rate, as it writes memory already
-/// touched; one inside another operator does not, as its destination is commonly the output its
-/// caller just allocated.
+/// operator's work ([`work::counted`]), the per-call overhead on each call ([`work::calls`]),
+/// and on each block's scope the runtime's own time around the block, where the rates have it.
+/// A call that updates a tensor in place ([`work::updates_in_place`]: an optimizer's `lerp_`,
+/// `addcmul_`) streams at the in-place rate, as it writes memory already touched; one inside
+/// another operator does not, as its destination is commonly the output its caller just
+/// allocated.
 pub fn event_seconds(events: &[OpEvent], rates: &DeviceRates) -> Vec<f64> {
     event_seconds_except(events, rates, &[])
 }
@@ -199,7 +201,38 @@ fn event_seconds_except(events: &[OpEvent], rates: &DeviceRates, replayed: &[boo
     for i in calls {
         seconds[i] += rates.overhead_seconds;
     }
+    if let Some(o) = &rates.block_overhead {
+        around_blocks(events, o, &mut seconds);
+    }
     seconds
+}
+
+/// Adds the runtime's own time around each block ([`BlockOverhead`]) to the block's scope event,
+/// by the part of the step the scope covers: a block's forward is its no-grad one where the
+/// block is recomputed later in the trace.
+fn around_blocks(events: &[OpEvent], o: &BlockOverhead, seconds: &mut [f64]) {
+    let scopes: Vec<(usize, ScopeName)> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.scope)
+        .filter_map(|(i, e)| Some((i, scope::parse(&e.name)?)))
+        .collect();
+    let recomputed: HashSet<usize> = scopes
+        .iter()
+        .filter_map(|&(_, s)| match s {
+            (Phase::Recompute, b) => b,
+            _ => None,
+        })
+        .collect();
+    for (i, s) in scopes {
+        seconds[i] += match s {
+            (Phase::Forward, Some(b)) if recomputed.contains(&b) => o.nograd_forward,
+            (Phase::Forward, Some(_)) => o.forward,
+            (Phase::Recompute, Some(_)) => o.recompute,
+            (Phase::Backward, Some(_)) => o.backward,
+            _ => 0.0,
+        };
+    }
 }
 
 /// What a scope of the step covers: its phase and, for a block's, the block.
@@ -283,8 +316,8 @@ fn by_phase(events: &[OpEvent], blocks: usize, seconds: &[f64]) -> PhaseSeconds 
             open.pop();
         }
         if e.scope {
+            // A scope's own seconds (the runtime's time around a block) are its phase's.
             open.push((e.end.max(i + 1), scope::parse(&e.name)));
-            continue;
         }
         let s = seconds[i];
         match open.iter().rev().find_map(|(_, what)| *what) {

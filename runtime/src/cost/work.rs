@@ -133,7 +133,9 @@ fn main_dtype(e: &OpEvent) -> Dtype {
         .map_or(Dtype::Fp32, |t| dtype_of(t.0))
 }
 
-/// A product of `macs` multiply-adds whose matrices are `m × k` by `k × n`.
+/// A product of `macs` multiply-adds whose matrices are `m × k` by `k × n`. A matrix product's
+/// `thin` is `min(m, n)` (a convolution's implicit product has none: its kernels tile the
+/// image, not a weight matrix).
 fn product(engine: Engine, e: &OpEvent, macs: f64, mkn: [f64; 3], writes_input: bool) -> Work {
     Work {
         engine,
@@ -141,6 +143,11 @@ fn product(engine: Engine, e: &OpEvent, macs: f64, mkn: [f64; 3], writes_input: 
         flops: 2.0 * macs,
         bytes: bytes_moved(e, writes_input),
         size: (mkn[0] * mkn[1] * mkn[2]).cbrt(),
+        thin: if engine == Engine::Matmul {
+            mkn[0].min(mkn[2])
+        } else {
+            0.0
+        },
         attention: None,
     }
 }
@@ -288,6 +295,8 @@ fn attention_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
     let factor = if backward { 2.5 } else { 1.0 };
     let full = heads * l * s * (e_qk + ev) * factor;
     let mut work = product(Engine::Matmul, e, full * causal, [l, e_qk, s], writes_input);
+    // Its products are the scores' and the values': no weight streams through them.
+    work.thin = 0.0;
     work.attention = Some(AttentionWork {
         scores: heads * l * s,
         full_flops: 2.0 * full,
@@ -311,6 +320,7 @@ pub fn work_of(e: &OpEvent, writes_input: bool) -> Work {
             flops: 0.0,
             bytes: bytes_moved(e, writes_input),
             size: 0.0,
+            thin: 0.0,
             attention: None,
         })
 }

@@ -86,6 +86,17 @@ fn matrix_products_count_two_flops_per_multiply_add() {
         vec![f32(&[2, 5, 8])],
     );
     assert_eq!(flops(&linear), 2.0 * 10.0 * 16.0 * 8.0);
+    // A product's thin dimension is its smaller output one: 8 columns of 10 tokens here, 2 of
+    // baddbmm's [8, 2] products; a pooler's 8 rows by a 768-square weight.
+    assert_eq!(work_of(&linear, false).thin, 8.0);
+    assert_eq!(work_of(&baddbmm, false).thin, 2.0);
+    let pooler = op(
+        "aten::addmm",
+        vec![f32(&[768]), f32(&[8, 768]), f32(&[768, 768])],
+        &[],
+        vec![f32(&[8, 768])],
+    );
+    assert_eq!(work_of(&pooler, false).thin, 8.0);
 }
 
 #[test]
@@ -145,6 +156,9 @@ fn convolutions_count_each_output_elements_window_per_group() {
     assert_eq!(work_of(&both, false).engine, Engine::ConvBackward);
     let weight_only = backward(vec![None, f32(&[8, 3, 7, 7]), f32(&[8])]);
     assert_eq!(flops(&weight_only), 2.0 * 4096.0 * 147.0);
+    // A convolution has no thin dimension: its kernels tile the image.
+    assert_eq!(work_of(&conv, false).thin, 0.0);
+    assert_eq!(work_of(&both, false).thin, 0.0);
 }
 
 #[test]
@@ -192,6 +206,8 @@ fn attention_counts_two_products_forward_five_backward_and_halves_when_causal() 
         (b.scores, b.full_flops, b.causal, b.backward),
         (4096.0, 2.5 * full, true, true)
     );
+    // Nor has attention: no weight streams through its products.
+    assert_eq!(work_of(&fwd(0.0), false).thin, 0.0);
 }
 
 #[test]
