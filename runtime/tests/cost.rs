@@ -265,16 +265,31 @@ fn is_call(events: &[OpEvent], i: usize) -> bool {
 fn a_selective_recompute_is_the_full_recompute_less_the_work_of_what_its_policy_saves() {
     // Operator traces read the process-wide meter: one test at a time.
     let _lock = meter::exclusive();
-    for model in ["tiny-bert", "tiny-llama"] {
+    // With the runtime's time around a block too, which differs between a recompute and a
+    // no-grad forward: a block whose policy saves nothing still costs its full checkpoint.
+    let around = DeviceRates {
+        block_overhead: Some(BlockOverhead {
+            forward: 1e-3,
+            nograd_forward: 2e-3,
+            recompute: 3e-3,
+            backward: 4e-3,
+        }),
+        ..flat()
+    };
+    for (model, rates) in ["tiny-bert", "tiny-llama"]
+        .into_iter()
+        .flat_map(|m| [(m, flat()), (m, around.clone())])
+    {
         let mut s = fake(model);
         let n = s.chain.blocks.len();
         let policy = SacPolicy::Matmul;
-        let (times, est) = times_from_fake_step(&mut s, &[], &flat(), &[policy]).expect("estimate");
-        // The reference: step B (every candidate checkpointed in full), its recomputes less the
-        // work of the operators the policy saves there. Step S's replayed calls still pay a
-        // call's overhead, as B's calls of them do.
+        let (times, est) = times_from_fake_step(&mut s, &[], &rates, &[policy]).expect("estimate");
+        // The reference: step B (every candidate checkpointed in full), the full checkpoint's
+        // recompute estimate (its no-grad forward) less the work of the operators the policy
+        // saves in its recompute. Step S's replayed calls still pay a call's overhead, as B's
+        // calls of them do.
         let events = s.op_trace(&s.chain.every_candidate()).expect("trace");
-        let full = cost::phase_seconds(&events, n, &flat()).recompute;
+        let full = cost::phase_seconds(&events, n, &rates).forward;
         let saved = saved_in_recompute(&events, n, policy);
         let selective = times.selective_seconds.first().expect("selective seconds");
         // Layers' products are saved; a block without any (embeddings) recomputes everything.
@@ -285,6 +300,7 @@ fn a_selective_recompute_is_the_full_recompute_less_the_work_of_what_its_policy_
                 assert!(e.selective_recompute.is_empty(), "{model} {}", b.name);
                 continue;
             }
+            assert_eq!(e.nograd_forward, full[i], "{model} {}", b.name);
             let reference = full[i] - saved[i];
             let got = *e
                 .selective_recompute

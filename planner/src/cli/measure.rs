@@ -6,7 +6,7 @@
 
 use anyhow::{Context, Result};
 use ckptune_runtime::profile::{profile, times_from_fake_step, ConfigProfile, ProfileSettings, RetimePolicy};
-use ckptune_runtime::TrainConfig;
+use ckptune_runtime::{cost, TrainConfig};
 use ckptune_solver::budget::format_size;
 use ckptune_solver::formats::{self, CachedConfig, ModelJson, ProfileJson};
 use ckptune_solver::rates::DeviceRates;
@@ -39,9 +39,11 @@ impl How {
             How::Run => String::new(),
             How::MetaTimed => "|measure=meta+steps-ab".into(),
             // A profile offering selective checkpointing has its selective recomputes estimated
-            // too; one cached before they were held the meta device's times for them.
+            // too; one cached before they were held the meta device's times for them. Keys
+            // without the estimate's version were estimated by version 1.
             How::Estimated => format!(
-                "|measure=meta+estimated:{}{}",
+                "|measure=meta+estimated{}:{}{}",
+                cost::ESTIMATE_VERSION,
                 rates_device(setup),
                 if setup.selective.is_empty() { "" } else { "+selective" }
             ),
@@ -77,8 +79,8 @@ fn rates(setup: &Setup) -> Result<DeviceRates> {
     match setup.gpu {
         Some(g) => Ok(g.rates()),
         None => {
-            let rates = ckptune_runtime::cost::cpu_rates(setup.threads)?;
-            if let Some(note) = ckptune_runtime::cost::busy_calibration_note(&rates).filter(|_| !setup.quiet) {
+            let rates = cost::cpu_rates(setup.threads)?;
+            if let Some(note) = cost::busy_calibration_note(&rates).filter(|_| !setup.quiet) {
                 eprintln!("note: {note}");
             }
             Ok(rates)

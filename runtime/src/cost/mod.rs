@@ -24,6 +24,14 @@ pub mod work;
 
 pub use calibrate::{calibrate, BUDGET_SECONDS, CALIBRATION_VERSION};
 
+/// Bumped whenever an estimate from the same rates and trace changes (what an operator's work
+/// is, which phase a time falls in, how a selective recompute is derived): a profile cached
+/// with estimated times names it, so one estimated by other code is estimated again, where
+/// comparing its rates alone would take it (a GPU's table rates never change). Version 2: the
+/// runtime's time around a block, skinny products, a selective recompute on the full
+/// checkpoint's basis.
+pub const ESTIMATE_VERSION: u32 = 2;
+
 /// The CPU's model name and the vector extensions libtorch's kernels dispatch on, from
 /// `/proc/cpuinfo` ("unknown" where it cannot be read): what kernels, their memory and their
 /// speed depend on.

@@ -38,7 +38,7 @@ pub fn times_from_fake_step(
     let phases = cost::phase_seconds(&events, session.chain.blocks.len(), rates);
     let selective_seconds = selective
         .iter()
-        .map(|&policy| selective_recomputes(session, policy, &all, rates))
+        .map(|&policy| selective_recomputes(session, policy, &all, rates, &phases))
         .collect::<Result<Vec<_>>>()?;
     let mut times = step_times(session, recompute_class, &phases, t0.elapsed().as_secs_f64());
     times.selective_seconds = selective_seconds.clone();
@@ -71,12 +71,18 @@ pub fn times_from_fake_step(
 }
 
 /// Per block, its recompute's estimated seconds in a step with every candidate block of
-/// `session` selective under `policy` (0 for a block that is not a candidate).
+/// `session` selective under `policy` (0 for a block that is not a candidate): the full
+/// checkpoint's recompute estimate (its no-grad forward, in `full`, the step with every
+/// candidate checkpointed) less what the selective recompute saves against the full one. On the
+/// same basis as the full estimate, so that a block whose policy saves nothing costs what its
+/// full checkpoint does (a recompute's runtime time around the block differs from a no-grad
+/// forward's; docs/cost-model.md).
 fn selective_recomputes(
     session: &mut Session,
     policy: SacPolicy,
     all: &[bool],
     rates: &DeviceRates,
+    full: &PhaseSeconds,
 ) -> Result<Vec<f64>> {
     let n = session.chain.blocks.len();
     let selective: Vec<Option<SacPolicy>> = (0..n)
@@ -85,7 +91,14 @@ fn selective_recomputes(
     let before = std::mem::replace(&mut session.selective, selective.clone());
     let traced = session.op_trace(all);
     session.selective = before;
-    Ok(cost::selective_phase_seconds(&traced?, &selective, rates).recompute)
+    let recompute = cost::selective_phase_seconds(&traced?, &selective, rates).recompute;
+    let blocks = &session.chain.blocks;
+    Ok((0..n)
+        .map(|i| match blocks[i].candidate {
+            true => (full.forward[i] - (full.recompute[i] - recompute[i])).max(0.0),
+            false => 0.0,
+        })
+        .collect())
 }
 
 /// The profile's times from a step's estimated parts (every candidate block checkpointed).
