@@ -31,6 +31,7 @@ pub struct Numbers {
 #[derive(Debug)]
 pub struct Scope {
     open: bool,
+    with_grad: bool,
     _thread: PhantomData<*const ()>,
 }
 
@@ -66,6 +67,7 @@ pub fn scope(run: BlockRun<'_>) -> Result<Scope, KernelError> {
     })?;
     Ok(Scope {
         open: true,
+        with_grad: grad,
         _thread: PhantomData,
     })
 }
@@ -81,6 +83,11 @@ extern "C" fn push_number(ctx: *mut c_void, saved: c_int, kept: ffi::CTensor) {
 }
 
 impl Scope {
+    /// Whether the scope counts a block's run with grad ([`BlockRun::WithGrad`]).
+    pub fn with_grad(&self) -> bool {
+        self.with_grad
+    }
+
     /// Ends the scope: what it saw.
     pub fn finish(mut self) -> Numbers {
         self.open = false;

@@ -122,7 +122,7 @@ impl Session {
                 let _replay = kept.as_mut().map(sac::replay).transpose()?;
                 let numbers = self.open_numbers(k, true)?;
                 let out = block.block.try_forward_all(&x, &ctx.with_skips(&skips));
-                self.close_numbers(k, numbers, true);
+                self.close_numbers(k, numbers);
                 out
             }
             .map_err(|failure| self.block_failed(k, failure))?;

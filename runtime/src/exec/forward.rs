@@ -139,7 +139,7 @@ impl Session {
             } else {
                 block.block.try_forward_all(&x, &bctx)
             };
-            acts.numbers[i] = self.close_numbers(i, numbers, seg.is_none());
+            acts.numbers[i] = self.close_numbers(i, numbers);
             if let (Ok((o, _)), None) = (&out, seg) {
                 // Before anything it read goes, as in the recompute.
                 self.learn_output_saved(i, o);

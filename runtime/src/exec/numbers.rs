@@ -24,7 +24,8 @@ impl Session {
 
     /// Closes block `i`'s number scope: a run with grad teaches the block which numbers its
     /// graph saves, the first time; returns what a run without grad kept.
-    pub(super) fn close_numbers(&self, i: usize, scope: Scope, grad: bool) -> Vec<Tensor> {
+    pub(super) fn close_numbers(&self, i: usize, scope: Scope) -> Vec<Tensor> {
+        let grad = scope.with_grad();
         let seen = scope.finish();
         if grad {
             let _ = self.numbers_saved[i].set(seen.saved);
