@@ -329,11 +329,16 @@ fn pct(v: &serde_json::Value) -> String {
     format!("{:+.1}%", v.as_f64().unwrap_or(f64::NAN) * 100.0)
 }
 
+/// The smallest and largest of `values` (non-negative: a load average, seconds).
+fn span(values: &[f64]) -> (f64, f64) {
+    values
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+}
+
 /// How long the rounds' calibrations took and what their time limit cut, in words.
 fn calibrated(seconds: &[f64], rates: &[DeviceRates]) -> String {
-    let (lo, hi) = seconds
-        .iter()
-        .fold((f64::INFINITY, 0.0f64), |(lo, hi), &s| (lo.min(s), hi.max(s)));
+    let (lo, hi) = span(seconds);
     let count = |f: &dyn Fn(&DeviceRates) -> bool| rates.iter().filter(|r| f(r)).count();
     format!(
         "{lo:.0} to {hi:.0} s; fused attention measured in {} of {n} rounds, skinny products in {}, {} to {} slow-kernel rates",
@@ -581,10 +586,13 @@ fn main() -> Result<(), RuntimeError> {
         "results.json",
         serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n",
     )?;
-    let load = loads
-        .iter()
-        .fold((f64::INFINITY, 0.0f64), |(lo, hi), &l| (lo.min(l), hi.max(l)));
-    let text = readme(&a, &identity, load, &calibrated(&calibration_seconds, &rates), &rows);
+    let text = readme(
+        &a,
+        &identity,
+        span(&loads),
+        &calibrated(&calibration_seconds, &rates),
+        &rows,
+    );
     print!("{text}");
     write("README.md", text)
 }
