@@ -12,6 +12,9 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bert_differences  # noqa: E402
+
 MIB = 1024 * 1024
 MODELS = (("resnet50", "ResNet-50"), ("bert-base", "BERT-base"))
 
@@ -68,6 +71,34 @@ def table(rows):
                 ", ".join(f"{k['measured_peak_bytes']:,}" for k in ranks),
                 ", ".join(f"{k['error_bytes']:+,} B" for k in ranks),
                 "yes" if v["within_budget"] else "no"))
+    return out
+
+
+def _hidden(plan):
+    """BERT's hidden size: the length of a layer's `output.dense.bias`."""
+    return next(p["shape"][0] for p in plan["model"]["parameters"] if p["name"].endswith("output.dense.bias"))
+
+
+def itemized(rows):
+    """Per BERT rank: measured − predicted, what BERT's known eager differences account for at
+    the rank's predicted peak (scripts/bert_differences.py) and what is left."""
+    out = ["| model | ranks | rank | peak at (predicted) | measured − predicted | mask | bias gradient | left |",
+           "|---|---|---|---|---|---|---|---|"]
+    for name, title in MODELS:
+        for n in (1, 2, 4):
+            r = rows.get((name, n))
+            if r is None or not r["fits"] or "bert" not in name:
+                continue
+            p, v = r["plan"], r["verify"]
+            modules, attention = p["checkpoint"]["modules"], p["shape"].get("attention", "eager")
+            batch, seq = p["config"]["micro_batch"], p["shape"]["seq"]
+            for k in v["per_rank"]:
+                moment = k["predicted_peak_moment"]
+                mask = bert_differences.mask_bytes(moment, modules, attention, batch, seq)
+                bias = bert_differences.bias_bytes(moment, modules, p["config"]["precision"], _hidden(p))
+                err = k["error_bytes"]
+                out.append(f"| {title} | {n} | {k['rank']} | {moment} | {err:+,} B | {mask:+,} B | {bias:+,} B | "
+                           f"{err - mask - bias:+,} B |")
     return out
 
 
@@ -167,6 +198,15 @@ def main():
              "backward): [docs/fsdp.md](../../../docs/fsdp.md), section 11.", "",
              f"Machine: {cpu}. PyTorch {torch}.", ""]
     lines += table(rows)
+    lines += ["", "Every byte of BERT-base's errors, rank by rank: *mask* is BERT's attention masks, which "
+              "ckptune holds from before the first layer to the end of the micro-step's backward (the "
+              "additive one, and under SDPA, the default, the `[batch, 1, seq, seq]` bool one) and PyTorch "
+              "from `BertModel.forward` until that forward returns, or until the backward of the lowest "
+              "checkpointed layer that keeps it as an input; *bias gradient* is the one PyTorch allocates "
+              "below the prediction where the peak is a checkpointed layer's backward (docs/fsdp.md, "
+              "section 11). Both are computed from the rank's predicted peak moment by "
+              "`scripts/bert_differences.py`; *left* is what neither explains.", ""]
+    lines += itemized(rows)
     nofit = [(k, r) for k, r in sorted(rows.items()) if not r["fits"]]
     if nofit:
         lines += ["", "Where nothing fits, the plan's message:", ""]

@@ -148,7 +148,9 @@ fn explained(moment: &str, k: Known, checkpointed: &[String]) -> Vec<i64> {
     let forward = moment.starts_with("forward")
         || moment.starts_with("all-gather")
         || (moment.starts_with("copy-out") && !moment.contains("pre-backward"));
-    let mut base = if forward { vec![0] } else { vec![0, k.mask] };
+    // From the end of backward on, the runtime has freed its mask too.
+    let after = moment == "optimizer" || moment == "end of backward" || moment == "reduce-scatter <root>";
+    let mut base = if forward || after { vec![0] } else { vec![0, k.mask] };
     if moment
         .strip_prefix("backward ")
         .is_some_and(|l| checkpointed.iter().any(|c| c == l))

@@ -154,10 +154,10 @@ pub enum ShardError {
     EmptyUnit(String),
 }
 
-/// The loss: a float32 scalar under every precision a sharded plan models (fp32, and bf16
-/// autocast, where cross-entropy runs in float32). It lives from the loss forward through the
-/// optimizer step, as the `loss` variable of a training loop does.
-const LOSS_BYTES: i64 = 4;
+/// The backward's seed: `loss.backward()`'s float32 `ones_like(loss)` (the loss is float32 under
+/// every precision a sharded plan models). The profile's `after_backward` counts it; it is
+/// freed when `backward()` returns, before the optimizer step.
+const SEED_BYTES: i64 = 4;
 
 /// Everything the per-rank model needs: the chain's terms of the unsharded step (its
 /// `fixed` holds the unsharded parameters and optimizer state), which blocks are FSDP units and
@@ -561,7 +561,12 @@ impl<'a> RankStep<'a> {
         out.push(Affine::new(n, end).moment("end of backward".into(), Occurs::Always));
         let rs_root = end - r - s.rs_prev + r - root.g + root.last + root.s + self.temp(r + 12);
         out.push(Affine::new(n, rs_root).moment("reduce-scatter <root>".into(), Occurs::Always));
-        let opt = self.fixed + LOSS_BYTES + self.sum_s + measured.optimizer.transient(&self.chunks);
+        // The single process's level after backward holds the loss but no longer the
+        // micro-step's attention masks and shared inputs, which `fixed` counts: the optimizer
+        // starts from it, less the seed, with the unsharded gradients replaced by the shards.
+        let grads: i64 = self.sz.iter().map(|z| z.g).sum();
+        let after = self.fixed + measured.after_backward - grads - SEED_BYTES + self.sum_s;
+        let opt = after + measured.optimizer.transient(&self.chunks);
         out.push(Affine::new(n, opt).moment("optimizer".into(), Occurs::Always));
     }
 }
@@ -624,7 +629,9 @@ pub struct Measured {
     pub parameters_bytes: i64,
     pub optimizer_state_bytes: i64,
     /// Above the level the chain leaves: the loss head's forward peak, and its level with
-    /// backward's seed made. Above `fixed`: the level when the last block's backward is done.
+    /// backward's seed made. Above `fixed`: the level when the last block's backward is done
+    /// (the loss and the seed alive, the micro-step's attention masks and shared inputs, which
+    /// `fixed` counts, freed).
     pub loss_forward: i64,
     pub loss_kept: i64,
     pub after_backward: i64,
