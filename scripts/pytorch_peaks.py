@@ -224,7 +224,7 @@ def main():
         "command": "scripts/pytorch_peaks.py" + (" --quick" if a.quick else ""),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.processor() or platform.machine()}, nproc {os.cpu_count()}",
-        "cpu_flags": sorted({f for f in open("/proc/cpuinfo").read().split() if f in ("avx2", "avx512f", "avx512_bf16")}),
+        "cpu_flags": sorted({f for f in open("/proc/cpuinfo").read().split() if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")}),
         "load_average_start_end": [list(load_start), list(os.getloadavg())],
         "torch": torch_version,
         "threads": THREADS,
