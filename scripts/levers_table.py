@@ -8,11 +8,17 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bert_differences  # noqa: E402
+
 MODELS = [
     ("bert-base", "BERT-base (`bert-base-uncased`), sequence 128, micro-batch 2"),
+    ("bert-base-sgd", "BERT-base (`bert-base-uncased`), sequence 512, micro-batch 2, SGD with momentum"),
     ("smollm2-135m", "SmolLM2-135M's architecture (`configs/smollm2-135m/config.json`, random weights), "
                      "sequence 256, micro-batch 2"),
 ]
+BUDGETS = {"same": "whole-module's smallest peak", "min": "the lever's smallest peak",
+           "mid": "halfway to nothing checkpointed"}
 LEVERS = ["whole", "selective-matmul", "selective-attention", "loss-chunks", "in-backward"]
 COLOURS = {"whole": "#444444", "selective-matmul": "#1f77b4", "selective-attention": "#17becf",
            "loss-chunks": "#ff7f0e", "in-backward": "#2ca02c"}
@@ -45,7 +51,7 @@ def choice(plan):
 def rows(d, model):
     out = []
     for lever in LEVERS:
-        for at in ["same", "min"]:
+        for at in ["same", "min", "mid"]:
             plan_f = d / model / f"{lever}-{at}.json"
             if not plan_f.exists():
                 continue
@@ -58,18 +64,35 @@ def rows(d, model):
     return out
 
 
-def table(rs):
-    lines = ["| lever | budget | chosen | predicted peak (B) | at | predicted step (s) | ckptune run (B) | "
-             "PyTorch eager (B) | PyTorch − predicted |",
-             "|---|---|---|---|---|---|---|---|---|"]
+def known(plan):
+    """(mask, bias gradient): what BERT's known eager differences (scripts/bert_differences.py)
+    account for of PyTorch − predicted at the plan's predicted peak."""
+    moment, modules = plan["predicted"].get("peak_moment", ""), plan["checkpoint"]["modules"]
+    shape, c = plan["shape"], plan["config"]
+    hidden = next(p["shape"][0] for p in plan["model"]["parameters"] if p["name"].endswith("output.dense.bias"))
+    return (bert_differences.mask_bytes(moment, modules, shape.get("attention", "eager"), c["micro_batch"],
+                                        shape["seq"]),
+            bert_differences.bias_bytes(moment, modules, c["precision"], hidden))
+
+
+def table(rs, bert):
+    """One row per plan; a BERT model's rows itemize PyTorch − predicted (mask, bias gradient,
+    left)."""
+    head = ("| lever | budget | chosen | predicted peak (B) | at | predicted step (s) | ckptune run (B) | "
+            "PyTorch eager (B) | PyTorch − predicted |")
+    lines = [head + (" mask | bias gradient | left |" if bert else ""), "|---" * (9 + 3 * bert) + "|"]
     for r in rs:
         p = r["plan"]
-        budget = "whole-module's smallest peak" if r["at"] == "same" else "the lever's smallest peak"
+        budget = BUDGETS[r["at"]]
         v = r["verify"]
+        items = ["", "", ""]
         if v and "pytorch" in v:
             run = f"{v['ckptune']['measured']['peak_bytes']:,}"
             torch = f"{v['pytorch']['peak_bytes']:,}"
             err = f"{v['pytorch_peak_error_bytes']:+,}"
+            if bert:
+                mask, bias = known(p)
+                items = [f"{mask:+,}", f"{bias:+,}", f"{v['pytorch_peak_error_bytes'] - mask - bias:+,}"]
         elif v:
             # `verify` alone (a run made without --pytorch).
             run = f"{v['measured']['peak_bytes']:,}"
@@ -78,7 +101,7 @@ def table(rs):
             run = torch = err = "not verified"
         lines.append(f"| {r['lever']} | {budget} | {choice(p)} | {p['predicted']['peak_bytes']:,} | "
                      f"{p['predicted'].get('peak_moment', '')} | {p['predicted']['step_seconds']:.3f} | "
-                     f"{run} | {torch} | {err} |")
+                     f"{run} | {torch} | {err} |" + ("".join(f" {x} |" for x in items) if bert else ""))
     return lines
 
 
@@ -127,27 +150,31 @@ def svg(panels):
 
 def main():
     d = Path(sys.argv[1])
-    cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": \t")
     doc = [
         "# Each lever against whole-module checkpointing",
         "",
         "Written by `scripts/results_levers` (this file and `peaks.svg` by `scripts/levers_table.py` "
-        "from the JSON beside them). fp32, AdamW, on this machine "
-        f"({cpu}, 2 cores). Per model, per lever, one plan under the budget whole-module "
-        "checkpointing reaches at best (its smallest peak, `whole-min.json`) and one under the "
+        "from the JSON beside them); each section names its config and the machine that planned and "
+        "verified it. Per model, per lever, one plan under the budget whole-module "
+        "checkpointing reaches at best (its smallest peak, `whole-min.json`), one under the "
         "lever's own smallest peak (the least any of its configs reaches, which `plan` names when no "
-        "config fits a budget of one byte); `whole` is whole-module checkpointing alone, "
+        "config fits a budget of one byte) and, in sections made since the script had it, one halfway "
+        "between whole-module checkpointing's smallest peak and the peak with nothing checkpointed "
+        "(where each layer's choice among keep, selective and full decides); `whole` is whole-module checkpointing alone, "
         "each other lever adds one choice to it: selective checkpointing per layer (`--selective "
         "matmul`, `--selective attention`), the loss in chunks (`--loss-chunks 1,4`, a language "
         "model's head only), the optimizer step in backward (`--optimizer-step after,in-backward`). "
         "Each plan verified (`verify-*.json`): ckptune's run, and PyTorch eager running the same plan "
         "under the same counting allocator (`verify --pytorch`, on the built-in model's reference or on "
         "the reference Llama built from the config.json); a row whose PyTorch columns read \"not run\" "
-        "was verified by ckptune's run alone. Where PyTorch peaks below the prediction on BERT-base with no layer "
-        "checkpointed, the difference is BERT's two attention masks, which ckptune holds through the micro-step "
-        "and PyTorch frees after the forward unless a checkpointed layer saved them: the SDPA bool mask "
-        "(batch × seq² bytes) and the additive mask (batch × seq × 4 bytes), 32,768 + 1,024 bytes here "
-        "(docs/memory-model.md). Where PyTorch peaks 4,096 B below on SmolLM2 (every layer checkpointed, the "
+        "was verified by ckptune's run alone. On BERT-base every byte of PyTorch − predicted is itemized: "
+        "*mask* is BERT's two attention masks, which ckptune holds through the micro-step and PyTorch frees "
+        "after the forward unless a checkpointed layer saved them (the SDPA bool mask, batch × seq² bytes, "
+        "and the additive mask, batch × seq × 4 bytes); *bias gradient* is one Linear's (hidden × 4 bytes), "
+        "which PyTorch allocates after `torch.utils.checkpoint` freed the recomputed input where the peak "
+        "is a checkpointed or selective layer's backward (docs/memory-model.md, \"Where exactness needs "
+        "care\"); both from the predicted peak's moment by `scripts/bert_differences.py`; *left* is what "
+        "neither explains. Where PyTorch peaks 4,096 B below on SmolLM2 (every layer checkpointed, the "
         "step in backward, peaking at the loss), the difference is the additive causal bias and `position_ids`, "
         "which ckptune's chain holds as inputs shared by the layers and the reference does not keep "
         "(`a_tied_llama_peaking_at_its_loss_is_not_under_predicted` asserts it). Step times are one run's on a 2-core machine, measured "
@@ -165,7 +192,10 @@ def main():
         if not rs:
             continue
         panels.append((model, rs))
-        doc += [f"## {title}", "", *table(rs), ""]
+        p = rs[0]["plan"]
+        machine = (f"{p['config']['precision']}, {p['config']['optimizer']}; planned and verified on "
+                   f"{p['device'].get('cpu', p['device']['device'])}, {p['device'].get('threads', '?')} threads.")
+        doc += [f"## {title}", "", machine, "", *table(rs, model.startswith("bert")), ""]
     (d / "peaks.svg").write_text(svg(panels))
     tmp = d / "README.md.tmp"
     tmp.write_text("\n".join(doc))
