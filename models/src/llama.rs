@@ -3,12 +3,12 @@
 //! blocks. Mistral (`modeling_mistral.py`) is the same module tree; Qwen2 (`modeling_qwen2.py`)
 //! differs only in biases on `q_proj`/`k_proj`/`v_proj` (not `o_proj`).
 //!
-//! Attention is the **eager** path by default (`eager_attention_forward`): `repeat_kv` for
-//! grouped-query attention, `matmul(q, k^T) * scaling`, the additive causal mask, softmax in f32
-//! cast back to the query's dtype, dropout, `matmul`. With [`crate::Attention::Sdpa`] it is HF's
-//! default, `sdpa_attention_forward` ([`crate::sdpa`]): `is_causal` when nothing is padded
-//! (grouped-query attention then through `enable_gqa`), else `sdpa_mask`'s boolean mask and
-//! `repeat_kv`. RMSNorm computes in f32 and casts back before the weight multiplies; the MLP
+//! Attention is HF's default, [`crate::Attention::Sdpa`], unless the options say otherwise:
+//! `sdpa_attention_forward` ([`crate::sdpa`]), `is_causal` when nothing is padded (grouped-query
+//! attention then through `enable_gqa`), else `sdpa_mask`'s boolean mask and `repeat_kv`. With
+//! [`crate::Attention::Eager`] it is `eager_attention_forward`: `repeat_kv` for grouped-query
+//! attention, `matmul(q, k^T) * scaling`, the additive causal mask, softmax in f32 cast back to
+//! the query's dtype, dropout, `matmul`. RMSNorm computes in f32 and casts back before the weight multiplies; the MLP
 //! is SwiGLU, `down_proj(silu(gate_proj(x)) * up_proj(x))`.
 //!
 //! Chain: `model.embed_tokens`, `model.layers.0` … `model.layers.{N-1}`, `model.norm`; the loss
