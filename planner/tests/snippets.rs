@@ -15,7 +15,9 @@ use expect_test::expect_file;
 /// `path` relative to this crate: `../results/...` for a plan committed with its results, or
 /// `tests/fixtures/plans/...` for one kept as the snapshots' input (results re-run under new
 /// budgets and file names; these BERT-base plans, from `scripts/results` and
-/// `scripts/results_nested`, checkpoint what their snapshots are named for).
+/// `scripts/results_nested`, and TinyLlama-1.1B's with five layers checkpointed, from
+/// `scripts/results_tinyllama` under eager attention, checkpoint what their snapshots are named
+/// for).
 fn in_crate(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
@@ -45,7 +47,7 @@ const BERT_EMBEDDINGS: &str = "tests/fixtures/plans/bert-embeddings.json";
 const BERT_LAYERS: &str = "tests/fixtures/plans/bert-layers.json";
 const BERT_NOTHING: &str = "tests/fixtures/plans/bert-nothing.json";
 const BERT_NESTED: &str = "tests/fixtures/plans/bert-nested.json";
-const TINYLLAMA: &str = "../results/tinyllama/plans/plan-19367044016.json";
+const TINYLLAMA: &str = "tests/fixtures/plans/tinyllama-1.1b-5-layers.json";
 const RESNET152: &str = "../results/resnet152/plans/plan-1096590090.json";
 const BERT_SHARDED: &str = "../results/fsdp/avx512-bf16/bert-base-n2.plan.json";
 const RESNET50_SHARDED: &str = "../results/fsdp/avx512-bf16/resnet50-n4.plan.json";
