@@ -80,3 +80,13 @@ def bias_bytes(moment, checkpointed, precision, hidden):
     if precision != "fp32" or not moment.split(": ")[-1].startswith("backward ") or block not in checkpointed:
         return 0
     return -4 * hidden if layer(block) is not None else 0
+
+
+def of_plan(plan, moment):
+    """(mask, bias gradient) at `moment` of a ckptune plan JSON: its checkpointed modules,
+    attention, micro-batch, sequence, precision, and BERT's hidden size (the length of a layer's
+    `output.dense.bias`)."""
+    modules, shape, c = plan["checkpoint"]["modules"], plan["shape"], plan["config"]
+    hidden = next(p["shape"][0] for p in plan["model"]["parameters"] if p["name"].endswith("output.dense.bias"))
+    return (mask_bytes(moment, modules, shape.get("attention", "eager"), c["micro_batch"], shape["seq"]),
+            bias_bytes(moment, modules, c["precision"], hidden))

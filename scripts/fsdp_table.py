@@ -74,11 +74,6 @@ def table(rows):
     return out
 
 
-def _hidden(plan):
-    """BERT's hidden size: the length of a layer's `output.dense.bias`."""
-    return next(p["shape"][0] for p in plan["model"]["parameters"] if p["name"].endswith("output.dense.bias"))
-
-
 def itemized(rows):
     """Per BERT rank: measured − predicted, what BERT's known eager differences account for at
     the rank's predicted peak (scripts/bert_differences.py) and what is left."""
@@ -89,13 +84,9 @@ def itemized(rows):
             r = rows.get((name, n))
             if r is None or not r["fits"] or "bert" not in name:
                 continue
-            p, v = r["plan"], r["verify"]
-            modules, attention = p["checkpoint"]["modules"], p["shape"].get("attention", "eager")
-            batch, seq = p["config"]["micro_batch"], p["shape"]["seq"]
-            for k in v["per_rank"]:
+            for k in r["verify"]["per_rank"]:
                 moment = k["predicted_peak_moment"]
-                mask = bert_differences.mask_bytes(moment, modules, attention, batch, seq)
-                bias = bert_differences.bias_bytes(moment, modules, p["config"]["precision"], _hidden(p))
+                mask, bias = bert_differences.of_plan(r["plan"], moment)
                 err = k["error_bytes"]
                 out.append(f"| {title} | {n} | {k['rank']} | {moment} | {err:+,} B | {mask:+,} B | {bias:+,} B | "
                            f"{err - mask - bias:+,} B |")

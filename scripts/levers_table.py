@@ -64,17 +64,6 @@ def rows(d, model):
     return out
 
 
-def known(plan):
-    """(mask, bias gradient): what BERT's known eager differences (scripts/bert_differences.py)
-    account for of PyTorch − predicted at the plan's predicted peak."""
-    moment, modules = plan["predicted"].get("peak_moment", ""), plan["checkpoint"]["modules"]
-    shape, c = plan["shape"], plan["config"]
-    hidden = next(p["shape"][0] for p in plan["model"]["parameters"] if p["name"].endswith("output.dense.bias"))
-    return (bert_differences.mask_bytes(moment, modules, shape.get("attention", "eager"), c["micro_batch"],
-                                        shape["seq"]),
-            bert_differences.bias_bytes(moment, modules, c["precision"], hidden))
-
-
 def table(rs, bert):
     """One row per plan; a BERT model's rows itemize PyTorch − predicted (mask, bias gradient,
     left)."""
@@ -91,7 +80,7 @@ def table(rs, bert):
             torch = f"{v['pytorch']['peak_bytes']:,}"
             err = f"{v['pytorch_peak_error_bytes']:+,}"
             if bert:
-                mask, bias = known(p)
+                mask, bias = bert_differences.of_plan(p, p["predicted"].get("peak_moment", ""))
                 items = [f"{mask:+,}", f"{bias:+,}", f"{v['pytorch_peak_error_bytes'] - mask - bias:+,}"]
         elif v:
             # `verify` alone (a run made without --pytorch).
