@@ -35,7 +35,7 @@ pub mod timing;
 
 pub use estimated::times_from_fake_step;
 pub use moments::measured_moments;
-pub use one_step::{times_from_steps, StagedSteps, StepTimes};
+pub use one_step::{times_from_steps, FirstStep, StagedSteps, StepTimes};
 pub use timing::RetimePolicy;
 use timing::{ContentionTally, Retimer, Sample};
 

@@ -4,8 +4,9 @@
 //! checkpointed) the step's time with nothing checkpointed. That one is timed rather than taken
 //! as B less its no-grad forwards: a step keeping every activation faults in fresh pages for
 //! them and streams more memory, and BERT-large's came out 15-27% above B's difference. A first
-//! step B warms the session up (optimizer state, oneDNN's primitives) and is traced; then A and B
-//! are timed and re-timed as the profiler's are, until each settles (docs/timing.md): alternating
+//! step warms the session up (optimizer state, oneDNN's primitives) and is traced: a step B, or
+//! for `plan` a step A where steps A alone are expected to settle the plan. Then A and B are
+//! timed and re-timed as the profiler's are, until each settles (docs/timing.md): alternating
 //! for `profile`, in stages for `plan`, which may stop after any stage ([`StagedSteps`]).
 //! Units doing the same work share one estimate over all their samples, so a model of identical
 //! layers is timed as one class. A profile offering selective checkpointing also runs steps S
@@ -67,24 +68,26 @@ pub fn times_from_steps(
     recompute_class: &[usize],
     settings: &ProfileSettings,
 ) -> Result<(StepTimes, Vec<OpEvent>)> {
-    let (mut steps, ops) = StagedSteps::start(session, recompute_class, settings)?;
+    let (mut steps, ops) = StagedSteps::start(session, recompute_class, settings, FirstStep::Checkpointed)?;
     steps.time(true, true)?;
     steps.time_selective()?;
     Ok((steps.times(), ops))
 }
 
-/// A session's real steps timed in stages, for a caller that may stop early: the first step B
+/// A session's real steps timed in stages, for a caller that may stop early: a first step
 /// (traced; it warms the session up: optimizer state, oneDNN's primitives), then steps A until
 /// they settle, then steps B until they settle. `plan` stops after the first step where that
 /// step already shows the config cannot win, and after steps A where the config's fastest
 /// choice checkpoints nothing (its step is step A; its recompute estimates then come from the
-/// first step alone).
+/// first step alone). The first step is a step B, unless the caller expects steps A to settle
+/// the plan ([`FirstStep::Plain`]): then it is a step A, and a long one counts as one of them.
 pub struct StagedSteps<'s> {
     session: &'s mut Session,
     recompute_class: Vec<usize>,
     repeats: usize,
     selective: Vec<ckptune_kernels::sac::SacPolicy>,
     all: Vec<bool>,
+    first_kind: FirstStep,
     first: Sample<Vec<f64>>,
     samples_a: Vec<Sample<()>>,
     samples_b: Vec<Sample<Vec<f64>>>,
@@ -95,26 +98,40 @@ pub struct StagedSteps<'s> {
 }
 
 impl<'s> StagedSteps<'s> {
-    /// Runs the first step B, traced: returns the timer and the step's operators.
+    /// Runs the first step, traced: returns the timer and the step's operators.
     pub fn start(
         session: &'s mut Session,
         recompute_class: &[usize],
         settings: &ProfileSettings,
+        first_kind: FirstStep,
     ) -> Result<(Self, Vec<OpEvent>)> {
         let t0 = Instant::now();
         let all = session.chain.every_candidate();
         optrace::start()?;
-        let first = step_b(session, &all);
+        let first = step_b(session, &first_kind.mask(&all));
         let ops = optrace::stop()?;
         let first = first?.0;
+        // A long first step A is one more sample of steps A: its one-time work is a small part
+        // of it (FIRST_STEP_BOUNDS_SECONDS), and the median of the samples outvotes it.
+        let samples_a = match first_kind {
+            FirstStep::Plain if first.seconds >= FIRST_STEP_BOUNDS_SECONDS && !first.contended() => {
+                vec![Sample {
+                    seconds: first.seconds,
+                    load: first.load,
+                    extra: (),
+                }]
+            }
+            _ => Vec::new(),
+        };
         let steps = StagedSteps {
             session,
             recompute_class: recompute_class.to_vec(),
             repeats: settings.repeats.max(1),
             selective: settings.selective.clone(),
             all,
+            first_kind,
             first,
-            samples_a: Vec::new(),
+            samples_a,
             samples_b: Vec::new(),
             retimer: Retimer::new(settings.retime),
             selective_seconds: (Vec::new(), 0),
@@ -123,14 +140,23 @@ impl<'s> StagedSteps<'s> {
         Ok((steps, ops))
     }
 
-    /// The first step less its blocks' no-grad forwards: the step with nothing checkpointed it
-    /// implies, and whether the first step was long and quiet enough to say so. It runs below
-    /// the measured step A (which faults in fresh pages for every activation it keeps: 15-27%
-    /// below on BERT-large, docs/timing.md), and above it only by the first step's one-time
-    /// work, a small part of a long step.
+    /// Which step the session's first was, and so what `ops` from [`StagedSteps::start`] trace.
+    pub fn first_kind(&self) -> FirstStep {
+        self.first_kind
+    }
+
+    /// The step with nothing checkpointed that the first step implies, where it was long and
+    /// quiet enough to say so: a first step A itself, a first step B less its blocks' no-grad
+    /// forwards. The latter runs below the measured step A (which faults in fresh pages for
+    /// every activation it keeps: 15-27% below on BERT-large, docs/timing.md); either runs
+    /// above it only by the first step's one-time work, a small part of a long step.
     pub fn first_plain_seconds(&self) -> Option<f64> {
         let s = &self.first;
-        (s.seconds >= FIRST_STEP_BOUNDS_SECONDS && !s.contended()).then(|| s.seconds - s.extra.iter().sum::<f64>())
+        let recompute = match self.first_kind {
+            FirstStep::Plain => 0.0,
+            FirstStep::Checkpointed => s.extra.iter().sum::<f64>(),
+        };
+        (s.seconds >= FIRST_STEP_BOUNDS_SECONDS && !s.contended()).then_some(s.seconds - recompute)
     }
 
     /// Times steps A (`plain`) and B (`checkpointed`), alternating where both, until each kind
@@ -182,26 +208,68 @@ impl<'s> StagedSteps<'s> {
         !self.samples_b.is_empty()
     }
 
-    /// The times measured so far (steps A must have been timed).
+    /// The times measured so far (steps A must have been timed). Without steps B, the times
+    /// with every candidate checkpointed and the recompute estimates are the first step's: a
+    /// step B's no-grad forwards, or a step A's forwards with grad (no faster than without,
+    /// which do the same work and save nothing) added to the step A measured.
     pub fn times(&self) -> StepTimes {
+        let first = std::slice::from_ref(&self.first);
         let samples_b = match self.samples_b.is_empty() {
-            true => std::slice::from_ref(&self.first),
+            true => first,
             false => &self.samples_b[..],
         };
         let used: Vec<&[f64]> = timing::used(samples_b).iter().map(|s| s.extra.as_slice()).collect();
         let unit_seconds = unit_forwards(&self.session.chain, &used);
+        let seconds_none = timing::seconds(&self.samples_a);
+        let from_plain_first = self.first_kind == FirstStep::Plain && self.samples_b.is_empty();
+        let seconds_all = match from_plain_first {
+            true => {
+                let candidates = self.session.chain.blocks.iter().zip(&self.first.extra);
+                let recompute: f64 = candidates.filter(|(b, _)| b.candidate).map(|(_, s)| s).sum();
+                Stats::of(&[seconds_none.median + recompute])
+            }
+            false => timing::seconds(samples_b),
+        };
         let mut tally = ContentionTally::default();
         tally.add(&self.samples_a);
-        tally.add(samples_b);
+        if !from_plain_first {
+            tally.add(samples_b);
+        }
         let (selective_seconds, selective_steps) = self.selective_seconds.clone();
+        // A long first step A is among `samples_a`.
+        let first_counted = usize::from(self.first_kind == FirstStep::Plain && self.first_plain_seconds().is_some());
         StepTimes {
-            seconds_none: timing::seconds(&self.samples_a),
-            seconds_all: timing::seconds(samples_b),
+            seconds_none,
+            seconds_all,
             recompute_spread: pooled_by_class(&unit_seconds, &self.recompute_class),
             contention: tally.finish(self.retimer.retimed),
-            steps_run: 1 + self.samples_a.len() + self.samples_b.len() + self.retimer.retimed + selective_steps,
+            steps_run: 1 + self.samples_a.len() + self.samples_b.len() - first_counted
+                + self.retimer.retimed
+                + selective_steps,
             wall_seconds: self.t0.elapsed().as_secs_f64(),
             selective_seconds,
+        }
+    }
+}
+
+/// The kind of step a session's staged timing starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FirstStep {
+    /// A step B, every candidate checkpointed: its no-grad forwards are the recompute
+    /// estimates, and its operators cover every kind of forward.
+    Checkpointed,
+    /// A step A, nothing checkpointed, for a config whose plan the caller expects to checkpoint
+    /// nothing: a long one is one of the steps A that settle that plan, so the config's
+    /// timing takes one step fewer (BERT-large's first step B took 48 s on an Intel Xeon, its
+    /// steps A 25-29 s).
+    Plain,
+}
+
+impl FirstStep {
+    fn mask(self, all: &[bool]) -> Vec<bool> {
+        match self {
+            FirstStep::Checkpointed => all.to_vec(),
+            FirstStep::Plain => vec![false; all.len()],
         }
     }
 }

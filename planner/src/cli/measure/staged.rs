@@ -7,7 +7,7 @@
 
 use anyhow::{Context, Result};
 use ckptune_kernels::{fake, optrace};
-use ckptune_runtime::profile::{ConfigProfile, ProfileSettings, StagedSteps, StepTimes};
+use ckptune_runtime::profile::{ConfigProfile, FirstStep, ProfileSettings, StagedSteps, StepTimes};
 use ckptune_runtime::TrainConfig;
 use ckptune_solver::formats::ModelJson;
 
@@ -26,6 +26,9 @@ pub(super) struct Stages<'a> {
     /// needs its steps B: solved under the budget, its fastest choice checkpoints something and
     /// may still win.
     pub needs_checkpointed: &'a dyn Fn(&ConfigProfile) -> Result<bool>,
+    /// Whether the config's estimated profile needs its steps B: where it does not, its timing
+    /// starts with a step A ([`FirstStep::Plain`]), one of the steps that settle its plan.
+    pub estimate_needs_checkpointed: bool,
 }
 
 /// Which kinds of step a measured profile's times come from.
@@ -113,14 +116,17 @@ fn measured(
         model,
         times,
         ops,
+        first,
         kinds,
     } = match timed(setup, cfg, &unlearned, stages)? {
         Timed::Steps(steps) => *steps,
         Timed::RuledOut(plain) => return Ok(Staged::RuledOut(plain)),
+        // Its steps B are needed after all, and its first step traced only a step A's operators.
+        Timed::Again => return measured(setup, cfg, Some(unlearned), None),
     };
     // Learned with the real session gone: the meter counts every live tensor, and the meta
     // profile's fixed bytes are those of its own session.
-    let Some(mut p) = learned_memory(setup, cfg, unlearned.clone(), &ops)? else {
+    let Some(mut p) = learned_memory(setup, cfg, unlearned.clone(), &ops, first)? else {
         let (model, p) = real_profile(setup, cfg)?;
         return Ok(measured_as(model, p, Kinds::Full));
     };
@@ -138,12 +144,13 @@ fn measured_as(model: ModelJson, profile: ConfigProfile, kinds: Kinds) -> Staged
     Staged::Measured(Box::new(Profiled { model, profile, kinds }))
 }
 
-/// A session's real steps: the model, the times, the first step's operators, and the kinds of
-/// step timed.
+/// A session's real steps: the model, the times, the first step's operators and kind, and the
+/// kinds of step timed.
 struct Steps {
     model: ModelJson,
     times: StepTimes,
     ops: Vec<optrace::OpEvent>,
+    first: FirstStep,
     kinds: Kinds,
 }
 
@@ -151,6 +158,8 @@ struct Steps {
 enum Timed {
     Steps(Box<Steps>),
     RuledOut(f64),
+    /// Started with a step A, it turned out to need its steps B: to be timed again in full.
+    Again,
 }
 
 /// Runs `cfg`'s real steps: every kind, or in `stages`, deciding on `unlearned`'s memory (the
@@ -165,8 +174,12 @@ fn timed(setup: &Setup, cfg: &TrainConfig, unlearned: &ConfigProfile, stages: Op
         ..Default::default()
     };
     let timing = || format!("timing {} under {}", setup.model, cfg.label());
+    let first = match stages {
+        Some(s) if setup.selective.is_empty() && !s.estimate_needs_checkpointed => FirstStep::Plain,
+        _ => FirstStep::Checkpointed,
+    };
     let (mut steps, real_ops) =
-        StagedSteps::start(&mut real, &unlearned.recompute_class, &settings).with_context(timing)?;
+        StagedSteps::start(&mut real, &unlearned.recompute_class, &settings, first).with_context(timing)?;
     let kinds = match stages {
         None => {
             steps.time(true, true).with_context(timing)?;
@@ -182,43 +195,51 @@ fn timed(setup: &Setup, cfg: &TrainConfig, unlearned: &ConfigProfile, stages: Op
             // A selective recompute is timed only in steps S, after steps B: a profile offering it
             // is timed whole.
             if setup.selective.is_empty() && !(s.needs_checkpointed)(&plain)? {
-                return Ok(timed_as(mj, steps.times(), real_ops, Kinds::Plain));
+                return Ok(timed_as(mj, steps.times(), real_ops, first, Kinds::Plain));
+            }
+            if first == FirstStep::Plain {
+                return Ok(Timed::Again);
             }
             steps.time(false, true).with_context(timing)?;
             Kinds::Full
         }
     };
     steps.time_selective().with_context(timing)?;
-    Ok(timed_as(mj, steps.times(), real_ops, kinds))
+    Ok(timed_as(mj, steps.times(), real_ops, first, kinds))
 }
 
-fn timed_as(model: ModelJson, times: StepTimes, ops: Vec<optrace::OpEvent>, kinds: Kinds) -> Timed {
+fn timed_as(model: ModelJson, times: StepTimes, ops: Vec<optrace::OpEvent>, first: FirstStep, kinds: Kinds) -> Timed {
     Timed::Steps(Box::new(Steps {
         model,
         times,
         ops,
+        first,
         kinds,
     }))
 }
 
-/// The memory profile of `cfg` with the scratch the real step `real_ops` allocated beyond the
-/// meta kernels, or `None` (said) where the two steps do not line up. A step traced for a GPU
-/// learns nothing from the CPU's: it runs CUDA's kernels where the CPU's differ, and the meta
-/// profile already made (`unlearned`) is the GPU's.
+/// The memory profile of `cfg` with the scratch the real step `real_ops` (of kind `first`)
+/// allocated beyond the meta kernels, or `None` (said) where the two steps do not line up. A
+/// step traced for a GPU learns nothing from the CPU's: it runs CUDA's kernels where the CPU's
+/// differ, and the meta profile already made (`unlearned`) is the GPU's.
 fn learned_memory(
     setup: &Setup,
     cfg: &TrainConfig,
     unlearned: ConfigProfile,
     real_ops: &[optrace::OpEvent],
+    first: FirstStep,
 ) -> Result<Option<ConfigProfile>> {
     if setup.fake_kernels() == TraceKernels::Cuda {
         return Ok(Some(unlearned));
     }
     let fake_ops = {
         let mut fake = setup.fake_session(cfg)?;
-        let all = fake.chain.every_candidate();
+        let mask = match first {
+            FirstStep::Checkpointed => fake.chain.every_candidate(),
+            FirstStep::Plain => vec![false; fake.chain.units()],
+        };
         optrace::start()?;
-        let stepped = fake.step(&all, None);
+        let stepped = fake.step(&mask, None);
         let ops = optrace::stop()?;
         stepped?;
         ops
