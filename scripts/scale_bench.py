@@ -189,13 +189,14 @@ def main():
     args = ap.parse_args()
     out_dir = Path(args.out)
     plans = ckptune_plans(args, out_dir)
+    cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": \t")
     if args.keep_memtracker:
-        tracked = json.loads((out_dir / "scale.json").read_text())["memtracker"]
+        kept = json.loads((out_dir / "scale.json").read_text())
+        tracked, tracked_cpu = kept["memtracker"], kept.get("memtracker_cpu", kept["cpu"])
     else:
-        tracked = memtracker(args)
+        tracked, tracked_cpu = memtracker(args), cpu
     fits = fits_here(args, out_dir)
-    doc = {"fits": fits, "cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": \t"),
-           "plans": plans, "memtracker": tracked}
+    doc = {"fits": fits, "cpu": cpu, "plans": plans, "memtracker": tracked, "memtracker_cpu": tracked_cpu}
     tmp = out_dir / "scale.json.tmp"
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.rename(out_dir / "scale.json")

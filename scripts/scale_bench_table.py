@@ -105,6 +105,15 @@ def target_sentence(a):
     return f"{timed}Issue #31's target of 120 s is {verdict} ({a['wall']:.0f} s)."
 
 
+def kept_tracker(doc):
+    """Where MemTracker's rows were measured, when not on this run's machine (`--keep-memtracker`)."""
+    cpu = doc.get("memtracker_cpu", doc["cpu"])
+    if cpu == doc["cpu"]:
+        return ""
+    return (f" MemTracker's rows, wall time and memory included, were measured on another machine ({cpu}, "
+            "2 cores, 24 GiB) and kept with `--keep-memtracker`; ckptune's columns are this run's.")
+
+
 def main():
     doc = json.load(open(sys.argv[1]))
     out = [
@@ -136,7 +145,7 @@ def main():
         "attention, AdamW, two steps), one config per run; it gives a peak and no plan. 8-bit AdamW "
         "(bitsandbytes) and FSDP2 ranks are not run under it. The difference is MemTracker's peak "
         "against ckptune's for the same config with nothing checkpointed; ckptune's is exact to the "
-        "byte against real CPU steps wherever both run (planner/tests/measure.rs).",
+        "byte against real CPU steps wherever both run (planner/tests/measure.rs)." + kept_tracker(doc),
         "",
         *tracker_rows(doc["plans"], doc["memtracker"]),
         "",
@@ -147,7 +156,9 @@ def main():
         "meta device and times real steps, for the configs that can win (the others keep the cost "
         "model's estimates), each only as far as the plan needs: a first step, then steps with nothing "
         "checkpointed, then steps with every candidate checkpointed, two of each kind once they agree, "
-        "stopping after any stage that settles the plan (docs/timing.md, \"Timing in stages\"); `run` "
+        "stopping after any stage that settles the plan; the first step is one with nothing "
+        "checkpointed, and counts among them, where the config's estimate says its plan checkpoints "
+        "nothing (docs/timing.md, \"Timing in stages\"); `run` "
         "runs every profiling step for real. Steps run counts the chosen config's profile steps, on the "
         "meta device and for real.",
         "",

@@ -260,8 +260,8 @@ pub enum FirstStep {
     Checkpointed,
     /// A step A, nothing checkpointed, for a config whose plan the caller expects to checkpoint
     /// nothing: a long one is one of the steps A that settle that plan, so the config's
-    /// timing takes one step fewer (BERT-large's first step B took 48 s on an Intel Xeon, its
-    /// steps A 25-29 s).
+    /// timing takes one step fewer, and a shorter one (BERT-large's first step B took 48 s on
+    /// an Intel Xeon, its steps A 25-29 s).
     Plain,
 }
 
