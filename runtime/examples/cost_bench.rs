@@ -11,13 +11,16 @@
 //!         [--models tiny-resnet,resnet18] [--out results/cost] [--diagnose MODEL] [--rates FILE]
 //!
 //! `--diagnose MODEL` prints, for one real traced step of MODEL, measured and estimated seconds
-//! per operator name, largest gap first (what to improve in the model), and writes nothing.
+//! per operator name, largest gap first (what to improve in the model), and writes nothing;
+//! with `CKPTUNE_DIAGNOSE_SCOPE=pooler` in the environment, also each scope whose name holds
+//! that text (a block's forward, recompute and backward) call by call.
 //! `--rates FILE` estimates every round over a cached calibration instead of calibrating.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ckptune_kernels::meter;
+use ckptune_kernels::optrace::OpEvent;
 use ckptune_models::{builtin, Granularity, ModelOptions};
 use ckptune_runtime::cost::{self, work};
 use ckptune_runtime::profile::times_from_fake_step;
@@ -455,6 +458,9 @@ fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
         phases.optimizer,
         phases.other
     );
+    if let Ok(wanted) = std::env::var("CKPTUNE_DIAGNOSE_SCOPE") {
+        scope_calls(&events, &est, &calls, &wanted);
+    }
     let mut rows: Vec<_> = by_name.into_iter().collect();
     rows.sort_by(|a, b| (b.1 .0 - b.1 .1).abs().total_cmp(&(a.1 .0 - a.1 .1).abs()));
     let (m, e): (f64, f64) = rows.iter().fold((0.0, 0.0), |(m, e), r| (m + r.1 .0, e + r.1 .1));
@@ -463,6 +469,40 @@ fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
         println!("{name:<70} {n:>6} calls  measured {m:>9.5} s  estimated {e:>9.5} s");
     }
     Ok(())
+}
+
+/// Each scope whose name contains `wanted` (`forward#14`): its measured seconds against the
+/// estimate of the calls inside it, call by call, with their inputs' shapes. Tracing slows each
+/// call a little, so small calls measure high here.
+fn scope_calls(events: &[OpEvent], est: &[f64], calls: &[usize], wanted: &str) {
+    for (s, e) in events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.scope && e.name.contains(wanted))
+    {
+        let inside: Vec<usize> = calls.iter().copied().filter(|&i| i > s && i < e.end).collect();
+        let estimate = |i: usize| -> f64 { est[i..events[i].end.max(i + 1)].iter().sum() };
+        let total: f64 = inside.iter().map(|&i| estimate(i)).sum();
+        println!(
+            "{}: measured {:.6} s, its calls estimated {total:.6} s",
+            e.name, e.seconds
+        );
+        for i in inside {
+            let shapes: Vec<String> = events[i]
+                .inputs
+                .iter()
+                .flatten()
+                .map(|(k, d)| format!("{k:?}{d:?}"))
+                .collect();
+            println!(
+                "    {:<48} measured {:>9.6} estimated {:>9.6}  {}",
+                events[i].name,
+                events[i].seconds,
+                estimate(i),
+                shapes.join(" ")
+            );
+        }
+    }
 }
 
 struct Args {
