@@ -424,18 +424,7 @@ fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
     let mut by_name: BTreeMap<String, (f64, f64, usize)> = BTreeMap::new();
     let calls = work::calls(&events);
     for (k, &i) in calls.iter().enumerate() {
-        let inner: f64 = calls[k + 1..]
-            .iter()
-            .take_while(|&&j| j < events[i].end)
-            .filter(|&&j| work::is_operator(&events[j]))
-            .map(|&j| events[j].seconds)
-            .sum();
-        let own = events[i].seconds - if work::is_operator(&events[i]) { 0.0 } else { inner };
-        let estimated: f64 = if work::is_operator(&events[i]) {
-            est[i..events[i].end.max(i + 1)].iter().sum()
-        } else {
-            est[i]
-        };
+        let (own, estimated) = call_seconds(&events, &est, &calls, k);
         let e = by_name.entry(events[i].name.clone()).or_default();
         e.0 += own;
         e.1 += estimated;
@@ -471,34 +460,49 @@ fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
     Ok(())
 }
 
+/// Call `calls[k]`'s own measured seconds and its estimate: an operator's whole time and the
+/// estimate of everything inside it; an autograd node's time less the operators it called, each
+/// of which is a call of its own, and its own overhead's estimate.
+fn call_seconds(events: &[OpEvent], est: &[f64], calls: &[usize], k: usize) -> (f64, f64) {
+    let i = calls[k];
+    if work::is_operator(&events[i]) {
+        return (events[i].seconds, est[i..events[i].end.max(i + 1)].iter().sum());
+    }
+    let inner: f64 = calls[k + 1..]
+        .iter()
+        .take_while(|&&j| j < events[i].end)
+        .filter(|&&j| work::is_operator(&events[j]))
+        .map(|&j| events[j].seconds)
+        .sum();
+    (events[i].seconds - inner, est[i])
+}
+
 /// Each scope whose name contains `wanted` (`forward#14`): its measured seconds against the
-/// estimate of the calls inside it, call by call, with their inputs' shapes. Tracing slows each
-/// call a little, so small calls measure high here.
+/// estimate of the calls inside it, call by call as [`call_seconds`] splits them, with their
+/// inputs' shapes. Tracing slows each call a little, so small calls measure high here.
 fn scope_calls(events: &[OpEvent], est: &[f64], calls: &[usize], wanted: &str) {
     for (s, e) in events
         .iter()
         .enumerate()
         .filter(|(_, e)| e.scope && e.name.contains(wanted))
     {
-        let inside: Vec<usize> = calls.iter().copied().filter(|&i| i > s && i < e.end).collect();
-        let estimate = |i: usize| -> f64 { est[i..events[i].end.max(i + 1)].iter().sum() };
-        let total: f64 = inside.iter().map(|&i| estimate(i)).sum();
+        let inside: Vec<usize> = (0..calls.len()).filter(|&k| calls[k] > s && calls[k] < e.end).collect();
+        let total: f64 = inside.iter().map(|&k| call_seconds(events, est, calls, k).1).sum();
         println!(
             "{}: measured {:.6} s, its calls estimated {total:.6} s",
             e.name, e.seconds
         );
-        for i in inside {
-            let shapes: Vec<String> = events[i]
+        for k in inside {
+            let (own, estimated) = call_seconds(events, est, calls, k);
+            let shapes: Vec<String> = events[calls[k]]
                 .inputs
                 .iter()
                 .flatten()
-                .map(|(k, d)| format!("{k:?}{d:?}"))
+                .map(|(t, d)| format!("{t:?}{d:?}"))
                 .collect();
             println!(
-                "    {:<48} measured {:>9.6} estimated {:>9.6}  {}",
-                events[i].name,
-                events[i].seconds,
-                estimate(i),
+                "    {:<48} measured {own:>9.6} estimated {estimated:>9.6}  {}",
+                events[calls[k]].name,
                 shapes.join(" ")
             );
         }

@@ -189,11 +189,10 @@ fn timed_where_they_can_win(
                 let rank = rank_with(Some((c, p)))?[c];
                 Ok(contenders::needs_checkpointed(rank, p.seconds_none.median, fastest))
             };
-            let estimated = configs.borrow()[c].clone();
             let stages = staged::Stages {
                 fastest,
                 needs_checkpointed: &needs_checkpointed,
-                estimate_needs_checkpointed: needs_checkpointed(&estimated)?,
+                estimate_needs_checkpointed: needs_checkpointed(&configs.borrow()[c])?,
             };
             match staged::staged_profile(setup, &setup.configs[c], unlearned[c].clone(), &stages)? {
                 staged::Staged::Measured(m) => {

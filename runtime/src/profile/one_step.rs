@@ -114,7 +114,7 @@ impl<'s> StagedSteps<'s> {
         // A long first step A is one more sample of steps A: its one-time work is a small part
         // of it (FIRST_STEP_BOUNDS_SECONDS), and the median of the samples outvotes it.
         let samples_a = match first_kind {
-            FirstStep::Plain if first.seconds >= FIRST_STEP_BOUNDS_SECONDS && !first.contended() => {
+            FirstStep::Plain if bounds_plain(&first) => {
                 vec![Sample {
                     seconds: first.seconds,
                     load: first.load,
@@ -156,7 +156,7 @@ impl<'s> StagedSteps<'s> {
             FirstStep::Plain => 0.0,
             FirstStep::Checkpointed => s.extra.iter().sum::<f64>(),
         };
-        (s.seconds >= FIRST_STEP_BOUNDS_SECONDS && !s.contended()).then_some(s.seconds - recompute)
+        bounds_plain(s).then_some(s.seconds - recompute)
     }
 
     /// Times steps A (`plain`) and B (`checkpointed`), alternating where both, until each kind
@@ -237,7 +237,7 @@ impl<'s> StagedSteps<'s> {
         }
         let (selective_seconds, selective_steps) = self.selective_seconds.clone();
         // A long first step A is among `samples_a`.
-        let first_counted = usize::from(self.first_kind == FirstStep::Plain && self.first_plain_seconds().is_some());
+        let first_counted = usize::from(self.first_kind == FirstStep::Plain && bounds_plain(&self.first));
         StepTimes {
             seconds_none,
             seconds_all,
@@ -266,7 +266,8 @@ pub enum FirstStep {
 }
 
 impl FirstStep {
-    fn mask(self, all: &[bool]) -> Vec<bool> {
+    /// The step's checkpoint mask, given the mask with every candidate (`Chain::every_candidate`).
+    pub fn mask(self, all: &[bool]) -> Vec<bool> {
         match self {
             FirstStep::Checkpointed => all.to_vec(),
             FirstStep::Plain => vec![false; all.len()],
@@ -278,6 +279,12 @@ impl FirstStep {
 /// ([`StagedSteps::first_plain_seconds`]): its one-time work (oneDNN's primitives, the
 /// optimizer's state, a few hundred milliseconds) is then a small part of it.
 const FIRST_STEP_BOUNDS_SECONDS: f64 = 10.0;
+
+/// Whether a first step was long and quiet enough to bound the step with nothing checkpointed,
+/// and, as a step A, to count as one.
+fn bounds_plain<T>(first: &Sample<T>) -> bool {
+    first.seconds >= FIRST_STEP_BOUNDS_SECONDS && !first.contended()
+}
 
 /// Steps at least this long settle early: two agreeing samples are the statistic's median.
 const LONG_STEP_SECONDS: f64 = 2.0;

@@ -234,10 +234,7 @@ fn learned_memory(
     }
     let fake_ops = {
         let mut fake = setup.fake_session(cfg)?;
-        let mask = match first {
-            FirstStep::Checkpointed => fake.chain.every_candidate(),
-            FirstStep::Plain => vec![false; fake.chain.units()],
-        };
+        let mask = first.mask(&fake.chain.every_candidate());
         optrace::start()?;
         let stepped = fake.step(&mask, None);
         let ops = optrace::stop()?;
