@@ -278,10 +278,14 @@ fn pooled(est: &Estimated, m: &Measured) -> Vec<Vec<f64>> {
         .collect()
 }
 
+/// Per round, estimated over measured, less one.
+fn round_errors(est: &[f64], measured: &[f64]) -> Vec<f64> {
+    est.iter().zip(measured).map(|(e, m)| e / m - 1.0).collect()
+}
+
 /// The median over rounds of estimated over measured, less one.
 fn error(est: &[f64], measured: &[f64]) -> f64 {
-    let ratios: Vec<f64> = est.iter().zip(measured).map(|(e, m)| e / m).collect();
-    median(&ratios) - 1.0
+    median(&round_errors(est, measured))
 }
 
 /// The comparison of one case.
@@ -296,6 +300,7 @@ fn compare(case: &Case, est: &Estimated, m: &Measured) -> serde_json::Value {
                 "estimated_s": median(&est.nograd_forward[i]),
                 "measured_s": median(&measured[i]),
                 "error": error(&est.nograd_forward[i], &measured[i]),
+                "error_by_round": round_errors(&est.nograd_forward[i], &measured[i]),
                 "saved_bytes": est.saved[i],
             })
         })
@@ -311,8 +316,16 @@ fn compare(case: &Case, est: &Estimated, m: &Measured) -> serde_json::Value {
         &medians(&est.nograd_forward),
         &medians(&measured),
     );
-    let step =
-        |e: &[f64], m: &[f64]| json!({ "estimated_s": median(e), "measured_s": median(m), "error": error(e, m) });
+    // Each round's error too: on a shared machine the rounds' spread says how far one round's
+    // verdict can be trusted.
+    let step = |e: &[f64], m: &[f64]| {
+        json!({
+            "estimated_s": median(e),
+            "measured_s": median(m),
+            "error": error(e, m),
+            "error_by_round": round_errors(e, m),
+        })
+    };
     json!({
         "case": case.label(),
         "rounds": m.none.len(),
@@ -371,7 +384,7 @@ fn readme(a: &Args, cpu: &str, load: (f64, f64), calibrated: &str, rows: &[serde
          measured: real steps of the same config (fp32, AdamW, layer granularity), per round the median of pairs of steps (nothing, then everything checkpointed) repeated for about half a second after one untimed pair, or one pair where a step takes seconds. The machine has 2 cores \
          shared with other builds (1-minute load average {:.1} to {:.1} at the rounds' starts), so {rates}, \
          then estimates and times every case: {rounds} rounds, each error the median \
-         over rounds of estimated / measured − 1. Per block: the no-grad forward (the recompute estimate), \
+         over rounds of estimated / measured − 1, a step's followed by the smallest and largest round's. Per block: the no-grad forward (the recompute estimate), \
          pooled by work class as the profiler pools it. Targets: 15% per block, 10% per step \
          (docs/cost-model.md).\n\n\
          | case | step, none ckpt (est / measured) | step, all ckpt (est / measured) | blocks within 15% | median / max block error | same ranking (Kendall τ over pairs the estimate orders) |\n\
@@ -384,11 +397,22 @@ fn readme(a: &Args, cpu: &str, load: (f64, f64), calibrated: &str, rows: &[serde
     );
     for r in rows {
         let step = |k: &str| {
+            let by_round: Vec<f64> = r[k]["error_by_round"]
+                .as_array()
+                .map(|v| v.iter().filter_map(|x| x.as_f64()).collect())
+                .unwrap_or_default();
+            let (lo, hi) = by_round
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
+                    (lo.min(v), hi.max(v))
+                });
             format!(
-                "{:.3} / {:.3} s ({})",
+                "{:.3} / {:.3} s ({}; rounds {:+.0}% to {:+.0}%)",
                 r[k]["estimated_s"].as_f64().unwrap_or(0.0),
                 r[k]["measured_s"].as_f64().unwrap_or(0.0),
-                pct(&r[k]["error"])
+                pct(&r[k]["error"]),
+                lo * 100.0,
+                hi * 100.0
             )
         };
         s += &format!(

@@ -69,6 +69,8 @@ pub struct AttentionWork {
     pub causal: bool,
     /// The query length, which sets how much of the masked half a causal kernel skips.
     pub length: f64,
+    /// The head size of the queries and keys, which sets the seconds per score.
+    pub head: f64,
     pub backward: bool,
 }
 
@@ -179,13 +181,17 @@ pub struct BlockOverhead {
 }
 
 /// A CPU's fused attention, measured ([`AttentionWork`]): a call takes its full products' FLOPs
-/// at the matrix product rate plus its scores at the seconds per score, times, when causal, the
-/// causal share at its query length.
+/// at the matrix product rate plus its scores at the seconds per score at its head size, times,
+/// when causal, the causal share at its query length.
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AttentionRates {
-    pub forward_seconds_per_score: f64,
-    pub backward_seconds_per_score: f64,
+    /// Seconds per score beyond the products' FLOPs, by head size: the kernel's work per score
+    /// grows with the head size faster than a product's rate says, so one constant measured at
+    /// one head size overstates smaller heads (tiny-Llama's 16: its backward estimated at
+    /// 1.9 times its time over a constant measured at 64).
+    pub forward_seconds_per_score: Curve,
+    pub backward_seconds_per_score: Curve,
     /// A causal call's time over the same call unmasked (forward and backward), by query length.
     pub causal_share: Curve,
 }
@@ -225,10 +231,12 @@ impl DeviceRates {
     /// its bytes take.
     fn attention_seconds(&self, work: &Work, a: &AttentionWork, r: &AttentionRates) -> f64 {
         let per_score = if a.backward {
-            r.backward_seconds_per_score
+            &r.backward_seconds_per_score
         } else {
-            r.forward_seconds_per_score
-        };
+            &r.forward_seconds_per_score
+        }
+        .at(a.head)
+        .unwrap_or(0.0);
         let full = a.full_flops / self.matmul_rate(work) + a.scores * per_score;
         let share = if a.causal {
             r.causal_share.at(a.length).unwrap_or(1.0)
@@ -589,7 +597,7 @@ mod tests {
         let mut r = gpu("a100-80gb").unwrap().rates();
         r.matmul = vec![Curve::flat(Dtype::Fp32, 1e9)];
         r.bandwidth = vec![Curve::flat(Dtype::Fp32, 1e12)];
-        let attention = |causal, backward| Work {
+        let attention_at = |causal, backward, head| Work {
             engine: Engine::Matmul,
             dtype: Dtype::Fp32,
             flops: if causal { 1e6 } else { 2e6 },
@@ -601,14 +609,20 @@ mod tests {
                 full_flops: 2e6,
                 causal,
                 length: 100.0,
+                head,
                 backward,
             }),
         };
+        let attention = |causal, backward| attention_at(causal, backward, 64.0);
         // Without measured attention rates (a GPU of the table): its FLOPs alone.
         assert!((r.op_seconds("x", &attention(true, false)) - 1e-3).abs() < 1e-12);
+        let by_head = |at_64: f64| Curve {
+            dtype: "fp32".into(),
+            points: vec![[16.0, at_64 / 2.0], [64.0, at_64]],
+        };
         r.attention = Some(AttentionRates {
-            forward_seconds_per_score: 1e-7,
-            backward_seconds_per_score: 3e-7,
+            forward_seconds_per_score: by_head(1e-7),
+            backward_seconds_per_score: by_head(3e-7),
             causal_share: Curve {
                 dtype: "fp32".into(),
                 points: vec![[10.0, 1.0], [1000.0, 0.25]],
@@ -619,6 +633,12 @@ mod tests {
         assert!((r.op_seconds("x", &attention(false, true)) - 5e-3).abs() < 1e-12);
         // Causal at length 100, halfway in log length: the share is 0.5.
         assert!((r.op_seconds("x", &attention(true, true)) - 2.5e-3).abs() < 1e-12);
+        // At head size 16 a score costs half (0.5 ms forward); halfway in log head size between
+        // 16 and 64 (32), 1/√2 of head 64's; beyond the measured heads, the nearest one's.
+        assert!((r.op_seconds("x", &attention_at(false, false, 16.0)) - 2.5e-3).abs() < 1e-12);
+        let halfway = 2e-3 + 1e-3 / 2f64.sqrt();
+        assert!((r.op_seconds("x", &attention_at(false, false, 32.0)) - halfway).abs() < 1e-12);
+        assert!((r.op_seconds("x", &attention_at(false, true, 128.0)) - 5e-3).abs() < 1e-12);
     }
 
     #[test]

@@ -25,8 +25,10 @@ use crate::error::{torch, Result};
 /// and its causal share, and convolutions' backward; version 6 times the overhead on a varied
 /// small step instead of a loop of two operators; version 7 measures the in-place streaming
 /// rate (`add_` into memory already touched); version 8 the runtime's own time around a block
-/// and skinny products with their weights from memory, within a limit of 24 s (was 16 s).
-pub const CALIBRATION_VERSION: u32 = 8;
+/// and skinny products with their weights from memory, within a limit of 24 s (was 16 s);
+/// version 9 the fresh-output streaming rate with its operands beyond a core's L2, and fused
+/// attention's cost per score by head size.
+pub const CALIBRATION_VERSION: u32 = 9;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured; each curve has its first point, as the estimates need an
@@ -53,9 +55,15 @@ const CONVS: [(i64, i64, i64, i64, i64); 9] = [
     (8, 128, 128, 28, 3),
     (8, 64, 64, 56, 3),
 ];
-/// Fused attention `[batch, heads, length, head size]`: BERT-base's heads and head size at
-/// sequence 128, unmasked, for the cost per score beyond the products' FLOPs.
-const ATTENTION_SHAPE: [i64; 4] = [2, 12, 128, 64];
+/// Fused attention `[batch, heads, length, head size]`: BERT-base's heads at sequence 128,
+/// unmasked, for the cost per score beyond the products' FLOPs, at each head size of
+/// [`ATTENTION_HEADS`].
+const ATTENTION_SHAPE: [i64; 3] = [2, 12, 128];
+/// Head sizes the cost per score is measured at: BERT's and GPT-2's first (a calibration out of
+/// time keeps it), then a small model's and Llama's. On the benchmark's CPU the backward's cost
+/// per score beyond its FLOPs at head size 16 was about a third of that at 64 (3.5 against
+/// 9.7 ns).
+const ATTENTION_HEADS: [i64; 3] = [64, 16, 128];
 /// Query lengths at which a causal attention call is timed against the unmasked one (head size
 /// 64, about a million scores each): how much of the masked half the CPU's kernel skips. On the
 /// benchmark's CPU, nothing up to 512 (its blocks span the whole key range), a quarter at 1024.
@@ -194,9 +202,9 @@ impl Run {
     }
 
     /// An elementwise add's bytes/s over [`STREAM_ELEMENTS`]: into a fresh output (`a + b`,
-    /// the outputs kept alive as a step keeps its activations), or with `in_place` into its
-    /// first operand (`a += b`, memory already touched: no page faults, as an optimizer's
-    /// updates of its state).
+    /// the outputs kept alive as a step keeps its activations, the operands beyond the L2), or
+    /// with `in_place` into its first operand (`a += b`, memory already touched: no page faults,
+    /// as an optimizer's updates of its state).
     fn bandwidth(&self, dtype: Dtype, in_place: bool) -> Result<Curve> {
         let mut points = Vec::new();
         for n in STREAM_ELEMENTS {
@@ -204,7 +212,7 @@ impl Run {
                 break;
             }
             let t = if in_place {
-                let mut pairs = in_place_operands(n, dtype)?;
+                let mut pairs = operand_pairs(n, dtype, FROM_MEMORY)?;
                 let mut next = 0;
                 time_call(|| {
                     next = (next + 1) % pairs.len();
@@ -212,8 +220,13 @@ impl Run {
                     a.f_add_(b).map_err(torch("calibration: add_"))
                 })?
             } else {
-                let (a, b) = (randn(&[n], dtype)?, randn(&[n], dtype)?);
-                time_call(|| a.f_add(&b).map_err(torch("calibration: add")))?
+                let pairs = operand_pairs(n, dtype, BEYOND_L2)?;
+                let mut next = 0;
+                time_call(|| {
+                    next = (next + 1) % pairs.len();
+                    let (a, b) = &pairs[next];
+                    a.f_add(b).map_err(torch("calibration: add"))
+                })?
             };
             let bytes = 3.0 * n as f64 * kind(dtype).elt_size_in_bytes() as f64;
             points.push([bytes, self.rate(bytes, t)]);
@@ -226,17 +239,26 @@ impl Run {
 }
 
 /// Bytes the operands of the in-place streaming rate and of the skinny products span at least
-/// (where [`IN_PLACE_PAIRS`] allow), so that they come from memory, not the caches, as an
+/// (where [`OPERAND_PAIRS`] allow), so that they come from memory, not the caches, as an
 /// optimizer's state and a step's weights do: each is touched once per pass.
 const FROM_MEMORY: f64 = 256.0 * 1024.0 * 1024.0;
+/// Bytes the operands of the fresh-output streaming rate span at least (where [`OPERAND_PAIRS`]
+/// allow): beyond a core's L2 (2 MiB on the Intel Xeon of `results/cost/`, 0.5-1 MiB on the AMD
+/// EPYCs), as a step's operators find their inputs among the many tensors the step touched
+/// since. With one pair reused, a small operator's operands stay in L1 and L2 and stream at a
+/// rate no step reaches: on that Xeon an fp32 `add` of 16 Ki elements ran at 156 GB/s with one
+/// pair, 33 GB/s with pairs spanning 16 MiB; a multiply of `[8, 128, 32]` timed from Python
+/// took 8 µs with one pair, 16-17 µs with pairs spanning 4 or 16 MiB, 22-27 µs spanning 64 MiB
+/// or more (memory, not the L3), and 15-28 µs in tiny-Llama's traced step.
+const BEYOND_L2: f64 = 16.0 * 1024.0 * 1024.0;
 /// At most this many operand pairs: below a few KiB per operand the call's overhead dominates.
-const IN_PLACE_PAIRS: usize = 1024;
+const OPERAND_PAIRS: usize = 1024;
 
-/// Pairs of operands of `n` elements for `a += b`, taken in turn, spanning
-/// [`FROM_MEMORY`] where [`IN_PLACE_PAIRS`] allow (ones: the values do not matter).
-fn in_place_operands(n: i64, dtype: Dtype) -> Result<Vec<(Tensor, Tensor)>> {
+/// Pairs of operands of `n` elements, taken in turn, spanning `span` bytes where
+/// [`OPERAND_PAIRS`] allow (ones: the values do not matter).
+fn operand_pairs(n: i64, dtype: Dtype, span: f64) -> Result<Vec<(Tensor, Tensor)>> {
     let pair_bytes = 2.0 * n as f64 * kind(dtype).elt_size_in_bytes() as f64;
-    let count = ((FROM_MEMORY / pair_bytes).ceil() as usize).clamp(2, IN_PLACE_PAIRS);
+    let count = ((span / pair_bytes).ceil() as usize).clamp(2, OPERAND_PAIRS);
     let ones = || Tensor::f_ones([n], (kind(dtype), Device::Cpu)).map_err(torch("calibration: ones"));
     (0..count).map(|_| Ok((ones()?, ones()?))).collect()
 }
@@ -405,7 +427,53 @@ impl Run {
     /// product rate (forward; backward from forward and backward less forward), and a causal
     /// call's share of an unmasked one's by query length.
     fn attention(&self, generic: &DeviceRates) -> Result<Option<AttentionRates>> {
-        let measured = forward_backward(&randn(&ATTENTION_SHAPE, Dtype::Fp32)?, &|x| attention_call(x, false))?;
+        let mut per_score = [Vec::new(), Vec::new()];
+        for head in ATTENTION_HEADS {
+            if self.over() && !per_score[0].is_empty() {
+                break;
+            }
+            let Some(at) = self.per_score(head, generic)? else {
+                return Ok(None);
+            };
+            for k in 0..2 {
+                per_score[k].push([head as f64, at[k]]);
+            }
+        }
+        let by_head = |mut points: Vec<[f64; 2]>| {
+            points.sort_by(|a, b| a[0].total_cmp(&b[0]));
+            Curve {
+                dtype: Dtype::Fp32.name().into(),
+                points,
+            }
+        };
+        let [forward, backward] = per_score;
+        let mut share = Vec::new();
+        for l in CAUSAL_LENGTHS {
+            if self.over() {
+                break;
+            }
+            let x = randn(&[1, ((1 << 20) / (l * l)).max(1), l, 64], Dtype::Fp32)?;
+            let [_, (full, _)] = forward_backward(&x, &|x| attention_call(x, false))?;
+            let [_, (causal, _)] = forward_backward(&x, &|x| attention_call(x, true))?;
+            share.push([l as f64, (causal / full).min(1.0)]);
+        }
+        Ok(Some(AttentionRates {
+            forward_seconds_per_score: by_head(forward),
+            backward_seconds_per_score: by_head(backward),
+            causal_share: Curve {
+                dtype: Dtype::Fp32.name().into(),
+                points: share,
+            },
+        }))
+    }
+
+    /// Fused attention's seconds per score beyond its products' FLOPs at `generic`'s matrix
+    /// product rate at head size `head`, forward and backward; `None` where the trace shows no
+    /// fused attention kernel.
+    fn per_score(&self, head: i64, generic: &DeviceRates) -> Result<Option<[f64; 2]>> {
+        let [b, h, l] = ATTENTION_SHAPE;
+        let x = randn(&[b, h, l, head], Dtype::Fp32)?;
+        let measured = forward_backward(&x, &|x| attention_call(x, false))?;
         let mut per_score = [0.0; 2];
         for (k, op) in ATTENTION_OPS.iter().enumerate() {
             let (mine, own) = self.isolate(&measured, op, generic);
@@ -419,26 +487,11 @@ impl Run {
                 attention: None,
                 ..*w
             });
-            per_score[k] = (own - products).max(0.0) / a.scores;
+            // Positive, as the curve is read in log space: a head size whose products take the
+            // whole call adds nothing per score.
+            per_score[k] = ((own - products) / a.scores).max(f64::MIN_POSITIVE);
         }
-        let mut share = Vec::new();
-        for l in CAUSAL_LENGTHS {
-            if self.over() {
-                break;
-            }
-            let x = randn(&[1, ((1 << 20) / (l * l)).max(1), l, 64], Dtype::Fp32)?;
-            let [_, (full, _)] = forward_backward(&x, &|x| attention_call(x, false))?;
-            let [_, (causal, _)] = forward_backward(&x, &|x| attention_call(x, true))?;
-            share.push([l as f64, (causal / full).min(1.0)]);
-        }
-        Ok(Some(AttentionRates {
-            forward_seconds_per_score: per_score[0],
-            backward_seconds_per_score: per_score[1],
-            causal_share: Curve {
-                dtype: Dtype::Fp32.name().into(),
-                points: share,
-            },
-        }))
+        Ok(Some(per_score))
     }
 }
 
@@ -450,6 +503,29 @@ pub fn calibrate(threads: i32, identity: &str) -> Result<DeviceRates> {
     let measured = measure(threads, identity, BUDGET_SECONDS);
     tch::set_num_threads(before);
     measured
+}
+
+/// The rates the refinements (slow kernels, attention) are isolated over: the streaming curves
+/// and the overhead measured, products and convolutions at a flat placeholder rate until theirs
+/// are measured.
+fn generic_rates(threads: i32, identity: &str, bandwidth: Vec<Curve>, overhead: f64) -> DeviceRates {
+    DeviceRates {
+        device: "cpu".into(),
+        name: identity.into(),
+        measured: true,
+        source: String::new(),
+        threads: Some(threads),
+        matmul: vec![Curve::flat(Dtype::Fp32, 1e11)],
+        matmul_thin: Vec::new(),
+        conv: vec![Curve::flat(Dtype::Fp32, 1e11)],
+        conv_backward: Vec::new(),
+        bandwidth,
+        bandwidth_in_place: Vec::new(),
+        overhead_seconds: overhead,
+        ops: Vec::new(),
+        attention: None,
+        block_overhead: None,
+    }
 }
 
 fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
@@ -467,23 +543,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
             vec![run.bandwidth(Dtype::Fp32, true)?, run.bandwidth(Dtype::Bf16, true)?],
         )
     };
-    let generic = DeviceRates {
-        device: "cpu".into(),
-        name: identity.into(),
-        measured: true,
-        source: String::new(),
-        threads: Some(threads),
-        matmul: vec![Curve::flat(Dtype::Fp32, 1e11)],
-        matmul_thin: Vec::new(),
-        conv: vec![Curve::flat(Dtype::Fp32, 1e11)],
-        conv_backward: Vec::new(),
-        bandwidth: bandwidth.clone(),
-        bandwidth_in_place: Vec::new(),
-        overhead_seconds: run.overhead,
-        ops: Vec::new(),
-        attention: None,
-        block_overhead: None,
-    };
+    let generic = generic_rates(threads, identity, bandwidth.clone(), run.overhead);
     // The curves every estimate needs come first, so that a busy or slow machine's time limit
     // cuts the slow kernels, attention and last the skinny products (which fall back to the
     // generic and square rates) rather than them.
@@ -556,6 +616,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cost::work;
 
     #[test]
     fn a_calibration_out_of_time_still_has_every_rate_an_estimate_needs() {
@@ -578,5 +639,67 @@ mod tests {
         assert!(rates.matmul_thin.is_empty());
         assert!(rates.ops.is_empty());
         assert!(rates.attention.is_none());
+    }
+
+    #[test]
+    fn a_fresh_output_streams_from_operands_beyond_the_l2() {
+        // 128 KiB a pair: 128 of them span 16 MiB, so each call reads what the L2 lost.
+        assert_eq!(operand_pairs(16 << 10, Dtype::Fp32, BEYOND_L2).unwrap().len(), 128);
+        assert_eq!(operand_pairs(16 << 10, Dtype::Bf16, BEYOND_L2).unwrap().len(), 256);
+        // A pair beyond the span alone: two, taken in turn.
+        assert_eq!(operand_pairs(4 << 20, Dtype::Fp32, BEYOND_L2).unwrap().len(), 2);
+        // A few elements: at most OPERAND_PAIRS, the call's overhead being its time.
+        assert_eq!(operand_pairs(64, Dtype::Fp32, BEYOND_L2).unwrap().len(), OPERAND_PAIRS);
+    }
+
+    #[test]
+    fn attention_is_costed_per_score_at_each_head_size() {
+        let mut run = Run {
+            t0: Instant::now(),
+            budget: f64::INFINITY,
+            overhead: 0.0,
+        };
+        run.overhead().unwrap();
+        // Streaming so fast that no call is bound by its bytes.
+        let generic = generic_rates(1, "test", vec![Curve::flat(Dtype::Fp32, 1e13)], run.overhead);
+        let a = run.attention(&generic).unwrap().expect("this CPU runs fused attention");
+        // Sorted by head size for the curve, whatever order they were measured in; each cost
+        // positive (a curve read in log space).
+        for by_head in [&a.forward_seconds_per_score, &a.backward_seconds_per_score] {
+            let heads: Vec<f64> = by_head.points.iter().map(|p| p[0]).collect();
+            assert_eq!(heads, [16.0, 64.0, 128.0]);
+            assert!(
+                by_head.points.iter().all(|p| p[1] > 0.0 && p[1].is_finite()),
+                "{by_head:?}"
+            );
+        }
+        // Over these rates, the calibration's own backward at head size 16 is estimated at its
+        // products plus head size 16's cost per score: the call's head size picks the point.
+        let rates = DeviceRates {
+            attention: Some(a.clone()),
+            ..generic.clone()
+        };
+        let [b, h, l] = ATTENTION_SHAPE;
+        let x = randn(&[b, h, l, 16], Dtype::Fp32).unwrap();
+        let [_, (_, traced)] = forward_backward(&x, &|x| attention_call(x, false)).unwrap();
+        let (_, work) = traced
+            .counted
+            .iter()
+            .find(|(n, _)| n == ATTENTION_OPS[1])
+            .expect("the backward's kernel");
+        let w = work.work;
+        let products = generic.work_seconds(&Work {
+            flops: w.attention.unwrap().full_flops,
+            bytes: 0.0,
+            attention: None,
+            ..w
+        });
+        let at_16 = a.backward_seconds_per_score.points[0][1];
+        let expected = products + at_16 * w.attention.unwrap().scores;
+        let estimated = rates.op_seconds(work::base(ATTENTION_OPS[1]), &w);
+        assert!(
+            (estimated - expected).abs() <= 1e-12 * expected,
+            "{estimated} against {expected}"
+        );
     }
 }

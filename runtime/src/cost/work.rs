@@ -302,6 +302,7 @@ fn attention_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
         full_flops: 2.0 * full,
         causal: causal < 1.0,
         length: l,
+        head: e_qk,
         backward,
     });
     Some(work)

@@ -198,9 +198,11 @@ fn attention_counts_two_products_forward_five_backward_and_halves_when_causal() 
     let attention = |e: &OpEvent| work_of(e, false).attention.unwrap();
     let (f, c, b) = (attention(&fwd(0.0)), attention(&fwd(1.0)), attention(&bwd));
     assert_eq!(
-        (f.scores, f.full_flops, f.causal, f.length, f.backward),
-        (4096.0, full, false, 16.0, false)
+        (f.scores, f.full_flops, f.causal, f.length, f.head, f.backward),
+        (4096.0, full, false, 16.0, 8.0, false)
     );
+    // The backward's queries come after the output's gradient: the same head size.
+    assert_eq!(b.head, 8.0);
     assert_eq!((c.scores, c.full_flops, c.causal), (4096.0, full, true));
     assert_eq!(
         (b.scores, b.full_flops, b.causal, b.backward),

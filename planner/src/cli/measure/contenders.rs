@@ -4,10 +4,10 @@
 //! and the cost model says roughly how fast it can be, so `plan` estimates every config first,
 //! then times for real the ones that fit, fastest estimate first, and stops timing once the next
 //! estimate is more than [`MARGIN`] times the fastest step measured so far and than the cost
-//! model's own estimate of that step: where the model's steps run *below* measured ones (6-19%
-//! on the larger models of results/cost, one thread), such a config's real step is slower still
-//! and cannot win; where they run above (ResNet-50 at two threads on an AMD EPYC: 40-47% high in
-//! results/cost/amd-epyc/), the estimates compare with each other, not with a measurement. Configs
+//! model's own estimate of that step: where the model's steps run below measured ones, such a
+//! config's real step is slower still and cannot win; where they run above (ResNet-50 at two
+//! threads on an AMD EPYC: 40-47% high in results/cost/amd-epyc/), the estimates compare with
+//! each other, not with a measurement. Configs
 //! not timed keep their estimated times, labelled as such in the plan's alternatives.
 //!
 //! A config being timed stops early where its own steps settle the plan (`staged`): after its
@@ -22,8 +22,9 @@ use ckptune_solver::formats::ProfileJson;
 /// budget, or `None` where no choice fits.
 pub type Rank<'a> = &'a dyn Fn(&ProfileJson) -> Result<Vec<Option<f64>>>;
 
-/// How far above the fastest measured step a config's estimate must be for it not to be timed.
-/// The estimates err low, so this only guards against the rarer estimate that errs high.
+/// How far above the fastest measured step, and above the cost model's estimate of that step,
+/// a config's estimate must be for it not to be timed: a margin for an estimate that errs more
+/// on one config than on another.
 pub const MARGIN: f64 = 1.25;
 
 /// Where a config stands in `plan`'s timing.
