@@ -604,26 +604,41 @@ impl Chain {
     /// bias) with their names, shapes and element sizes. The builders create some modules
     /// out of that order (a ResNet block's shortcut first), so creation order alone is not it.
     pub fn parameter_shapes(&self) -> Vec<(String, Vec<i64>, i64)> {
-        let named = self.vs.variables();
+        self.variables_in_module_order()
+            .into_iter()
+            .filter(|(_, _, trainable)| *trainable)
+            .map(|(name, t, _)| (name, t.size(), t.kind().elt_size_in_bytes() as i64))
+            .collect()
+    }
+
+    /// Every variable of the var store with its name and whether it is trainable (a parameter,
+    /// not a buffer), by the place of its module in `modules`, a module's parameters in creation
+    /// order before its buffers by name. The var store itself is a `HashMap`, whose order
+    /// changes from one process to the next: what walks it in order (casting every variable to
+    /// bf16 allocates as it goes) must walk this instead, or the same plan records another
+    /// allocation trace in every run.
+    pub fn variables_in_module_order(&self) -> Vec<(String, Tensor, bool)> {
+        let trainable = self.vs.trainable_variables();
+        let created = |t: &Tensor| {
+            trainable
+                .iter()
+                .position(|v| ckptune_kernels::fake::same_tensor(v, t))
+                .unwrap_or(usize::MAX)
+        };
         let owner = |name: &str| {
             let module = name.rsplit_once('.').map_or("", |(m, _)| m);
             self.modules.iter().position(|m| m == module).unwrap_or(usize::MAX)
         };
-        let mut out: Vec<(String, Vec<i64>, i64)> = self
+        let mut out: Vec<(usize, usize, String, Tensor)> = self
             .vs
-            .trainable_variables()
-            .iter()
-            .map(|t| {
-                let name = named
-                    .iter()
-                    .find(|(_, v)| ckptune_kernels::fake::same_tensor(v, t))
-                    .map(|(n, _)| n.clone())
-                    .unwrap_or_default();
-                (name, t.size(), t.kind().elt_size_in_bytes() as i64)
-            })
+            .variables()
+            .into_iter()
+            .map(|(name, t)| (owner(&name), created(&t), name, t))
             .collect();
-        out.sort_by_key(|(name, _, _)| owner(name));
-        out
+        out.sort_by(|a, b| (a.0, a.1, &a.2).cmp(&(b.0, b.1, &b.2)));
+        out.into_iter()
+            .map(|(_, created, name, t)| (name, t, created != usize::MAX))
+            .collect()
     }
 
     /// Total number of parameter elements (trainable variables) in the var store.

@@ -92,3 +92,50 @@ fn one_recording_at_a_time() {
     let again = Recording::start().unwrap();
     assert!(again.finish().events.is_empty());
 }
+
+/// The sizes a recording allocated and which of its allocations each free released (by the
+/// order they were made in, as ids differ between recordings), in order: what a GPU plan's
+/// simulation of the caching allocator replays.
+fn sequence(events: &[AllocEvent]) -> Vec<(bool, u64)> {
+    let mut made = std::collections::HashMap::new();
+    events
+        .iter()
+        .filter_map(|e| match e {
+            AllocEvent::Alloc { id, bytes } => {
+                made.insert(*id, made.len() as u64);
+                Some((true, *bytes))
+            }
+            AllocEvent::Free { id } => Some((false, made.get(id).copied().unwrap_or(u64::MAX))),
+            AllocEvent::Mark(_) => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_bf16_pure_step_allocates_the_same_way_in_every_session() {
+    // Casting to bf16 allocates a copy of each parameter: walked in the var store's HashMap
+    // order, every session (every process) recorded another sequence, and a GPU plan's reserved
+    // peak and checkpoint set changed from one run of the same command to the next.
+    let _lock = meter::exclusive();
+    meter::install().unwrap();
+    let opts = ModelOptions {
+        seq: Some(16),
+        attention: Some(Attention::Eager),
+        ..Default::default()
+    };
+    let record = || {
+        let cfg = TrainConfig::new(Precision::Bf16Pure, OptimizerKind::AdamW, 2);
+        let build = || builtin("tiny-llama", &opts).map_err(|e| RuntimeError::Invalid(e.to_string()));
+        tch::manual_seed(0);
+        let rec = Recording::start().unwrap();
+        let mut s = Session::new_fake(build, cfg, Device::Cpu).unwrap();
+        let mask = s.chain.every_candidate();
+        let (log, _) = record_steps(&mut s, &mask, rec).unwrap();
+        sequence(&log.events)
+    };
+    let first = record();
+    assert!(first.len() > 100, "{} events", first.len());
+    for _ in 0..3 {
+        assert_eq!(record(), first);
+    }
+}

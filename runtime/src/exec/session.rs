@@ -100,7 +100,7 @@ impl Session {
         }
     }
 
-    pub fn new(mut chain: Chain, cfg: TrainConfig, device: Device) -> Result<Self> {
+    pub fn new(chain: Chain, cfg: TrainConfig, device: Device) -> Result<Self> {
         cfg.validate(device)?;
         chain
             .validate()
@@ -109,7 +109,14 @@ impl Session {
             return Err(chunks_refused(&cfg, &chain));
         }
         if cfg.precision == Precision::Bf16Pure {
-            chain.vs.bfloat16();
+            // In module order, not the var store's (`vs.bfloat16()` walks a HashMap): each cast
+            // allocates, and the allocation trace a GPU plan is judged on must not change
+            // between runs.
+            for (_, mut v, _) in chain.variables_in_module_order() {
+                if v.is_floating_point() {
+                    v.set_data(&v.to_kind(Kind::BFloat16));
+                }
+            }
         }
         let vars = chain.vs.variables();
         let buffers = chain
