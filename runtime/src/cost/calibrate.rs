@@ -617,9 +617,20 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
 mod tests {
     use super::*;
     use crate::cost::work;
+    use ckptune_kernels::meter;
+
+    /// Every test here runs libtorch's operators: one at a time, and only once the meter is the
+    /// CPU allocator. A session (the runtime's time around a block) installs it, and memory
+    /// another thread allocated before that and frees after it goes to the wrong deleter.
+    fn alone() -> std::sync::MutexGuard<'static, ()> {
+        let lock = meter::exclusive();
+        meter::install().unwrap();
+        lock
+    }
 
     #[test]
     fn a_calibration_out_of_time_still_has_every_rate_an_estimate_needs() {
+        let _alone = alone();
         // As on a machine so busy that the time limit passes before the first curve.
         let rates = measure(1, "test", 0.0).unwrap();
         rates.check().unwrap();
@@ -643,6 +654,7 @@ mod tests {
 
     #[test]
     fn a_fresh_output_streams_from_operands_beyond_the_l2() {
+        let _alone = alone();
         // 128 KiB a pair: 128 of them span 16 MiB, so each call reads what the L2 lost.
         assert_eq!(operand_pairs(16 << 10, Dtype::Fp32, BEYOND_L2).unwrap().len(), 128);
         assert_eq!(operand_pairs(16 << 10, Dtype::Bf16, BEYOND_L2).unwrap().len(), 256);
@@ -654,6 +666,7 @@ mod tests {
 
     #[test]
     fn attention_is_costed_per_score_at_each_head_size() {
+        let _alone = alone();
         let mut run = Run {
             t0: Instant::now(),
             budget: f64::INFINITY,

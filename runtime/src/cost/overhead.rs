@@ -141,6 +141,9 @@ mod tests {
 
     #[test]
     fn the_small_step_calls_the_operators_of_a_training_step() {
+        // Alone, with the meter installed first: calibrate.rs's tests say why.
+        let _lock = ckptune_kernels::meter::exclusive();
+        ckptune_kernels::meter::install().unwrap();
         let tiny = Tiny::new().unwrap();
         let before = tiny.embedding.copy();
         optrace::start().unwrap();
