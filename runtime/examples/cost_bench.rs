@@ -345,11 +345,11 @@ fn pct(v: &serde_json::Value) -> String {
     format!("{:+.1}%", v.as_f64().unwrap_or(f64::NAN) * 100.0)
 }
 
-/// The smallest and largest of `values` (non-negative: a load average, seconds).
+/// The smallest and largest of `values`.
 fn span(values: &[f64]) -> (f64, f64) {
-    values
-        .iter()
-        .fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+    values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
+        (lo.min(v), hi.max(v))
+    })
 }
 
 /// How long the rounds' calibrations took and what their time limit cut, in words.
@@ -401,11 +401,7 @@ fn readme(a: &Args, cpu: &str, load: (f64, f64), calibrated: &str, rows: &[serde
                 .as_array()
                 .map(|v| v.iter().filter_map(|x| x.as_f64()).collect())
                 .unwrap_or_default();
-            let (lo, hi) = by_round
-                .iter()
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
-                    (lo.min(v), hi.max(v))
-                });
+            let (lo, hi) = span(&by_round);
             format!(
                 "{:.3} / {:.3} s ({}; rounds {:+.0}% to {:+.0}%)",
                 r[k]["estimated_s"].as_f64().unwrap_or(0.0),
