@@ -8,9 +8,12 @@
 //! and its `README.md` table:
 //!
 //!     cargo run --release -p ckptune-runtime --example cost_bench -- [--rounds 5] [--threads 2]
-//!         [--models tiny-resnet,resnet18] [--out results/cost] [--diagnose MODEL] [--rates FILE]
+//!         [--models tiny-resnet,resnet18] [--out results/cost] [--rates FILE]
+//!     cargo run --release -p ckptune-runtime --example cost_bench -- --diagnose MODEL
+//!         [--precision bf16] [--seq N] [--batch N]
 //!
-//! `--diagnose MODEL` prints, for one real traced step of MODEL, measured and estimated seconds
+//! `--diagnose MODEL` prints, for one real traced step of MODEL (any built-in model; batch 8,
+//! sequence 128 or the benchmark's image size, fp32, unless the flags say), measured and estimated seconds
 //! per operator name, largest gap first (what to improve in the model), and writes nothing;
 //! with `CKPTUNE_DIAGNOSE_SCOPE=pooler` in the environment, also each scope whose name holds
 //! that text (a block's forward, recompute and backward) call by call.
@@ -40,9 +43,12 @@ struct Case {
     batch: i64,
     /// Each parameter's optimizer step in its gradient's hook (`--optimizer-step in-backward`).
     in_backward: bool,
+    /// fp32, or bf16 autocast: a plan weighs the two against each other by their estimates
+    /// (`contenders`), so both are compared with real steps.
+    precision: Precision,
 }
 
-const CASES: [Case; 7] = [
+const CASES: [Case; 9] = [
     Case::images("tiny-resnet", 32),
     Case::images("resnet18", 224),
     Case::images("resnet50", 224),
@@ -50,6 +56,8 @@ const CASES: [Case; 7] = [
     Case::tokens("gpt2", false),
     Case::tokens("tiny-llama", false),
     Case::tokens("bert-base-uncased", true),
+    Case::images("resnet18", 224).bf16(),
+    Case::tokens("bert-base-uncased", false).bf16(),
 ];
 
 impl Case {
@@ -61,6 +69,7 @@ impl Case {
             image: Some(image),
             batch: 8,
             in_backward: false,
+            precision: Precision::Fp32,
         }
     }
 
@@ -72,6 +81,15 @@ impl Case {
             image: None,
             batch: 8,
             in_backward,
+            precision: Precision::Fp32,
+        }
+    }
+
+    /// The same case under bf16 autocast.
+    const fn bf16(self) -> Case {
+        Case {
+            precision: Precision::Bf16,
+            ..self
         }
     }
 
@@ -81,12 +99,23 @@ impl Case {
             (_, Some(i)) => format!("{} {i}px batch {}", self.model, self.batch),
             _ => format!("{} batch {}", self.model, self.batch),
         };
-        shape
-            + if self.in_backward {
-                ", optimizer step in backward"
-            } else {
-                ""
-            }
+        let precision = match self.precision {
+            Precision::Fp32 => String::new(),
+            p => format!(", {} autocast", p.name()),
+        };
+        let in_backward = if self.in_backward {
+            ", optimizer step in backward"
+        } else {
+            ""
+        };
+        shape + &precision + in_backward
+    }
+
+    /// Whether `other` is this case under another precision.
+    fn differs_only_in_precision(&self, other: &Case) -> bool {
+        (self.model, self.seq, self.image, self.batch, self.in_backward)
+            == (other.model, other.seq, other.image, other.batch, other.in_backward)
+            && self.precision != other.precision
     }
 
     fn build(&self) -> Result<ckptune_models::Chain, RuntimeError> {
@@ -100,7 +129,7 @@ impl Case {
     }
 
     fn config(&self) -> TrainConfig {
-        let mut cfg = TrainConfig::new(Precision::Fp32, OptimizerKind::AdamW, self.batch);
+        let mut cfg = TrainConfig::new(self.precision, OptimizerKind::AdamW, self.batch);
         cfg.optimizer_in_backward = self.in_backward;
         cfg
     }
@@ -341,6 +370,34 @@ fn compare(case: &Case, est: &Estimated, m: &Measured) -> serde_json::Value {
     })
 }
 
+/// Per pair of cases that differ only in precision (fp32 first): the step with nothing
+/// checkpointed, bf16 over fp32, estimated against measured, round by round. A plan leaves a
+/// config untimed by its estimate (`contenders`): how differently the model errs on two configs
+/// of one model says how far that can be trusted, and in this ratio the machine's speed at the
+/// time cancels.
+fn precision_pairs(cases: &[&Case], est: &[Estimated], m: &[Measured]) -> Vec<serde_json::Value> {
+    let mut pairs = Vec::new();
+    for (a, ca) in cases.iter().enumerate().filter(|(_, c)| c.precision == Precision::Fp32) {
+        for (b, cb) in cases
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| ca.differs_only_in_precision(c))
+        {
+            let ratio = |x: &[f64], y: &[f64]| -> Vec<f64> { x.iter().zip(y).map(|(p, q)| p / q).collect() };
+            let (e, r) = (ratio(&est[b].none, &est[a].none), ratio(&m[b].none, &m[a].none));
+            pairs.push(json!({
+                "fp32": ca.label(),
+                "other": cb.label(),
+                "estimated_ratio": median(&e),
+                "measured_ratio": median(&r),
+                "error": error(&e, &r),
+                "error_by_round": round_errors(&e, &r),
+            }));
+        }
+    }
+    pairs
+}
+
 fn pct(v: &serde_json::Value) -> String {
     format!("{:+.1}%", v.as_f64().unwrap_or(f64::NAN) * 100.0)
 }
@@ -367,7 +424,14 @@ fn calibrated(seconds: &[f64], rates: &[DeviceRates]) -> String {
 }
 
 /// The README's table of the cases; `calibrated` says what the rounds' calibrations did.
-fn readme(a: &Args, cpu: &str, load: (f64, f64), calibrated: &str, rows: &[serde_json::Value]) -> String {
+fn readme(
+    a: &Args,
+    cpu: &str,
+    load: (f64, f64),
+    calibrated: &str,
+    rows: &[serde_json::Value],
+    pairs: &[serde_json::Value],
+) -> String {
     let (rounds, threads) = (a.rounds, a.threads);
     let command: Vec<String> = std::env::args().skip(1).collect();
     let rates = match &a.rates {
@@ -381,7 +445,7 @@ fn readme(a: &Args, cpu: &str, load: (f64, f64), calibrated: &str, rows: &[serde
         "# Cost model against measured times\n\n\
          CPU: {cpu}, {threads} intra-op thread(s).\n\n\
          Written by `cargo run{} -p ckptune-runtime --example cost_bench -- {}`. Estimated: a fake (meta) step's operator trace over this CPU's rates; \
-         measured: real steps of the same config (fp32, AdamW, layer granularity), per round the median of pairs of steps (nothing, then everything checkpointed) repeated for about half a second after one untimed pair, or one pair where a step takes seconds. The machine has 2 cores \
+         measured: real steps of the same config (AdamW, layer granularity, fp32 where the case names no autocast), per round the median of pairs of steps (nothing, then everything checkpointed) repeated for about half a second after one untimed pair, or one pair where a step takes seconds. The machine has 2 cores \
          shared with other builds (1-minute load average {:.1} to {:.1} at the rounds' starts), so {rates}, \
          then estimates and times every case: {rounds} rounds, each error the median \
          over rounds of estimated / measured − 1, a step's followed by the smallest and largest round's. Per block: the no-grad forward (the recompute estimate), \
@@ -426,6 +490,29 @@ fn readme(a: &Args, cpu: &str, load: (f64, f64), calibrated: &str, rows: &[serde
                 "no"
             },
             r["kendall_tau"].as_f64().unwrap_or(0.0),
+        );
+    }
+    if !pairs.is_empty() {
+        s += "\nPrecisions against each other, as a plan weighs its configs by their estimates: the step with \
+              nothing checkpointed, bf16 over fp32, estimated against measured in the same round (how \
+              differently the model errs on two configs of one model; the machine's speed cancels).\n\n\
+              | cases | bf16 / fp32, est / measured | error (rounds) |\n|---|---|---|\n";
+    }
+    for p in pairs {
+        let by_round: Vec<f64> = p["error_by_round"]
+            .as_array()
+            .map(|v| v.iter().filter_map(|x| x.as_f64()).collect())
+            .unwrap_or_default();
+        let (lo, hi) = span(&by_round);
+        s += &format!(
+            "| {} against {} | {:.3} / {:.3} | {} ({:+.0}% to {:+.0}%) |\n",
+            p["other"].as_str().unwrap_or(""),
+            p["fp32"].as_str().unwrap_or(""),
+            p["estimated_ratio"].as_f64().unwrap_or(0.0),
+            p["measured_ratio"].as_f64().unwrap_or(0.0),
+            pct(&p["error"]),
+            lo * 100.0,
+            hi * 100.0
         );
     }
     s += "\nPer block figures are in `results.json`.\n";
@@ -535,6 +622,10 @@ struct Args {
     models: Option<Vec<String>>,
     out: PathBuf,
     diagnose: Option<String>,
+    /// The precision, sequence and micro-batch of the case `--diagnose` traces.
+    precision: Precision,
+    seq: Option<i64>,
+    batch: Option<i64>,
     /// A cached calibration (`ckptune.cpu-rates/1`) every round estimates over instead of
     /// calibrating: what a plan estimated over that cache.
     rates: Option<PathBuf>,
@@ -547,6 +638,9 @@ fn args() -> Args {
         models: None,
         out: PathBuf::from("results/cost"),
         diagnose: None,
+        precision: Precision::Fp32,
+        seq: None,
+        batch: None,
         rates: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -558,6 +652,14 @@ fn args() -> Args {
             "--models" => a.models = Some(v.split(',').map(str::to_owned).collect()),
             "--out" => a.out = PathBuf::from(v),
             "--diagnose" => a.diagnose = Some(v),
+            "--seq" => a.seq = Some(v.parse().expect("--seq N")),
+            "--batch" => a.batch = Some(v.parse().expect("--batch N")),
+            "--precision" => {
+                a.precision = *Precision::ALL
+                    .iter()
+                    .find(|p| p.name() == v)
+                    .expect("--precision fp32|bf16")
+            }
             "--rates" => a.rates = Some(PathBuf::from(v)),
             other => panic!("unknown argument {other}"),
         }
@@ -575,16 +677,28 @@ fn slug(s: &str) -> String {
     words.join("-")
 }
 
+/// The case `--diagnose MODEL` traces: any built-in model, an image model at its benchmark
+/// case's size, a language model at sequence 128; batch 8 and fp32 unless the arguments say.
+fn diagnosed(a: &Args, model: &str) -> Case {
+    let image = CASES.iter().find(|c| c.model == model).and_then(|c| c.image);
+    // One case per process: leaking its name is what a `&'static str` costs here.
+    let name: &'static str = Box::leak(model.to_owned().into_boxed_str());
+    let mut case = match image {
+        Some(side) => Case::images(name, side),
+        None => Case::tokens(name, false),
+    };
+    case.precision = a.precision;
+    case.seq = a.seq.or(case.seq);
+    case.batch = a.batch.unwrap_or(case.batch);
+    case
+}
+
 fn main() -> Result<(), RuntimeError> {
     let a = args();
     tch::set_num_threads(a.threads);
     meter::install()?;
     if let Some(model) = &a.diagnose {
-        let case = CASES
-            .iter()
-            .find(|c| c.model == model)
-            .expect("a model of the benchmark");
-        return diagnose(case, &cost::cpu_rates(a.threads)?);
+        return diagnose(&diagnosed(&a, model), &cost::cpu_rates(a.threads)?);
     }
     let cases: Vec<&Case> = CASES
         .iter()
@@ -631,6 +745,7 @@ fn main() -> Result<(), RuntimeError> {
         .zip(&measured)
         .map(|((c, e), m)| compare(c, e, m))
         .collect();
+    let pairs = precision_pairs(&cases, &estimated, &measured);
     let dir = a.out.join(slug(&identity));
     std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::Invalid(format!("creating {}: {e}", dir.display())))?;
     let doc = json!({
@@ -641,6 +756,7 @@ fn main() -> Result<(), RuntimeError> {
         "calibration_seconds_by_round": calibration_seconds,
         "rates_by_round": rates.iter().map(rates_json).collect::<Vec<_>>(),
         "cases": rows,
+        "precision_pairs": pairs,
     });
     let write = |name: &str, text: String| {
         let p = dir.join(name);
@@ -656,6 +772,7 @@ fn main() -> Result<(), RuntimeError> {
         span(&loads),
         &calibrated(&calibration_seconds, &rates),
         &rows,
+        &pairs,
     );
     print!("{text}");
     write("README.md", text)

@@ -1,10 +1,10 @@
 //! The CPU's rates, measured: matrix products per dtype over sizes, convolutions over small and
 //! ResNet-50 shapes, elementwise streaming per dtype over sizes, the kernels that run slower
-//! than their bytes at an add's rate ([`PROBES`], forward and backward), fused attention's cost
+//! than their bytes at an add's rate ([`PROBES`], forward and backward, in fp32), fused attention's cost
 //! per score beyond its FLOPs and a causal call's share ([`ATTENTION_SHAPE`], [`CAUSAL_LENGTHS`]),
 //! the time per call of a small training step ([`overhead`]: the dispatcher's and autograd's
-//! overhead, paid by every call), the runtime's own time around a block ([`block_overhead`]), and
-//! last skinny products by their rows. Each point is the median of a few batches of calls writing
+//! overhead, paid by every call), the runtime's own time around a block ([`block_overhead`]),
+//! skinny products by their rows, and last the slow kernels on bf16 inputs. Each point is the median of a few batches of calls writing
 //! into fresh memory as a step does ([`timed`](super::timed)), its work rate the work over the time
 //! less the calls' overhead, so that work plus overhead gives the call back. The whole run stops
 //! adding points after [`BUDGET_SECONDS`], in an order that cuts the refinements first.
@@ -27,8 +27,9 @@ use crate::error::{torch, Result};
 /// rate (`add_` into memory already touched); version 8 the runtime's own time around a block
 /// and skinny products with their weights from memory, within a limit of 24 s (was 16 s);
 /// version 9 the fresh-output streaming rate with its operands beyond a core's L2, and fused
-/// attention's cost per score by head size.
-pub const CALIBRATION_VERSION: u32 = 9;
+/// attention's cost per score by head size; version 10 the slow kernels on bf16 inputs too (a
+/// bf16 dropout had taken the bf16 streaming rate: 16 times too fast on an AMD EPYC).
+pub const CALIBRATION_VERSION: u32 = 10;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured; each curve has its first point, as the estimates need an
@@ -314,15 +315,12 @@ const PROBES: [Probe; 9] = [
     },
     Probe {
         shape: &[8, 12, 128, 128],
-        forward: |x| x.f_softmax(-1, Kind::Float).map_err(torch("calibration: softmax")),
+        forward: |x| x.f_softmax(-1, x.kind()).map_err(torch("calibration: softmax")),
         ops: &["aten::_softmax", "aten::_softmax_backward_data"],
     },
     Probe {
         shape: &[1024, 8192],
-        forward: |x| {
-            x.f_log_softmax(-1, Kind::Float)
-                .map_err(torch("calibration: log_softmax"))
-        },
+        forward: |x| x.f_log_softmax(-1, x.kind()).map_err(torch("calibration: log_softmax")),
         ops: &["aten::_log_softmax", "aten::_log_softmax_backward_data"],
     },
     Probe {
@@ -354,16 +352,28 @@ impl Run {
         Ok(())
     }
 
-    /// The rates of a probe's operators: each one's bytes over its own seconds ([`Run::isolate`]).
-    fn probe(&self, p: &Probe, generic: &DeviceRates, out: &mut Vec<OpRate>) -> Result<()> {
-        let measured = forward_backward(&randn(p.shape, Dtype::Fp32)?, &p.forward)?;
+    /// The rates of every probe's operators on `dtype` inputs, until the time limit.
+    fn probes(&self, dtype: Dtype, generic: &DeviceRates, out: &mut Vec<OpRate>) -> Result<()> {
+        for p in &PROBES {
+            if self.over() {
+                break;
+            }
+            self.probe(p, dtype, generic, out)?;
+        }
+        Ok(())
+    }
+
+    /// The rates of a probe's operators on `dtype` inputs: each one's bytes over its own seconds
+    /// ([`Run::isolate`]); none for an operator whose pass measured no time of its own.
+    fn probe(&self, p: &Probe, dtype: Dtype, generic: &DeviceRates, out: &mut Vec<OpRate>) -> Result<()> {
+        let measured = forward_backward(&randn(p.shape, dtype)?, &p.forward)?;
         for &op in p.ops {
             let (mine, own) = self.isolate(&measured, op, generic);
             let bytes: f64 = mine.iter().map(|w| w.bytes).sum();
-            if bytes > 0.0 {
+            if bytes > 0.0 && own > 0.0 {
                 out.push(OpRate {
                     op: op.into(),
-                    dtype: Dtype::Fp32.name().into(),
+                    dtype: dtype.name().into(),
                     bytes_per_second: bytes / own,
                 });
             }
@@ -558,18 +568,13 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
     // fp32 only: a bf16 backward takes the bf16 forward's rate.
     let conv_backward = run.conv(Dtype::Fp32, true)?;
     let mut ops = Vec::new();
-    for p in &PROBES {
-        if run.over() {
-            break;
-        }
-        run.probe(p, &generic, &mut ops)?;
-    }
+    run.probes(Dtype::Fp32, &generic, &mut ops)?;
     let attention = if run.over() || matmul.is_empty() {
         None
     } else {
         run.attention(&DeviceRates {
             matmul: matmul.clone(),
-            ..generic
+            ..generic.clone()
         })?
     };
     // A refinement for the few products of a few rows (a pooler, a classifier head), kept only
@@ -587,6 +592,9 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
     } else {
         Vec::new()
     };
+    // Last, so that the time limit cuts them first: a bf16 operator without its own rate takes
+    // fp32's per element (`DeviceRates::op_seconds`).
+    run.probes(Dtype::Bf16, &generic, &mut ops)?;
     let seconds = run.t0.elapsed().as_secs_f64();
     Ok(DeviceRates {
         device: "cpu".into(),
@@ -594,7 +602,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         measured: true,
         source: format!(
             "calibration run (version {CALIBRATION_VERSION}) with {threads} threads, {seconds:.1} s: mm, conv2d \
-             3×3 forward and backward and add (fresh and in place) over sizes, skinny mm by rows, {} slow kernels forward and backward, fused attention per score and its \
+             3×3 forward and backward and add (fresh and in place) over sizes, skinny mm by rows, {} slow kernels forward and backward in fp32 and bf16, fused attention per score and its \
              causal share, a small varied training step's overhead per call, the runtime's time around a block; \
              each point the median of {BATCHES} batches",
             PROBES.len()
@@ -626,6 +634,17 @@ mod tests {
         let lock = meter::exclusive();
         meter::install().unwrap();
         lock
+    }
+
+    /// A calibration's state with no time limit, its overhead per call measured.
+    fn unlimited() -> Run {
+        let mut run = Run {
+            t0: Instant::now(),
+            budget: f64::INFINITY,
+            overhead: 0.0,
+        };
+        run.overhead().unwrap();
+        run
     }
 
     #[test]
@@ -665,14 +684,28 @@ mod tests {
     }
 
     #[test]
+    fn the_slow_kernels_are_measured_on_bf16_inputs_too() {
+        let _alone = alone();
+        let run = unlimited();
+        let streaming = vec![Curve::flat(Dtype::Fp32, 1e10), Curve::flat(Dtype::Bf16, 1e10)];
+        let generic = generic_rates(1, "test", streaming, run.overhead);
+        for p in &PROBES {
+            let mut ops = Vec::new();
+            run.probe(p, Dtype::Bf16, &generic, &mut ops).unwrap();
+            // Each rate is bf16's (softmax's output keeps its input's dtype, as under
+            // autocast), and the forward's kernel, timed on its own, always has one.
+            assert!(
+                ops.iter().all(|r| r.dtype == "bf16" && r.bytes_per_second > 0.0),
+                "{ops:?}"
+            );
+            assert!(ops.iter().any(|r| r.op == p.ops[0]), "{}: {ops:?}", p.ops[0]);
+        }
+    }
+
+    #[test]
     fn attention_is_costed_per_score_at_each_head_size() {
         let _alone = alone();
-        let mut run = Run {
-            t0: Instant::now(),
-            budget: f64::INFINITY,
-            overhead: 0.0,
-        };
-        run.overhead().unwrap();
+        let run = unlimited();
         // Streaming so fast that no call is bound by its bytes.
         let generic = generic_rates(1, "test", vec![Curve::flat(Dtype::Fp32, 1e13)], run.overhead);
         let a = run.attention(&generic).unwrap().expect("this CPU runs fused attention");
