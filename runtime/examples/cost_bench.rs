@@ -560,11 +560,40 @@ fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
     let mut rows: Vec<_> = by_name.into_iter().collect();
     rows.sort_by(|a, b| (b.1 .0 - b.1 .1).abs().total_cmp(&(a.1 .0 - a.1 .1).abs()));
     let (m, e): (f64, f64) = rows.iter().fold((0.0, 0.0), |(m, e), r| (m + r.1 .0, e + r.1 .1));
-    println!("{}: measured {m:.4} s, estimated {e:.4} s over calls", case.label());
+    drop(s);
+    // What a plan estimates: the same step traced on the meta device. Where its calls differ
+    // from the real step's (another kernel picked, a call missing), so does its estimate.
+    let fake_calls = fake_estimates(case, rates)?;
+    let f: f64 = fake_calls.values().map(|c| c.0).sum();
+    println!(
+        "{}: measured {m:.4} s, estimated {e:.4} s over calls, {f:.4} s over the meta step's",
+        case.label()
+    );
     for (name, (m, e, n)) in rows.iter().take(30) {
-        println!("{name:<70} {n:>6} calls  measured {m:>9.5} s  estimated {e:>9.5} s");
+        let (f, k) = fake_calls.get(name).copied().unwrap_or_default();
+        println!("{name:<70} {n:>6} calls  measured {m:>9.5} s  estimated {e:>9.5} s  meta {k:>6} calls {f:>9.5} s");
+    }
+    for (name, (f, k)) in fake_calls.iter().filter(|(n, _)| !rows.iter().any(|r| &r.0 == *n)) {
+        println!("{name:<70} only on meta: {k:>6} calls {f:>9.5} s");
     }
     Ok(())
+}
+
+/// Estimated seconds and calls per operator name over a fake (meta) step of `case` with every
+/// candidate checkpointed, split into calls as [`call_seconds`] splits a real one.
+fn fake_estimates(case: &Case, rates: &DeviceRates) -> Result<BTreeMap<String, (f64, usize)>, RuntimeError> {
+    let mut f = fake(case)?;
+    let all = f.chain.every_candidate();
+    let events = f.op_trace(&all)?;
+    let est = cost::event_seconds(&events, rates);
+    let calls = work::calls(&events);
+    let mut by_name: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    for (k, &i) in calls.iter().enumerate() {
+        let e = by_name.entry(events[i].name.clone()).or_default();
+        e.0 += call_seconds(&events, &est, &calls, k).1;
+        e.1 += 1;
+    }
+    Ok(by_name)
 }
 
 /// Call `calls[k]`'s own measured seconds and its estimate: an operator's whole time and the
