@@ -19,13 +19,11 @@
 //! that text (a block's forward, recompute and backward) call by call.
 //! `--rates FILE` estimates every round over a cached calibration instead of calibrating.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ckptune_kernels::meter;
-use ckptune_kernels::optrace::OpEvent;
 use ckptune_models::{builtin, Granularity, ModelOptions};
-use ckptune_runtime::cost::{self, work};
+use ckptune_runtime::cost;
 use ckptune_runtime::profile::times_from_fake_step;
 use ckptune_runtime::profile::{profile, ProfileSettings, RetimePolicy};
 use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, StepTrace, TrainConfig};
@@ -34,6 +32,10 @@ use ckptune_solver::profile::Stats;
 use ckptune_solver::rates::DeviceRates;
 use serde_json::json;
 use tch::Device;
+
+// A folder of its own, so that cargo does not take it for an example.
+#[path = "cost_bench/diagnose.rs"]
+mod diagnose;
 
 /// A model of the benchmark with its options and micro-batch.
 struct Case {
@@ -519,132 +521,6 @@ fn readme(
     s
 }
 
-/// Measured and estimated seconds per operator name over one real traced step of `case`.
-fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
-    tch::manual_seed(0);
-    let mut s = Session::new(case.build()?, case.config(), Device::Cpu)?;
-    let all = s.chain.every_candidate();
-    let events = s.op_trace(&all)?;
-    let est = cost::event_seconds(&events, rates);
-    // Measured: each call's own time (the step's calls, and autograd's nodes, less the calls
-    // inside them), under the name of the operator that did the work inside it.
-    let mut by_name: BTreeMap<String, (f64, f64, usize)> = BTreeMap::new();
-    let calls = work::calls(&events);
-    for (k, &i) in calls.iter().enumerate() {
-        let (own, estimated) = call_seconds(&events, &est, &calls, k);
-        let e = by_name.entry(events[i].name.clone()).or_default();
-        e.0 += own;
-        e.1 += estimated;
-        e.2 += 1;
-    }
-    // Per part of the step: the scopes' measured seconds against the estimate's.
-    let phases = cost::phase_seconds(&events, s.chain.blocks.len(), rates);
-    let mut scoped: BTreeMap<String, f64> = BTreeMap::new();
-    for e in events.iter().filter(|e| e.scope) {
-        let word = e.name.split(['#', ':']).nth(2).unwrap_or(&e.name).to_owned();
-        *scoped.entry(word).or_default() += e.seconds;
-    }
-    let total = |v: &[f64]| v.iter().sum::<f64>();
-    println!(
-        "scopes measured {scoped:?}; estimated forward {:.4} recompute {:.4} backward {:.4} loss {:.4} optimizer {:.4} other {:.4}",
-        total(&phases.forward),
-        total(&phases.recompute),
-        total(&phases.backward),
-        phases.loss,
-        phases.optimizer,
-        phases.other
-    );
-    if let Ok(wanted) = std::env::var("CKPTUNE_DIAGNOSE_SCOPE") {
-        scope_calls(&events, &est, &calls, &wanted);
-    }
-    let mut rows: Vec<_> = by_name.into_iter().collect();
-    rows.sort_by(|a, b| (b.1 .0 - b.1 .1).abs().total_cmp(&(a.1 .0 - a.1 .1).abs()));
-    let (m, e): (f64, f64) = rows.iter().fold((0.0, 0.0), |(m, e), r| (m + r.1 .0, e + r.1 .1));
-    drop(s);
-    // What a plan estimates: the same step traced on the meta device. Where its calls differ
-    // from the real step's (another kernel picked, a call missing), so does its estimate.
-    let fake_calls = fake_estimates(case, rates)?;
-    let f: f64 = fake_calls.values().map(|c| c.0).sum();
-    println!(
-        "{}: measured {m:.4} s, estimated {e:.4} s over calls, {f:.4} s over the meta step's",
-        case.label()
-    );
-    for (name, (m, e, n)) in rows.iter().take(30) {
-        let (f, k) = fake_calls.get(name).copied().unwrap_or_default();
-        println!("{name:<70} {n:>6} calls  measured {m:>9.5} s  estimated {e:>9.5} s  meta {k:>6} calls {f:>9.5} s");
-    }
-    for (name, (f, k)) in fake_calls.iter().filter(|(n, _)| !rows.iter().any(|r| &r.0 == *n)) {
-        println!("{name:<70} only on meta: {k:>6} calls {f:>9.5} s");
-    }
-    Ok(())
-}
-
-/// Estimated seconds and calls per operator name over a fake (meta) step of `case` with every
-/// candidate checkpointed, split into calls as [`call_seconds`] splits a real one.
-fn fake_estimates(case: &Case, rates: &DeviceRates) -> Result<BTreeMap<String, (f64, usize)>, RuntimeError> {
-    let mut f = fake(case)?;
-    let all = f.chain.every_candidate();
-    let events = f.op_trace(&all)?;
-    let est = cost::event_seconds(&events, rates);
-    let calls = work::calls(&events);
-    let mut by_name: BTreeMap<String, (f64, usize)> = BTreeMap::new();
-    for (k, &i) in calls.iter().enumerate() {
-        let e = by_name.entry(events[i].name.clone()).or_default();
-        e.0 += call_seconds(&events, &est, &calls, k).1;
-        e.1 += 1;
-    }
-    Ok(by_name)
-}
-
-/// Call `calls[k]`'s own measured seconds and its estimate: an operator's whole time and the
-/// estimate of everything inside it; an autograd node's time less the operators it called, each
-/// of which is a call of its own, and its own overhead's estimate.
-fn call_seconds(events: &[OpEvent], est: &[f64], calls: &[usize], k: usize) -> (f64, f64) {
-    let i = calls[k];
-    if work::is_operator(&events[i]) {
-        return (events[i].seconds, est[i..events[i].end.max(i + 1)].iter().sum());
-    }
-    let inner: f64 = calls[k + 1..]
-        .iter()
-        .take_while(|&&j| j < events[i].end)
-        .filter(|&&j| work::is_operator(&events[j]))
-        .map(|&j| events[j].seconds)
-        .sum();
-    (events[i].seconds - inner, est[i])
-}
-
-/// Each scope whose name contains `wanted` (`forward#14`): its measured seconds against the
-/// estimate of the calls inside it, call by call as [`call_seconds`] splits them, with their
-/// inputs' shapes. Tracing slows each call a little, so small calls measure high here.
-fn scope_calls(events: &[OpEvent], est: &[f64], calls: &[usize], wanted: &str) {
-    for (s, e) in events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.scope && e.name.contains(wanted))
-    {
-        let inside: Vec<usize> = (0..calls.len()).filter(|&k| calls[k] > s && calls[k] < e.end).collect();
-        let total: f64 = inside.iter().map(|&k| call_seconds(events, est, calls, k).1).sum();
-        println!(
-            "{}: measured {:.6} s, its calls estimated {total:.6} s",
-            e.name, e.seconds
-        );
-        for k in inside {
-            let (own, estimated) = call_seconds(events, est, calls, k);
-            let shapes: Vec<String> = events[calls[k]]
-                .inputs
-                .iter()
-                .flatten()
-                .map(|(t, d)| format!("{t:?}{d:?}"))
-                .collect();
-            println!(
-                "    {:<48} measured {own:>9.6} estimated {estimated:>9.6}  {}",
-                events[calls[k]].name,
-                shapes.join(" ")
-            );
-        }
-    }
-}
-
 struct Args {
     rounds: usize,
     threads: i32,
@@ -727,7 +603,7 @@ fn main() -> Result<(), RuntimeError> {
     tch::set_num_threads(a.threads);
     meter::install()?;
     if let Some(model) = &a.diagnose {
-        return diagnose(&diagnosed(&a, model), &cost::cpu_rates(a.threads)?);
+        return diagnose::diagnose(&diagnosed(&a, model), &cost::cpu_rates(a.threads)?);
     }
     let cases: Vec<&Case> = CASES
         .iter()

@@ -1,10 +1,11 @@
 # Plain PyTorch FSDP2 training with the ckptune plan for bert-base-uncased (ckptune 0.1.0).
-#   checkpoint: encoder.layer.1, encoder.layer.2, encoder.layer.4, encoder.layer.6, encoder.layer.10 (regex ^(?:encoder\.layer\.(?:1|2|4|6|10))$)
+#   checkpoint: encoder.layer.4, encoder.layer.5, encoder.layer.7, encoder.layer.8, encoder.layer.10 (regex ^(?:encoder\.layer\.(?:4|5|7|8|10))$)
 #   config fp32/adamw/mb4x1: precision fp32, optimizer adamw, micro-batch 4, gradient accumulation 1, set_to_none true
 #   inputs: sequences of 128 tokens
-#   predicted peak 1.07 GiB (1,145,736,808 B) of the budget 1.07 GiB (1,153,433,600 B), measured on cpu, threads: 1
+#   attention: attn_implementation="sdpa" (load the model with it: the plan's memory is that attention's)
+#   predicted peak 1.07 GiB (1,149,031,216 B) of the budget 1.07 GiB (1,153,433,600 B), measured on cpu, threads: 1
 #   sharded over 2 ranks with FSDP2 (gloo): fully_shard on encoder.layer.0, encoder.layer.1, …, encoder.layer.11 (12 units) (reshard_after_forward=True), then on the root (every other parameter); micro-batch 4 per rank, 8 samples per micro-step over the 2 ranks
-#   predicted peak per rank: ranks 0–1 1.07 GiB (1,145,736,808 B) at backward encoder.layer.10
+#   predicted peak per rank: ranks 0–1 1.07 GiB (1,149,031,216 B) at backward encoder.layer.4
 # Launch one process per rank: torchrun --nproc_per_node 2 train.py
 # Needs torch with torch.distributed.fsdp.fully_shard (2.6 or later) and the ckptune companion
 # (`pip install ./python` from a ckptune checkout).
@@ -20,7 +21,7 @@ import ckptune
 PLAN = {
     "format": "ckptune.plan/1",
     "model": {"prefix": "bert."},
-    "checkpoint": {"regex": "^(?:encoder\\.layer\\.(?:1|2|4|6|10))$", "modules": ["encoder.layer.1", "encoder.layer.2", "encoder.layer.4", "encoder.layer.6", "encoder.layer.10"]},
+    "checkpoint": {"regex": "^(?:encoder\\.layer\\.(?:4|5|7|8|10))$", "modules": ["encoder.layer.4", "encoder.layer.5", "encoder.layer.7", "encoder.layer.8", "encoder.layer.10"]},
     "config": {"grad_accum": 1, "micro_batch": 4, "optimizer": "adamw", "optimizer_impl": "single", "precision": "fp32", "set_to_none": True},
 }
 # ckptune plans the backbone: the plan's `encoder.layer.0` is `bert.encoder.layer.0` of
