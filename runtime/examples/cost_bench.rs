@@ -13,8 +13,9 @@
 //!         [--precision bf16] [--seq N] [--batch N]
 //!
 //! `--diagnose MODEL` prints, for one real traced step of MODEL (any built-in model; batch 8,
-//! sequence 128 or the benchmark's image size, fp32, unless the flags say), measured and estimated seconds
-//! per operator name, largest gap first (what to improve in the model), and writes nothing;
+//! sequence 128 or the benchmark's image size, fp32, unless the flags say), measured and
+//! estimated seconds per operator name, largest gap first (what to improve in the model), with
+//! the estimate over the meta step's trace beside them, and writes nothing;
 //! with `CKPTUNE_DIAGNOSE_SCOPE=pooler` in the environment, also each scope whose name holds
 //! that text (a block's forward, recompute and backward) call by call.
 //! `--rates FILE` estimates every round over a cached calibration instead of calibrating.
@@ -411,6 +412,15 @@ fn span(values: &[f64]) -> (f64, f64) {
     })
 }
 
+/// The smallest and largest of a comparison's `error_by_round`.
+fn round_range(v: &serde_json::Value) -> (f64, f64) {
+    let by_round: Vec<f64> = v["error_by_round"]
+        .as_array()
+        .map(|v| v.iter().filter_map(|x| x.as_f64()).collect())
+        .unwrap_or_default();
+    span(&by_round)
+}
+
 /// How long the rounds' calibrations took and what their time limit cut, in words.
 fn calibrated(seconds: &[f64], rates: &[DeviceRates]) -> String {
     let (lo, hi) = span(seconds);
@@ -463,11 +473,7 @@ fn readme(
     );
     for r in rows {
         let step = |k: &str| {
-            let by_round: Vec<f64> = r[k]["error_by_round"]
-                .as_array()
-                .map(|v| v.iter().filter_map(|x| x.as_f64()).collect())
-                .unwrap_or_default();
-            let (lo, hi) = span(&by_round);
+            let (lo, hi) = round_range(&r[k]);
             format!(
                 "{:.3} / {:.3} s ({}; rounds {:+.0}% to {:+.0}%)",
                 r[k]["estimated_s"].as_f64().unwrap_or(0.0),
@@ -501,11 +507,7 @@ fn readme(
               | cases | bf16 / fp32, est / measured | error (rounds) |\n|---|---|---|\n";
     }
     for p in pairs {
-        let by_round: Vec<f64> = p["error_by_round"]
-            .as_array()
-            .map(|v| v.iter().filter_map(|x| x.as_f64()).collect())
-            .unwrap_or_default();
-        let (lo, hi) = span(&by_round);
+        let (lo, hi) = round_range(p);
         s += &format!(
             "| {} against {} | {:.3} / {:.3} | {} ({:+.0}% to {:+.0}%) |\n",
             p["other"].as_str().unwrap_or(""),
@@ -559,12 +561,7 @@ fn args() -> Args {
             "--diagnose" => a.diagnose = Some(v),
             "--seq" => a.seq = Some(v.parse().expect("--seq N")),
             "--batch" => a.batch = Some(v.parse().expect("--batch N")),
-            "--precision" => {
-                a.precision = *Precision::ALL
-                    .iter()
-                    .find(|p| p.name() == v)
-                    .expect("--precision fp32|bf16")
-            }
+            "--precision" => a.precision = v.parse().expect("--precision fp32|bf16"),
             "--rates" => a.rates = Some(PathBuf::from(v)),
             other => panic!("unknown argument {other}"),
         }

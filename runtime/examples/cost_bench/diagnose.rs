@@ -18,17 +18,8 @@ pub fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
     let all = s.chain.every_candidate();
     let events = s.op_trace(&all)?;
     let est = cost::event_seconds(&events, rates);
-    // Measured: each call's own time (the step's calls, and autograd's nodes, less the calls
-    // inside them), under the name of the operator that did the work inside it.
-    let mut by_name: BTreeMap<String, (f64, f64, usize)> = BTreeMap::new();
     let calls = work::calls(&events);
-    for (k, &i) in calls.iter().enumerate() {
-        let (own, estimated) = call_seconds(&events, &est, &calls, k);
-        let e = by_name.entry(events[i].name.clone()).or_default();
-        e.0 += own;
-        e.1 += estimated;
-        e.2 += 1;
-    }
+    let by_name = per_operator(&events, &est, &calls);
     // Per part of the step: the scopes' measured seconds against the estimate's.
     let phases = cost::phase_seconds(&events, s.chain.blocks.len(), rates);
     let mut scoped: BTreeMap<String, f64> = BTreeMap::new();
@@ -56,36 +47,44 @@ pub fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
     // What a plan estimates: the same step traced on the meta device. Where its calls differ
     // from the real step's (another kernel picked, a call missing), so does its estimate.
     let fake_calls = fake_estimates(case, rates)?;
-    let f: f64 = fake_calls.values().map(|c| c.0).sum();
+    let f: f64 = fake_calls.values().map(|c| c.1).sum();
     println!(
         "{}: measured {m:.4} s, estimated {e:.4} s over calls, {f:.4} s over the meta step's",
         case.label()
     );
     for (name, (m, e, n)) in rows.iter().take(30) {
-        let (f, k) = fake_calls.get(name).copied().unwrap_or_default();
+        let (_, f, k) = fake_calls.get(name).copied().unwrap_or_default();
         println!("{name:<70} {n:>6} calls  measured {m:>9.5} s  estimated {e:>9.5} s  meta {k:>6} calls {f:>9.5} s");
     }
-    for (name, (f, k)) in fake_calls.iter().filter(|(n, _)| !rows.iter().any(|r| &r.0 == *n)) {
+    for (name, (_, f, k)) in fake_calls.iter().filter(|(n, _)| !rows.iter().any(|r| &r.0 == *n)) {
         println!("{name:<70} only on meta: {k:>6} calls {f:>9.5} s");
     }
     Ok(())
 }
 
-/// Estimated seconds and calls per operator name over a fake (meta) step of `case` with every
-/// candidate checkpointed, split into calls as [`call_seconds`] splits a real one.
-fn fake_estimates(case: &Case, rates: &DeviceRates) -> Result<BTreeMap<String, (f64, usize)>, RuntimeError> {
+/// Per operator name over a fake (meta) step of `case` with every candidate checkpointed, as
+/// [`per_operator`] tallies a real one (its measured seconds are the meta kernels', not work).
+fn fake_estimates(case: &Case, rates: &DeviceRates) -> Result<BTreeMap<String, (f64, f64, usize)>, RuntimeError> {
     let mut f = fake(case)?;
     let all = f.chain.every_candidate();
     let events = f.op_trace(&all)?;
     let est = cost::event_seconds(&events, rates);
-    let calls = work::calls(&events);
-    let mut by_name: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    Ok(per_operator(&events, &est, &work::calls(&events)))
+}
+
+/// Per operator name, each call's own measured seconds (the step's calls, and autograd's nodes,
+/// less the calls inside them) and its estimate, summed, and the calls: under the name of the
+/// operator that did the work inside it.
+fn per_operator(events: &[OpEvent], est: &[f64], calls: &[usize]) -> BTreeMap<String, (f64, f64, usize)> {
+    let mut by_name: BTreeMap<String, (f64, f64, usize)> = BTreeMap::new();
     for (k, &i) in calls.iter().enumerate() {
+        let (own, estimated) = call_seconds(events, est, calls, k);
         let e = by_name.entry(events[i].name.clone()).or_default();
-        e.0 += call_seconds(&events, &est, &calls, k).1;
-        e.1 += 1;
+        e.0 += own;
+        e.1 += estimated;
+        e.2 += 1;
     }
-    Ok(by_name)
+    by_name
 }
 
 /// Call `calls[k]`'s own measured seconds and its estimate: an operator's whole time and the

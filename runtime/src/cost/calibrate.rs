@@ -1,12 +1,13 @@
 //! The CPU's rates, measured: matrix products per dtype over sizes, convolutions over small and
 //! ResNet-50 shapes, elementwise streaming per dtype over sizes, the kernels that run slower
-//! than their bytes at an add's rate ([`PROBES`], forward and backward, in fp32), fused attention's cost
-//! per score beyond its FLOPs and a causal call's share ([`ATTENTION_SHAPE`], [`CAUSAL_LENGTHS`]),
-//! the time per call of a small training step ([`overhead`]: the dispatcher's and autograd's
-//! overhead, paid by every call), the runtime's own time around a block ([`block_overhead`]),
-//! skinny products by their rows, and last the slow kernels on bf16 inputs. Each point is the median of a few batches of calls writing
-//! into fresh memory as a step does ([`timed`](super::timed)), its work rate the work over the time
-//! less the calls' overhead, so that work plus overhead gives the call back. The whole run stops
+//! than their bytes at an add's rate ([`PROBES`], forward and backward, in fp32), fused
+//! attention's cost per score beyond its FLOPs and a causal call's share ([`ATTENTION_SHAPE`],
+//! [`CAUSAL_LENGTHS`]), the time per call of a small training step ([`overhead`]: the
+//! dispatcher's and autograd's overhead, paid by every call), the runtime's own time around a
+//! block ([`block_overhead`]), skinny products by their rows, and last the slow kernels on bf16
+//! inputs. Each point is the median of a few batches of calls writing into fresh memory as a
+//! step does ([`timed`](super::timed)), its work rate the work over the time less the calls'
+//! overhead, so that work plus overhead gives the call back. The whole run stops
 //! adding points after [`BUDGET_SECONDS`], in an order that cuts the refinements first.
 
 use std::time::Instant;
