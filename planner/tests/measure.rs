@@ -260,8 +260,10 @@ fn a_step_this_machine_cannot_hold_is_planned_with_estimated_times_and_never_run
 }
 
 /// `plan --measure auto` times for real only the configs that can win: a config whose fastest
-/// estimated step within the budget is over 1.25x the fastest measured one keeps its estimate,
-/// labelled, and is never the plan; a config that cannot fit is never timed. Which configs
+/// estimated step within the budget is over 1.25x the cost model's estimate of the fastest
+/// measured config keeps its estimate, brought to the measured steps' pace and labelled, and
+/// is never the plan (its scaled step is over 1.25x the fastest measured one); a config that
+/// cannot fit is never timed. Which configs
 /// those are depends on this CPU, so the test holds the rule, not a choice; `--measure meta`
 /// times every config.
 #[test]
@@ -316,6 +318,12 @@ fn plan_times_only_the_configs_that_can_win() {
         for a in alternatives.iter().filter(|a| estimated(a)) {
             assert_eq!(measure, "auto", "--measure meta times every config");
             let config = a["config"]["precision"].as_str().unwrap();
+            // Its estimate is brought to the pace of the steps timed, and says so.
+            let label = a["predicted"]["step_seconds_estimated"].as_str().unwrap();
+            assert!(
+                label.contains("scaled by") && label.contains("measured step took"),
+                "{label}"
+            );
             if a["feasible"] == true {
                 assert!(
                     seconds(a) > 1.25 * fastest,
@@ -323,7 +331,7 @@ fn plan_times_only_the_configs_that_can_win() {
                 );
                 assert!(
                     stderr.contains("not timed for real, as the cost model puts them over")
-                        && stderr.contains("1.25x the fastest measured step"),
+                        && stderr.contains("1.25x its estimate of the fastest measured config"),
                     "{stderr}"
                 );
             } else {

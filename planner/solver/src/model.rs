@@ -410,4 +410,117 @@ mod tests {
         old.recompute_spread.clear();
         assert_eq!(seconds_range_at(&old, &x), None);
     }
+
+    fn block(name: &str, seconds: f64) -> crate::profile::BlockProfile {
+        crate::profile::BlockProfile {
+            name: name.into(),
+            candidate: true,
+            kept_grad: 100,
+            fwd_transient_grad: 10,
+            kept_nograd: 5,
+            fwd_transient_nograd: 10,
+            carry: 0,
+            bwd_transient: 20,
+            rec_transient: 10,
+            kept_recompute: 100,
+            bwd_transient_ckpt: 20,
+            grad_in_bytes: 5,
+            fwd_seconds: seconds,
+            fwd_nograd_seconds: 0.9 * seconds,
+            bwd_seconds: 2.0 * seconds,
+            rec_seconds: 0.9 * seconds,
+            out_released: None,
+            out_released_ckpt: None,
+            cache_grad: None,
+            cache_nograd: None,
+            selective: vec![crate::profile::SelectiveProfile {
+                policy: "matmul".into(),
+                kept: 50,
+                fwd_transient: 10,
+                cache: 0,
+                rec_transient: 5,
+                kept_recompute: 50,
+                bwd_transient: 20,
+                out_released: 0,
+                held_output: 0,
+                rec_seconds: 0.4 * seconds,
+            }],
+        }
+    }
+
+    #[test]
+    fn an_estimate_brought_to_a_pace_predicts_every_choice_at_that_pace() {
+        use crate::profile::{BlockEstimate, Estimate, RegimeProfile};
+        let mut c = profile(vec![stats(0.1, 0.2, 0.25), stats(0.3, 0.3, 0.5), stats(0.05, 0.1, 0.1)]);
+        c.regimes = vec![RegimeProfile {
+            label: "first".into(),
+            fixed: 0,
+            loss_transient: 0,
+            loss_forward_transient: None,
+            loss_kept: None,
+            loss_backward_transient: None,
+            after_backward: None,
+            blocks: vec![block("a", 0.2), block("b", 0.3), block("c", 0.1)],
+            groups: Vec::new(),
+        }];
+        // A measured profile is left as it is.
+        let measured = c.clone();
+        c.to_pace(2.5, "why".into());
+        assert_eq!(c, measured);
+        c.estimated = Some(Estimate {
+            traced_on: "meta".into(),
+            rates: crate::rates::gpu("h100").unwrap().rates(),
+            blocks: vec![
+                BlockEstimate {
+                    forward: 0.2,
+                    nograd_forward: 0.2,
+                    backward: 0.4,
+                    selective_recompute: vec![0.1],
+                };
+                3
+            ],
+            pace: None,
+        });
+        let before = c.clone();
+        c.to_pace(2.5, "config b's measured step took 2.50x its estimate".into());
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+        // Every choice, plain or selective, at 2.5 times its step and its spread.
+        for mask in 0..8 {
+            let x: Vec<bool> = (0..3).map(|i| mask >> i & 1 == 1).collect();
+            for sel in [vec![], vec![Some(0), None, Some(0)]] {
+                let (was, now) = (
+                    seconds_at_selective(&before, &x, &sel),
+                    seconds_at_selective(&c, &x, &sel),
+                );
+                assert!(close(now, 2.5 * was), "{x:?} {sel:?}: {now} against {was}");
+            }
+            let ((lo0, hi0), (lo, hi)) = (
+                seconds_range_at(&before, &x).unwrap(),
+                seconds_range_at(&c, &x).unwrap(),
+            );
+            assert!(close(lo, 2.5 * lo0) && close(hi, 2.5 * hi0), "{x:?}");
+        }
+        // Every other time the profile holds, and the label says by how much and why.
+        assert!(close(c.seconds_all.median, 2.5 * before.seconds_all.median));
+        let (b0, b) = (&before.regimes[0].blocks[1], &c.regimes[0].blocks[1]);
+        for (now, was) in [
+            (b.fwd_seconds, b0.fwd_seconds),
+            (b.fwd_nograd_seconds, b0.fwd_nograd_seconds),
+            (b.bwd_seconds, b0.bwd_seconds),
+            (b.rec_seconds, b0.rec_seconds),
+        ] {
+            assert!(close(now, 2.5 * was), "{now} against {was}");
+        }
+        let e = c.estimated.as_ref().unwrap();
+        assert!(close(e.blocks[0].backward, 1.0) && close(e.blocks[0].selective_recompute[0], 0.25));
+        assert!(
+            e.describe()
+                .ends_with("scaled by 2.50 as config b's measured step took 2.50x its estimate"),
+            "{}",
+            e.describe()
+        );
+        // The bytes are not touched.
+        assert_eq!(c.regimes[0].blocks[1].kept_grad, 100);
+        assert_eq!(c.peak_none, before.peak_none);
+    }
 }

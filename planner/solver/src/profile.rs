@@ -452,6 +452,20 @@ pub struct Estimate {
     /// Per block, its estimated times (empty where not recorded).
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
     pub blocks: Vec<BlockEstimate>,
+    /// Set where the times were brought to the pace of real steps measured beside them
+    /// ([`ConfigProfile::to_pace`]); absent for the cost model's own times.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub pace: Option<Pace>,
+}
+
+/// The factor a config's estimated times were scaled by, and why: `plan --measure auto` times
+/// some configs for real and brings the others' estimates to the pace those steps set, so that
+/// an estimate never undercuts a measurement by the machine's speed of the moment.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Pace {
+    pub factor: f64,
+    pub why: String,
 }
 
 /// One block's estimated seconds per optimizer step (all micro-steps).
@@ -487,6 +501,43 @@ impl ConfigProfile {
     pub fn is_estimated(&self) -> bool {
         self.estimated.is_some()
     }
+
+    /// Brings estimated times to the pace real steps set: every time the profile holds
+    /// (steps, recomputes, blocks' passes, selective recomputes) times `factor`, and the
+    /// estimate records it. A plan over the result is the same choice at `factor` times the
+    /// step, as every time the solve adds scales alike. Measured times are left alone.
+    pub fn to_pace(&mut self, factor: f64, why: String) {
+        let Some(estimate) = self.estimated.as_mut() else {
+            return;
+        };
+        estimate.pace = Some(Pace { factor, why });
+        for b in &mut estimate.blocks {
+            for t in [&mut b.forward, &mut b.nograd_forward, &mut b.backward] {
+                *t *= factor;
+            }
+            b.selective_recompute.iter_mut().for_each(|t| *t *= factor);
+        }
+        for s in [&mut self.seconds_none, &mut self.seconds_all]
+            .into_iter()
+            .chain(&mut self.recompute_spread)
+        {
+            s.median *= factor;
+            s.min *= factor;
+            s.max *= factor;
+        }
+        self.recompute_seconds.iter_mut().for_each(|t| *t *= factor);
+        for b in self.regimes.iter_mut().flat_map(|r| &mut r.blocks) {
+            for t in [
+                &mut b.fwd_seconds,
+                &mut b.fwd_nograd_seconds,
+                &mut b.bwd_seconds,
+                &mut b.rec_seconds,
+            ] {
+                *t *= factor;
+            }
+            b.selective.iter_mut().for_each(|s| s.rec_seconds *= factor);
+        }
+    }
 }
 
 impl Estimate {
@@ -495,6 +546,10 @@ impl Estimate {
     pub fn describe(&self) -> String {
         // A CPU's name carries its vector extensions, which the profile's device names already.
         let name = self.rates.name.split(" [").next().unwrap_or_default();
-        format!("estimated by the cost model over {} ({name})", self.rates.device)
+        let paced = self
+            .pace
+            .as_ref()
+            .map_or(String::new(), |p| format!(", scaled by {:.2} as {}", p.factor, p.why));
+        format!("estimated by the cost model over {} ({name}){paced}", self.rates.device)
     }
 }

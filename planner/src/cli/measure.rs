@@ -165,7 +165,8 @@ fn each_config(
 /// `plan`'s `--measure auto`: memory from the meta device (`unlearned`, per config, where
 /// `decide` measured it) and times from the cost model over this CPU's rates for every config,
 /// then from real steps for those that can win (`contenders`), each only as far as the plan
-/// needs (`staged`) and cached as it is measured; notes which were not timed and why.
+/// needs (`staged`) and cached as it is measured; notes which were not timed and why, and
+/// brings their estimates to the pace of the steps timed (`contenders::Timing::paces`).
 fn timed_where_they_can_win(
     setup: &Setup,
     unlearned: Vec<Option<ConfigProfile>>,
@@ -210,13 +211,20 @@ fn timed_where_they_can_win(
             }
         },
     )?;
+    let labels: Vec<String> = setup.configs.iter().map(|c| c.label()).collect();
     if !setup.quiet {
-        let labels: Vec<String> = setup.configs.iter().map(|c| c.label()).collect();
         for note in contenders::untimed_notes(&labels, &timing) {
             eprintln!("note: {note}");
         }
     }
-    Ok((model, configs.into_inner()))
+    let mut configs = configs.into_inner();
+    let plain: Vec<f64> = configs.iter().map(|p| p.seconds_none.median).collect();
+    for (p, pace) in configs.iter_mut().zip(timing.paces(&plain, &labels)) {
+        if let Some((factor, why)) = pace {
+            p.to_pace(factor, why);
+        }
+    }
+    Ok((model, configs))
 }
 
 /// The profile document of `configs`, measured `how`.

@@ -66,6 +66,7 @@ pub fn times_from_fake_step(
         traced_on: if session.is_fake() { "meta" } else { "cpu" }.into(),
         rates: rates.clone(),
         blocks,
+        pace: None,
     };
     Ok((times, estimate))
 }
