@@ -153,8 +153,9 @@ def main():
         "",
         "`ckptune plan --budget 12GiB bert-large-uncased --batch 4 --seq 512 --no-cache` (fp32 and bf16, "
         "AdamW), measured both ways on this machine in the same run: `auto` measures memory on the "
-        "meta device and times real steps, for the configs that can win (the others keep the cost "
-        "model's estimates), each only as far as the plan needs: a first step, then steps with nothing "
+        "meta device and times real steps, for the configs that can win (an estimate within 1.25x the "
+        "cost model's estimate of the fastest config measured; the others keep the cost model's "
+        "estimates, scaled to the pace of the steps measured), each only as far as the plan needs: a first step, then steps with nothing "
         "checkpointed, then steps with every candidate checkpointed, two of each kind once they agree, "
         "stopping after any stage that settles the plan; the first step is one with nothing "
         "checkpointed, and counts among them, where the config's estimate says its plan checkpoints "
