@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use ckptune_kernels::optrace::OpEvent;
+use ckptune_kernels::optrace::{self, OpEvent};
 use ckptune_runtime::cost::{self, work};
 use ckptune_runtime::{RuntimeError, Session};
 use ckptune_solver::rates::DeviceRates;
@@ -16,7 +16,7 @@ pub fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
     tch::manual_seed(0);
     let mut s = Session::new(case.build()?, case.config(), Device::Cpu)?;
     let all = s.chain.every_candidate();
-    let events = s.op_trace(&all)?;
+    let (events, faults) = traced_step(&mut s, &all)?;
     let est = cost::event_seconds(&events, rates);
     let calls = work::calls(&events);
     let by_name = per_operator(&events, &est, &calls);
@@ -37,6 +37,16 @@ pub fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
         phases.optimizer,
         phases.other
     );
+    if let Some(f) = faults {
+        // The kernel's time mapping and zeroing fresh pages: no operator's work, and not
+        // estimated (docs/cost-model.md, "What is not modelled").
+        println!(
+            "page faults in the step: {} minor ({:.0} MiB of 4 KiB pages), {:.2} s of system time",
+            f.minor,
+            f.minor as f64 * 4096.0 / (1u64 << 20) as f64,
+            f.system_seconds
+        );
+    }
     if let Ok(wanted) = std::env::var("CKPTUNE_DIAGNOSE_SCOPE") {
         scope_calls(&events, &est, &calls, &wanted);
     }
@@ -134,4 +144,40 @@ fn scope_calls(events: &[OpEvent], est: &[f64], calls: &[usize], wanted: &str) {
             );
         }
     }
+}
+
+/// A step's minor page faults and the system CPU seconds it took (`/proc/self/stat`).
+#[derive(Debug, Clone, Copy)]
+struct Faults {
+    minor: u64,
+    system_seconds: f64,
+}
+
+/// This process's minor page faults and system seconds so far, where `/proc` can say.
+fn faults_so_far() -> Option<Faults> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Counted from after the command's closing parenthesis (the command may hold spaces):
+    // field 3, the state, is the first; minflt is field 10, stime field 15 (clock ticks of
+    // Linux's USER_HZ, 100 per second).
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    Some(Faults {
+        minor: fields.get(7)?.parse().ok()?,
+        system_seconds: fields.get(12)?.parse::<f64>().ok()? / 100.0,
+    })
+}
+
+/// One step traced after an untraced one, as `Session::op_trace` runs it, with its page faults.
+fn traced_step(s: &mut Session, mask: &[bool]) -> Result<(Vec<OpEvent>, Option<Faults>), RuntimeError> {
+    s.step(mask, None)?;
+    let before = faults_so_far();
+    optrace::start()?;
+    let stepped = s.step(mask, None);
+    let events = optrace::stop()?;
+    let after = faults_so_far();
+    stepped?;
+    let faults = before.zip(after).map(|(b, a)| Faults {
+        minor: a.minor - b.minor,
+        system_seconds: a.system_seconds - b.system_seconds,
+    });
+    Ok((events, faults))
 }
