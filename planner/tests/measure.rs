@@ -363,6 +363,7 @@ fn cache_rates(xdg: &Path, scale: f64) -> ckptune_solver::rates::DeviceRates {
         matmul: vec![Curve::flat(Dtype::Fp32, 1e11 * scale)],
         matmul_thin: Vec::new(),
         conv: vec![Curve::flat(Dtype::Fp32, 5e10 * scale)],
+        conv_shapes: Vec::new(),
         conv_backward: Vec::new(),
         bandwidth: vec![Curve::flat(Dtype::Fp32, 2e10 * scale)],
         bandwidth_in_place: Vec::new(),

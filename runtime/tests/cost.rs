@@ -25,6 +25,7 @@ fn flat() -> DeviceRates {
         matmul: vec![Curve::flat(Dtype::Fp32, 1e11)],
         matmul_thin: Vec::new(),
         conv: vec![Curve::flat(Dtype::Fp32, 5e10)],
+        conv_shapes: Vec::new(),
         conv_backward: Vec::new(),
         bandwidth: vec![Curve::flat(Dtype::Fp32, 2e10)],
         bandwidth_in_place: vec![Curve::flat(Dtype::Fp32, 4e10)],

@@ -61,6 +61,10 @@ pub struct Work {
     /// A fused attention kernel's scores, which a device with calibrated attention rates times
     /// beyond the FLOPs (None for every other operator).
     pub attention: Option<AttentionWork>,
+    /// A product's or convolution's implicit product, `[m, k, n]`, which a convolution of a
+    /// shape the device measured is timed at ([`DeviceRates::conv_shapes`]); zeros for other
+    /// work.
+    pub shape: [f64; 3],
 }
 
 /// What a fused attention call does besides its products' FLOPs: each element of its score
@@ -143,6 +147,13 @@ pub struct DeviceRates {
     pub matmul_thin: Vec<Curve>,
     /// FLOP/s of convolutions per dtype, by the mean dimension of their implicit product.
     pub conv: Vec<Curve>,
+    /// The convolutions the device measured, each at its own FLOP/s: one of the same implicit
+    /// product takes it over `conv`'s and `conv_backward`'s curves, which key a convolution by
+    /// its mean dimension alone. ResNet's four 3×3 stages at batch 8 do equal multiply-adds, one
+    /// size on the curve (which kept the slowest), and ran 1.5 times apart in bf16 on an Intel
+    /// Xeon with AMX. Empty for a GPU of the table.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub conv_shapes: Vec<ConvShape>,
     /// FLOP/s of convolutions' backwards per dtype, where measured (a CPU's calibration, whose
     /// backward kernels run slower than its forward ones); a dtype without one takes `conv`'s.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
@@ -202,6 +213,19 @@ pub struct AttentionRates {
     pub backward_seconds_per_score: Curve,
     /// A causal call's time over the same call unmasked (forward and backward), by query length.
     pub causal_share: Curve,
+}
+
+/// One convolution shape's measured rate ([`DeviceRates::conv_shapes`]).
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ConvShape {
+    pub dtype: String,
+    /// Its backward (both gradients), else its forward.
+    pub backward: bool,
+    /// The implicit product `[m, k, n]`: batch × output pixels, input channels × kernel
+    /// pixels, output channels.
+    pub shape: [f64; 3],
+    pub flops_per_second: f64,
 }
 
 /// One operator's own streaming rate.
@@ -292,14 +316,25 @@ impl DeviceRates {
         let compute = match work.engine {
             Engine::Memory => 0.0,
             Engine::Matmul => work.flops / self.matmul_rate(work),
-            Engine::Conv => work.flops / rate(&self.conv, work.dtype, work.size),
-            Engine::ConvBackward => {
-                let own = self.conv_backward.iter().any(|c| c.dtype == work.dtype.name());
-                let curves = if own { &self.conv_backward } else { &self.conv };
-                work.flops / rate(curves, work.dtype, work.size)
-            }
+            Engine::Conv => work.flops / self.conv_rate(work, false),
+            Engine::ConvBackward => work.flops / self.conv_rate(work, true),
         };
         compute.max(memory)
+    }
+
+    /// FLOP/s of the convolution `work` (its `backward`): its shape's measured rate where the
+    /// device timed that shape, else its curve's at its mean dimension. A backward takes its
+    /// dtype's backward rates where the device measured them, else the forward's.
+    fn conv_rate(&self, work: &Work, backward: bool) -> f64 {
+        let own = backward && self.conv_backward.iter().any(|c| c.dtype == work.dtype.name());
+        let exact = self
+            .conv_shapes
+            .iter()
+            .find(|s| s.dtype == work.dtype.name() && s.backward == own && s.shape == work.shape)
+            .map(|s| s.flops_per_second)
+            .filter(|r| *r > 0.0);
+        let curves = if own { &self.conv_backward } else { &self.conv };
+        exact.unwrap_or_else(|| rate(curves, work.dtype, work.size))
     }
 
     /// FLOP/s of the matrix product `work`: the rate of its mean dimension, or of its smaller
@@ -344,6 +379,16 @@ impl DeviceRates {
                     ));
                 }
             }
+        }
+        if let Some(s) = self
+            .conv_shapes
+            .iter()
+            .find(|s| !(s.flops_per_second > 0.0 && s.flops_per_second.is_finite()))
+        {
+            return Err(format!(
+                "rates of {}: the convolution {:?} ({}) has the rate {}; rates must be positive",
+                self.device, s.shape, s.dtype, s.flops_per_second
+            ));
         }
         let durations = self.block_overhead.iter().flat_map(|b| {
             [
@@ -501,6 +546,7 @@ impl GpuSpec {
                 flat(Dtype::Bf16, self.bf16_tflops * t * GPU_CONV_EFFICIENCY),
                 flat(Dtype::Fp16, self.fp16_tflops * t * GPU_CONV_EFFICIENCY),
             ],
+            conv_shapes: Vec::new(),
             conv_backward: Vec::new(),
             bandwidth: vec![flat(Dtype::Fp32, self.memory_gbps * 1e9 * GPU_MEMORY_EFFICIENCY)],
             bandwidth_in_place: Vec::new(),
@@ -547,6 +593,7 @@ mod tests {
             matmul: vec![Curve::flat(Dtype::Fp32, 1e9)],
             matmul_thin: vec![Curve::flat(Dtype::Fp32, 1e8)],
             conv: vec![Curve::flat(Dtype::Fp32, 5e8)],
+            conv_shapes: Vec::new(),
             conv_backward: vec![Curve::flat(Dtype::Fp32, 2.5e8)],
             bandwidth: vec![Curve::flat(Dtype::Fp32, 1e9), Curve::flat(Dtype::Bf16, 2e9)],
             bandwidth_in_place: vec![Curve::flat(Dtype::Fp32, 4e9)],
@@ -567,6 +614,7 @@ mod tests {
             size: 64.0,
             thin: 0.0,
             attention: None,
+            shape: [0.0; 3],
         };
         let t = r.seconds(&work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3));
         assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
@@ -631,6 +679,53 @@ mod tests {
     }
 
     #[test]
+    fn a_convolution_of_a_measured_shape_takes_its_rate_and_any_other_the_curve() {
+        let shape = |dtype: Dtype, backward: bool, mkn: [f64; 3], rate: f64| ConvShape {
+            dtype: dtype.name().into(),
+            backward,
+            shape: mkn,
+            flops_per_second: rate,
+        };
+        let (stage2, stage4) = ([6272.0, 1152.0, 128.0], [392.0, 4608.0, 512.0]);
+        let r = DeviceRates {
+            conv: vec![Curve::flat(Dtype::Fp32, 1e9), Curve::flat(Dtype::Bf16, 2e9)],
+            conv_backward: vec![Curve::flat(Dtype::Fp32, 5e8)],
+            conv_shapes: vec![
+                shape(Dtype::Bf16, false, stage2, 4e9),
+                shape(Dtype::Fp32, false, stage2, 1.5e9),
+                shape(Dtype::Fp32, true, stage2, 1e8),
+            ],
+            bandwidth: vec![Curve::flat(Dtype::Fp32, 1e15)],
+            ..gpu("a100-80gb").unwrap().rates()
+        };
+        let conv = |engine, dtype, mkn: [f64; 3]| Work {
+            engine,
+            dtype,
+            flops: 4e9,
+            bytes: 1.0,
+            size: (mkn[0] * mkn[1] * mkn[2]).cbrt(),
+            thin: 0.0,
+            attention: None,
+            shape: mkn,
+        };
+        let at = |w: &Work, seconds: f64| (r.work_seconds(w) - seconds).abs() < 1e-12;
+        // Two shapes of one size: the measured one at its rate, the other at the curve's.
+        assert!(at(&conv(Engine::Conv, Dtype::Bf16, stage2), 1.0));
+        assert!(at(&conv(Engine::Conv, Dtype::Bf16, stage4), 2.0));
+        assert!(at(&conv(Engine::Conv, Dtype::Fp32, stage2), 4e9 / 1.5e9));
+        // fp32's backward at its own shape; bf16's (no backward measured) at its forward's.
+        assert!(at(&conv(Engine::ConvBackward, Dtype::Fp32, stage2), 40.0));
+        assert!(at(&conv(Engine::ConvBackward, Dtype::Fp32, stage4), 8.0));
+        assert!(at(&conv(Engine::ConvBackward, Dtype::Bf16, stage2), 1.0));
+        assert_eq!(r.check(), Ok(()));
+        let bad = DeviceRates {
+            conv_shapes: vec![shape(Dtype::Fp32, false, stage2, 0.0)],
+            ..r.clone()
+        };
+        assert!(bad.check().unwrap_err().contains("convolution"));
+    }
+
+    #[test]
     fn measured_attention_adds_its_scores_and_takes_the_causal_share_at_its_length() {
         let mut r = gpu("a100-80gb").unwrap().rates();
         r.matmul = vec![Curve::flat(Dtype::Fp32, 1e9)];
@@ -642,6 +737,7 @@ mod tests {
             bytes: 1e3,
             size: 64.0,
             thin: 0.0,
+            shape: [0.0; 3],
             attention: Some(AttentionWork {
                 scores: 1e4,
                 full_flops: 2e6,
@@ -693,6 +789,7 @@ mod tests {
                 size: 4096.0,
                 thin: 0.0,
                 attention: None,
+                shape: [0.0; 3],
             };
             assert!(
                 r.seconds(&work(Dtype::Bf16)) < r.seconds(&work(Dtype::Fp32)),

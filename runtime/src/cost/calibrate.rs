@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use ckptune_kernels::autograd;
-use ckptune_solver::rates::{AttentionRates, Curve, DeviceRates, Dtype, OpRate, Work};
+use ckptune_solver::rates::{AttentionRates, ConvShape, Curve, DeviceRates, Dtype, OpRate, Work};
 use tch::{Device, Kind, Tensor};
 
 use super::timed::{time_call, traced, Traced, BATCHES};
@@ -30,7 +30,7 @@ use crate::error::{torch, Result};
 /// version 9 the fresh-output streaming rate with its operands beyond a core's L2, and fused
 /// attention's cost per score by head size; version 10 the slow kernels on bf16 inputs too (a
 /// bf16 dropout had taken the bf16 streaming rate: 16 times too fast on an AMD EPYC).
-pub const CALIBRATION_VERSION: u32 = 10;
+pub const CALIBRATION_VERSION: u32 = 11;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured; each curve has its first point, as the estimates need an
@@ -159,9 +159,11 @@ impl Run {
 
     /// Convolutions' forward FLOP/s over [`CONVS`] (under no-grad), or with `backward` their
     /// backward's: both gradients through autograd, timed as forward and backward less the
-    /// forward, at twice the forward's FLOPs.
-    fn conv(&self, dtype: Dtype, backward: bool) -> Result<Curve> {
+    /// forward, at twice the forward's FLOPs. Each shape's rate, and the curve by mean
+    /// dimension for the shapes not measured.
+    fn conv(&self, dtype: Dtype, backward: bool) -> Result<(Curve, Vec<ConvShape>)> {
         let mut points = Vec::new();
+        let mut shapes = Vec::new();
         for (batch, cin, cout, side, kernel) in CONVS {
             if self.over() && !points.is_empty() {
                 break;
@@ -187,9 +189,16 @@ impl Run {
             );
             let flops = if backward { 4.0 } else { 2.0 } * m * k * n;
             points.push([(m * k * n).cbrt(), self.rate(flops, t)]);
+            shapes.push(ConvShape {
+                dtype: dtype.name().into(),
+                backward,
+                shape: [m, k, n],
+                flops_per_second: self.rate(flops, t),
+            });
         }
         points.sort_by(|a, b| a[0].total_cmp(&b[0]));
-        // Shapes of one size: the slower.
+        // Shapes of one size (ResNet's 3×3 stages all do equal multiply-adds): the slower, for
+        // a shape not measured.
         points.dedup_by(|later, kept| {
             let same = later[0] == kept[0];
             if same {
@@ -197,10 +206,11 @@ impl Run {
             }
             same
         });
-        Ok(Curve {
+        let curve = Curve {
             dtype: dtype.name().into(),
             points,
-        })
+        };
+        Ok((curve, shapes))
     }
 
     /// An elementwise add's bytes/s over [`STREAM_ELEMENTS`]: into a fresh output (`a + b`,
@@ -529,6 +539,7 @@ fn generic_rates(threads: i32, identity: &str, bandwidth: Vec<Curve>, overhead: 
         matmul: vec![Curve::flat(Dtype::Fp32, 1e11)],
         matmul_thin: Vec::new(),
         conv: vec![Curve::flat(Dtype::Fp32, 1e11)],
+        conv_shapes: Vec::new(),
         conv_backward: Vec::new(),
         bandwidth,
         bandwidth_in_place: Vec::new(),
@@ -558,16 +569,16 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
     // The curves every estimate needs come first, so that a busy or slow machine's time limit
     // cuts the slow kernels, attention and last the skinny products (which fall back to the
     // generic and square rates) rather than them.
-    let (matmul, conv) = {
+    let (matmul, (conv, forward_shapes)) = {
         let _no_grad = tch::no_grad_guard();
-        (
-            vec![run.matmul(Dtype::Fp32)?, run.matmul(Dtype::Bf16)?],
-            vec![run.conv(Dtype::Fp32, false)?, run.conv(Dtype::Bf16, false)?],
-        )
+        let matmul = vec![run.matmul(Dtype::Fp32)?, run.matmul(Dtype::Bf16)?];
+        let conv: Vec<(Curve, Vec<ConvShape>)> = vec![run.conv(Dtype::Fp32, false)?, run.conv(Dtype::Bf16, false)?];
+        (matmul, conv.into_iter().unzip::<_, _, Vec<_>, Vec<_>>())
     };
     let matmul: Vec<Curve> = matmul.into_iter().filter(|c| !c.points.is_empty()).collect();
     // fp32 only: a bf16 backward takes the bf16 forward's rate.
-    let conv_backward = run.conv(Dtype::Fp32, true)?;
+    let (conv_backward, backward_shapes) = run.conv(Dtype::Fp32, true)?;
+    let conv_shapes: Vec<ConvShape> = forward_shapes.into_iter().flatten().chain(backward_shapes).collect();
     let mut ops = Vec::new();
     run.probes(Dtype::Fp32, &generic, &mut ops)?;
     let attention = if run.over() || matmul.is_empty() {
@@ -603,7 +614,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         measured: true,
         source: format!(
             "calibration run (version {CALIBRATION_VERSION}) with {threads} threads, {seconds:.1} s: mm, conv2d \
-             3×3 forward and backward and add (fresh and in place) over sizes, skinny mm by rows, {} slow kernels forward and backward in fp32 and bf16, fused attention per score and its \
+             3×3 forward and backward (each shape's rate, and by size) and add (fresh and in place) over sizes, skinny mm by rows, {} slow kernels forward and backward in fp32 and bf16, fused attention per score and its \
              causal share, a small varied training step's overhead per call, the runtime's time around a block; \
              each point the median of {BATCHES} batches",
             PROBES.len()
@@ -612,6 +623,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         matmul,
         matmul_thin,
         conv: conv.into_iter().filter(|c| !c.points.is_empty()).collect(),
+        conv_shapes,
         conv_backward: [conv_backward].into_iter().filter(|c| !c.points.is_empty()).collect(),
         bandwidth: bandwidth.into_iter().filter(|c| !c.points.is_empty()).collect(),
         bandwidth_in_place: bandwidth_in_place.into_iter().filter(|c| !c.points.is_empty()).collect(),
@@ -668,6 +680,9 @@ mod tests {
         // milliseconds of toy steps).
         assert!(rates.block_overhead.is_some());
         assert!(rates.matmul_thin.is_empty());
+        // Each convolution curve's one point is a shape of its own: fp32 and bf16 forward,
+        // fp32 backward.
+        assert_eq!(rates.conv_shapes.len(), 3, "{:?}", rates.conv_shapes);
         assert!(rates.ops.is_empty());
         assert!(rates.attention.is_none());
     }

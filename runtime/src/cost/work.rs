@@ -143,6 +143,7 @@ fn product(engine: Engine, e: &OpEvent, macs: f64, mkn: [f64; 3], writes_input: 
         flops: 2.0 * macs,
         bytes: bytes_moved(e, writes_input),
         size: (mkn[0] * mkn[1] * mkn[2]).cbrt(),
+        shape: mkn,
         thin: if engine == Engine::Matmul {
             mkn[0].min(mkn[2])
         } else {
@@ -323,6 +324,7 @@ pub fn work_of(e: &OpEvent, writes_input: bool) -> Work {
             size: 0.0,
             thin: 0.0,
             attention: None,
+            shape: [0.0; 3],
         })
 }
 
