@@ -188,13 +188,17 @@ impl Run {
                 cout as f64,
             );
             let flops = if backward { 4.0 } else { 2.0 } * m * k * n;
-            points.push([(m * k * n).cbrt(), self.rate(flops, t)]);
-            shapes.push(ConvShape {
-                dtype: dtype.name().into(),
-                backward,
-                shape: [m, k, n],
-                flops_per_second: self.rate(flops, t),
-            });
+            let rate = self.rate(flops, t);
+            points.push([(m * k * n).cbrt(), rate]);
+            // A backward timed at no more than its forward has no rate of its own to keep.
+            if rate.is_finite() {
+                shapes.push(ConvShape {
+                    dtype: dtype.name().into(),
+                    backward,
+                    shape: [m, k, n],
+                    flops_per_second: rate,
+                });
+            }
         }
         points.sort_by(|a, b| a[0].total_cmp(&b[0]));
         // Shapes of one size (ResNet's 3×3 stages all do equal multiply-adds): the slower, for
@@ -569,16 +573,17 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
     // The curves every estimate needs come first, so that a busy or slow machine's time limit
     // cuts the slow kernels, attention and last the skinny products (which fall back to the
     // generic and square rates) rather than them.
-    let (matmul, (conv, forward_shapes)) = {
+    let (matmul, conv, forward_shapes) = {
         let _no_grad = tch::no_grad_guard();
         let matmul = vec![run.matmul(Dtype::Fp32)?, run.matmul(Dtype::Bf16)?];
-        let conv: Vec<(Curve, Vec<ConvShape>)> = vec![run.conv(Dtype::Fp32, false)?, run.conv(Dtype::Bf16, false)?];
-        (matmul, conv.into_iter().unzip::<_, _, Vec<_>, Vec<_>>())
+        let (fp32, fp32_shapes) = run.conv(Dtype::Fp32, false)?;
+        let (bf16, bf16_shapes) = run.conv(Dtype::Bf16, false)?;
+        (matmul, vec![fp32, bf16], [fp32_shapes, bf16_shapes].concat())
     };
     let matmul: Vec<Curve> = matmul.into_iter().filter(|c| !c.points.is_empty()).collect();
     // fp32 only: a bf16 backward takes the bf16 forward's rate.
     let (conv_backward, backward_shapes) = run.conv(Dtype::Fp32, true)?;
-    let conv_shapes: Vec<ConvShape> = forward_shapes.into_iter().flatten().chain(backward_shapes).collect();
+    let conv_shapes = [forward_shapes, backward_shapes].concat();
     let mut ops = Vec::new();
     run.probes(Dtype::Fp32, &generic, &mut ops)?;
     let attention = if run.over() || matmul.is_empty() {
