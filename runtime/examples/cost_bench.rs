@@ -37,6 +37,10 @@ use tch::Device;
 // A folder of its own, so that cargo does not take it for an example.
 #[path = "cost_bench/diagnose.rs"]
 mod diagnose;
+#[path = "cost_bench/kernel_time.rs"]
+mod kernel_time;
+
+use kernel_time::KernelTime;
 
 /// A model of the benchmark with its options and micro-batch.
 struct Case {
@@ -205,6 +209,10 @@ struct Measured {
     repeats: usize,
     none: Vec<f64>,
     all: Vec<f64>,
+    /// The system CPU seconds of the steps of `none` and `all`, per round the median over its
+    /// repeats: mostly page faults, which no estimate holds.
+    none_system: Vec<f64>,
+    all_system: Vec<f64>,
     forward: Vec<Vec<f64>>,
 }
 
@@ -223,6 +231,8 @@ impl Measured {
             repeats: (0.5 / pair.max(1e-6)).ceil().clamp(1.0, 50.0) as usize,
             none: Vec::new(),
             all: Vec::new(),
+            none_system: Vec::new(),
+            all_system: Vec::new(),
             forward: vec![Vec::new(); blocks],
         })
     }
@@ -237,17 +247,25 @@ impl Measured {
             self.session.step(&all, None)?;
         }
         let (mut a, mut b) = (Vec::new(), Vec::new());
+        let (mut a_system, mut b_system) = (Vec::new(), Vec::new());
+        let system = |k: Option<KernelTime>| k.map_or(0.0, |k| k.system_seconds);
         let mut forward = vec![Vec::new(); self.forward.len()];
         for _ in 0..self.repeats {
-            a.push(self.session.step(&none, None)?.seconds);
+            let (step, kernel) = KernelTime::of(|| self.session.step(&none, None));
+            a.push(step?.seconds);
+            a_system.push(system(kernel));
             let mut trace = StepTrace::default();
-            b.push(self.session.step(&all, Some(&mut trace))?.seconds);
+            let (step, kernel) = KernelTime::of(|| self.session.step(&all, Some(&mut trace)));
+            b.push(step?.seconds);
+            b_system.push(system(kernel));
             for (i, f) in forward.iter_mut().enumerate() {
                 f.push(trace.micro.iter().map(|m| m.blocks[i].fwd_seconds).sum());
             }
         }
         self.none.push(median(&a));
         self.all.push(median(&b));
+        self.none_system.push(median(&a_system));
+        self.all_system.push(median(&b_system));
         for (f, samples) in self.forward.iter_mut().zip(&forward) {
             f.push(median(samples));
         }
@@ -350,19 +368,25 @@ fn compare(case: &Case, est: &Estimated, m: &Measured) -> serde_json::Value {
     );
     // Each round's error too: on a shared machine the rounds' spread says how far one round's
     // verdict can be trusted.
-    let step = |e: &[f64], m: &[f64]| {
+    // And against the step less its system time: what the kernel charged for faults, which
+    // the host prices (docs/cost-model.md), apart from the operators' own work.
+    let step = |e: &[f64], m: &[f64], system: &[f64]| {
+        let user: Vec<f64> = m.iter().zip(system).map(|(m, s)| m - s).collect();
         json!({
             "estimated_s": median(e),
             "measured_s": median(m),
             "error": error(e, m),
             "error_by_round": round_errors(e, m),
+            "system_s": median(system),
+            "error_less_system": error(e, &user),
+            "error_less_system_by_round": round_errors(e, &user),
         })
     };
     json!({
         "case": case.label(),
         "rounds": m.none.len(),
-        "step_none": step(&est.none, &m.none),
-        "step_all": step(&est.all, &m.all),
+        "step_none": step(&est.none, &m.none, &m.none_system),
+        "step_all": step(&est.all, &m.all, &m.all_system),
         "block_error_median": median(&errors),
         "block_error_max": errors.iter().copied().fold(0.0, f64::max),
         "blocks_within_15pct": errors.iter().filter(|&&e| e <= 0.15).count(),
@@ -412,13 +436,14 @@ fn span(values: &[f64]) -> (f64, f64) {
     })
 }
 
-/// The smallest and largest of a comparison's `error_by_round`.
-fn round_range(v: &serde_json::Value) -> (f64, f64) {
-    let by_round: Vec<f64> = v["error_by_round"]
+/// The smallest and largest of a JSON array of errors (`error_by_round`), as `-9% to +3%`.
+fn round_span(v: &serde_json::Value) -> String {
+    let by_round: Vec<f64> = v
         .as_array()
         .map(|v| v.iter().filter_map(|x| x.as_f64()).collect())
         .unwrap_or_default();
-    span(&by_round)
+    let (lo, hi) = span(&by_round);
+    format!("{:+.0}% to {:+.0}%", lo * 100.0, hi * 100.0)
 }
 
 /// How long the rounds' calibrations took and what their time limit cut, in words.
@@ -473,14 +498,12 @@ fn readme(
     );
     for r in rows {
         let step = |k: &str| {
-            let (lo, hi) = round_range(&r[k]);
             format!(
-                "{:.3} / {:.3} s ({}; rounds {:+.0}% to {:+.0}%)",
+                "{:.3} / {:.3} s ({}; rounds {})",
                 r[k]["estimated_s"].as_f64().unwrap_or(0.0),
                 r[k]["measured_s"].as_f64().unwrap_or(0.0),
                 pct(&r[k]["error"]),
-                lo * 100.0,
-                hi * 100.0
+                round_span(&r[k]["error_by_round"]),
             )
         };
         s += &format!(
@@ -500,6 +523,7 @@ fn readme(
             r["kendall_tau"].as_f64().unwrap_or(0.0),
         );
     }
+    s += &system_table(rows);
     if !pairs.is_empty() {
         s += "\nPrecisions against each other, as a plan weighs its configs by their estimates: the step with \
               nothing checkpointed, bf16 over fp32, estimated against measured in the same round (how \
@@ -507,19 +531,46 @@ fn readme(
               | cases | bf16 / fp32, est / measured | error (rounds) |\n|---|---|---|\n";
     }
     for p in pairs {
-        let (lo, hi) = round_range(p);
         s += &format!(
-            "| {} against {} | {:.3} / {:.3} | {} ({:+.0}% to {:+.0}%) |\n",
+            "| {} against {} | {:.3} / {:.3} | {} ({}) |\n",
             p["other"].as_str().unwrap_or(""),
             p["fp32"].as_str().unwrap_or(""),
             p["estimated_ratio"].as_f64().unwrap_or(0.0),
             p["measured_ratio"].as_f64().unwrap_or(0.0),
             pct(&p["error"]),
-            lo * 100.0,
-            hi * 100.0
+            round_span(&p["error_by_round"]),
         );
     }
     s += "\nPer block figures are in `results.json`.\n";
+    s
+}
+
+/// The README's table of each step's system time and the step errors with it taken out.
+fn system_table(rows: &[serde_json::Value]) -> String {
+    let mut s = "\nThe kernel's share: each step's system CPU time (the median over a round's steps, then \
+                 over rounds), mostly minor page faults, whose price the host sets and no estimate holds \
+                 (docs/cost-model.md, \"What is not modelled\"), and each step's error against the step less \
+                 that time.\n\n\
+                 | case | system time, none / all ckpt | error less system time, none ckpt (rounds) | all ckpt (rounds) |\n\
+                 |---|---|---|---|\n"
+        .to_string();
+    for r in rows {
+        let less = |k: &str| {
+            format!(
+                "{} ({})",
+                pct(&r[k]["error_less_system"]),
+                round_span(&r[k]["error_less_system_by_round"])
+            )
+        };
+        s += &format!(
+            "| {} | {:.3} / {:.3} s | {} | {} |\n",
+            r["case"].as_str().unwrap_or(""),
+            r["step_none"]["system_s"].as_f64().unwrap_or(0.0),
+            r["step_all"]["system_s"].as_f64().unwrap_or(0.0),
+            less("step_none"),
+            less("step_all"),
+        );
+    }
     s
 }
 
@@ -538,7 +589,18 @@ struct Args {
     rates: Option<PathBuf>,
 }
 
-fn args() -> Args {
+const USAGE: &str = "usage: cost_bench [--rounds N] [--threads N] [--models A,B] [--out DIR] [--rates FILE]\n       \
+                     cost_bench --diagnose MODEL [--precision fp32|bf16] [--seq N] [--batch N] [--threads N]";
+
+/// `value` of the flag `flag` as a `T`, or what is wrong with it.
+fn parsed<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    value.parse().map_err(|e| format!("{flag} {value:?}: {e}"))
+}
+
+fn args() -> Result<Args, String> {
     let mut a = Args {
         rounds: 5,
         threads: 2,
@@ -552,21 +614,28 @@ fn args() -> Args {
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for w in argv.chunks(2) {
-        let v = w.get(1).cloned().unwrap_or_default();
-        match w[0].as_str() {
-            "--rounds" => a.rounds = v.parse().expect("--rounds N"),
-            "--threads" => a.threads = v.parse().expect("--threads N"),
+        let (flag, v) = (w[0].as_str(), w.get(1).map_or("", String::as_str));
+        if flag == "--help" || flag == "-h" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        if v.is_empty() {
+            return Err(format!("{flag} needs a value"));
+        }
+        match flag {
+            "--rounds" => a.rounds = parsed(flag, v)?,
+            "--threads" => a.threads = parsed(flag, v)?,
             "--models" => a.models = Some(v.split(',').map(str::to_owned).collect()),
             "--out" => a.out = PathBuf::from(v),
-            "--diagnose" => a.diagnose = Some(v),
-            "--seq" => a.seq = Some(v.parse().expect("--seq N")),
-            "--batch" => a.batch = Some(v.parse().expect("--batch N")),
-            "--precision" => a.precision = v.parse().expect("--precision fp32|bf16"),
+            "--diagnose" => a.diagnose = Some(v.to_owned()),
+            "--seq" => a.seq = Some(parsed(flag, v)?),
+            "--batch" => a.batch = Some(parsed(flag, v)?),
+            "--precision" => a.precision = parsed(flag, v)?,
             "--rates" => a.rates = Some(PathBuf::from(v)),
-            other => panic!("unknown argument {other}"),
+            other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    a
+    Ok(a)
 }
 
 fn slug(s: &str) -> String {
@@ -596,7 +665,10 @@ fn diagnosed(a: &Args, model: &str) -> Case {
 }
 
 fn main() -> Result<(), RuntimeError> {
-    let a = args();
+    let a = args().unwrap_or_else(|e| {
+        eprintln!("cost_bench: {e}\n{USAGE}");
+        std::process::exit(2)
+    });
     tch::set_num_threads(a.threads);
     meter::install()?;
     if let Some(model) = &a.diagnose {

@@ -9,6 +9,7 @@ use ckptune_runtime::{RuntimeError, Session};
 use ckptune_solver::rates::DeviceRates;
 use tch::Device;
 
+use super::kernel_time::KernelTime;
 use super::{fake, Case};
 
 /// Measured and estimated seconds per operator name over one real traced step of `case`.
@@ -42,8 +43,8 @@ pub fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
         // estimated (docs/cost-model.md, "What is not modelled").
         println!(
             "page faults in the step: {} minor ({:.0} MiB of 4 KiB pages), {:.2} s of system time",
-            f.minor,
-            f.minor as f64 * 4096.0 / (1u64 << 20) as f64,
+            f.minor_faults,
+            f.minor_faults as f64 * 4096.0 / (1u64 << 20) as f64,
             f.system_seconds
         );
     }
@@ -146,38 +147,13 @@ fn scope_calls(events: &[OpEvent], est: &[f64], calls: &[usize], wanted: &str) {
     }
 }
 
-/// A step's minor page faults and the system CPU seconds it took (`/proc/self/stat`).
-#[derive(Debug, Clone, Copy)]
-struct Faults {
-    minor: u64,
-    system_seconds: f64,
-}
-
-/// This process's minor page faults and system seconds so far, where `/proc` can say.
-fn faults_so_far() -> Option<Faults> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Counted from after the command's closing parenthesis (the command may hold spaces):
-    // field 3, the state, is the first; minflt is field 10, stime field 15 (clock ticks of
-    // Linux's USER_HZ, 100 per second).
-    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-    Some(Faults {
-        minor: fields.get(7)?.parse().ok()?,
-        system_seconds: fields.get(12)?.parse::<f64>().ok()? / 100.0,
-    })
-}
-
-/// One step traced after an untraced one, as `Session::op_trace` runs it, with its page faults.
-fn traced_step(s: &mut Session, mask: &[bool]) -> Result<(Vec<OpEvent>, Option<Faults>), RuntimeError> {
+/// One step traced after an untraced one, as `Session::op_trace` runs it, with what it cost
+/// the kernel.
+fn traced_step(s: &mut Session, mask: &[bool]) -> Result<(Vec<OpEvent>, Option<KernelTime>), RuntimeError> {
     s.step(mask, None)?;
-    let before = faults_so_far();
     optrace::start()?;
-    let stepped = s.step(mask, None);
+    let (stepped, kernel) = KernelTime::of(|| s.step(mask, None));
     let events = optrace::stop()?;
-    let after = faults_so_far();
     stepped?;
-    let faults = before.zip(after).map(|(b, a)| Faults {
-        minor: a.minor - b.minor,
-        system_seconds: a.system_seconds - b.system_seconds,
-    });
-    Ok((events, faults))
+    Ok((events, kernel))
 }

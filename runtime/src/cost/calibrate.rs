@@ -29,8 +29,9 @@ use crate::error::{torch, Result};
 /// and skinny products with their weights from memory, within a limit of 24 s (was 16 s);
 /// version 9 the fresh-output streaming rate with its operands beyond a core's L2, and fused
 /// attention's cost per score by head size; version 10 the slow kernels on bf16 inputs too (a
-/// bf16 dropout had taken the bf16 streaming rate: 16 times too fast on an AMD EPYC).
-pub const CALIBRATION_VERSION: u32 = 11;
+/// bf16 dropout had taken the bf16 streaming rate: 16 times too fast on an AMD EPYC); version
+/// 11 each convolution shape's own rate; version 12 bf16 convolutions' backward.
+pub const CALIBRATION_VERSION: u32 = 12;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured; each curve has its first point, as the estimates need an
@@ -554,6 +555,22 @@ fn generic_rates(threads: i32, identity: &str, bandwidth: Vec<Curve>, overhead: 
     }
 }
 
+/// bf16 convolutions' backward, kept only where the time limit left room for every shape: a
+/// curve holds flat past its last point, and without one a bf16 backward takes the bf16
+/// forward's rate. On an Intel Xeon with AMX that backward ran at 0.33-0.89 of the forward's
+/// rate (ResNet's 1×1 reductions the slowest), where fp32's ran at 0.37-0.99.
+fn bf16_conv_backward(run: &Run) -> Result<(Option<Curve>, Vec<ConvShape>)> {
+    if run.over() {
+        return Ok((None, Vec::new()));
+    }
+    let (curve, shapes) = run.conv(Dtype::Bf16, true)?;
+    Ok(if shapes.len() == CONVS.len() {
+        (Some(curve), shapes)
+    } else {
+        (None, Vec::new())
+    })
+}
+
 fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
     let mut run = Run {
         t0: Instant::now(),
@@ -581,9 +598,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         (matmul, vec![fp32, bf16], [fp32_shapes, bf16_shapes].concat())
     };
     let matmul: Vec<Curve> = matmul.into_iter().filter(|c| !c.points.is_empty()).collect();
-    // fp32 only: a bf16 backward takes the bf16 forward's rate.
     let (conv_backward, backward_shapes) = run.conv(Dtype::Fp32, true)?;
-    let conv_shapes = [forward_shapes, backward_shapes].concat();
     let mut ops = Vec::new();
     run.probes(Dtype::Fp32, &generic, &mut ops)?;
     let attention = if run.over() || matmul.is_empty() {
@@ -609,6 +624,8 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
     } else {
         Vec::new()
     };
+    let (bf16_backward, bf16_backward_shapes) = bf16_conv_backward(&run)?;
+    let conv_shapes = [forward_shapes, backward_shapes, bf16_backward_shapes].concat();
     // Last, so that the time limit cuts them first: a bf16 operator without its own rate takes
     // fp32's per element (`DeviceRates::op_seconds`).
     run.probes(Dtype::Bf16, &generic, &mut ops)?;
@@ -619,7 +636,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         measured: true,
         source: format!(
             "calibration run (version {CALIBRATION_VERSION}) with {threads} threads, {seconds:.1} s: mm, conv2d \
-             3×3 forward and backward (each shape's rate, and by size) and add (fresh and in place) over sizes, skinny mm by rows, {} slow kernels forward and backward in fp32 and bf16, fused attention per score and its \
+             3×3 and 1×1 forward and backward in fp32 and bf16 (each shape's rate, and by size) and add (fresh and in place) over sizes, skinny mm by rows, {} slow kernels forward and backward in fp32 and bf16, fused attention per score and its \
              causal share, a small varied training step's overhead per call, the runtime's time around a block; \
              each point the median of {BATCHES} batches",
             PROBES.len()
@@ -629,7 +646,11 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         matmul_thin,
         conv: conv.into_iter().filter(|c| !c.points.is_empty()).collect(),
         conv_shapes,
-        conv_backward: [conv_backward].into_iter().filter(|c| !c.points.is_empty()).collect(),
+        conv_backward: [Some(conv_backward), bf16_backward]
+            .into_iter()
+            .flatten()
+            .filter(|c| !c.points.is_empty())
+            .collect(),
         bandwidth: bandwidth.into_iter().filter(|c| !c.points.is_empty()).collect(),
         bandwidth_in_place: bandwidth_in_place.into_iter().filter(|c| !c.points.is_empty()).collect(),
         overhead_seconds: run.overhead,
@@ -686,10 +707,25 @@ mod tests {
         assert!(rates.block_overhead.is_some());
         assert!(rates.matmul_thin.is_empty());
         // Each convolution curve's one point is a shape of its own: fp32 and bf16 forward,
-        // fp32 backward.
+        // fp32 backward; bf16's backward, cut, falls back to its forward.
         assert_eq!(rates.conv_shapes.len(), 3, "{:?}", rates.conv_shapes);
         assert!(rates.ops.is_empty());
         assert!(rates.attention.is_none());
+    }
+
+    #[test]
+    fn bf16_convolutions_backward_is_measured_at_every_shape_or_not_kept() {
+        let _alone = alone();
+        let (curve, shapes) = bf16_conv_backward(&unlimited()).unwrap();
+        assert_eq!(curve.map(|c| c.dtype), Some("bf16".to_string()));
+        assert_eq!(shapes.len(), CONVS.len());
+        assert!(shapes
+            .iter()
+            .all(|s| s.backward && s.dtype == "bf16" && s.flops_per_second > 0.0));
+        let mut cut = unlimited();
+        cut.budget = 0.0;
+        let (curve, shapes) = bf16_conv_backward(&cut).unwrap();
+        assert!(curve.is_none() && shapes.is_empty());
     }
 
     #[test]
