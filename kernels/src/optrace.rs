@@ -48,6 +48,34 @@ impl OpEvent {
             .map(|(kind, sizes)| sizes.iter().product::<i64>() * kind.elt_size_in_bytes() as i64)
             .sum()
     }
+
+    /// Whether input `i` is a matrix (or a batch of them) stored transposed: column-major in
+    /// its last two dimensions (`x.t()`), which a product's kernel may reorder first.
+    pub fn column_major(&self, i: usize) -> bool {
+        let Some((_, sizes, strides)) = tensor_codes(&self.codes).nth(i).flatten() else {
+            return false;
+        };
+        let n = sizes.len();
+        n >= 2 && sizes[n - 1] > 1 && sizes[n - 2] > 1 && strides[n - 2] == 1 && strides[n - 1] != 1
+    }
+}
+
+/// Per value of `flat`, shapes as the shim writes them (`[dtype, ndim, sizes..., strides...]`
+/// per tensor, `[-1]` per anything else): a tensor's `c10::ScalarType`, sizes and strides, or
+/// `None`.
+fn tensor_codes(mut flat: &[i64]) -> impl Iterator<Item = Option<(i64, &[i64], &[i64])>> {
+    std::iter::from_fn(move || {
+        let (&dtype, rest) = flat.split_first()?;
+        if dtype < 0 {
+            flat = rest;
+            return Some(None);
+        }
+        let ndim = rest.first().copied().unwrap_or(0).max(0) as usize;
+        let sizes = rest.get(1..1 + ndim).unwrap_or_default();
+        let strides = rest.get(1 + ndim..1 + 2 * ndim).unwrap_or_default();
+        flat = rest.get(1 + 2 * ndim..).unwrap_or_default();
+        Some(Some((dtype, sizes, strides)))
+    })
 }
 
 /// Whether operator `name` (`aten::add.Tensor`, as [`OpEvent::name`] has it) has a kernel for
@@ -183,21 +211,11 @@ fn decode_numbers(flat: &[i64]) -> Vec<Option<f64>> {
         .collect()
 }
 
-/// `[dtype, ndim, sizes..., strides...]` per tensor, `[-1]` per anything else.
-fn decode_shapes(mut flat: &[i64]) -> Vec<Option<(Kind, Vec<i64>)>> {
-    let mut out = Vec::new();
-    while let Some((&dtype, rest)) = flat.split_first() {
-        if dtype < 0 {
-            out.push(None);
-            flat = rest;
-            continue;
-        }
-        let ndim = rest.first().copied().unwrap_or(0).max(0) as usize;
-        let sizes = rest.get(1..1 + ndim).unwrap_or_default().to_vec();
-        out.push(kind_of(dtype).map(|k| (k, sizes)));
-        flat = rest.get(1 + 2 * ndim..).unwrap_or_default();
-    }
-    out
+/// Each value's dtype and sizes where it is a tensor ([`tensor_codes`]).
+fn decode_shapes(flat: &[i64]) -> Vec<Option<(Kind, Vec<i64>)>> {
+    tensor_codes(flat)
+        .map(|t| t.and_then(|(dtype, sizes, _)| kind_of(dtype).map(|k| (k, sizes.to_vec()))))
+        .collect()
 }
 
 /// A `c10::ScalarType` as tch's kind (the types a training step uses).

@@ -59,6 +59,30 @@ fn a_fake_step_counts_the_bytes_of_the_real_one() {
     assert_eq!((fake.0, fake.1), (real.0, real.1));
 }
 
+/// The linear's backward multiplies a transposed operand for the weight's gradient (as
+/// libtorch's `mm_mat2_backward` writes it), and a fake step's trace says so as the real one's
+/// does: the cost model times that product at its own rate (`OpEvent::column_major`).
+#[test]
+fn the_weights_gradient_multiplies_a_transposed_operand_in_the_real_step_and_the_fake_one() {
+    let _lock = meter::exclusive();
+    let [real, fake] = real_and_fake(None);
+    let products = |t: &[OpEvent]| -> Vec<(bool, Vec<i64>)> {
+        t.iter()
+            .filter(|e| e.name == "aten::mm")
+            .map(|e| (e.column_major(0), e.outputs[0].clone().unwrap().1))
+            .collect()
+    };
+    let (r, f) = (products(&real.2), products(&fake.2));
+    assert_eq!(r, f);
+    let transposed: Vec<&Vec<i64>> = r.iter().filter(|p| p.0).map(|p| &p.1).collect();
+    assert_eq!(transposed, [&vec![64, 32]], "{r:?}");
+    assert_eq!(
+        r.len(),
+        2,
+        "the forward's and the weight's gradient (x needs none): {r:?}"
+    );
+}
+
 /// Under bf16 a CPU with AMX or AVX-512-BF16 multiplies through oneDNN, whose scratch the meta
 /// kernels do not allocate: every call still leaves the same bytes, and only matrix products
 /// peak higher, by at most their operands' and result's bytes in f32, twice over. (The scratch

@@ -362,6 +362,7 @@ fn cache_rates(xdg: &Path, scale: f64) -> ckptune_solver::rates::DeviceRates {
         threads: Some(1),
         matmul: vec![Curve::flat(Dtype::Fp32, 1e11 * scale)],
         matmul_thin: Vec::new(),
+        matmul_transposed: Vec::new(),
         conv: vec![Curve::flat(Dtype::Fp32, 5e10 * scale)],
         conv_shapes: Vec::new(),
         conv_backward: Vec::new(),

@@ -24,6 +24,7 @@ fn flat() -> DeviceRates {
         threads: Some(1),
         matmul: vec![Curve::flat(Dtype::Fp32, 1e11)],
         matmul_thin: Vec::new(),
+        matmul_transposed: Vec::new(),
         conv: vec![Curve::flat(Dtype::Fp32, 5e10)],
         conv_shapes: Vec::new(),
         conv_backward: Vec::new(),

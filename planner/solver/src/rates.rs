@@ -65,6 +65,10 @@ pub struct Work {
     /// shape the device measured is timed at ([`DeviceRates::conv_shapes`]); zeros for other
     /// work.
     pub shape: [f64; 3],
+    /// A matrix product whose first operand is stored transposed (column-major: a weight's
+    /// gradient, `x.t() @ grad`), which some kernels reorder before they multiply
+    /// ([`DeviceRates::matmul_transposed`]).
+    pub lhs_transposed: bool,
 }
 
 /// What a fused attention call does besides its products' FLOPs: each element of its score
@@ -145,6 +149,12 @@ pub struct DeviceRates {
     /// by `[768, 768]` ran at a quarter of the rate of a square product of its mean dimension.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
     pub matmul_thin: Vec<Curve>,
+    /// FLOP/s of square products whose first operand is stored transposed, per dtype where
+    /// measured (a dtype without one takes `matmul`'s): on an Intel Xeon with AMX a bf16
+    /// product of a transposed operand ran at 0.55-0.8 of `matmul`'s rate, an fp32 one at its
+    /// rate. Empty for a GPU of the table.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub matmul_transposed: Vec<Curve>,
     /// FLOP/s of convolutions per dtype, by the mean dimension of their implicit product.
     pub conv: Vec<Curve>,
     /// The convolutions the device measured, each at its own FLOP/s: one of the same channels
@@ -347,7 +357,17 @@ impl DeviceRates {
     /// FLOP/s of the matrix product `work`: the rate of its mean dimension, or of its smaller
     /// output dimension where that is slower (a skinny product, where the device measured one).
     fn matmul_rate(&self, work: &Work) -> f64 {
-        let square = rate(&self.matmul, work.dtype, work.size);
+        let transposed = work.lhs_transposed
+            && self
+                .matmul_transposed
+                .iter()
+                .any(|c| c.dtype == work.dtype.name() && !c.points.is_empty());
+        let curves = if transposed {
+            &self.matmul_transposed
+        } else {
+            &self.matmul
+        };
+        let square = rate(curves, work.dtype, work.size);
         if work.thin > 0.0 {
             square.min(rate(&self.matmul_thin, work.dtype, work.thin))
         } else {
@@ -363,8 +383,9 @@ impl DeviceRates {
             ("bandwidth", &self.bandwidth),
             ("bandwidth_in_place", &self.bandwidth_in_place),
             ("matmul_thin", &self.matmul_thin),
+            ("matmul_transposed", &self.matmul_transposed),
         ] {
-            let optional = what == "bandwidth_in_place" || what == "matmul_thin";
+            let optional = ["bandwidth_in_place", "matmul_thin", "matmul_transposed"].contains(&what);
             if !optional && !curves.iter().any(|c| c.dtype == "fp32" && !c.points.is_empty()) {
                 return Err(format!("rates of {}: no fp32 {what} rate", self.device));
             }
@@ -548,6 +569,7 @@ impl GpuSpec {
                 flat(Dtype::Fp16, self.fp16_tflops * t * GPU_MATMUL_EFFICIENCY),
             ],
             matmul_thin: Vec::new(),
+            matmul_transposed: Vec::new(),
             conv: vec![
                 flat(Dtype::Fp32, self.tf32_tflops * t * GPU_CONV_EFFICIENCY),
                 flat(Dtype::Bf16, self.bf16_tflops * t * GPU_CONV_EFFICIENCY),
@@ -599,6 +621,7 @@ mod tests {
             threads: Some(1),
             matmul: vec![Curve::flat(Dtype::Fp32, 1e9)],
             matmul_thin: vec![Curve::flat(Dtype::Fp32, 1e8)],
+            matmul_transposed: Vec::new(),
             conv: vec![Curve::flat(Dtype::Fp32, 5e8)],
             conv_shapes: Vec::new(),
             conv_backward: vec![Curve::flat(Dtype::Fp32, 2.5e8)],
@@ -622,21 +645,33 @@ mod tests {
             thin: 0.0,
             attention: None,
             shape: [0.0; 3],
+            lhs_transposed: false,
         };
         let t = r.seconds(&work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3));
         assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
         // A skinny product at the slower of its mean dimension's rate and its thin one's; a
         // product with no thin dimension (a convolution) at the mean dimension's.
-        let skinny = Work {
-            thin: 8.0,
-            ..work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3)
+        let takes = |r: &DeviceRates, w: Work, seconds: f64| (r.seconds(&w) - (seconds + 1e-6)).abs() < 1e-12;
+        let matmul = work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3);
+        let skinny = Work { thin: 8.0, ..matmul };
+        assert!(takes(&r, skinny, 2e-2));
+        // A product of a transposed operand at its own curve where its dtype has one, else at
+        // the square one.
+        let transposed = Work {
+            lhs_transposed: true,
+            ..matmul
         };
-        assert!((r.seconds(&skinny) - (2e-2 + 1e-6)).abs() < 1e-12);
-        let faster_thin = DeviceRates {
-            matmul_thin: vec![Curve::flat(Dtype::Fp32, 1e10)],
-            ..r.clone()
+        assert!(takes(&r, transposed, 2e-3));
+        let mut refined = r.clone();
+        refined.matmul_thin = vec![Curve::flat(Dtype::Fp32, 1e10)];
+        refined.matmul_transposed = vec![Curve::flat(Dtype::Fp32, 5e8)];
+        assert!(takes(&refined, skinny, 2e-3));
+        assert!(takes(&refined, transposed, 4e-3));
+        let bf16 = Work {
+            dtype: Dtype::Bf16,
+            ..transposed
         };
-        assert!((faster_thin.seconds(&skinny) - (2e-3 + 1e-6)).abs() < 1e-12);
+        assert_eq!(refined.seconds(&bf16), r.seconds(&bf16));
         let t = r.seconds(&work(Engine::Conv, Dtype::Fp32, 1e6, 1e3));
         assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
         // A convolution's backward at its own rate where its dtype has one, else the forward's.
@@ -714,6 +749,7 @@ mod tests {
             thin: 0.0,
             attention: None,
             shape: mkn,
+            lhs_transposed: false,
         };
         let at = |w: &Work, seconds: f64| (r.work_seconds(w) - seconds).abs() < 1e-12;
         // Two shapes of one size: the measured one at its rate, the other at the curve's.
@@ -749,6 +785,7 @@ mod tests {
             size: 64.0,
             thin: 0.0,
             shape: [0.0; 3],
+            lhs_transposed: false,
             attention: Some(AttentionWork {
                 scores: 1e4,
                 full_flops: 2e6,
@@ -801,6 +838,7 @@ mod tests {
                 thin: 0.0,
                 attention: None,
                 shape: [0.0; 3],
+                lhs_transposed: false,
             };
             assert!(
                 r.seconds(&work(Dtype::Bf16)) < r.seconds(&work(Dtype::Fp32)),

@@ -144,6 +144,7 @@ fn product(engine: Engine, e: &OpEvent, macs: f64, mkn: [f64; 3], writes_input: 
         bytes: bytes_moved(e, writes_input),
         size: (mkn[0] * mkn[1] * mkn[2]).cbrt(),
         shape: mkn,
+        lhs_transposed: false,
         thin: if engine == Engine::Matmul {
             mkn[0].min(mkn[2])
         } else {
@@ -202,7 +203,10 @@ fn matmul_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
     }
     let &(_, first) = PRODUCTS.iter().find(|(n, _)| *n == name)?;
     let (macs, mkn) = matmul_macs(shape(first)?, shape(first + 1)?)?;
-    Some(product(Engine::Matmul, e, macs, mkn, writes_input))
+    Some(Work {
+        lhs_transposed: e.column_major(first),
+        ..product(Engine::Matmul, e, macs, mkn, writes_input)
+    })
 }
 
 /// Convolutions, each backend's and their backwards (`convolution`, `mkldnn_convolution`,
@@ -325,6 +329,7 @@ pub fn work_of(e: &OpEvent, writes_input: bool) -> Work {
             thin: 0.0,
             attention: None,
             shape: [0.0; 3],
+            lhs_transposed: false,
         })
 }
 

@@ -449,3 +449,29 @@ fn calls_replayed_from_a_selective_cache_do_no_work_nor_does_what_they_ran_insid
     );
     assert_eq!(left[0].work, work_of(&trace[4], false));
 }
+
+#[test]
+fn a_product_whose_first_operand_is_stored_transposed_is_marked_from_its_strides() {
+    // Each tensor as the shim codes it: dtype (6: fp32), rank, sizes, strides.
+    let transposed = |name: &str, inputs: &[&[i64]], codes: &[i64]| {
+        let mut e = op(name, inputs.iter().map(|s| f32(s)).collect(), &[], Vec::new());
+        e.codes = codes.to_vec();
+        work_of(&e, false).lhs_transposed
+    };
+    // `x.t() @ g`, a weight's gradient: x `[16, 32]` stored row-major, read as `[32, 16]`.
+    let mm: &[&[i64]] = &[&[32, 16], &[16, 64]];
+    assert!(transposed("aten::mm", mm, &[6, 2, 32, 16, 1, 32, 6, 2, 16, 64, 64, 1]));
+    // Only the first operand's layout counts.
+    assert!(!transposed("aten::mm", mm, &[6, 2, 32, 16, 16, 1, 6, 2, 16, 64, 1, 16]));
+    // addmm's first argument is what it adds: its product's first operand is the second.
+    let addmm: &[&[i64]] = &[&[64], &[32, 16], &[16, 64]];
+    let codes = [6, 1, 64, 1, 6, 2, 32, 16, 1, 32, 6, 2, 16, 64, 64, 1];
+    assert!(transposed("aten::addmm", addmm, &codes));
+    // A batch of matrices, each transposed.
+    let bmm: &[&[i64]] = &[&[4, 32, 16], &[4, 16, 64]];
+    let codes = [6, 3, 4, 32, 16, 512, 1, 32, 6, 3, 4, 16, 64, 1024, 64, 1];
+    assert!(transposed("aten::bmm", bmm, &codes));
+    // A single row has no layout to reorder.
+    let row: &[&[i64]] = &[&[1, 16], &[16, 64]];
+    assert!(!transposed("aten::mm", row, &[6, 2, 1, 16, 1, 1, 6, 2, 16, 64, 64, 1]));
+}
