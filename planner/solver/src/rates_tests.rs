@@ -1,0 +1,280 @@
+//! Rates against times worked by hand: curves, each engine's rate, the GPU table, the checks.
+
+use super::*;
+
+#[test]
+fn curves_interpolate_in_log_log_and_hold_flat_beyond_their_ends() {
+    let c = Curve {
+        dtype: "fp32".into(),
+        points: vec![[10.0, 1.0], [1000.0, 100.0]],
+    };
+    assert_eq!(c.at(1.0), Some(1.0));
+    assert_eq!(c.at(1e6), Some(100.0));
+    // Halfway in log size: the geometric mean of the rates.
+    assert!((c.at(100.0).unwrap() - 10.0).abs() < 1e-9);
+    assert_eq!(
+        Curve {
+            dtype: "fp32".into(),
+            points: vec![]
+        }
+        .at(5.0),
+        None
+    );
+}
+
+#[test]
+fn time_is_the_slower_of_flops_and_bytes_plus_the_overhead() {
+    let r = DeviceRates {
+        device: "cpu".into(),
+        name: "test".into(),
+        measured: true,
+        source: String::new(),
+        threads: Some(1),
+        matmul: vec![Curve::flat(Dtype::Fp32, 1e9)],
+        matmul_thin: vec![Curve::flat(Dtype::Fp32, 1e8)],
+        matmul_transposed: Vec::new(),
+        conv: vec![Curve::flat(Dtype::Fp32, 5e8)],
+        conv_shapes: Vec::new(),
+        conv_backward: vec![Curve::flat(Dtype::Fp32, 2.5e8)],
+        bandwidth: vec![Curve::flat(Dtype::Fp32, 1e9), Curve::flat(Dtype::Bf16, 2e9)],
+        bandwidth_in_place: vec![Curve::flat(Dtype::Fp32, 4e9)],
+        overhead_seconds: 1e-6,
+        ops: vec![OpRate {
+            op: "aten::gelu".into(),
+            dtype: "fp32".into(),
+            bytes_per_second: 1e8,
+        }],
+        attention: None,
+        block_overhead: None,
+    };
+    let work = |engine, dtype, flops, bytes| Work {
+        engine,
+        dtype,
+        flops,
+        bytes,
+        size: 64.0,
+        thin: 0.0,
+        attention: None,
+        shape: [0.0; 3],
+        lhs_transposed: false,
+    };
+    let t = r.seconds(&work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3));
+    assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
+    // A skinny product at the slower of its mean dimension's rate and its thin one's; a
+    // product with no thin dimension (a convolution) at the mean dimension's.
+    let takes = |r: &DeviceRates, w: Work, seconds: f64| (r.seconds(&w) - (seconds + 1e-6)).abs() < 1e-12;
+    let matmul = work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3);
+    let skinny = Work { thin: 8.0, ..matmul };
+    assert!(takes(&r, skinny, 2e-2));
+    // A product of a transposed operand at its own curve where its dtype has one, else at
+    // the square one.
+    let transposed = Work {
+        lhs_transposed: true,
+        ..matmul
+    };
+    assert!(takes(&r, transposed, 2e-3));
+    let mut refined = r.clone();
+    refined.matmul_thin = vec![Curve::flat(Dtype::Fp32, 1e10)];
+    refined.matmul_transposed = vec![Curve::flat(Dtype::Fp32, 5e8)];
+    assert!(takes(&refined, skinny, 2e-3));
+    assert!(takes(&refined, transposed, 4e-3));
+    let bf16 = Work {
+        dtype: Dtype::Bf16,
+        ..transposed
+    };
+    assert_eq!(refined.seconds(&bf16), r.seconds(&bf16));
+    let t = r.seconds(&work(Engine::Conv, Dtype::Fp32, 1e6, 1e3));
+    assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
+    // A convolution's backward at its own rate where its dtype has one, else the forward's.
+    let t = r.seconds(&work(Engine::ConvBackward, Dtype::Fp32, 1e6, 1e3));
+    assert!((t - (4e-3 + 1e-6)).abs() < 1e-12, "{t}");
+    let t = r.seconds(&work(Engine::ConvBackward, Dtype::Bf16, 1e6, 1e3));
+    assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
+    // Memory-bound: bytes win; bf16 has its own bandwidth, fp16 falls back to fp32's.
+    let t = r.seconds(&work(Engine::Matmul, Dtype::Bf16, 1e3, 4e6));
+    assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
+    let t = r.seconds(&work(Engine::Memory, Dtype::Fp16, 1e12, 4e6));
+    assert!((t - (4e-3 + 1e-6)).abs() < 1e-12, "{t}");
+    // An operator with its own rate streams at it; a dtype without its own rate takes
+    // fp32's per element (1e6 bf16 bytes are 2e6 fp32 bytes), never the streaming rate.
+    let gelu = work(Engine::Memory, Dtype::Fp32, 0.0, 1e6);
+    assert!((r.op_seconds("aten::gelu", &gelu) - 1e-2).abs() < 1e-12);
+    assert!((r.op_seconds("aten::add", &gelu) - 1e-3).abs() < 1e-12);
+    let bf16 = work(Engine::Memory, Dtype::Bf16, 0.0, 1e6);
+    assert!((r.op_seconds("aten::gelu", &bf16) - 2e-2).abs() < 1e-12);
+    assert!((r.op_seconds("aten::add", &bf16) - 5e-4).abs() < 1e-12);
+    let own_bf16 = DeviceRates {
+        ops: [
+            r.ops.clone(),
+            vec![OpRate {
+                op: "aten::gelu".into(),
+                dtype: "bf16".into(),
+                bytes_per_second: 4e8,
+            }],
+        ]
+        .concat(),
+        ..r.clone()
+    };
+    assert!((own_bf16.op_seconds("aten::gelu", &bf16) - 2.5e-3).abs() < 1e-12);
+    assert!((own_bf16.op_seconds("aten::gelu", &gelu) - 1e-2).abs() < 1e-12);
+    // In place: at its own streaming rate, bf16 at fp32's where it has none; a product is
+    // timed as any product, and a device without the curve streams at `bandwidth`.
+    assert!((r.in_place_seconds(&gelu) - 2.5e-4).abs() < 1e-12);
+    assert!((r.in_place_seconds(&bf16) - 2.5e-4).abs() < 1e-12);
+    let product = work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3);
+    assert!((r.in_place_seconds(&product) - 2e-3).abs() < 1e-12);
+    let without = DeviceRates {
+        bandwidth_in_place: Vec::new(),
+        ..r.clone()
+    };
+    assert!((without.in_place_seconds(&gelu) - 1e-3).abs() < 1e-12);
+    assert_eq!(r.check(), Ok(()));
+}
+
+#[test]
+fn a_convolution_of_measured_channels_takes_their_rate_from_their_rows_up_and_any_other_the_curve() {
+    let shape = |dtype: Dtype, backward: bool, mkn: [f64; 3], rate: f64| ConvShape {
+        dtype: dtype.name().into(),
+        backward,
+        shape: mkn,
+        flops_per_second: rate,
+    };
+    let (stage2, stage4) = ([6272.0, 1152.0, 128.0], [392.0, 4608.0, 512.0]);
+    let r = DeviceRates {
+        conv: vec![Curve::flat(Dtype::Fp32, 1e9), Curve::flat(Dtype::Bf16, 2e9)],
+        conv_backward: vec![Curve::flat(Dtype::Fp32, 5e8)],
+        conv_shapes: vec![
+            shape(Dtype::Bf16, false, stage2, 4e9),
+            shape(Dtype::Fp32, false, stage2, 1.5e9),
+            shape(Dtype::Fp32, true, stage2, 1e8),
+        ],
+        bandwidth: vec![Curve::flat(Dtype::Fp32, 1e15)],
+        ..gpu("a100-80gb").unwrap().rates()
+    };
+    let conv = |engine, dtype, mkn: [f64; 3]| Work {
+        engine,
+        dtype,
+        flops: 4e9,
+        bytes: 1.0,
+        size: (mkn[0] * mkn[1] * mkn[2]).cbrt(),
+        thin: 0.0,
+        attention: None,
+        shape: mkn,
+        lhs_transposed: false,
+    };
+    let at = |w: &Work, seconds: f64| (r.work_seconds(w) - seconds).abs() < 1e-12;
+    // Two shapes of one size: the measured one at its rate, the other at the curve's.
+    assert!(at(&conv(Engine::Conv, Dtype::Bf16, stage2), 1.0));
+    assert!(at(&conv(Engine::Conv, Dtype::Bf16, stage4), 2.0));
+    // The measured channels at four times the batch keep its rate; at half, the curve's.
+    let [m, k, n] = stage2;
+    assert!(at(&conv(Engine::Conv, Dtype::Bf16, [4.0 * m, k, n]), 1.0));
+    assert!(at(&conv(Engine::Conv, Dtype::Bf16, [m / 2.0, k, n]), 2.0));
+    assert!(at(&conv(Engine::Conv, Dtype::Fp32, stage2), 4e9 / 1.5e9));
+    // fp32's backward at its own shape; bf16's (no backward measured) at its forward's.
+    assert!(at(&conv(Engine::ConvBackward, Dtype::Fp32, stage2), 40.0));
+    assert!(at(&conv(Engine::ConvBackward, Dtype::Fp32, stage4), 8.0));
+    assert!(at(&conv(Engine::ConvBackward, Dtype::Bf16, stage2), 1.0));
+    assert_eq!(r.check(), Ok(()));
+    let bad = DeviceRates {
+        conv_shapes: vec![shape(Dtype::Fp32, false, stage2, 0.0)],
+        ..r.clone()
+    };
+    assert!(bad.check().unwrap_err().contains("convolution"));
+}
+
+#[test]
+fn measured_attention_adds_its_scores_and_takes_the_causal_share_at_its_length() {
+    let mut r = gpu("a100-80gb").unwrap().rates();
+    r.matmul = vec![Curve::flat(Dtype::Fp32, 1e9)];
+    r.bandwidth = vec![Curve::flat(Dtype::Fp32, 1e12)];
+    let attention_at = |causal, backward, head| Work {
+        engine: Engine::Matmul,
+        dtype: Dtype::Fp32,
+        flops: if causal { 1e6 } else { 2e6 },
+        bytes: 1e3,
+        size: 64.0,
+        thin: 0.0,
+        shape: [0.0; 3],
+        lhs_transposed: false,
+        attention: Some(AttentionWork {
+            scores: 1e4,
+            full_flops: 2e6,
+            causal,
+            length: 100.0,
+            head,
+            backward,
+        }),
+    };
+    let attention = |causal, backward| attention_at(causal, backward, 64.0);
+    // Without measured attention rates (a GPU of the table): its FLOPs alone.
+    assert!((r.op_seconds("x", &attention(true, false)) - 1e-3).abs() < 1e-12);
+    let by_head = |at_64: f64| Curve {
+        dtype: "fp32".into(),
+        points: vec![[16.0, at_64 / 2.0], [64.0, at_64]],
+    };
+    r.attention = Some(AttentionRates {
+        forward_seconds_per_score: by_head(1e-7),
+        backward_seconds_per_score: by_head(3e-7),
+        causal_share: Curve {
+            dtype: "fp32".into(),
+            points: vec![[10.0, 1.0], [1000.0, 0.25]],
+        },
+    });
+    // 2 ms of products over the full scores, plus 1 ms (forward) or 3 ms (backward) of scores.
+    assert!((r.op_seconds("x", &attention(false, false)) - 3e-3).abs() < 1e-12);
+    assert!((r.op_seconds("x", &attention(false, true)) - 5e-3).abs() < 1e-12);
+    // Causal at length 100, halfway in log length: the share is 0.5.
+    assert!((r.op_seconds("x", &attention(true, true)) - 2.5e-3).abs() < 1e-12);
+    // At head size 16 a score costs half (0.5 ms forward); halfway in log head size between
+    // 16 and 64 (32), 1/√2 of head 64's; beyond the measured heads, the nearest one's.
+    assert!((r.op_seconds("x", &attention_at(false, false, 16.0)) - 2.5e-3).abs() < 1e-12);
+    let halfway = 2e-3 + 1e-3 / 2f64.sqrt();
+    assert!((r.op_seconds("x", &attention_at(false, false, 32.0)) - halfway).abs() < 1e-12);
+    assert!((r.op_seconds("x", &attention_at(false, true, 128.0)) - 5e-3).abs() < 1e-12);
+}
+
+#[test]
+fn every_gpu_of_the_table_gives_complete_rates_and_tensor_cores_beat_fp32() {
+    for g in GPUS {
+        let r = g.rates();
+        assert_eq!(r.check(), Ok(()), "{}", g.key);
+        assert!(!r.measured && r.source.contains(g.source), "{}", g.key);
+        let work = |dtype| Work {
+            engine: Engine::Matmul,
+            dtype,
+            flops: 1e12,
+            bytes: 0.0,
+            size: 4096.0,
+            thin: 0.0,
+            attention: None,
+            shape: [0.0; 3],
+            lhs_transposed: false,
+        };
+        assert!(
+            r.seconds(&work(Dtype::Bf16)) < r.seconds(&work(Dtype::Fp32)),
+            "{}",
+            g.key
+        );
+        assert_eq!(gpu(&g.key.to_uppercase()), Some(g));
+    }
+    assert_eq!(gpu_names(), ["h100", "h200", "a100-80gb", "l40s", "rtx4090"]);
+    assert!(gpu("v100").is_none());
+    // The H100's figures as the datasheet states them, sparsity halved.
+    let h100 = gpu("h100").unwrap().rates();
+    let bf16 = h100.matmul.iter().find(|c| c.dtype == "bf16").unwrap();
+    assert!((bf16.at(1.0).unwrap() - 989.4e12 * 0.7).abs() < 1e3);
+}
+
+#[test]
+fn incomplete_rates_are_refused_naming_what_is_missing() {
+    let mut r = gpu("a100-80gb").unwrap().rates();
+    r.conv.clear();
+    assert!(r.check().unwrap_err().contains("no fp32 conv rate"));
+    let mut r = gpu("a100-80gb").unwrap().rates();
+    r.bandwidth[0].points = vec![[2.0, 1.0], [1.0, 2.0]];
+    assert!(r.check().unwrap_err().contains("do not increase"));
+    let mut r = gpu("a100-80gb").unwrap().rates();
+    r.matmul[0].points[0][1] = f64::NAN;
+    assert!(r.check().unwrap_err().contains("must be positive"));
+}

@@ -1,0 +1,162 @@
+//! The calibration's measurements: what each keeps, and what a time limit cuts.
+
+use super::*;
+use crate::cost::work;
+use ckptune_kernels::meter;
+
+/// Every test here runs libtorch's operators: one at a time, and only once the meter is the
+/// CPU allocator. A session (the runtime's time around a block) installs it, and memory
+/// another thread allocated before that and frees after it goes to the wrong deleter.
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    let lock = meter::exclusive();
+    meter::install().unwrap();
+    lock
+}
+
+/// A calibration's state with no time limit, its overhead per call measured.
+fn unlimited() -> Run {
+    let mut run = Run {
+        t0: Instant::now(),
+        budget: f64::INFINITY,
+        overhead: 0.0,
+    };
+    run.overhead().unwrap();
+    run
+}
+
+#[test]
+fn a_calibration_out_of_time_still_has_every_rate_an_estimate_needs() {
+    let _alone = alone();
+    // As on a machine so busy that the time limit passes before the first curve.
+    let rates = measure(1, "test", 0.0).unwrap();
+    rates.check().unwrap();
+    for curves in [
+        &rates.matmul,
+        &rates.conv,
+        &rates.conv_backward,
+        &rates.bandwidth,
+        &rates.bandwidth_in_place,
+    ] {
+        assert!(curves.iter().all(|c| c.points.len() == 1), "{curves:?}");
+    }
+    // What the limit cuts falls back to the generic rates, and the skinny products to the
+    // square ones; the runtime's time around a block is always measured (a few
+    // milliseconds of toy steps).
+    assert!(rates.block_overhead.is_some());
+    assert!(rates.matmul_thin.is_empty());
+    assert!(rates.matmul_transposed.is_empty());
+    // Each convolution curve's one point is a shape of its own: fp32 and bf16 forward,
+    // fp32 backward; bf16's backward, cut, falls back to its forward.
+    assert_eq!(rates.conv_shapes.len(), 3, "{:?}", rates.conv_shapes);
+    assert!(rates.ops.is_empty());
+    assert!(rates.attention.is_none());
+}
+
+#[test]
+fn products_of_a_transposed_operand_are_measured_at_every_side_or_not_kept() {
+    let _alone = alone();
+    let curves = transposed_products(&unlimited()).unwrap();
+    let dtypes: Vec<&str> = curves.iter().map(|c| c.dtype.as_str()).collect();
+    assert_eq!(dtypes, ["fp32", "bf16"]);
+    for c in &curves {
+        let sides: Vec<f64> = c.points.iter().map(|p| p[0]).collect();
+        assert_eq!(sides, MATMUL_SIDES.map(|n| n as f64), "{c:?}");
+        assert!(c.points.iter().all(|p| p[1] > 0.0 && p[1].is_finite()), "{c:?}");
+    }
+    let mut cut = unlimited();
+    cut.budget = 0.0;
+    assert!(transposed_products(&cut).unwrap().is_empty());
+}
+
+#[test]
+fn bf16_convolutions_backward_is_measured_at_every_shape_or_not_kept() {
+    let _alone = alone();
+    let (curve, shapes) = bf16_conv_backward(&unlimited()).unwrap();
+    assert_eq!(curve.map(|c| c.dtype), Some("bf16".to_string()));
+    assert_eq!(shapes.len(), CONVS.len());
+    assert!(shapes
+        .iter()
+        .all(|s| s.backward && s.dtype == "bf16" && s.flops_per_second > 0.0));
+    let mut cut = unlimited();
+    cut.budget = 0.0;
+    let (curve, shapes) = bf16_conv_backward(&cut).unwrap();
+    assert!(curve.is_none() && shapes.is_empty());
+}
+
+#[test]
+fn a_fresh_output_streams_from_operands_beyond_the_l2() {
+    let _alone = alone();
+    // 128 KiB a pair: 128 of them span 16 MiB, so each call reads what the L2 lost.
+    assert_eq!(operand_pairs(16 << 10, Dtype::Fp32, BEYOND_L2).unwrap().len(), 128);
+    assert_eq!(operand_pairs(16 << 10, Dtype::Bf16, BEYOND_L2).unwrap().len(), 256);
+    // A pair beyond the span alone: two, taken in turn.
+    assert_eq!(operand_pairs(4 << 20, Dtype::Fp32, BEYOND_L2).unwrap().len(), 2);
+    // A few elements: at most OPERAND_PAIRS, the call's overhead being its time.
+    assert_eq!(operand_pairs(64, Dtype::Fp32, BEYOND_L2).unwrap().len(), OPERAND_PAIRS);
+}
+
+#[test]
+fn the_slow_kernels_are_measured_on_bf16_inputs_too() {
+    let _alone = alone();
+    let run = unlimited();
+    let streaming = vec![Curve::flat(Dtype::Fp32, 1e10), Curve::flat(Dtype::Bf16, 1e10)];
+    let generic = generic_rates(1, "test", streaming, run.overhead);
+    for p in &PROBES {
+        let mut ops = Vec::new();
+        run.probe(p, Dtype::Bf16, &generic, &mut ops).unwrap();
+        // Each rate is bf16's (softmax's output keeps its input's dtype, as under
+        // autocast), and the forward's kernel, timed on its own, always has one.
+        assert!(
+            ops.iter().all(|r| r.dtype == "bf16" && r.bytes_per_second > 0.0),
+            "{ops:?}"
+        );
+        assert!(ops.iter().any(|r| r.op == p.ops[0]), "{}: {ops:?}", p.ops[0]);
+    }
+}
+
+#[test]
+fn attention_is_costed_per_score_at_each_head_size() {
+    let _alone = alone();
+    let run = unlimited();
+    // Streaming so fast that no call is bound by its bytes.
+    let generic = generic_rates(1, "test", vec![Curve::flat(Dtype::Fp32, 1e13)], run.overhead);
+    let a = run.attention(&generic).unwrap().expect("this CPU runs fused attention");
+    // Sorted by head size for the curve, whatever order they were measured in; each cost
+    // positive (a curve read in log space).
+    for by_head in [&a.forward_seconds_per_score, &a.backward_seconds_per_score] {
+        let heads: Vec<f64> = by_head.points.iter().map(|p| p[0]).collect();
+        assert_eq!(heads, [16.0, 64.0, 128.0]);
+        assert!(
+            by_head.points.iter().all(|p| p[1] > 0.0 && p[1].is_finite()),
+            "{by_head:?}"
+        );
+    }
+    // Over these rates, the calibration's own backward at head size 16 is estimated at its
+    // products plus head size 16's cost per score: the call's head size picks the point.
+    let rates = DeviceRates {
+        attention: Some(a.clone()),
+        ..generic.clone()
+    };
+    let [b, h, l] = ATTENTION_SHAPE;
+    let x = randn(&[b, h, l, 16], Dtype::Fp32).unwrap();
+    let [_, (_, traced)] = forward_backward(&x, &|x| attention_call(x, false)).unwrap();
+    let (_, work) = traced
+        .counted
+        .iter()
+        .find(|(n, _)| n == ATTENTION_OPS[1])
+        .expect("the backward's kernel");
+    let w = work.work;
+    let products = generic.work_seconds(&Work {
+        flops: w.attention.unwrap().full_flops,
+        bytes: 0.0,
+        attention: None,
+        ..w
+    });
+    let at_16 = a.backward_seconds_per_score.points[0][1];
+    let expected = products + at_16 * w.attention.unwrap().scores;
+    let estimated = rates.op_seconds(work::base(ATTENTION_OPS[1]), &w);
+    assert!(
+        (estimated - expected).abs() <= 1e-12 * expected,
+        "{estimated} against {expected}"
+    );
+}
