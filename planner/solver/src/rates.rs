@@ -151,7 +151,7 @@ pub struct DeviceRates {
     pub matmul_thin: Vec<Curve>,
     /// FLOP/s of square products whose first operand is stored transposed, per dtype where
     /// measured (a dtype without one takes `matmul`'s): on an Intel Xeon with AMX a bf16
-    /// product of a transposed operand ran at 0.55-0.8 of `matmul`'s rate, an fp32 one at its
+    /// product of a transposed operand ran at 0.57-0.82 of `matmul`'s rate, an fp32 one at its
     /// rate. Empty for a GPU of the table.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
     pub matmul_transposed: Vec<Curve>,
