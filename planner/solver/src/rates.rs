@@ -159,9 +159,9 @@ pub struct DeviceRates {
     pub conv: Vec<Curve>,
     /// The convolutions the device measured, each at its own FLOP/s: one of the same channels
     /// and kernel and at least as many rows takes it over `conv`'s and `conv_backward`'s curves,
-    /// which key a convolution by its mean dimension alone. ResNet's four 3×3 stages at batch 8 do equal multiply-adds, one
-    /// size on the curve (which kept the slowest), and ran 1.5 times apart in bf16 on an Intel
-    /// Xeon with AMX. Empty for a GPU of the table.
+    /// which key a convolution by its mean dimension alone. ResNet's four 3×3 stages at batch 8
+    /// do equal multiply-adds, one size on the curve (which kept the slowest), and ran 1.5 times
+    /// apart in bf16 on an Intel Xeon with AMX. Empty for a GPU of the table.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
     pub conv_shapes: Vec<ConvShape>,
     /// FLOP/s of convolutions' backwards per dtype, where measured (a CPU's calibration, whose
