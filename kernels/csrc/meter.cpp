@@ -8,7 +8,9 @@
 #include <c10/core/StorageImpl.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
@@ -19,12 +21,28 @@ namespace {
 
 // Counting allocator.
 //
-// Each allocation gets a 64-byte header in front of the data holding its size, so that the
-// deleter knows how many bytes go away without a global map (no lock, no extra allocation).
-// The context pointer equals the data pointer, which `Allocator::raw_allocate` requires: oneDNN
-// allocates through raw_allocate/raw_deleter, and those bytes are counted like any tensor's.
-// 64 bytes keep the data at the 64-byte alignment libtorch's default CPU allocator gives.
+// Each allocation gets a 64-byte header in front of the data holding its size and where malloc
+// put the block, so that the deleter knows how many bytes go away without a global map (no
+// lock, no extra allocation). The context pointer equals the data pointer, which
+// `Allocator::raw_allocate` requires: oneDNN allocates through raw_allocate/raw_deleter, and
+// those bytes are counted like any tensor's. The data sits at the 64-byte alignment libtorch's
+// default CPU allocator gives.
+//
+// The block comes from malloc, aligned here, not from the default allocator's posix_memalign:
+// glibc serves an aligned request by taking more and giving the ends back as separate chunks,
+// which small allocations then take, so a freed block is smaller than the next request of its
+// size. While freed memory is held (kernels/src/host_memory.rs) such a block is never reused
+// and the heap grows by every step's large tensors; malloc's own blocks are reused exactly.
 constexpr size_t kHeader = 64;
+constexpr size_t kAlign = 64;
+// What malloc guarantees; the rest of the alignment is found inside the block.
+constexpr size_t kMallocAlign = alignof(std::max_align_t);
+
+struct Header {
+  int64_t bytes;
+  void* block;
+};
+static_assert(sizeof(Header) <= kHeader, "the header fits in front of the data");
 
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
@@ -37,8 +55,6 @@ std::atomic<int64_t> g_allocs{0};
 // The level when the latest ckpt_backward* call had let go of its output tensor, before the
 // engine ran: what a hook at the start of that backward sees (FSDP's pre-backward).
 std::atomic<int64_t> g_backward_start{0};
-c10::Allocator* g_inner = nullptr;
-c10::DeleterFnPtr g_inner_raw_deleter = nullptr;
 
 void raise_max(std::atomic<int64_t>& target, int64_t value) {
   int64_t seen = target.load(std::memory_order_relaxed);
@@ -85,18 +101,24 @@ void count_free(int64_t n, const void* key) {
   g_log.push_back({~n, reinterpret_cast<uint64_t>(key)});
 }
 
+Header* header_of(void* data) { return reinterpret_cast<Header*>(static_cast<char*>(data) - kHeader); }
+
 void counting_delete(void* data) {
   if (data == nullptr) return;
-  char* base = static_cast<char*>(data) - kHeader;
-  count_free(*reinterpret_cast<int64_t*>(base), data);
-  g_inner_raw_deleter(base);
+  Header* h = header_of(data);
+  count_free(h->bytes, data);
+  std::free(h->block);
 }
 
 struct CountingAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
-    void* base = g_inner->raw_allocate(n + kHeader);
-    *reinterpret_cast<int64_t*>(base) = static_cast<int64_t>(n);
-    void* data = static_cast<char*>(base) + kHeader;
+    constexpr size_t extra = kHeader + kAlign - kMallocAlign;
+    void* block = n <= SIZE_MAX - extra ? std::malloc(n + extra) : nullptr;
+    TORCH_CHECK_WITH(OutOfMemoryError, block != nullptr,
+                     "ckptune's CPU allocator: can't allocate memory: you tried to allocate ", n, " bytes");
+    auto at = reinterpret_cast<uintptr_t>(block) + kHeader;
+    void* data = reinterpret_cast<void*>((at + kAlign - 1) & ~(kAlign - 1));
+    *header_of(data) = Header{static_cast<int64_t>(n), block};
     count_alloc(static_cast<int64_t>(n), data);
     return {data, data, &counting_delete, c10::Device(c10::DeviceType::CPU)};
   }
@@ -170,10 +192,6 @@ extern "C" {
 int ckpt_meter_install(char** err) {
   return guarded(err, [] {
     std::call_once(g_install_once, [] {
-      g_inner = c10::GetDefaultCPUAllocator();
-      g_inner_raw_deleter = g_inner->raw_deleter();
-      TORCH_CHECK(g_inner_raw_deleter != nullptr,
-                  "libtorch's default CPU allocator has no raw deleter; cannot wrap it");
       // Priority above the default registration (0) so a later default registration cannot
       // silently replace the meter.
       c10::SetCPUAllocator(&g_counting, /*priority=*/10);

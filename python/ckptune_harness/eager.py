@@ -33,6 +33,7 @@ from torch import nn
 
 from ckptune import apply, load_plan, optimizer_in_backward, plan_root, selective_policy, training_config
 
+from . import host_memory
 from . import meter as meter_mod
 from . import reference
 from .cuda_meter import CudaMeter
@@ -86,6 +87,7 @@ def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warm
     torch.set_num_threads(threads)
     if device.type == "cpu":
         meter = meter_mod.Meter(meter_mod.build())  # installed before anything is allocated
+        host_memory.hold()
     else:
         meter = CudaMeter(device)
     t = _build(ref, model_name, doc, cfg, image, seq, attention, lr, device)

@@ -43,6 +43,7 @@ from torch import nn
 from ckptune import load_plan, training_config, wrapped_modules
 
 from . import eager
+from . import host_memory
 from . import meter as meter_mod
 from . import reference
 from .output import optimizer_settings, write_output
@@ -358,6 +359,7 @@ def run(trainer, snippet, model_name, plan, *, image=None, seq=None, attention=N
     torch.set_num_threads(threads)
     before = _live_storages()  # the trainers' module constants, which the meter never sees
     meter = meter_mod.Meter(meter_mod.build())  # installed before anything is allocated
+    host_memory.hold()
     t = _build(ref, model_name, cfg, image, seq, attention)
     # One step more than measured: the epoch's last step has no next batch to fetch ahead, so
     # every measured step is one of the many a real run has.

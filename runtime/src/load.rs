@@ -31,6 +31,8 @@ pub struct CpuCounters {
     busy_ticks: u64,
     /// This process's user + system ticks, every thread included.
     own_ticks: u64,
+    /// Of those, system ticks: the kernel's work for the process, mostly page faults.
+    own_system_ticks: u64,
 }
 
 /// The CPU use around one timed interval.
@@ -42,6 +44,8 @@ pub struct Load {
     pub other_cpu_seconds: f64,
     /// CPU seconds of this process, all its threads.
     pub own_cpu_seconds: f64,
+    /// Of those, the kernel's (system time): mostly the page faults of memory touched fresh.
+    pub own_system_seconds: f64,
     /// CPUs this process may run on, and the intra-op threads it ran with.
     pub cpus: usize,
     pub threads: usize,
@@ -100,26 +104,27 @@ fn busy_ticks(stat: &str, cpus: &[usize]) -> Option<u64> {
     (found > 0).then_some(total)
 }
 
-/// utime + stime of `/proc/self/stat` (fields 14 and 15; the command name in field 2 may hold
-/// spaces and parentheses, so fields are counted from the last `)`).
-fn own_ticks(stat: &str) -> Option<u64> {
+/// utime + stime, and stime, of `/proc/self/stat` (fields 14 and 15; the command name in field
+/// 2 may hold spaces and parentheses, so fields are counted from the last `)`).
+fn own_ticks(stat: &str) -> Option<(u64, u64)> {
     let after = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = after.split_whitespace().collect();
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    Some((utime + stime, stime))
 }
 
 impl CpuCounters {
     /// The counters now; `None` where `/proc` cannot be read.
     pub fn read() -> Option<CpuCounters> {
         let cpus = allowed_cpus()?;
-        let own = own_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
+        let (own, system) = own_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
         let busy = busy_ticks(&std::fs::read_to_string("/proc/stat").ok()?, cpus)?;
         Some(CpuCounters {
             at: Instant::now(),
             busy_ticks: busy,
             own_ticks: own,
+            own_system_ticks: system,
         })
     }
 
@@ -127,10 +132,12 @@ impl CpuCounters {
     pub fn until(&self, later: &CpuCounters, threads: usize) -> Load {
         let busy = later.busy_ticks.saturating_sub(self.busy_ticks) as f64 / USER_HZ;
         let own = later.own_ticks.saturating_sub(self.own_ticks) as f64 / USER_HZ;
+        let system = later.own_system_ticks.saturating_sub(self.own_system_ticks) as f64 / USER_HZ;
         Load {
             wall_seconds: later.at.duration_since(self.at).as_secs_f64(),
             other_cpu_seconds: (busy - own).max(0.0),
             own_cpu_seconds: own,
+            own_system_seconds: system,
             cpus: allowed_cpus().map_or(1, <[usize]>::len),
             threads,
         }
@@ -202,6 +209,7 @@ mod tests {
             wall_seconds: wall,
             other_cpu_seconds: other * wall,
             own_cpu_seconds: 0.0,
+            own_system_seconds: 0.0,
             cpus: 2,
             threads: 0,
         };
@@ -235,7 +243,7 @@ mod tests {
     #[test]
     fn own_ticks_read_past_a_command_name_with_spaces_and_parentheses() {
         let stat = "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 731 29 0 0 20 0 3 0 5 0 0";
-        assert_eq!(own_ticks(stat), Some(731 + 29));
+        assert_eq!(own_ticks(stat), Some((731 + 29, 29)));
     }
 
     fn load(wall: f64, other: f64, cpus: usize, threads: usize) -> Load {
@@ -243,6 +251,7 @@ mod tests {
             wall_seconds: wall,
             other_cpu_seconds: other,
             own_cpu_seconds: 0.0,
+            own_system_seconds: 0.0,
             cpus,
             threads,
         }

@@ -69,6 +69,9 @@ pub struct Work {
     /// gradient, `x.t() @ grad`), which some kernels reorder before they multiply
     /// ([`DeviceRates::matmul_transposed`]).
     pub lhs_transposed: bool,
+    /// A convolution's kernel pixels (9 for a 3×3), which picks the measured shapes an
+    /// unmeasured one is timed among ([`DeviceRates::conv_shapes`]); 0 for other work.
+    pub kernel: f64,
 }
 
 /// What a fused attention call does besides its products' FLOPs: each element of its score
@@ -100,6 +103,32 @@ pub struct Curve {
 }
 
 impl Curve {
+    /// The curve of measured convolution `shapes` by their implicit product's cube-root size,
+    /// the slower of shapes of one size (ResNet's 3×3 stages all do equal multiply-adds); `None`
+    /// without any.
+    pub fn of_shapes<'a>(dtype: Dtype, shapes: impl Iterator<Item = &'a ConvShape>) -> Option<Curve> {
+        let points: Vec<[f64; 2]> = shapes
+            .map(|s| [s.shape.iter().product::<f64>().cbrt(), s.flops_per_second])
+            .collect();
+        (!points.is_empty()).then(|| Curve::of_points(dtype, points))
+    }
+
+    /// The curve through `[size, rate]` points in any order, the slower of points of one size.
+    pub fn of_points(dtype: Dtype, mut points: Vec<[f64; 2]>) -> Curve {
+        points.sort_by(|a, b| a[0].total_cmp(&b[0]));
+        points.dedup_by(|later, kept| {
+            let same = later[0] == kept[0];
+            if same {
+                kept[1] = kept[1].min(later[1]);
+            }
+            same
+        });
+        Curve {
+            dtype: dtype.name().into(),
+            points,
+        }
+    }
+
     pub fn flat(dtype: Dtype, rate: f64) -> Curve {
         Curve {
             dtype: dtype.name().into(),
@@ -235,6 +264,9 @@ pub struct ConvShape {
     /// The implicit product `[m, k, n]`: batch × output pixels, input channels × kernel
     /// pixels, output channels.
     pub shape: [f64; 3],
+    /// Kernel pixels (9 for a 3×3; 0 where a cache did not record it).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub kernel: f64,
     pub flops_per_second: f64,
 }
 
@@ -343,15 +375,23 @@ impl DeviceRates {
     fn conv_rate(&self, work: &Work, backward: bool) -> f64 {
         let own = backward && self.conv_backward.iter().any(|c| c.dtype == work.dtype.name());
         let [m, k, n] = work.shape;
-        let measured = self
-            .conv_shapes
-            .iter()
-            .filter(|s| s.dtype == work.dtype.name() && s.backward == own)
+        let shapes = || {
+            self.conv_shapes
+                .iter()
+                .filter(move |s| s.dtype == work.dtype.name() && s.backward == own)
+        };
+        let measured = shapes()
             .filter(|s| s.shape[1] == k && s.shape[2] == n && s.shape[0] <= m)
             .max_by(|a, b| a.shape[0].total_cmp(&b.shape[0]))
             .map(|s| s.flops_per_second);
+        let of_its_kernel = Curve::of_shapes(
+            work.dtype,
+            shapes().filter(|s| s.kernel > 0.0 && s.kernel == work.kernel),
+        );
         let curves = if own { &self.conv_backward } else { &self.conv };
-        measured.unwrap_or_else(|| rate(curves, work.dtype, work.size))
+        measured
+            .or_else(|| of_its_kernel.and_then(|c| c.at(work.size)))
+            .unwrap_or_else(|| rate(curves, work.dtype, work.size))
     }
 
     /// FLOP/s of the matrix product `work`: the rate of its mean dimension, or of its smaller

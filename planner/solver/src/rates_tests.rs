@@ -57,6 +57,7 @@ fn time_is_the_slower_of_flops_and_bytes_plus_the_overhead() {
         attention: None,
         shape: [0.0; 3],
         lhs_transposed: false,
+        kernel: 0.0,
     };
     let t = r.seconds(&work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3));
     assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
@@ -131,12 +132,29 @@ fn time_is_the_slower_of_flops_and_bytes_plus_the_overhead() {
     assert_eq!(r.check(), Ok(()));
 }
 
+/// A convolution of `flops` whose implicit product is `mkn`, with a kernel of `kernel` pixels.
+fn conv_work(engine: Engine, dtype: Dtype, flops: f64, mkn: [f64; 3], kernel: f64) -> Work {
+    Work {
+        engine,
+        dtype,
+        flops,
+        bytes: 1.0,
+        size: (mkn[0] * mkn[1] * mkn[2]).cbrt(),
+        thin: 0.0,
+        attention: None,
+        shape: mkn,
+        lhs_transposed: false,
+        kernel,
+    }
+}
+
 #[test]
 fn a_convolution_of_measured_channels_takes_their_rate_from_their_rows_up_and_any_other_the_curve() {
     let shape = |dtype: Dtype, backward: bool, mkn: [f64; 3], rate: f64| ConvShape {
         dtype: dtype.name().into(),
         backward,
         shape: mkn,
+        kernel: 0.0,
         flops_per_second: rate,
     };
     let (stage2, stage4) = ([6272.0, 1152.0, 128.0], [392.0, 4608.0, 512.0]);
@@ -151,17 +169,7 @@ fn a_convolution_of_measured_channels_takes_their_rate_from_their_rows_up_and_an
         bandwidth: vec![Curve::flat(Dtype::Fp32, 1e15)],
         ..gpu("a100-80gb").unwrap().rates()
     };
-    let conv = |engine, dtype, mkn: [f64; 3]| Work {
-        engine,
-        dtype,
-        flops: 4e9,
-        bytes: 1.0,
-        size: (mkn[0] * mkn[1] * mkn[2]).cbrt(),
-        thin: 0.0,
-        attention: None,
-        shape: mkn,
-        lhs_transposed: false,
-    };
+    let conv = |engine, dtype, mkn| conv_work(engine, dtype, 4e9, mkn, 0.0);
     let at = |w: &Work, seconds: f64| (r.work_seconds(w) - seconds).abs() < 1e-12;
     // Two shapes of one size: the measured one at its rate, the other at the curve's.
     assert!(at(&conv(Engine::Conv, Dtype::Bf16, stage2), 1.0));
@@ -184,6 +192,62 @@ fn a_convolution_of_measured_channels_takes_their_rate_from_their_rows_up_and_an
 }
 
 #[test]
+fn an_unmeasured_convolution_takes_the_curve_of_the_measured_shapes_of_its_kernel() {
+    let shape = |mkn: [f64; 3], kernel: f64, rate: f64| ConvShape {
+        dtype: "bf16".into(),
+        backward: false,
+        shape: mkn,
+        kernel,
+        flops_per_second: rate,
+    };
+    // ResNet's calibration shapes: a small 3×3, two 3×3 stages of one size, two 1×1s of another.
+    let shapes = vec![
+        shape([2048.0, 144.0, 16.0], 9.0, 1e8),
+        shape([6272.0, 1152.0, 128.0], 9.0, 6e8),
+        shape([392.0, 4608.0, 512.0], 9.0, 5e8),
+        shape([6272.0, 512.0, 128.0], 1.0, 2e8),
+        shape([25088.0, 256.0, 64.0], 1.0, 1e8),
+    ];
+    let mixed = Curve::of_shapes(Dtype::Bf16, shapes.iter()).unwrap();
+    let r = DeviceRates {
+        conv: vec![Curve::flat(Dtype::Fp32, 1e9), mixed.clone()],
+        conv_shapes: shapes.clone(),
+        ..gpu("a100-80gb").unwrap().rates()
+    };
+    let conv = |mkn, kernel| conv_work(Engine::Conv, Dtype::Bf16, 1e9, mkn, kernel);
+    let rate = |w: &Work| w.flops / r.work_seconds(w);
+    let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-9;
+    // A stride-2 3×3 (ResNet-18's layer3 entry) lies between the 1×1s' size and the stages':
+    // the 3×3 shapes' curve times it, not the 1×1s' rate the mixed curve gives there.
+    let entry = conv([1568.0, 1152.0, 256.0], 9.0);
+    let three = Curve::of_shapes(Dtype::Bf16, shapes.iter().filter(|s| s.kernel == 9.0)).unwrap();
+    assert_eq!(three.points.len(), 2, "the two stages are one size, at the slower");
+    assert!(close(rate(&entry), three.at(entry.size).unwrap()));
+    assert!(rate(&entry) > 2.0 * mixed.at(entry.size).unwrap());
+    // A 1×1 of another size: the 1×1s' slower rate, their only size.
+    assert!(close(rate(&conv([6272.0, 256.0, 512.0], 1.0)), 1e8));
+    // A measured shape keeps its own rate; a kernel never measured, or shapes without their
+    // kernel (a cache from before it was recorded), take the mixed curve.
+    assert!(close(rate(&conv([6272.0, 1152.0, 128.0], 9.0)), 6e8));
+    let five = conv([1568.0, 3200.0, 256.0], 25.0);
+    assert!(close(rate(&five), mixed.at(five.size).unwrap()));
+    let unrecorded = DeviceRates {
+        conv_shapes: shapes
+            .iter()
+            .map(|s| ConvShape {
+                kernel: 0.0,
+                ..s.clone()
+            })
+            .collect(),
+        ..r.clone()
+    };
+    assert!(close(
+        entry.flops / unrecorded.work_seconds(&entry),
+        mixed.at(entry.size).unwrap()
+    ));
+}
+
+#[test]
 fn measured_attention_adds_its_scores_and_takes_the_causal_share_at_its_length() {
     let mut r = gpu("a100-80gb").unwrap().rates();
     r.matmul = vec![Curve::flat(Dtype::Fp32, 1e9)];
@@ -197,6 +261,7 @@ fn measured_attention_adds_its_scores_and_takes_the_causal_share_at_its_length()
         thin: 0.0,
         shape: [0.0; 3],
         lhs_transposed: false,
+        kernel: 0.0,
         attention: Some(AttentionWork {
             scores: 1e4,
             full_flops: 2e6,
@@ -250,6 +315,7 @@ fn every_gpu_of_the_table_gives_complete_rates_and_tensor_cores_beat_fp32() {
             attention: None,
             shape: [0.0; 3],
             lhs_transposed: false,
+            kernel: 0.0,
         };
         assert!(
             r.seconds(&work(Dtype::Bf16)) < r.seconds(&work(Dtype::Fp32)),

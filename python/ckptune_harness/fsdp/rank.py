@@ -17,6 +17,7 @@ from torch import nn
 
 from ckptune import training_config
 
+from .. import host_memory
 from .. import meter as meter_mod
 from .. import reference
 from ..lifetime import die_with_parent
@@ -60,6 +61,7 @@ def worker_main(spec_path, rank):
 def _rank(spec, rank):
     torch.set_num_threads(1)
     meter = SegmentMeter(meter_mod.Meter(spec.meter))  # before this process allocates any tensor
+    host_memory.hold()
     levels = {"baseline": meter.current()}
 
     import torch.distributed as dist  # noqa: PLC0415

@@ -13,6 +13,7 @@
 use std::time::Instant;
 
 use ckptune_kernels::autograd;
+use ckptune_kernels::host_memory::HostMemoryHold;
 use ckptune_solver::rates::{AttentionRates, ConvShape, Curve, DeviceRates, Dtype, OpRate, Work};
 use tch::{Device, Kind, Tensor};
 
@@ -31,8 +32,11 @@ use crate::error::{torch, Result};
 /// attention's cost per score by head size; version 10 the slow kernels on bf16 inputs too (a
 /// bf16 dropout had taken the bf16 streaming rate: 16 times too fast on an AMD EPYC); version
 /// 11 each convolution shape's own rate; version 12 bf16 convolutions' backward; version 13
-/// products of a transposed operand.
-pub const CALIBRATION_VERSION: u32 = 13;
+/// products of a transposed operand; version 14 measures with freed host memory held, as real
+/// steps now run (`HostMemoryHold`), so that no rate pays for fresh pages a step does not, and
+/// records each convolution shape's kernel, so that an unmeasured shape is timed among its
+/// kernel's.
+pub const CALIBRATION_VERSION: u32 = 14;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured; each curve has its first point, as the estimates need an
@@ -206,25 +210,12 @@ impl Run {
                     dtype: dtype.name().into(),
                     backward,
                     shape: [m, k, n],
+                    kernel: (kernel * kernel) as f64,
                     flops_per_second: rate,
                 });
             }
         }
-        points.sort_by(|a, b| a[0].total_cmp(&b[0]));
-        // Shapes of one size (ResNet's 3×3 stages all do equal multiply-adds): the slower, for
-        // a shape not measured.
-        points.dedup_by(|later, kept| {
-            let same = later[0] == kept[0];
-            if same {
-                kept[1] = kept[1].min(later[1]);
-            }
-            same
-        });
-        let curve = Curve {
-            dtype: dtype.name().into(),
-            points,
-        };
-        Ok((curve, shapes))
+        Ok((Curve::of_points(dtype, points), shapes))
     }
 
     /// An elementwise add's bytes/s over [`STREAM_ELEMENTS`]: into a fresh output (`a + b`,
@@ -535,6 +526,7 @@ impl Run {
 pub fn calibrate(threads: i32, identity: &str) -> Result<DeviceRates> {
     let before = tch::get_num_threads();
     tch::set_num_threads(threads);
+    let _held = HostMemoryHold::new();
     let measured = measure(threads, identity, BUDGET_SECONDS);
     tch::set_num_threads(before);
     measured

@@ -77,6 +77,10 @@ fn bf16_convolutions_backward_is_measured_at_every_shape_or_not_kept() {
     assert!(shapes
         .iter()
         .all(|s| s.backward && s.dtype == "bf16" && s.flops_per_second > 0.0));
+    // Each with its kernel's pixels, in CONVS's order.
+    let kernels: Vec<f64> = shapes.iter().map(|s| s.kernel).collect();
+    let expected: Vec<f64> = CONVS.iter().map(|c| (c.4 * c.4) as f64).collect();
+    assert_eq!(kernels, expected);
     let mut cut = unlimited();
     cut.budget = 0.0;
     let (curve, shapes) = bf16_conv_backward(&cut).unwrap();

@@ -145,6 +145,7 @@ fn product(engine: Engine, e: &OpEvent, macs: f64, mkn: [f64; 3], writes_input: 
         size: (mkn[0] * mkn[1] * mkn[2]).cbrt(),
         shape: mkn,
         lhs_transposed: false,
+        kernel: 0.0,
         thin: if engine == Engine::Matmul {
             mkn[0].min(mkn[2])
         } else {
@@ -257,7 +258,8 @@ fn conv_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
         }
         let grads = e.outputs.iter().take(2).filter(|o| o.is_some()).count() as f64;
         let (macs, mkn) = conv_macs(input, weight, grad_out, transposed)?;
-        return Some(product(Engine::ConvBackward, e, macs * grads, mkn, writes_input));
+        let work = product(Engine::ConvBackward, e, macs * grads, mkn, writes_input);
+        return Some(with_kernel(work, weight));
     }
     let (input, weight) = (shape(0)?, shape(1)?);
     let output = e.outputs.first()?.as_ref()?.1.as_slice();
@@ -265,7 +267,16 @@ fn conv_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
         return None;
     }
     let (macs, mkn) = conv_macs(input, weight, output, transposed)?;
-    Some(product(Engine::Conv, e, macs, mkn, writes_input))
+    Some(with_kernel(product(Engine::Conv, e, macs, mkn, writes_input), weight))
+}
+
+/// A convolution's `work` with the pixels of its kernel, the weight's dimensions past its
+/// output and input channels.
+fn with_kernel(work: Work, weight: &[i64]) -> Work {
+    Work {
+        kernel: elements(&weight[2..]),
+        ..work
+    }
 }
 
 /// Scaled dot-product attention's fused kernels and their backwards, with the index of
@@ -330,6 +341,7 @@ pub fn work_of(e: &OpEvent, writes_input: bool) -> Work {
             attention: None,
             shape: [0.0; 3],
             lhs_transposed: false,
+            kernel: 0.0,
         })
 }
 

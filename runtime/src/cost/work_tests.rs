@@ -159,6 +159,13 @@ fn convolutions_count_each_output_elements_window_per_group() {
     // A convolution has no thin dimension: its kernels tile the image.
     assert_eq!(work_of(&conv, false).thin, 0.0);
     assert_eq!(work_of(&both, false).thin, 0.0);
+    // Its kernel's pixels, forward and backward, which pick the measured shapes it is timed
+    // among; none for other work.
+    assert_eq!(work_of(&conv, false).kernel, 49.0);
+    assert_eq!(work_of(&grouped, false).kernel, 9.0);
+    assert_eq!(work_of(&both, false).kernel, 49.0);
+    let add = op("aten::add", vec![f32(&[4, 4]), f32(&[4, 4])], &[], vec![f32(&[4, 4])]);
+    assert_eq!(work_of(&add, false).kernel, 0.0);
 }
 
 #[test]

@@ -4,7 +4,8 @@
 use std::cell::{Cell, OnceCell};
 
 use ckptune_kernels::autocast::AutocastGuard;
-use ckptune_kernels::fake::{FakeMode, GpuGeometry};
+use ckptune_kernels::fake::{self, FakeMode, GpuGeometry};
+use ckptune_kernels::host_memory::HostMemoryHold;
 use ckptune_kernels::sac::SacPolicy;
 use ckptune_models::{Batch, Chain};
 use tch::{Device, Kind, Tensor};
@@ -71,6 +72,10 @@ pub struct Session {
     /// tensors are fake, and so is everything its steps create. Declared last, so it ends after
     /// every tensor of the session is gone.
     fake: Option<FakeMode>,
+    /// On the CPU, for real steps: freed host memory stays with the process, so that a step
+    /// reuses its predecessor's pages as the CUDA caching allocator does (`host_memory`).
+    /// Declared last, so that what the session freed is returned when it ends.
+    _host_memory: Option<HostMemoryHold>,
 }
 
 /// The error for loss chunks on a model whose loss is not a language model's.
@@ -149,6 +154,7 @@ impl Session {
         let output_saved = chain.blocks.iter().map(|_| Cell::new(None)).collect();
         let input_saved = chain.blocks.iter().map(|_| Cell::new(None)).collect();
         let numbers_saved = chain.blocks.iter().map(|_| OnceCell::new()).collect();
+        let real_cpu = device == Device::Cpu && !fake::active();
         Ok(Self {
             chain,
             cfg,
@@ -166,6 +172,7 @@ impl Session {
             input_saved,
             numbers_saved,
             fake: None,
+            _host_memory: real_cpu.then(HostMemoryHold::new),
         })
     }
 

@@ -91,6 +91,8 @@ pub struct StagedSteps<'s> {
     first: Sample<Vec<f64>>,
     samples_a: Vec<Sample<()>>,
     samples_b: Vec<Sample<Vec<f64>>>,
+    /// Steps A and B set aside as still growing the heap ([`warming`]).
+    warming: (usize, usize),
     retimer: Retimer,
     /// Per policy timed, per block; and the steps that took.
     selective_seconds: (Vec<Vec<f64>>, usize),
@@ -114,7 +116,7 @@ impl<'s> StagedSteps<'s> {
         // A long first step A is one more sample of steps A: its one-time work is a small part
         // of it (FIRST_STEP_BOUNDS_SECONDS), and the median of the samples outvotes it.
         let samples_a = match first_kind {
-            FirstStep::Plain if bounds_plain(&first) => {
+            FirstStep::Plain if first_is_a_sample(&first) => {
                 vec![Sample {
                     seconds: first.seconds,
                     load: first.load,
@@ -133,6 +135,7 @@ impl<'s> StagedSteps<'s> {
             first,
             samples_a,
             samples_b: Vec::new(),
+            warming: (0, 0),
             retimer: Retimer::new(settings.retime),
             selective_seconds: (Vec::new(), 0),
             t0,
@@ -147,16 +150,13 @@ impl<'s> StagedSteps<'s> {
 
     /// The step with nothing checkpointed that the first step implies, where it was long and
     /// quiet enough to say so: a first step A itself, a first step B less its blocks' no-grad
-    /// forwards. The latter runs below the measured step A (which faults in fresh pages for
-    /// every activation it keeps: 15-27% below on BERT-large, docs/timing.md); either runs
-    /// above it only by the first step's one-time work, a small part of a long step.
+    /// forwards, either less the kernel's time in it. The first step grows the heap to the
+    /// step's peak, every page faulted in fresh, where later steps reuse them (docs/timing.md,
+    /// "Freed memory"); its system time, all threads', is at least that wall time, so what is
+    /// left runs above a later step only by the first step's other one-time work, a small part
+    /// of a long step.
     pub fn first_plain_seconds(&self) -> Option<f64> {
-        let s = &self.first;
-        let recompute = match self.first_kind {
-            FirstStep::Plain => 0.0,
-            FirstStep::Checkpointed => s.extra.iter().sum::<f64>(),
-        };
-        bounds_plain(s).then_some(s.seconds - recompute)
+        implied_plain(&self.first, self.first_kind)
     }
 
     /// Times steps A (`plain`) and B (`checkpointed`), alternating where both, until each kind
@@ -170,11 +170,12 @@ impl<'s> StagedSteps<'s> {
                 break;
             }
             if more_a {
-                self.samples_a
-                    .push(Sample::of(&self.session.step(&none_mask, None)?, ()));
+                let s = Sample::of(&self.session.step(&none_mask, None)?, ());
+                keep_unless_warming(s, &mut self.samples_a, &mut self.warming.0);
             }
             if more_b {
-                self.samples_b.push(step_b(self.session, &self.all)?.0);
+                let s = step_b(self.session, &self.all)?.0;
+                keep_unless_warming(s, &mut self.samples_b, &mut self.warming.1);
             }
         }
         let (session, all) = (&mut *self.session, &self.all);
@@ -237,13 +238,15 @@ impl<'s> StagedSteps<'s> {
         }
         let (selective_seconds, selective_steps) = self.selective_seconds.clone();
         // A long first step A is among `samples_a`.
-        let first_counted = usize::from(self.first_kind == FirstStep::Plain && bounds_plain(&self.first));
+        let first_counted = usize::from(self.first_kind == FirstStep::Plain && first_is_a_sample(&self.first));
         StepTimes {
             seconds_none,
             seconds_all,
             recompute_spread: pooled_by_class(&unit_seconds, &self.recompute_class),
             contention: tally.finish(self.retimer.retimed),
             steps_run: 1 + self.samples_a.len() + self.samples_b.len() - first_counted
+                + self.warming.0
+                + self.warming.1
                 + self.retimer.retimed
                 + selective_steps,
             wall_seconds: self.t0.elapsed().as_secs_f64(),
@@ -280,10 +283,52 @@ impl FirstStep {
 /// optimizer's state, a few hundred milliseconds) is then a small part of it.
 const FIRST_STEP_BOUNDS_SECONDS: f64 = 10.0;
 
-/// Whether a first step was long and quiet enough to bound the step with nothing checkpointed,
-/// and, as a step A, to count as one.
+/// [`StagedSteps::first_plain_seconds`] of a `first` step of `kind`, whose extra holds its
+/// blocks' no-grad forwards.
+fn implied_plain(first: &Sample<Vec<f64>>, kind: FirstStep) -> Option<f64> {
+    let recompute = match kind {
+        FirstStep::Plain => 0.0,
+        FirstStep::Checkpointed => first.extra.iter().sum::<f64>(),
+    };
+    let kernel = first.load.map_or(0.0, |l| l.own_system_seconds);
+    bounds_plain(first).then_some((first.seconds - recompute - kernel).max(0.0))
+}
+
+/// Whether a first step was long and quiet enough to bound the step with nothing checkpointed.
 fn bounds_plain<T>(first: &Sample<T>) -> bool {
     first.seconds >= FIRST_STEP_BOUNDS_SECONDS && !first.contended()
+}
+
+/// Whether a first step A counts as one of the steps A: it bounds the plain step, and it
+/// already ran on the heap's pages rather than growing it.
+fn first_is_a_sample<T>(first: &Sample<T>) -> bool {
+    bounds_plain(first) && !warming(first)
+}
+
+/// A step whose kernel (system) time was over this share of its wall time was still growing
+/// the heap: its pages were faulted in fresh, where the steps after it reuse them while freed
+/// memory is held (docs/timing.md, "Freed memory"). A step on the heap's pages takes almost
+/// none (0.00 s, the median step of every case of results/cost/intel-xeon-processor).
+const WARMING_SYSTEM_SHARE: f64 = 0.05;
+/// At most this many steps of a kind are set aside as warming, so that a host whose steps
+/// fault every time (no hold: another C library) is still timed.
+const MAX_WARMING: usize = 2;
+
+/// Whether `step` was still growing the heap ([`WARMING_SYSTEM_SHARE`]).
+fn warming<T>(step: &Sample<T>) -> bool {
+    step.load
+        .is_some_and(|l| l.own_system_seconds > WARMING_SYSTEM_SHARE * step.seconds)
+}
+
+/// Keeps `step` as a sample, unless it was still growing the heap and fewer than
+/// [`MAX_WARMING`] steps of its kind were set aside (counted in `set_aside`): then one more
+/// step of its kind runs in its place.
+fn keep_unless_warming<T>(step: Sample<T>, samples: &mut Vec<Sample<T>>, set_aside: &mut usize) {
+    if warming(&step) && *set_aside < MAX_WARMING {
+        *set_aside += 1;
+    } else {
+        samples.push(step);
+    }
 }
 
 /// Steps at least this long settle early: two agreeing samples are the statistic's median.
@@ -321,6 +366,68 @@ mod tests {
     }
 
     #[test]
+    fn a_step_growing_the_heap_is_set_aside_at_most_twice_per_kind() {
+        let step = |system: f64| Sample {
+            seconds: 10.0,
+            load: Some(crate::load::Load {
+                wall_seconds: 10.0,
+                other_cpu_seconds: 0.0,
+                own_cpu_seconds: 10.0,
+                own_system_seconds: system,
+                cpus: 2,
+                threads: 1,
+            }),
+            extra: (),
+        };
+        let (mut samples, mut aside) = (Vec::new(), 0);
+        for system in [3.0, 0.01, 3.0, 3.0, 0.0] {
+            keep_unless_warming(step(system), &mut samples, &mut aside);
+        }
+        let kept: Vec<f64> = samples.iter().map(|s| s.load.unwrap().own_system_seconds).collect();
+        assert_eq!(
+            (kept, aside),
+            (vec![0.01, 3.0, 0.0], 2),
+            "the third warming step is kept"
+        );
+        assert!(first_is_a_sample(&step(0.4)) && !first_is_a_sample(&step(0.6)));
+        let unread = Sample {
+            load: None,
+            ..step(0.0)
+        };
+        assert!(first_is_a_sample(&unread));
+    }
+
+    #[test]
+    fn a_first_step_implies_its_plain_step_less_its_forwards_and_its_kernel_time() {
+        let first = |seconds: f64, other: f64, system: f64| Sample {
+            seconds,
+            load: Some(crate::load::Load {
+                wall_seconds: seconds,
+                other_cpu_seconds: other,
+                own_cpu_seconds: seconds,
+                own_system_seconds: system,
+                cpus: 2,
+                threads: 1,
+            }),
+            extra: vec![1.0, 2.0],
+        };
+        assert_eq!(
+            implied_plain(&first(20.0, 0.0, 4.0), FirstStep::Checkpointed),
+            Some(13.0)
+        );
+        assert_eq!(implied_plain(&first(20.0, 0.0, 4.0), FirstStep::Plain), Some(16.0));
+        assert_eq!(implied_plain(&first(20.0, 0.0, 30.0), FirstStep::Plain), Some(0.0));
+        // Too short for its one-time work to be a small part, or contended: no bound.
+        assert_eq!(implied_plain(&first(5.0, 0.0, 0.0), FirstStep::Plain), None);
+        assert_eq!(implied_plain(&first(20.0, 30.0, 0.0), FirstStep::Plain), None);
+        let unread = Sample {
+            load: None,
+            ..first(20.0, 0.0, 0.0)
+        };
+        assert_eq!(implied_plain(&unread, FirstStep::Checkpointed), Some(17.0));
+    }
+
+    #[test]
     fn only_long_steps_that_agree_settle_early() {
         assert!(!settled(&quiet(&[])));
         assert!(!settled(&quiet(&[30.0])));
@@ -338,6 +445,7 @@ mod tests {
             wall_seconds: 30.1,
             other_cpu_seconds: 60.2,
             own_cpu_seconds: 30.1,
+            own_system_seconds: 0.0,
             cpus: 2,
             threads: 1,
         });

@@ -206,6 +206,7 @@ mod tests {
                 wall_seconds: 1.0,
                 other_cpu_seconds: other_cores,
                 own_cpu_seconds: 2.0,
+                own_system_seconds: 0.0,
                 cpus: 2,
                 threads: 2,
             }),
