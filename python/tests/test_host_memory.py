@@ -36,6 +36,14 @@ print(json.dumps({"unheld": unheld, "held": held, "rounds": [faults() for _ in r
 """
 
 
+def huge_pages_always():
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[always]" in f.read()
+    except OSError:
+        return False
+
+
 class HoldTest(unittest.TestCase):
     @unittest.skipUnless(sys.platform == "linux", "glibc's malloc parameters")
     def test_a_hold_reuses_freed_pages(self):
@@ -44,8 +52,9 @@ class HoldTest(unittest.TestCase):
         r = json.loads(out.stdout.strip().splitlines()[-1])
         pages = (64 << 20) // 4096
         self.assertTrue(r["held"], "glibc took M_MMAP_MAX and M_TRIM_THRESHOLD")
-        for n in r["unheld"][1:]:
-            self.assertGreater(n, pages * 9 // 10, f"without a hold the tensor is mapped afresh: {r}")
+        if not huge_pages_always():  # else a fresh mapping faults once per 2 MiB
+            for n in r["unheld"][1:]:
+                self.assertGreater(n, pages * 9 // 10, f"without a hold the tensor is mapped afresh: {r}")
         # The first held round grows the heap; the rest reuse it.
         for n in r["rounds"][1:]:
             self.assertLess(n, pages // 20, f"a held round faulted in fresh pages: {r}")
