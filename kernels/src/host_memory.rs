@@ -66,15 +66,6 @@ impl Drop for HostMemoryHold {
     }
 }
 
-/// This process's minor page faults so far, where Linux's `/proc` can say: what a hold saves a
-/// step (each fault mapped and zeroed one fresh page).
-pub fn minor_faults() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // After the command's closing parenthesis (the command may hold spaces) field 3, the state,
-    // comes first; minflt is field 10.
-    stat[stat.rfind(')')? + 1..].split_whitespace().nth(7)?.parse().ok()
-}
-
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 mod glibc {
     use std::os::raw::c_int;

@@ -104,27 +104,51 @@ fn busy_ticks(stat: &str, cpus: &[usize]) -> Option<u64> {
     (found > 0).then_some(total)
 }
 
-/// utime + stime, and stime, of `/proc/self/stat` (fields 14 and 15; the command name in field
-/// 2 may hold spaces and parentheses, so fields are counted from the last `)`).
-fn own_ticks(stat: &str) -> Option<(u64, u64)> {
-    let after = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime, stime))
+/// This process's counters in `/proc/self/stat`, so far.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OwnStat {
+    /// Pages the kernel mapped in for the process without reading a disk (minflt).
+    pub minor_faults: u64,
+    /// CPU time in user and in kernel mode, every thread, in ticks of `USER_HZ`.
+    pub user_ticks: u64,
+    pub system_ticks: u64,
+}
+
+impl OwnStat {
+    /// The counters now; `None` where `/proc` cannot be read.
+    pub fn read() -> Option<OwnStat> {
+        OwnStat::parse(&std::fs::read_to_string("/proc/self/stat").ok()?)
+    }
+
+    /// minflt, utime and stime (fields 10, 14 and 15; the command name in field 2 may hold
+    /// spaces and parentheses, so fields are counted from the last `)`).
+    fn parse(stat: &str) -> Option<OwnStat> {
+        let after = &stat[stat.rfind(')')? + 1..];
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        Some(OwnStat {
+            minor_faults: fields.get(7)?.parse().ok()?,
+            user_ticks: fields.get(11)?.parse().ok()?,
+            system_ticks: fields.get(12)?.parse().ok()?,
+        })
+    }
+
+    /// The kernel-mode CPU time in seconds.
+    pub fn system_seconds(&self) -> f64 {
+        self.system_ticks as f64 / USER_HZ
+    }
 }
 
 impl CpuCounters {
     /// The counters now; `None` where `/proc` cannot be read.
     pub fn read() -> Option<CpuCounters> {
         let cpus = allowed_cpus()?;
-        let (own, system) = own_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
+        let own = OwnStat::read()?;
         let busy = busy_ticks(&std::fs::read_to_string("/proc/stat").ok()?, cpus)?;
         Some(CpuCounters {
             at: Instant::now(),
             busy_ticks: busy,
-            own_ticks: own,
-            own_system_ticks: system,
+            own_ticks: own.user_ticks + own.system_ticks,
+            own_system_ticks: own.system_ticks,
         })
     }
 
@@ -241,9 +265,10 @@ mod tests {
     }
 
     #[test]
-    fn own_ticks_read_past_a_command_name_with_spaces_and_parentheses() {
+    fn own_stat_reads_past_a_command_name_with_spaces_and_parentheses() {
         let stat = "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 731 29 0 0 20 0 3 0 5 0 0";
-        assert_eq!(own_ticks(stat), Some((731 + 29, 29)));
+        let own = OwnStat::parse(stat).unwrap();
+        assert_eq!((own.minor_faults, own.user_ticks, own.system_ticks), (100, 731, 29));
     }
 
     fn load(wall: f64, other: f64, cpus: usize, threads: usize) -> Load {

@@ -384,13 +384,13 @@ impl DeviceRates {
             .filter(|s| s.shape[1] == k && s.shape[2] == n && s.shape[0] <= m)
             .max_by(|a, b| a.shape[0].total_cmp(&b.shape[0]))
             .map(|s| s.flops_per_second);
-        let of_its_kernel = Curve::of_shapes(
-            work.dtype,
-            shapes().filter(|s| s.kernel > 0.0 && s.kernel == work.kernel),
-        );
+        let of_its_kernel = || {
+            let same = shapes().filter(|s| s.kernel > 0.0 && s.kernel == work.kernel);
+            Curve::of_shapes(work.dtype, same).and_then(|c| c.at(work.size))
+        };
         let curves = if own { &self.conv_backward } else { &self.conv };
         measured
-            .or_else(|| of_its_kernel.and_then(|c| c.at(work.size)))
+            .or_else(of_its_kernel)
             .unwrap_or_else(|| rate(curves, work.dtype, work.size))
     }
 

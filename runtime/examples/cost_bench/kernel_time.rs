@@ -4,6 +4,8 @@
 
 use std::ops::Sub;
 
+use ckptune_runtime::load::OwnStat;
+
 /// This process's minor page faults and system CPU seconds, so far or over a span.
 #[derive(Debug, Clone, Copy)]
 pub struct KernelTime {
@@ -14,14 +16,10 @@ pub struct KernelTime {
 impl KernelTime {
     /// So far in this process, where `/proc` can say.
     pub fn now() -> Option<KernelTime> {
-        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        // Counted from after the command's closing parenthesis (the command may hold spaces):
-        // field 3, the state, is the first; minflt is field 10, stime field 15 (clock ticks of
-        // Linux's USER_HZ, 100 per second).
-        let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+        let own = OwnStat::read()?;
         Some(KernelTime {
-            minor_faults: fields.get(7)?.parse().ok()?,
-            system_seconds: fields.get(12)?.parse::<f64>().ok()? / 100.0,
+            minor_faults: own.minor_faults,
+            system_seconds: own.system_seconds(),
         })
     }
 
