@@ -17,7 +17,9 @@
 //! estimated seconds per operator name, largest gap first (what to improve in the model), with
 //! the estimate over the meta step's trace beside them, and writes nothing;
 //! with `CKPTUNE_DIAGNOSE_SCOPE=pooler` in the environment, also each scope whose name holds
-//! that text (a block's forward, recompute and backward) call by call.
+//! that text (a block's forward, recompute and backward) call by call, and with
+//! `CKPTUNE_DIAGNOSE_OP=scaled_dot_product_attention` the first call of that operator with every
+//! event inside it (where a composite operator's time goes).
 //! `--rates FILE` estimates every round over a cached calibration instead of calibrating.
 
 use std::path::PathBuf;

@@ -63,7 +63,8 @@ fn fake_with(model: &str, in_backward: bool) -> Session {
 }
 
 /// The step by hand: each counted operator's FLOPs or bytes, whichever is slower, at the flat
-/// rates (in place for a call that updates a tensor it was given), and 2 µs per call.
+/// rates (in place for a call that updates a tensor it was given), then its pass (a CPU's bias
+/// copy, its casts) at the streaming rate, and 2 µs per call.
 fn by_hand(events: &[ckptune_kernels::optrace::OpEvent]) -> f64 {
     let counted = work::counted(events, &mut work::traits);
     let calls = work::calls(events);
@@ -74,11 +75,12 @@ fn by_hand(events: &[ckptune_kernels::optrace::OpEvent]) -> f64 {
             let e = &events[c.index];
             let in_place = calls.contains(&c.index) && work::updates_in_place(e, work::traits(&e.name).writes_input);
             let bytes = w.bytes / if in_place { 4e10 } else { 2e10 };
-            match w.engine {
+            let bound = match w.engine {
                 Engine::Memory => bytes,
                 Engine::Matmul => (w.flops / 1e11).max(bytes),
                 Engine::Conv | Engine::ConvBackward => (w.flops / 5e10).max(bytes),
-            }
+            };
+            bound + w.pass_bytes / 2e10
         })
         .sum();
     work + 2e-6 * work::calls(events).len() as f64

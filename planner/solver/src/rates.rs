@@ -72,6 +72,12 @@ pub struct Work {
     /// A convolution's kernel pixels (9 for a 3×3), which picks the measured shapes an
     /// unmeasured one is timed among ([`DeviceRates::conv_shapes`]); 0 for other work.
     pub kernel: f64,
+    /// Bytes of a streaming pass a CPU kernel makes besides its main work, not overlapped with
+    /// it ([`DeviceRates::pass_seconds`]): an `addmm` copies its added term (a linear's bias)
+    /// into its output before the product accumulates onto it, and an elementwise operator over
+    /// inputs of mixed dtypes runs TensorIterator's casting loop, which takes about as long as
+    /// casting those inputs first. 0 for other work.
+    pub pass_bytes: f64,
 }
 
 /// What a fused attention call does besides its products' FLOPs: each element of its score
@@ -281,8 +287,7 @@ pub struct OpRate {
 }
 
 impl DeviceRates {
-    /// Seconds `work` takes: the slower of its FLOPs on its engine and its bytes at the
-    /// streaming rate, plus the per-operator overhead.
+    /// Seconds `work` takes: [`Self::work_seconds`] plus the per-operator overhead.
     pub fn seconds(&self, work: &Work) -> f64 {
         self.work_seconds(work) + self.overhead_seconds
     }
@@ -291,10 +296,23 @@ impl DeviceRates {
     /// per-operator overhead: at its own rate where it has one, else [`Self::work_seconds`].
     pub fn op_seconds(&self, op: &str, work: &Work) -> f64 {
         match (self.own_seconds(op, work), work.attention, &self.attention) {
-            (Some(s), _, _) if work.engine == Engine::Memory => s,
+            (Some(s), _, _) if work.engine == Engine::Memory => s + self.pass_seconds(work),
             (_, Some(a), Some(r)) => self.attention_seconds(work, &a, r),
             _ => self.work_seconds(work),
         }
+    }
+
+    /// Seconds of `work`'s separate streaming pass ([`Work::pass_bytes`]) at the streaming rate
+    /// of its dtype, on a CPU; none on a GPU of the table, where cuBLASLt adds a linear's bias
+    /// in the product's epilogue and elementwise kernels cast in registers. On the Intel Xeon
+    /// of `results/cost/` (bf16, one thread, outputs into fresh memory): `addmm` over `[1024,
+    /// 768]` by `[768, 768]` took 0.28 ms more than `mm`; a bf16 + fp32 add of `[8, 128, 768]`
+    /// 0.96 ms, the cast 0.44 ms and an fp32 add 0.51 ms.
+    pub fn pass_seconds(&self, work: &Work) -> f64 {
+        if self.device != "cpu" || work.pass_bytes <= 0.0 {
+            return 0.0;
+        }
+        work.pass_bytes / rate(&self.bandwidth, work.dtype, work.pass_bytes)
     }
 
     /// Seconds of `work` at operator `op`'s own rate for its dtype; where only fp32's was
@@ -341,15 +359,21 @@ impl DeviceRates {
     pub fn in_place_seconds(&self, work: &Work) -> f64 {
         let rate = rate(&self.bandwidth_in_place, work.dtype, work.bytes);
         if work.engine == Engine::Memory && rate.is_finite() {
-            work.bytes / rate
+            work.bytes / rate + self.pass_seconds(work)
         } else {
             self.work_seconds(work)
         }
     }
 
     /// Seconds `work` takes without the per-operator overhead: the slower of its FLOPs on its
-    /// engine and its bytes at the streaming rate.
+    /// engine and its bytes at the streaming rate, then its separate pass, if any
+    /// ([`Self::pass_seconds`]).
     pub fn work_seconds(&self, work: &Work) -> f64 {
+        self.bound_seconds(work) + self.pass_seconds(work)
+    }
+
+    /// The slower of `work`'s FLOPs on its engine and its bytes at the streaming rate.
+    fn bound_seconds(&self, work: &Work) -> f64 {
         let memory = if work.bytes > 0.0 {
             work.bytes / rate(&self.bandwidth, work.dtype, work.bytes)
         } else {

@@ -58,6 +58,7 @@ fn time_is_the_slower_of_flops_and_bytes_plus_the_overhead() {
         shape: [0.0; 3],
         lhs_transposed: false,
         kernel: 0.0,
+        pass_bytes: 0.0,
     };
     let t = r.seconds(&work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3));
     assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
@@ -130,6 +131,23 @@ fn time_is_the_slower_of_flops_and_bytes_plus_the_overhead() {
     };
     assert!((without.in_place_seconds(&gelu) - 1e-3).abs() < 1e-12);
     assert_eq!(r.check(), Ok(()));
+    // A separate pass follows the work on a CPU, at its dtype's streaming rate, whichever rate
+    // times the work; a GPU of the table fuses it.
+    let pass = |w: Work| Work { pass_bytes: 2e6, ..w };
+    let t = r.seconds(&pass(product));
+    assert!((t - (2e-3 + 2e-3 + 1e-6)).abs() < 1e-12, "{t}");
+    assert!((r.op_seconds("aten::gelu", &pass(gelu)) - (1e-2 + 2e-3)).abs() < 1e-12);
+    assert!((r.op_seconds("aten::add", &pass(bf16)) - (5e-4 + 1e-3)).abs() < 1e-12);
+    assert!((r.in_place_seconds(&pass(gelu)) - (2.5e-4 + 2e-3)).abs() < 1e-12);
+    let gpu = DeviceRates {
+        device: "cuda:h100".into(),
+        ..r.clone()
+    };
+    assert_eq!(gpu.seconds(&pass(product)), r.seconds(&product));
+    assert_eq!(
+        gpu.op_seconds("aten::add", &pass(bf16)),
+        r.op_seconds("aten::add", &bf16)
+    );
 }
 
 /// A convolution of `flops` whose implicit product is `mkn`, with a kernel of `kernel` pixels.
@@ -145,6 +163,7 @@ fn conv_work(engine: Engine, dtype: Dtype, flops: f64, mkn: [f64; 3], kernel: f6
         shape: mkn,
         lhs_transposed: false,
         kernel,
+        pass_bytes: 0.0,
     }
 }
 
@@ -262,6 +281,7 @@ fn measured_attention_adds_its_scores_and_takes_the_causal_share_at_its_length()
         shape: [0.0; 3],
         lhs_transposed: false,
         kernel: 0.0,
+        pass_bytes: 0.0,
         attention: Some(AttentionWork {
             scores: 1e4,
             full_flops: 2e6,
@@ -316,6 +336,7 @@ fn every_gpu_of_the_table_gives_complete_rates_and_tensor_cores_beat_fp32() {
             shape: [0.0; 3],
             lhs_transposed: false,
             kernel: 0.0,
+            pass_bytes: 0.0,
         };
         assert!(
             r.seconds(&work(Dtype::Bf16)) < r.seconds(&work(Dtype::Fp32)),

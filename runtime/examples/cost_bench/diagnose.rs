@@ -51,6 +51,9 @@ pub fn diagnose(case: &Case, rates: &DeviceRates) -> Result<(), RuntimeError> {
     if let Ok(wanted) = std::env::var("CKPTUNE_DIAGNOSE_SCOPE") {
         scope_calls(&events, &est, &calls, &wanted);
     }
+    if let Ok(wanted) = std::env::var("CKPTUNE_DIAGNOSE_OP") {
+        op_parts(&events, &est, &wanted);
+    }
     let mut rows: Vec<_> = by_name.into_iter().collect();
     rows.sort_by(|a, b| (b.1 .0 - b.1 .1).abs().total_cmp(&(a.1 .0 - a.1 .1).abs()));
     let (m, e): (f64, f64) = rows.iter().fold((0.0, 0.0), |(m, e), r| (m + r.1 .0, e + r.1 .1));
@@ -144,6 +147,35 @@ fn scope_calls(events: &[OpEvent], est: &[f64], calls: &[usize], wanted: &str) {
                 shapes.join(" ")
             );
         }
+    }
+}
+
+/// The first call whose name contains `wanted` (`scaled_dot_product_attention`), every event
+/// inside it with its measured seconds (its whole time, parts included) and its own estimate,
+/// indented by depth: where a composite operator's time goes.
+fn op_parts(events: &[OpEvent], est: &[f64], wanted: &str) {
+    let Some(i) = events
+        .iter()
+        .position(|e| work::is_operator(e) && e.name.contains(wanted))
+    else {
+        println!("no call of {wanted} in the step");
+        return;
+    };
+    let end = events[i].end.max(i + 1);
+    let total: f64 = est[i..end].iter().sum();
+    println!(
+        "{}: measured {:.6} s, estimated {total:.6} s",
+        events[i].name, events[i].seconds
+    );
+    for (e, estimated) in events[i + 1..end].iter().zip(&est[i + 1..end]) {
+        let shapes: Vec<String> = e.inputs.iter().flatten().map(|(t, d)| format!("{t:?}{d:?}")).collect();
+        let indent = "  ".repeat(e.depth.saturating_sub(events[i].depth) as usize);
+        println!(
+            "  {indent}{:<44} measured {:>9.6} estimated {estimated:>9.6}  {}",
+            e.name,
+            e.seconds,
+            shapes.join(" ")
+        );
     }
 }
 

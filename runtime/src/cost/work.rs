@@ -146,6 +146,7 @@ fn product(engine: Engine, e: &OpEvent, macs: f64, mkn: [f64; 3], writes_input: 
         shape: mkn,
         lhs_transposed: false,
         kernel: 0.0,
+        pass_bytes: 0.0,
         thin: if engine == Engine::Matmul {
             mkn[0].min(mkn[2])
         } else {
@@ -206,8 +207,25 @@ fn matmul_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
     let (macs, mkn) = matmul_macs(shape(first)?, shape(first + 1)?)?;
     Some(Work {
         lhs_transposed: e.column_major(first),
+        pass_bytes: if first == 1 { added_pass(e) } else { 0.0 },
         ..product(Engine::Matmul, e, macs, mkn, writes_input)
     })
+}
+
+/// The pass of an `addmm`-like product (`self + mat1 @ mat2`) before it multiplies: ATen's CPU
+/// kernels copy `self`, broadcast, into the output, then accumulate the product onto it
+/// (`beta` 1). Its bytes: `self` read, and the output twice, as a write into memory not in the
+/// cache first reads each line (on the Intel Xeon of `results/cost/`, a bias broadcast into a
+/// fresh bf16 `[1024, 768]` took 0.16 ms, 3 MB at its calibrated streaming rate 0.14 ms; an add
+/// writing the same output took 0.23 ms); none where `beta` is 0.
+fn added_pass(e: &OpEvent) -> f64 {
+    // `addmm(self, mat1, mat2, beta, alpha)`, and the same order for its siblings.
+    if number(e, 3) == Some(0.0) {
+        return 0.0;
+    }
+    let added = tensor(e, 0).map_or(0.0, bytes_of);
+    let written: f64 = e.outputs.iter().flatten().map(bytes_of).sum();
+    added + 2.0 * written
 }
 
 /// Convolutions, each backend's and their backwards (`convolution`, `mkldnn_convolution`,
@@ -342,7 +360,67 @@ pub fn work_of(e: &OpEvent, writes_input: bool) -> Work {
             shape: [0.0; 3],
             lhs_transposed: false,
             kernel: 0.0,
+            pass_bytes: cast_pass(e),
         })
+}
+
+/// Elementwise arithmetic that promotes inputs of mixed dtypes to a common one (TensorIterator),
+/// in place or not.
+const PROMOTING: &[&str] = &[
+    "aten::add",
+    "aten::sub",
+    "aten::rsub",
+    "aten::mul",
+    "aten::div",
+    "aten::maximum",
+    "aten::minimum",
+    "aten::where",
+    "aten::lerp",
+    "aten::addcmul",
+    "aten::addcdiv",
+    "aten::pow",
+];
+
+/// Whether `e` is elementwise arithmetic that promotes its inputs ([`PROMOTING`]).
+fn promotes(e: &OpEvent) -> bool {
+    let name = base(&e.name);
+    PROMOTING.contains(&name.strip_suffix('_').unwrap_or(name))
+}
+
+/// Whether `e` is a cast's work (`to`'s `_to_copy`'s `copy_`).
+fn is_cast(e: &OpEvent) -> bool {
+    ["aten::copy_", "aten::_to_copy", "aten::to"].contains(&base(&e.name))
+}
+
+/// An elementwise operator over floating tensors of mixed dtypes (under autocast, a bf16 branch
+/// added to an fp32 residual) runs, on a CPU, in the widest of them: TensorIterator casts each
+/// narrower input into a temporary of that dtype, runs on the temporaries, and casts a narrower
+/// output back (in place into bf16). Its pass: each narrower input read and written at that width
+/// by the cast, then read at that width rather than its own (`2·n·width` bytes), and each
+/// narrower output written at that width, then cast back (`n·(width + own)`). A 0-dim tensor (a
+/// wrapped Python number) sets no width. A GPU's kernel casts in registers, one pass over the
+/// tensors as they are (`DeviceRates::pass_seconds`).
+fn cast_pass(e: &OpEvent) -> f64 {
+    if !promotes(e) {
+        return 0.0;
+    }
+    let floating = |k: Kind| matches!(k, Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16);
+    let size = |k: Kind| k.elt_size_in_bytes() as f64;
+    let tensors = || e.inputs.iter().flatten().chain(e.outputs.iter().flatten());
+    let width = tensors()
+        .filter(|(k, shape)| floating(*k) && !shape.is_empty())
+        .map(|(k, _)| size(*k))
+        .fold(0.0, f64::max);
+    let narrower = |v: &[Option<(Kind, Vec<i64>)>]| -> Vec<(f64, f64)> {
+        v.iter()
+            .flatten()
+            .filter(|(k, _)| floating(*k) && size(*k) < width)
+            .map(|(k, shape)| (elements(shape), size(*k)))
+            .collect()
+    };
+    let inputs: f64 = narrower(&e.inputs).iter().map(|(n, _)| 2.0 * n * width).sum();
+    let outputs: f64 = narrower(&e.outputs).iter().map(|(n, own)| n * (width + own)).sum();
+    inputs + outputs
 }
 
 /// Whether [`work_of`] has a FLOP formula for the operator.
@@ -454,6 +532,17 @@ impl CountRange<'_, '_> {
         let first_part = self.out.len();
         self.count(i + 1, end);
         let out = &mut *self.out;
+        let casts_only = out.len() > first_part && out[first_part..].iter().all(|c| is_cast(&events[c.index]));
+        if casts_only && cast_pass(e) > 0.0 {
+            // A CPU's TensorIterator casting inputs of another dtype into temporaries, traced
+            // (the meta device's too): the operator's own pass, which a GPU does not make.
+            out.truncate(first_part);
+            out.push(Counted {
+                index: i,
+                work: work_of(e, t.writes_input),
+            });
+            return;
+        }
         // A part that writes (about) as many elements as the operator returns did its work
         // (`_to_copy`'s `copy_`, `embedding`'s `index_select`); a smaller one is its own
         // (`div_.Tensor` first casts its scalar with `to`).

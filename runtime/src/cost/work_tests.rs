@@ -272,7 +272,91 @@ fn other_operators_count_the_bytes_they_read_and_write() {
         vec![Some((Kind::BFloat16, vec![1024]))],
     );
     let w = work_of(&bf, true);
-    assert_eq!((w.dtype, w.bytes), (Dtype::Fp32, 6.0 * 1024.0));
+    assert_eq!((w.dtype, w.bytes, w.pass_bytes), (Dtype::Fp32, 6.0 * 1024.0, 0.0));
+}
+
+fn bf16(shape: &[i64]) -> T {
+    Some((Kind::BFloat16, shape.to_vec()))
+}
+
+#[test]
+fn an_addmm_copies_what_it_adds_into_its_output_first() {
+    // A linear's bias: 16 fp32 read, the [64, 16] output written (each line read first).
+    let addmm = op(
+        "aten::addmm",
+        vec![f32(&[16]), f32(&[64, 32]), f32(&[32, 16]), None, None],
+        &[(3, 1.0), (4, 1.0)],
+        vec![f32(&[64, 16])],
+    );
+    assert_eq!(work_of(&addmm, false).pass_bytes, ((16 + 2 * 64 * 16) * 4) as f64);
+    // A full-size term is read whole; with beta 0 nothing is copied; mm adds nothing.
+    let baddbmm = op(
+        "aten::baddbmm",
+        vec![bf16(&[4, 8, 2]), bf16(&[4, 8, 16]), bf16(&[4, 16, 2])],
+        &[],
+        vec![bf16(&[4, 8, 2])],
+    );
+    assert_eq!(work_of(&baddbmm, false).pass_bytes, (3 * 4 * 8 * 2 * 2) as f64);
+    let ignored = op(
+        "aten::addmm",
+        vec![f32(&[16]), f32(&[64, 32]), f32(&[32, 16]), None, None],
+        &[(3, 0.0), (4, 1.0)],
+        vec![f32(&[64, 16])],
+    );
+    assert_eq!(work_of(&ignored, false).pass_bytes, 0.0);
+    let mm = op(
+        "aten::mm",
+        vec![f32(&[64, 32]), f32(&[32, 16])],
+        &[],
+        vec![f32(&[64, 16])],
+    );
+    assert_eq!(work_of(&mm, false).pass_bytes, 0.0);
+}
+
+#[test]
+fn elementwise_arithmetic_over_mixed_dtypes_casts_the_others_first() {
+    // Autocast's residual: a bf16 branch plus an fp32 input, an fp32 sum. Its bytes are its
+    // tensors' own; its pass casts the bf16 input (2 bytes read, 4 written each), which the
+    // add then reads at fp32's width (2 more each): 8 bytes per element.
+    let n = 8 * 128 * 768;
+    let add = op(
+        "aten::add.Tensor",
+        vec![bf16(&[8, 128, 768]), f32(&[8, 128, 768]), None],
+        &[(2, 1.0)],
+        vec![f32(&[8, 128, 768])],
+    );
+    let w = work_of(&add, false);
+    assert_eq!((w.bytes, w.pass_bytes), ((10 * n) as f64, (8 * n) as f64));
+    // In place into bf16: the bf16 input cast up (8 bytes per element), the fp32 result cast
+    // back (6 bytes).
+    let add_ = op(
+        "aten::add_.Tensor",
+        vec![bf16(&[4]), f32(&[4]), None],
+        &[],
+        vec![bf16(&[4])],
+    );
+    let w = work_of(&add_, true);
+    assert_eq!((w.bytes, w.pass_bytes), (32.0, 4.0 * 8.0 + 4.0 * 6.0));
+    // A wrapped number (a 0-dim double) sets no width: a bf16 product by it makes no pass.
+    let scaled = op(
+        "aten::mul.Tensor",
+        vec![bf16(&[4]), Some((Kind::Double, vec![]))],
+        &[],
+        vec![bf16(&[4])],
+    );
+    assert_eq!(work_of(&scaled, false).pass_bytes, 0.0);
+    // One dtype, a mask, or an operator that is itself the cast: no pass.
+    let same = op("aten::mul.Tensor", vec![bf16(&[4]), bf16(&[4])], &[], vec![bf16(&[4])]);
+    let masked = op(
+        "aten::where.self",
+        vec![Some((Kind::Bool, vec![4])), f32(&[4]), f32(&[4])],
+        &[],
+        vec![f32(&[4])],
+    );
+    let cast = op("aten::copy_", vec![bf16(&[4]), f32(&[4]), None], &[], vec![bf16(&[4])]);
+    for e in [same, masked, cast] {
+        assert_eq!(work_of(&e, true).pass_bytes, 0.0, "{}", e.name);
+    }
 }
 
 /// A trace from `(depth, event)`: each event's `end` closes after the deeper ones that follow.
@@ -402,6 +486,48 @@ fn counting_takes_each_piece_of_work_once() {
             "aten::ones"
         ]
     );
+}
+
+#[test]
+fn an_operator_that_casts_its_inputs_first_counts_as_itself_with_the_casts_as_its_pass() {
+    // `bf16 + fp32` on a CPU: the bf16 input cast into an fp32 temporary, then an fp32 add.
+    let cast = |depth| {
+        [
+            (
+                depth,
+                op("aten::to.dtype", vec![bf16(&[4, 8])], &[], vec![f32(&[4, 8])]),
+            ),
+            (
+                depth + 1,
+                op("aten::_to_copy", vec![bf16(&[4, 8])], &[], vec![f32(&[4, 8])]),
+            ),
+            (depth + 2, op("aten::empty_strided", vec![], &[], vec![f32(&[4, 8])])),
+            (
+                depth + 2,
+                op(
+                    "aten::copy_",
+                    vec![f32(&[4, 8]), bf16(&[4, 8])],
+                    &[],
+                    vec![f32(&[4, 8])],
+                ),
+            ),
+        ]
+    };
+    let add = op(
+        "aten::add.Tensor",
+        vec![bf16(&[4, 8]), f32(&[4, 8])],
+        &[],
+        vec![f32(&[4, 8])],
+    );
+    let trace = nest([vec![(0, add)], cast(1).to_vec(), cast(0).to_vec()].concat());
+    let counted = counted(&trace, &mut traits_of);
+    let names: Vec<&str> = counted.iter().map(|c| trace[c.index].name.as_str()).collect();
+    assert_eq!(names, ["aten::add.Tensor", "aten::copy_"]);
+    // The add with its tensors' bytes and its cast as its pass, which a GPU does not make; a
+    // cast alone is its copy.
+    assert_eq!(counted[0].work, work_of(&trace[0], false));
+    assert_eq!(counted[0].work.pass_bytes, 2.0 * 32.0 * 4.0);
+    assert_eq!(counted[1].work.bytes, 32.0 * 6.0);
 }
 
 #[test]
