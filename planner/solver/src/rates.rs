@@ -293,13 +293,15 @@ impl DeviceRates {
     }
 
     /// Seconds operator `op` (its name without the overload) takes for `work`, without the
-    /// per-operator overhead: at its own rate where it has one, else [`Self::work_seconds`].
+    /// per-operator overhead: at its own rate where it has one, else as [`Self::work_seconds`];
+    /// then its pass, if any ([`Self::pass_seconds`]).
     pub fn op_seconds(&self, op: &str, work: &Work) -> f64 {
-        match (self.own_seconds(op, work), work.attention, &self.attention) {
-            (Some(s), _, _) if work.engine == Engine::Memory => s + self.pass_seconds(work),
+        let main = match (self.own_seconds(op, work), work.attention, &self.attention) {
+            (Some(s), _, _) if work.engine == Engine::Memory => s,
             (_, Some(a), Some(r)) => self.attention_seconds(work, &a, r),
-            _ => self.work_seconds(work),
-        }
+            _ => self.bound_seconds(work),
+        };
+        main + self.pass_seconds(work)
     }
 
     /// Seconds of `work`'s separate streaming pass ([`Work::pass_bytes`]) at the streaming rate
@@ -355,14 +357,15 @@ impl DeviceRates {
 
     /// Seconds an operator that updates a tensor in place takes for memory-bound `work`, without
     /// the per-operator overhead: its bytes at the in-place streaming rate where the device has
-    /// one for its dtype or fp32, else [`Self::work_seconds`].
+    /// one for its dtype or fp32, else as [`Self::work_seconds`]; then its pass, if any.
     pub fn in_place_seconds(&self, work: &Work) -> f64 {
         let rate = rate(&self.bandwidth_in_place, work.dtype, work.bytes);
-        if work.engine == Engine::Memory && rate.is_finite() {
-            work.bytes / rate + self.pass_seconds(work)
+        let main = if work.engine == Engine::Memory && rate.is_finite() {
+            work.bytes / rate
         } else {
-            self.work_seconds(work)
-        }
+            self.bound_seconds(work)
+        };
+        main + self.pass_seconds(work)
     }
 
     /// Seconds `work` takes without the per-operator overhead: the slower of its FLOPs on its

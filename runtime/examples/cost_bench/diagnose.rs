@@ -135,16 +135,10 @@ fn scope_calls(events: &[OpEvent], est: &[f64], calls: &[usize], wanted: &str) {
         );
         for k in inside {
             let (own, estimated) = call_seconds(events, est, calls, k);
-            let shapes: Vec<String> = events[calls[k]]
-                .inputs
-                .iter()
-                .flatten()
-                .map(|(t, d)| format!("{t:?}{d:?}"))
-                .collect();
             println!(
                 "    {:<48} measured {own:>9.6} estimated {estimated:>9.6}  {}",
                 events[calls[k]].name,
-                shapes.join(" ")
+                input_shapes(&events[calls[k]])
             );
         }
     }
@@ -168,15 +162,20 @@ fn op_parts(events: &[OpEvent], est: &[f64], wanted: &str) {
         events[i].name, events[i].seconds
     );
     for (e, estimated) in events[i + 1..end].iter().zip(&est[i + 1..end]) {
-        let shapes: Vec<String> = e.inputs.iter().flatten().map(|(t, d)| format!("{t:?}{d:?}")).collect();
         let indent = "  ".repeat(e.depth.saturating_sub(events[i].depth) as usize);
         println!(
             "  {indent}{:<44} measured {:>9.6} estimated {estimated:>9.6}  {}",
             e.name,
             e.seconds,
-            shapes.join(" ")
+            input_shapes(e)
         );
     }
+}
+
+/// An event's tensor inputs, each as its kind and shape (`Float[8, 128]`).
+fn input_shapes(e: &OpEvent) -> String {
+    let shapes: Vec<String> = e.inputs.iter().flatten().map(|(t, d)| format!("{t:?}{d:?}")).collect();
+    shapes.join(" ")
 }
 
 /// One step traced after an untraced one, as `Session::op_trace` runs it, with what it cost

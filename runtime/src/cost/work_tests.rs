@@ -8,6 +8,10 @@ fn f32(shape: &[i64]) -> T {
     Some((Kind::Float, shape.to_vec()))
 }
 
+fn bf16(shape: &[i64]) -> T {
+    Some((Kind::BFloat16, shape.to_vec()))
+}
+
 fn op(name: &str, inputs: Vec<T>, numbers: &[(usize, f64)], outputs: Vec<T>) -> OpEvent {
     let mut nums = vec![None; inputs.len()];
     for &(i, v) in numbers {
@@ -273,10 +277,6 @@ fn other_operators_count_the_bytes_they_read_and_write() {
     );
     let w = work_of(&bf, true);
     assert_eq!((w.dtype, w.bytes, w.pass_bytes), (Dtype::Fp32, 6.0 * 1024.0, 0.0));
-}
-
-fn bf16(shape: &[i64]) -> T {
-    Some((Kind::BFloat16, shape.to_vec()))
 }
 
 #[test]
