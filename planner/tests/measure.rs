@@ -366,10 +366,12 @@ fn cache_rates(xdg: &Path, scale: f64) -> ckptune_solver::rates::DeviceRates {
         conv: vec![Curve::flat(Dtype::Fp32, 5e10 * scale)],
         conv_shapes: Vec::new(),
         conv_backward: Vec::new(),
+        conv_setup: Vec::new(),
         bandwidth: vec![Curve::flat(Dtype::Fp32, 2e10 * scale)],
         bandwidth_in_place: Vec::new(),
         overhead_seconds: 2e-6 / scale,
         ops: Vec::new(),
+        op_setup: Vec::new(),
         attention: None,
         block_overhead: None,
     };

@@ -41,6 +41,8 @@ use tch::Device;
 mod diagnose;
 #[path = "cost_bench/kernel_time.rs"]
 mod kernel_time;
+#[path = "cost_bench/rates.rs"]
+mod rates;
 
 use kernel_time::KernelTime;
 
@@ -448,20 +450,6 @@ fn round_span(v: &serde_json::Value) -> String {
     format!("{:+.0}% to {:+.0}%", lo * 100.0, hi * 100.0)
 }
 
-/// How long the rounds' calibrations took and what their time limit cut, in words.
-fn calibrated(seconds: &[f64], rates: &[DeviceRates]) -> String {
-    let (lo, hi) = span(seconds);
-    let count = |f: &dyn Fn(&DeviceRates) -> bool| rates.iter().filter(|r| f(r)).count();
-    format!(
-        "{lo:.0} to {hi:.0} s; fused attention measured in {} of {n} rounds, skinny products in {}, {} to {} slow-kernel rates",
-        count(&|r| r.attention.is_some()),
-        count(&|r| !r.matmul_thin.is_empty()),
-        rates.iter().map(|r| r.ops.len()).min().unwrap_or(0),
-        rates.iter().map(|r| r.ops.len()).max().unwrap_or(0),
-        n = rates.len(),
-    )
-}
-
 /// The README's table of the cases; `calibrated` says what the rounds' calibrations did.
 fn readme(
     a: &Args,
@@ -730,7 +718,7 @@ fn main() -> Result<(), RuntimeError> {
         "rounds": a.rounds,
         "load_average_by_round": loads,
         "calibration_seconds_by_round": calibration_seconds,
-        "rates_by_round": rates.iter().map(rates_json).collect::<Vec<_>>(),
+        "rates_by_round": rates.iter().map(rates::rates_json).collect::<Vec<_>>(),
         "cases": rows,
         "precision_pairs": pairs,
     });
@@ -746,7 +734,7 @@ fn main() -> Result<(), RuntimeError> {
         &a,
         &identity,
         span(&loads),
-        &calibrated(&calibration_seconds, &rates),
+        &rates::calibrated(&calibration_seconds, &rates),
         &rows,
         &pairs,
     );
@@ -760,29 +748,4 @@ fn load_average() -> f64 {
         .ok()
         .and_then(|t| t.split_whitespace().next().and_then(|w| w.parse().ok()))
         .unwrap_or(0.0)
-}
-
-fn rates_json(r: &DeviceRates) -> serde_json::Value {
-    let curves = |cs: &[ckptune_solver::rates::Curve]| -> serde_json::Value {
-        cs.iter()
-            .map(|c| (c.dtype.clone(), json!(c.points)))
-            .collect::<serde_json::Map<_, _>>()
-            .into()
-    };
-    json!({
-        "source": r.source,
-        "matmul_flops": curves(&r.matmul),
-        "matmul_thin_flops": curves(&r.matmul_thin),
-        "slow_kernel_rates": r.ops.len(),
-        "attention_measured": r.attention.is_some(),
-        "conv_flops": curves(&r.conv),
-        "bandwidth_bytes": curves(&r.bandwidth),
-        "overhead_seconds": r.overhead_seconds,
-        "block_overhead_seconds": r.block_overhead.map(|b| json!({
-            "forward": b.forward,
-            "nograd_forward": b.nograd_forward,
-            "recompute": b.recompute,
-            "backward": b.backward,
-        })),
-    })
 }

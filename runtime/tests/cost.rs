@@ -28,10 +28,12 @@ fn flat() -> DeviceRates {
         conv: vec![Curve::flat(Dtype::Fp32, 5e10)],
         conv_shapes: Vec::new(),
         conv_backward: Vec::new(),
+        conv_setup: Vec::new(),
         bandwidth: vec![Curve::flat(Dtype::Fp32, 2e10)],
         bandwidth_in_place: vec![Curve::flat(Dtype::Fp32, 4e10)],
         overhead_seconds: 2e-6,
         ops: Vec::new(),
+        op_setup: Vec::new(),
         attention: None,
         block_overhead: None,
     }

@@ -18,6 +18,37 @@ pub enum Engine {
     Memory,
 }
 
+/// Whether a CPU sets a convolution's kernel up on every call: PyTorch runs it through oneDNN,
+/// which builds the primitive's descriptors and reorders each call, whatever the convolution's
+/// size (on the Intel Xeon of `results/cost/`, one thread: 46 µs forward and 93 µs backward
+/// beyond an add of as few elements, which takes about 1 µs). PyTorch picks the backend by the
+/// convolution's shapes (`ConvParams::use_mkldnn`); the runtime's work counting applies its
+/// rule. A GPU of the table times no setup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Setup {
+    /// None beyond the per-operator overhead (every other operator; a convolution PyTorch runs
+    /// with its own kernel).
+    #[default]
+    None,
+    /// Every call.
+    Always,
+    /// Every call where the step runs more than one intra-op thread: PyTorch runs an unstrided
+    /// fp32 1×1 convolution of fewer than 16 images with its own kernel on one thread, through
+    /// oneDNN on more.
+    Threaded,
+}
+
+impl Setup {
+    /// Whether a call pays the setup at `threads` intra-op threads (unknown: one).
+    pub fn applies(self, threads: Option<i32>) -> bool {
+        match self {
+            Setup::None => false,
+            Setup::Always => true,
+            Setup::Threaded => threads.is_some_and(|t| t > 1),
+        }
+    }
+}
+
 /// The element types rates are given for; every other type streams at fp32's rate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dtype {
@@ -78,6 +109,9 @@ pub struct Work {
     /// inputs of mixed dtypes runs TensorIterator's casting loop, which takes about as long as
     /// casting those inputs first. 0 for other work.
     pub pass_bytes: f64,
+    /// Whether a CPU sets the kernel up on every call ([`DeviceRates::conv_setup`]); `None` for
+    /// every operator but a convolution.
+    pub setup: Setup,
 }
 
 /// What a fused attention call does besides its products' FLOPs: each element of its score
@@ -203,6 +237,11 @@ pub struct DeviceRates {
     /// backward kernels run slower than its forward ones); a dtype without one takes `conv`'s.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
     pub conv_backward: Vec<Curve>,
+    /// Seconds a convolution's setup takes per call ([`Setup`]), forward and backward per dtype,
+    /// where measured (a CPU's calibration); a dtype without its own takes fp32's. Empty: no
+    /// setup is timed (a GPU of the table).
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub conv_setup: Vec<ConvSetup>,
     /// Bytes/s of streaming elementwise work per dtype, by the bytes an operator moves, writing
     /// into fresh memory as a step's outputs do (a CPU's first touch of a page faults).
     pub bandwidth: Vec<Curve>,
@@ -218,6 +257,13 @@ pub struct DeviceRates {
     /// measured rate in bytes/s of the bytes it reads and writes. Empty for a GPU of the table.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
     pub ops: Vec<OpRate>,
+    /// Seconds those kernels take per call besides their bytes and the overhead, where measured
+    /// (a CPU's calibration, on inputs of a few elements, any dtype): batch norm's forward took
+    /// about 4 µs beyond an add of as few elements on the Intel Xeon of `results/cost/`, GELU's
+    /// 7 µs, a cost that a block of a few small calls (tiny-ResNet's) measures mostly. Empty for
+    /// a GPU of the table.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub op_setup: Vec<OpSetup>,
     /// Fused attention's cost per score and a causal call's share of an unmasked one's, where
     /// measured (a CPU's calibration); without them attention is timed by its FLOPs alone.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
@@ -276,6 +322,55 @@ pub struct ConvShape {
     pub flops_per_second: f64,
 }
 
+/// A convolution's setup per call ([`DeviceRates::conv_setup`]).
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ConvSetup {
+    pub dtype: String,
+    /// Its backward (both gradients), else its forward.
+    pub backward: bool,
+    pub seconds: f64,
+}
+
+impl ConvSetup {
+    /// Seconds among `setups` of a convolution of `dtype` in its direction (fp32's where `dtype`
+    /// has none); 0 without one.
+    pub fn seconds(setups: &[ConvSetup], dtype: Dtype, backward: bool) -> f64 {
+        let of = |d: Dtype| {
+            setups
+                .iter()
+                .find(|s| s.dtype == d.name() && s.backward == backward)
+                .map(|s| s.seconds)
+        };
+        of(dtype).or_else(|| of(Dtype::Fp32)).unwrap_or(0.0)
+    }
+
+    /// Seconds among `setups` that `work` pays per call at `threads` intra-op threads.
+    pub fn of_work(setups: &[ConvSetup], work: &Work, threads: Option<i32>) -> f64 {
+        if work.setup.applies(threads) {
+            ConvSetup::seconds(setups, work.dtype, work.engine == Engine::ConvBackward)
+        } else {
+            0.0
+        }
+    }
+}
+
+/// A slow kernel's setup per call ([`DeviceRates::op_setup`]).
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct OpSetup {
+    /// The operator without its overload (`aten::native_batch_norm`).
+    pub op: String,
+    pub seconds: f64,
+}
+
+impl OpSetup {
+    /// Seconds among `setups` of operator `op` per call; 0 without one.
+    pub fn seconds(setups: &[OpSetup], op: &str) -> f64 {
+        setups.iter().find(|s| s.op == op).map_or(0.0, |s| s.seconds)
+    }
+}
+
 /// One operator's own streaming rate.
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -294,14 +389,28 @@ impl DeviceRates {
 
     /// Seconds operator `op` (its name without the overload) takes for `work`, without the
     /// per-operator overhead: at its own rate where it has one, else as [`Self::work_seconds`];
-    /// then its pass, if any ([`Self::pass_seconds`]).
+    /// then what it does besides ([`Self::beside_seconds`]) and its setup, where measured
+    /// ([`Self::op_setup`]).
     pub fn op_seconds(&self, op: &str, work: &Work) -> f64 {
         let main = match (self.own_seconds(op, work), work.attention, &self.attention) {
             (Some(s), _, _) if work.engine == Engine::Memory => s,
             (_, Some(a), Some(r)) => self.attention_seconds(work, &a, r),
             _ => self.bound_seconds(work),
         };
-        main + self.pass_seconds(work)
+        main + self.beside_seconds(work) + OpSetup::seconds(&self.op_setup, op)
+    }
+
+    /// Seconds `work` spends besides its main work, not overlapped with it: its separate pass
+    /// ([`Self::pass_seconds`]) and its kernel's setup ([`Self::setup_seconds`]).
+    fn beside_seconds(&self, work: &Work) -> f64 {
+        self.pass_seconds(work) + self.setup_seconds(work)
+    }
+
+    /// Seconds of a convolution's setup per call ([`Setup`]) at its direction and dtype (fp32's
+    /// where its own was not measured), where it applies at the calibration's thread count;
+    /// 0 where the device measured none.
+    pub fn setup_seconds(&self, work: &Work) -> f64 {
+        ConvSetup::of_work(&self.conv_setup, work, self.threads)
     }
 
     /// Seconds of `work`'s separate streaming pass ([`Work::pass_bytes`]) at the streaming rate
@@ -357,7 +466,7 @@ impl DeviceRates {
 
     /// Seconds an operator that updates a tensor in place takes for memory-bound `work`, without
     /// the per-operator overhead: its bytes at the in-place streaming rate where the device has
-    /// one for its dtype or fp32, else as [`Self::work_seconds`]; then its pass, if any.
+    /// one for its dtype or fp32, else as [`Self::work_seconds`]; then what it does besides.
     pub fn in_place_seconds(&self, work: &Work) -> f64 {
         let rate = rate(&self.bandwidth_in_place, work.dtype, work.bytes);
         let main = if work.engine == Engine::Memory && rate.is_finite() {
@@ -365,14 +474,14 @@ impl DeviceRates {
         } else {
             self.bound_seconds(work)
         };
-        main + self.pass_seconds(work)
+        main + self.beside_seconds(work)
     }
 
     /// Seconds `work` takes without the per-operator overhead: the slower of its FLOPs on its
-    /// engine and its bytes at the streaming rate, then its separate pass, if any
-    /// ([`Self::pass_seconds`]).
+    /// engine and its bytes at the streaming rate, then what it does besides
+    /// ([`Self::beside_seconds`]).
     pub fn work_seconds(&self, work: &Work) -> f64 {
-        self.bound_seconds(work) + self.pass_seconds(work)
+        self.bound_seconds(work) + self.beside_seconds(work)
     }
 
     /// The slower of `work`'s FLOPs on its engine and its bytes at the streaming rate.
@@ -485,6 +594,15 @@ impl DeviceRates {
                 self.device, s.shape, s.dtype, s.flops_per_second
             ));
         }
+        let setups = self.conv_setup.iter().map(|s| {
+            let what = if s.backward {
+                "convolution backward's setup"
+            } else {
+                "convolution's setup"
+            };
+            (what, s.seconds)
+        });
+        let op_setups = self.op_setup.iter().map(|s| ("an operator's setup", s.seconds));
         let durations = self.block_overhead.iter().flat_map(|b| {
             [
                 ("a block's forward", b.forward),
@@ -493,7 +611,8 @@ impl DeviceRates {
                 ("a block's backward", b.backward),
             ]
         });
-        for (what, seconds) in [("overhead", self.overhead_seconds)].into_iter().chain(durations) {
+        let overhead = [("overhead", self.overhead_seconds)].into_iter();
+        for (what, seconds) in overhead.chain(setups).chain(op_setups).chain(durations) {
             if !(seconds >= 0.0 && seconds.is_finite()) {
                 return Err(format!(
                     "rates of {}: {what} {seconds} s is not a duration",
@@ -644,10 +763,12 @@ impl GpuSpec {
             ],
             conv_shapes: Vec::new(),
             conv_backward: Vec::new(),
+            conv_setup: Vec::new(),
             bandwidth: vec![flat(Dtype::Fp32, self.memory_gbps * 1e9 * GPU_MEMORY_EFFICIENCY)],
             bandwidth_in_place: Vec::new(),
             overhead_seconds: GPU_OVERHEAD_SECONDS,
             ops: Vec::new(),
+            op_setup: Vec::new(),
             attention: None,
             block_overhead: None,
         }

@@ -36,6 +36,7 @@ fn time_is_the_slower_of_flops_and_bytes_plus_the_overhead() {
         conv: vec![Curve::flat(Dtype::Fp32, 5e8)],
         conv_shapes: Vec::new(),
         conv_backward: vec![Curve::flat(Dtype::Fp32, 2.5e8)],
+        conv_setup: Vec::new(),
         bandwidth: vec![Curve::flat(Dtype::Fp32, 1e9), Curve::flat(Dtype::Bf16, 2e9)],
         bandwidth_in_place: vec![Curve::flat(Dtype::Fp32, 4e9)],
         overhead_seconds: 1e-6,
@@ -44,6 +45,7 @@ fn time_is_the_slower_of_flops_and_bytes_plus_the_overhead() {
             dtype: "fp32".into(),
             bytes_per_second: 1e8,
         }],
+        op_setup: Vec::new(),
         attention: None,
         block_overhead: None,
     };
@@ -59,6 +61,7 @@ fn time_is_the_slower_of_flops_and_bytes_plus_the_overhead() {
         lhs_transposed: false,
         kernel: 0.0,
         pass_bytes: 0.0,
+        setup: Setup::None,
     };
     let t = r.seconds(&work(Engine::Matmul, Dtype::Fp32, 2e6, 1e3));
     assert!((t - (2e-3 + 1e-6)).abs() < 1e-12, "{t}");
@@ -164,6 +167,7 @@ fn conv_work(engine: Engine, dtype: Dtype, flops: f64, mkn: [f64; 3], kernel: f6
         lhs_transposed: false,
         kernel,
         pass_bytes: 0.0,
+        setup: Setup::None,
     }
 }
 
@@ -180,6 +184,7 @@ fn a_convolution_of_measured_channels_takes_their_rate_from_their_rows_up_and_an
     let r = DeviceRates {
         conv: vec![Curve::flat(Dtype::Fp32, 1e9), Curve::flat(Dtype::Bf16, 2e9)],
         conv_backward: vec![Curve::flat(Dtype::Fp32, 5e8)],
+        conv_setup: Vec::new(),
         conv_shapes: vec![
             shape(Dtype::Bf16, false, stage2, 4e9),
             shape(Dtype::Fp32, false, stage2, 1.5e9),
@@ -282,6 +287,7 @@ fn measured_attention_adds_its_scores_and_takes_the_causal_share_at_its_length()
         lhs_transposed: false,
         kernel: 0.0,
         pass_bytes: 0.0,
+        setup: Setup::None,
         attention: Some(AttentionWork {
             scores: 1e4,
             full_flops: 2e6,
@@ -337,6 +343,7 @@ fn every_gpu_of_the_table_gives_complete_rates_and_tensor_cores_beat_fp32() {
             lhs_transposed: false,
             kernel: 0.0,
             pass_bytes: 0.0,
+            setup: Setup::None,
         };
         assert!(
             r.seconds(&work(Dtype::Bf16)) < r.seconds(&work(Dtype::Fp32)),
@@ -364,4 +371,88 @@ fn incomplete_rates_are_refused_naming_what_is_missing() {
     let mut r = gpu("a100-80gb").unwrap().rates();
     r.matmul[0].points[0][1] = f64::NAN;
     assert!(r.check().unwrap_err().contains("must be positive"));
+}
+
+#[test]
+fn a_convolutions_setup_is_timed_per_call_where_it_applies_at_the_calibrations_threads() {
+    let setup = |dtype: Dtype, backward, seconds| ConvSetup {
+        dtype: dtype.name().into(),
+        backward,
+        seconds,
+    };
+    let cpu = DeviceRates {
+        conv_setup: vec![setup(Dtype::Fp32, false, 4e-5), setup(Dtype::Fp32, true, 9e-5)],
+        ..gpu("h100").unwrap().rates()
+    };
+    let cpu = DeviceRates {
+        device: "cpu".into(),
+        threads: Some(1),
+        ..cpu
+    };
+    let forward = conv_work(Engine::Conv, Dtype::Fp32, 1e6, [8.0, 8.0, 8.0], 9.0);
+    let backward = conv_work(Engine::ConvBackward, Dtype::Fp32, 1e6, [8.0, 8.0, 8.0], 9.0);
+    let with = |w: Work, setup: Setup| Work { setup, ..w };
+    let added = |r: &DeviceRates, w: Work, setup: Setup| r.seconds(&with(w, setup)) - r.seconds(&w);
+    assert!((added(&cpu, forward, Setup::Always) - 4e-5).abs() < 1e-15);
+    assert!((added(&cpu, backward, Setup::Always) - 9e-5).abs() < 1e-15);
+    // A bf16 convolution without a setup of its own takes fp32's.
+    let bf16 = Work {
+        dtype: Dtype::Bf16,
+        ..forward
+    };
+    assert!((added(&cpu, bf16, Setup::Always) - 4e-5).abs() < 1e-15);
+    // An unstrided 1×1 convolution pays it only where the calibration ran threaded.
+    assert_eq!(added(&cpu, forward, Setup::Threaded), 0.0);
+    let threaded = DeviceRates {
+        threads: Some(2),
+        ..cpu.clone()
+    };
+    assert!((added(&threaded, forward, Setup::Threaded) - 4e-5).abs() < 1e-15);
+    assert_eq!(added(&cpu, forward, Setup::None), 0.0);
+    // Through op_seconds and work_seconds alike; a GPU of the table measured none.
+    assert_eq!(
+        cpu.op_seconds("aten::conv2d", &with(forward, Setup::Always)),
+        cpu.work_seconds(&with(forward, Setup::Always))
+    );
+    let h100 = gpu("h100").unwrap().rates();
+    assert_eq!(h100.seconds(&with(forward, Setup::Always)), h100.seconds(&forward));
+    assert_eq!(cpu.check(), Ok(()));
+    let negative = DeviceRates {
+        conv_setup: vec![setup(Dtype::Fp32, true, -1e-6)],
+        ..cpu.clone()
+    };
+    assert!(negative.check().unwrap_err().contains("convolution backward's setup"));
+}
+
+#[test]
+fn a_slow_kernels_setup_is_timed_per_call_of_that_operator_alone() {
+    let setups = vec![OpSetup {
+        op: "aten::native_batch_norm".into(),
+        seconds: 4e-6,
+    }];
+    let cpu = DeviceRates {
+        device: "cpu".into(),
+        threads: Some(1),
+        op_setup: setups,
+        ..gpu("h100").unwrap().rates()
+    };
+    let none = DeviceRates {
+        op_setup: Vec::new(),
+        ..cpu.clone()
+    };
+    let work = conv_work(Engine::Memory, Dtype::Bf16, 0.0, [0.0; 3], 0.0);
+    let added = |op: &str| cpu.op_seconds(op, &work) - none.op_seconds(op, &work);
+    // Any dtype: the setup was measured on a few elements, where the dtype does not matter.
+    assert!((added("aten::native_batch_norm") - 4e-6).abs() < 1e-15);
+    assert_eq!(added("aten::native_batch_norm_backward"), 0.0);
+    assert_eq!(added("aten::add"), 0.0);
+    assert_eq!(cpu.check(), Ok(()));
+    let negative = DeviceRates {
+        op_setup: vec![OpSetup {
+            op: "aten::gelu".into(),
+            seconds: f64::NAN,
+        }],
+        ..cpu.clone()
+    };
+    assert!(negative.check().unwrap_err().contains("an operator's setup"));
 }

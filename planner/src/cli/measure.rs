@@ -212,16 +212,18 @@ fn timed_where_they_can_win(
         },
     )?;
     let labels: Vec<String> = setup.configs.iter().map(|c| c.label()).collect();
-    if !setup.quiet {
-        for note in contenders::untimed_notes(&labels, &timing) {
-            eprintln!("note: {note}");
-        }
-    }
     let mut configs = configs.into_inner();
     let plain: Vec<f64> = configs.iter().map(|p| p.seconds_none.median).collect();
     for (p, pace) in configs.iter_mut().zip(timing.paces(&plain, &labels)) {
         if let Some((factor, why)) = pace {
             p.to_pace(factor, why);
+        }
+    }
+    if !setup.quiet {
+        let solved = rank(&profile_json(setup, How::MetaTimed, model.clone(), configs.clone()))?;
+        let fits: Vec<bool> = solved.iter().map(Option::is_some).collect();
+        for note in contenders::untimed_notes(&labels, &timing, &fits) {
+            eprintln!("note: {note}");
         }
     }
     Ok((model, configs))

@@ -12,13 +12,12 @@
 
 use std::time::Instant;
 
-use ckptune_kernels::autograd;
 use ckptune_kernels::host_memory::HostMemoryHold;
-use ckptune_solver::rates::{AttentionRates, ConvShape, Curve, DeviceRates, Dtype, OpRate, Work};
+use ckptune_solver::rates::{AttentionRates, ConvSetup, ConvShape, Curve, DeviceRates, Dtype, OpRate, OpSetup, Work};
 use tch::{Device, Kind, Tensor};
 
-use super::timed::{time_call, traced, Traced, BATCHES};
-use super::{block_overhead, overhead};
+use super::timed::{forward_backward, time_call, Traced, BATCHES};
+use super::{block_overhead, overhead, setup, work};
 use crate::error::{torch, Result};
 
 /// Bumped whenever what is measured changes: cached calibrations of another version are
@@ -35,8 +34,9 @@ use crate::error::{torch, Result};
 /// products of a transposed operand; version 14 measures with freed host memory held, as real
 /// steps now run (`HostMemoryHold`), so that no rate pays for fresh pages a step does not, and
 /// records each convolution shape's kernel, so that an unmeasured shape is timed among its
-/// kernel's.
-pub const CALIBRATION_VERSION: u32 = 14;
+/// kernel's; version 15 a convolution's setup per call through oneDNN and the slow kernels',
+/// which the overhead, each convolution shape's rate and each slow kernel's are measured less.
+pub const CALIBRATION_VERSION: u32 = 15;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured; each curve has its first point, as the estimates need an
@@ -97,7 +97,10 @@ struct Run {
     t0: Instant,
     /// Seconds after `t0` when points stop being added ([`BUDGET_SECONDS`]).
     budget: f64,
+    threads: i32,
     overhead: f64,
+    conv_setup: Vec<ConvSetup>,
+    op_setup: Vec<OpSetup>,
 }
 
 impl Run {
@@ -202,7 +205,14 @@ impl Run {
                 cout as f64,
             );
             let flops = if backward { 4.0 } else { 2.0 } * m * k * n;
-            let rate = self.rate(flops, t);
+            let [input, output] = [cin, cout].map(|c| [batch, c, side, side]);
+            let setup = work::conv_setup(dtype, &input, &[cout, cin, kernel, kernel], &output, false);
+            let setup = if setup.applies(Some(self.threads)) {
+                ConvSetup::seconds(&self.conv_setup, dtype, backward)
+            } else {
+                0.0
+            };
+            let rate = flops / (t - self.overhead - setup).max(0.2 * t);
             points.push([(m * k * n).cbrt(), rate]);
             // A backward timed at no more than its forward has no rate of its own to keep.
             if rate.is_finite() {
@@ -281,9 +291,10 @@ fn operand_pairs(n: i64, dtype: Dtype, span: f64) -> Result<Vec<(Tensor, Tensor)
 }
 
 /// A probe: an input's shape, a forward over it in grad mode, and the operators whose rates
-/// its forward and backward measure.
+/// its forward and backward measure; and a shape of a few elements its setup is measured on.
 struct Probe {
     shape: &'static [i64],
+    tiny: &'static [i64],
     forward: fn(&Tensor) -> Result<Tensor>,
     ops: &'static [&'static str],
 }
@@ -294,6 +305,7 @@ struct Probe {
 const PROBES: [Probe; 9] = [
     Probe {
         shape: &[8, 128, 56, 56],
+        tiny: &[2, 128, 1, 1],
         forward: |x| {
             let c = Tensor::f_ones([128], (Kind::Float, Device::Cpu)).map_err(torch("calibration: ones"))?;
             x.f_batch_norm(
@@ -312,6 +324,7 @@ const PROBES: [Probe; 9] = [
     },
     Probe {
         shape: &[8, 64, 112, 112],
+        tiny: &[1, 1, 4, 4],
         forward: |x| {
             x.f_max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false)
                 .map_err(torch("calibration: max_pool2d"))
@@ -323,6 +336,7 @@ const PROBES: [Probe; 9] = [
     },
     Probe {
         shape: &[1024, 768],
+        tiny: &[1, 768],
         forward: |x| {
             x.f_layer_norm([768], None::<&Tensor>, None::<&Tensor>, 1e-5, false)
                 .map_err(torch("calibration: layer_norm"))
@@ -331,40 +345,61 @@ const PROBES: [Probe; 9] = [
     },
     Probe {
         shape: &[8, 12, 128, 128],
+        tiny: &[1, 1, 1, 8],
         forward: |x| x.f_softmax(-1, x.kind()).map_err(torch("calibration: softmax")),
         ops: &["aten::_softmax", "aten::_softmax_backward_data"],
     },
     Probe {
         shape: &[1024, 8192],
+        tiny: &[1, 8],
         forward: |x| x.f_log_softmax(-1, x.kind()).map_err(torch("calibration: log_softmax")),
         ops: &["aten::_log_softmax", "aten::_log_softmax_backward_data"],
     },
     Probe {
         shape: &[1024, 3072],
+        tiny: &[1, 8],
         forward: |x| x.f_gelu("none").map_err(torch("calibration: gelu")),
         ops: &["aten::gelu", "aten::gelu_backward"],
     },
     Probe {
         shape: &[1024, 3072],
+        tiny: &[1, 8],
         forward: |x| x.f_tanh().map_err(torch("calibration: tanh")),
         ops: &["aten::tanh", "aten::tanh_backward"],
     },
     Probe {
         shape: &[1024, 2048],
+        tiny: &[1, 8],
         forward: |x| x.f_silu().map_err(torch("calibration: silu")),
         ops: &["aten::silu", "aten::silu_backward"],
     },
     Probe {
         shape: &[1024, 3072],
+        tiny: &[1, 8],
         forward: |x| x.f_dropout(0.1, true).map_err(torch("calibration: dropout")),
         ops: &["aten::bernoulli_"],
     },
 ];
 
 impl Run {
-    /// The time per call of a small varied training step ([`overhead`]).
+    /// The time per call of a small varied training step ([`overhead`]), less its operators'
+    /// setups.
     fn overhead(&mut self) -> Result<()> {
-        self.overhead = overhead::per_call()?;
+        let setup = |op: &str, w: &Work| {
+            ConvSetup::of_work(&self.conv_setup, w, Some(self.threads)) + OpSetup::seconds(&self.op_setup, op)
+        };
+        self.overhead = overhead::per_call(&setup)?;
+        Ok(())
+    }
+
+    /// A convolution's setup per call through oneDNN, and every probe's operators', beyond an
+    /// add's ([`setup`]).
+    fn setups(&mut self) -> Result<()> {
+        let base = setup::Baseline::measure()?;
+        self.conv_setup = setup::conv(&base)?;
+        for p in &PROBES {
+            self.op_setup.extend(setup::op(&base, p.tiny, &p.forward, p.ops)?);
+        }
         Ok(())
     }
 
@@ -385,6 +420,8 @@ impl Run {
         let measured = forward_backward(&randn(p.shape, dtype)?, &p.forward)?;
         for &op in p.ops {
             let (mine, own) = self.isolate(&measured, op, generic);
+            let setups = OpSetup::seconds(&self.op_setup, op) * mine.len() as f64;
+            let own = (own - setups).max(0.2 * own);
             let bytes: f64 = mine.iter().map(|w| w.bytes).sum();
             if bytes > 0.0 && own > 0.0 {
                 out.push(OpRate {
@@ -428,24 +465,6 @@ const ATTENTION_OPS: [&str; 2] = [
 fn attention_call(x: &Tensor, causal: bool) -> Result<Tensor> {
     Tensor::f_scaled_dot_product_attention(x, x, x, None::<&Tensor>, 0.0, causal, None::<f64>, false)
         .map_err(torch("calibration: scaled_dot_product_attention"))
-}
-
-/// Seconds per call of a forward over a fresh leaf of `x0`'s values, and of that forward and
-/// its backward, in grad mode; with the forward's and both's traces.
-fn forward_backward(x0: &Tensor, forward: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<[(f64, Traced); 2]> {
-    // A fresh leaf per call: its gradient is taken, never accumulated into the last one.
-    let leaf = || x0.detach().set_requires_grad(true);
-    let g = forward(&leaf())?
-        .f_ones_like()
-        .map_err(torch("calibration: ones_like"))?;
-    let mut fwd = || forward(&leaf());
-    let mut both = || -> Result<Tensor> {
-        let x = leaf();
-        autograd::backward(forward(&x)?, g.shallow_clone())?;
-        Ok(x.grad())
-    };
-    let (f, b) = (traced(&mut fwd)?, traced(&mut both)?);
-    Ok([(time_call(&mut fwd)?, f), (time_call(&mut both)?, b)])
 }
 
 impl Run {
@@ -548,10 +567,12 @@ fn generic_rates(threads: i32, identity: &str, bandwidth: Vec<Curve>, overhead: 
         conv: vec![Curve::flat(Dtype::Fp32, 1e11)],
         conv_shapes: Vec::new(),
         conv_backward: Vec::new(),
+        conv_setup: Vec::new(),
         bandwidth,
         bandwidth_in_place: Vec::new(),
         overhead_seconds: overhead,
         ops: Vec::new(),
+        op_setup: Vec::new(),
         attention: None,
         block_overhead: None,
     }
@@ -597,8 +618,12 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
     let mut run = Run {
         t0: Instant::now(),
         budget,
+        threads,
         overhead: 0.0,
+        conv_setup: Vec::new(),
+        op_setup: Vec::new(),
     };
+    run.setups()?;
     run.overhead()?;
     let block_overhead = Some(block_overhead::per_block()?);
     let (bandwidth, bandwidth_in_place) = {
@@ -678,7 +703,9 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         bandwidth: bandwidth.into_iter().filter(|c| !c.points.is_empty()).collect(),
         bandwidth_in_place: bandwidth_in_place.into_iter().filter(|c| !c.points.is_empty()).collect(),
         overhead_seconds: run.overhead,
+        conv_setup: run.conv_setup,
         ops,
+        op_setup: run.op_setup,
         attention,
         block_overhead,
     })

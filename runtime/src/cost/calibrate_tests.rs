@@ -13,15 +13,48 @@ fn alone() -> std::sync::MutexGuard<'static, ()> {
     lock
 }
 
-/// A calibration's state with no time limit, its overhead per call measured.
+/// A calibration's state with no time limit, its convolutions' setups and overhead per call
+/// measured.
 fn unlimited() -> Run {
     let mut run = Run {
         t0: Instant::now(),
         budget: f64::INFINITY,
+        threads: tch::get_num_threads(),
         overhead: 0.0,
+        conv_setup: Vec::new(),
+        op_setup: Vec::new(),
     };
+    run.setups().unwrap();
     run.overhead().unwrap();
     run
+}
+
+#[test]
+fn a_convolution_through_onednn_and_the_slow_kernels_cost_a_setup_per_call_beyond_an_adds() {
+    let _alone = alone();
+    let run = unlimited();
+    let measured: Vec<(&str, bool)> = run.conv_setup.iter().map(|s| (s.dtype.as_str(), s.backward)).collect();
+    assert_eq!(
+        measured,
+        [("fp32", false), ("fp32", true), ("bf16", false), ("bf16", true)]
+    );
+    // oneDNN builds its primitive's descriptors on every call: 46 µs forward and 93 µs backward
+    // on the Intel Xeon of results/cost/, where an add of as few elements takes about one.
+    for backward in [false, true] {
+        let s = ConvSetup::seconds(&run.conv_setup, Dtype::Fp32, backward);
+        assert!(s > 2e-6 && s < 1e-2, "backward {backward}: {s} s");
+    }
+    // Every probe's operators have one, none negative; batch norm's forward, which computes
+    // each channel's statistics and updates the running ones, costs more than an add.
+    let ops: Vec<&str> = run.op_setup.iter().map(|s| s.op.as_str()).collect();
+    let probed: Vec<&str> = PROBES.iter().flat_map(|p| p.ops.iter().copied()).collect();
+    assert_eq!(ops, probed);
+    assert!(
+        run.op_setup.iter().all(|s| s.seconds >= 0.0 && s.seconds < 1e-2),
+        "{:?}",
+        run.op_setup
+    );
+    assert!(OpSetup::seconds(&run.op_setup, "aten::native_batch_norm") > 0.0);
 }
 
 #[test]
@@ -48,6 +81,10 @@ fn a_calibration_out_of_time_still_has_every_rate_an_estimate_needs() {
     // Each convolution curve's one point is a shape of its own: fp32 and bf16 forward,
     // fp32 backward; bf16's backward, cut, falls back to its forward.
     assert_eq!(rates.conv_shapes.len(), 3, "{:?}", rates.conv_shapes);
+    // The setups come before the limit can cut anything, as the overhead does.
+    assert_eq!(rates.conv_setup.len(), 4, "{:?}", rates.conv_setup);
+    let probed: usize = PROBES.iter().map(|p| p.ops.len()).sum();
+    assert_eq!(rates.op_setup.len(), probed, "{:?}", rates.op_setup);
     assert!(rates.ops.is_empty());
     assert!(rates.attention.is_none());
 }

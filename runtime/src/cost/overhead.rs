@@ -8,6 +8,7 @@
 //! its estimated work.
 
 use ckptune_kernels::autograd;
+use ckptune_solver::rates::Work;
 use tch::{Device, Kind, Reduction, TchError, Tensor};
 
 use super::timed::{time_call, traced};
@@ -125,12 +126,16 @@ impl Tiny {
     }
 }
 
-/// Seconds per call of the tiny step: its time over the calls that pay the overhead.
-pub(super) fn per_call() -> Result<f64> {
+/// Seconds per call of the tiny step: its time less the `setup` of each operator that does work
+/// (by its name and work: a convolution's through oneDNN, batch norm's, timed apart) over the
+/// calls that pay the overhead.
+pub(super) fn per_call(setup: &dyn Fn(&str, &Work) -> f64) -> Result<f64> {
     let tiny = Tiny::new()?;
     let mut step = || tiny.step();
-    let calls = traced(&mut step)?.calls;
-    Ok(time_call(step)? / calls.max(1) as f64)
+    let traced = traced(&mut step)?;
+    let setups: f64 = traced.counted.iter().map(|(op, c)| setup(op, &c.work)).sum();
+    let t = time_call(step)?;
+    Ok((t - setups).max(0.2 * t) / traced.calls.max(1) as f64)
 }
 
 #[cfg(test)]

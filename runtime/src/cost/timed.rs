@@ -3,11 +3,11 @@
 
 use std::time::Instant;
 
-use ckptune_kernels::optrace;
+use ckptune_kernels::{autograd, optrace};
 use tch::Tensor;
 
 use super::work;
-use crate::error::Result;
+use crate::error::{torch, Result};
 
 /// Each timed batch runs at least this long.
 const BATCH_SECONDS: f64 = 0.015;
@@ -67,4 +67,22 @@ pub(super) fn traced(f: &mut dyn FnMut() -> Result<Tensor>) -> Result<Traced> {
         counted,
         calls: work::calls(&events).len(),
     })
+}
+
+/// Seconds per call of a forward over a fresh leaf of `x0`'s values, and of that forward and
+/// its backward, in grad mode; with the forward's and both's traces.
+pub(super) fn forward_backward(x0: &Tensor, forward: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<[(f64, Traced); 2]> {
+    // A fresh leaf per call: its gradient is taken, never accumulated into the last one.
+    let leaf = || x0.detach().set_requires_grad(true);
+    let g = forward(&leaf())?
+        .f_ones_like()
+        .map_err(torch("calibration: ones_like"))?;
+    let mut fwd = || forward(&leaf());
+    let mut both = || -> Result<Tensor> {
+        let x = leaf();
+        autograd::backward(forward(&x)?, g.shallow_clone())?;
+        Ok(x.grad())
+    };
+    let (f, b) = (traced(&mut fwd)?, traced(&mut both)?);
+    Ok([(time_call(&mut fwd)?, f), (time_call(&mut both)?, b)])
 }

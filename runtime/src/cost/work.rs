@@ -4,7 +4,7 @@
 
 pub use ckptune_kernels::optrace::is_operator;
 use ckptune_kernels::optrace::{self, OpEvent};
-use ckptune_solver::rates::{AttentionWork, Dtype, Engine, Work};
+use ckptune_solver::rates::{AttentionWork, Dtype, Engine, Setup, Work};
 use tch::Kind;
 
 /// Allocation and metadata: operators that move no data (their children, if any, are traced).
@@ -147,6 +147,7 @@ fn product(engine: Engine, e: &OpEvent, macs: f64, mkn: [f64; 3], writes_input: 
         lhs_transposed: false,
         kernel: 0.0,
         pass_bytes: 0.0,
+        setup: Setup::None,
         thin: if engine == Engine::Matmul {
             mkn[0].min(mkn[2])
         } else {
@@ -277,7 +278,7 @@ fn conv_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
         let grads = e.outputs.iter().take(2).filter(|o| o.is_some()).count() as f64;
         let (macs, mkn) = conv_macs(input, weight, grad_out, transposed)?;
         let work = product(Engine::ConvBackward, e, macs * grads, mkn, writes_input);
-        return Some(with_kernel(work, weight));
+        return Some(with_kernel(work, input, weight, grad_out, transposed));
     }
     let (input, weight) = (shape(0)?, shape(1)?);
     let output = e.outputs.first()?.as_ref()?.1.as_slice();
@@ -285,15 +286,56 @@ fn conv_work(e: &OpEvent, writes_input: bool) -> Option<Work> {
         return None;
     }
     let (macs, mkn) = conv_macs(input, weight, output, transposed)?;
-    Some(with_kernel(product(Engine::Conv, e, macs, mkn, writes_input), weight))
+    let work = product(Engine::Conv, e, macs, mkn, writes_input);
+    Some(with_kernel(work, input, weight, output, transposed))
 }
 
-/// A convolution's `work` with the pixels of its kernel, the weight's dimensions past its
-/// output and input channels.
-fn with_kernel(work: Work, weight: &[i64]) -> Work {
+/// A convolution's `work` with the pixels of its kernel (the weight's dimensions past its
+/// output and input channels) and its setup on a CPU ([`conv_setup`]).
+fn with_kernel(work: Work, input: &[i64], weight: &[i64], output: &[i64], transposed: bool) -> Work {
     Work {
         kernel: elements(&weight[2..]),
+        setup: conv_setup(work.dtype, input, weight, output, transposed),
         ..work
+    }
+}
+
+/// Whether PyTorch runs a CPU convolution of these shapes through oneDNN, which sets its kernel
+/// up on every call ([`Setup`]): `ConvParams::use_mkldnn` of torch 2.13, with a 1-D
+/// convolution's shapes as the 2-D view it is run as. bf16 and fp16 always (a CPU without their
+/// kernels runs them with PyTorch's own, and its calibration measures that setup). fp32 where the
+/// convolution is grouped, its kernel over 3 by 3, its batch over 1 or its input over 20,480
+/// elements, and besides that strided, its batch at least 16, its kernel not 1×1, or the step
+/// threaded ([`Setup::Threaded`]). A 1×1 kernel's stride is read off its spatial sizes (equal:
+/// unstrided); dilation does not change a 1×1 kernel's output, and is taken as absent.
+pub fn conv_setup(dtype: Dtype, input: &[i64], weight: &[i64], output: &[i64], transposed: bool) -> Setup {
+    if dtype != Dtype::Fp32 {
+        return Setup::Always;
+    }
+    let as_2d = |s: &[i64]| -> Vec<i64> {
+        let mut v = s.to_vec();
+        if v.len() == 3 {
+            v.insert(2, 1);
+        }
+        v
+    };
+    let (input, weight, output) = (as_2d(input), as_2d(weight), as_2d(output));
+    let (Some(&batch), Some(&kw), Some(&kh)) = (input.first(), weight.last(), weight.iter().rev().nth(1)) else {
+        return Setup::None;
+    };
+    let channels = if transposed { output.get(1) } else { input.get(1) }
+        .copied()
+        .unwrap_or(1);
+    let groups = channels / weight.get(1).copied().unwrap_or(1).max(1);
+    let first_four: i64 = input.iter().take(4).product();
+    if !(groups > 1 || (kw > 3 && kh > 3) || batch > 1 || first_four > 20_480) {
+        return Setup::None;
+    }
+    let strided = input.get(2..) != output.get(2..);
+    if strided || batch >= 16 || kw != 1 || kh != 1 {
+        Setup::Always
+    } else {
+        Setup::Threaded
     }
 }
 
@@ -361,6 +403,7 @@ pub fn work_of(e: &OpEvent, writes_input: bool) -> Work {
             lhs_transposed: false,
             kernel: 0.0,
             pass_bytes: cast_pass(e),
+            setup: Setup::None,
         })
 }
 

@@ -608,3 +608,68 @@ fn a_product_whose_first_operand_is_stored_transposed_is_marked_from_its_strides
     let row: &[&[i64]] = &[&[1, 16], &[16, 64]];
     assert!(!transposed("aten::mm", row, &[6, 2, 1, 16, 1, 1, 6, 2, 16, 64, 64, 1]));
 }
+
+#[test]
+fn a_convolution_pays_a_setup_where_pytorch_runs_it_through_onednn() {
+    // PyTorch itself is the reference: a forward through oneDNN calls `mkldnn_convolution`.
+    // fp32 only: whether bf16 has oneDNN's kernels depends on the CPU.
+    use tch::Tensor;
+    let _lock = ckptune_kernels::meter::exclusive();
+    ckptune_kernels::meter::install().unwrap();
+    let before = tch::get_num_threads();
+    // (input, weight, stride, groups); no padding. The first is the calibration's setup probe.
+    let cases: [(&[i64], &[i64], i64, i64); 12] = [
+        (&[2, 1, 2, 2], &[1, 1, 1, 1], 2, 1),
+        (&[8, 8, 8, 8], &[16, 8, 3, 3], 1, 1),
+        (&[8, 8, 8, 8], &[16, 8, 1, 1], 1, 1),
+        (&[8, 8, 8, 8], &[16, 8, 1, 1], 2, 1),
+        (&[16, 8, 4, 4], &[16, 8, 1, 1], 1, 1),
+        (&[1, 4, 8, 8], &[8, 4, 3, 3], 1, 1),
+        (&[1, 8, 64, 64], &[8, 8, 3, 3], 1, 1),
+        (&[1, 8, 8, 8], &[8, 2, 3, 3], 1, 4),
+        (&[1, 2, 8, 8], &[4, 2, 5, 5], 1, 1),
+        (&[1, 2, 8, 8], &[4, 2, 5, 5], 2, 1),
+        (&[4, 3, 16], &[6, 3, 3], 1, 1),
+        (&[4, 3, 16], &[6, 3, 1], 1, 1),
+    ];
+    let mut seen = [0; 2];
+    for threads in [1, 2] {
+        tch::set_num_threads(threads);
+        for (input, weight, stride, groups) in cases {
+            let x = Tensor::randn(input, (Kind::Float, tch::Device::Cpu));
+            let w = Tensor::randn(weight, (Kind::Float, tch::Device::Cpu));
+            optrace::start().unwrap();
+            let _y = if input.len() == 3 {
+                x.conv1d(&w, None::<&Tensor>, [stride], [0], [1], groups)
+            } else {
+                x.conv2d(&w, None::<&Tensor>, [stride, stride], [0, 0], [1, 1], groups)
+            };
+            let events = optrace::stop().unwrap();
+            let onednn = events.iter().any(|e| e.name.contains("mkldnn_convolution"));
+            let c = counted(&events, &mut traits);
+            assert_eq!(c.len(), 1, "{input:?} by {weight:?}: {events:?}");
+            let setup = c[0].work.setup;
+            assert_eq!(
+                setup.applies(Some(threads)),
+                onednn,
+                "{input:?} by {weight:?}, stride {stride}, groups {groups}, {threads} threads: {setup:?}"
+            );
+            seen[usize::from(onednn)] += 1;
+        }
+    }
+    tch::set_num_threads(before);
+    // Both backends were met.
+    assert!(seen[0] > 0 && seen[1] > 0, "{seen:?}");
+    // bf16 always; a backward by the forward's rule, from its input, weight and output gradient.
+    assert_eq!(
+        conv_setup(Dtype::Bf16, &[1, 4, 8, 8], &[8, 4, 3, 3], &[1, 8, 6, 6], false),
+        Setup::Always
+    );
+    let backward = op(
+        "aten::convolution_backward",
+        vec![f32(&[8, 16, 8, 8]), f32(&[8, 8, 8, 8]), f32(&[16, 8, 1, 1])],
+        &[],
+        vec![f32(&[8, 8, 8, 8]), f32(&[16, 8, 1, 1])],
+    );
+    assert_eq!(work_of(&backward, false).setup, Setup::Threaded);
+}

@@ -161,13 +161,18 @@ pub(super) fn needs_checkpointed(rank: Option<f64>, plain: f64, fastest: Option<
 }
 
 /// What `plan` says of the configs not timed for real (`labels` name them): those that cannot
-/// fit, those whose estimate is too slow to win, and those their first step ruled out.
-pub(super) fn untimed_notes(labels: &[String], t: &Timing) -> Vec<String> {
+/// fit, those whose estimate is too slow to win, and those their first step ruled out. Whether
+/// a config fits is `fits`, judged over the profile the plan is solved from (its untimed configs
+/// brought to the pace): a budget given as a share follows the fastest config, which an untimed
+/// config's estimate, not yet brought to the pace, could be while the configs were timed (tiny-BERT
+/// at `--budget 0%`: bf16's estimate under fp32's measured step there, over it once scaled, and
+/// bf16's smallest peak over the budget fp32's then sets).
+pub(super) fn untimed_notes(labels: &[String], t: &Timing, fits: &[bool]) -> Vec<String> {
     let (ranks, states) = (&t.ranks, &t.states);
     let mut notes = Vec::new();
     let untimed = |c: usize| states[c] == State::Untimed;
     let unfit: Vec<&str> = (0..ranks.len())
-        .filter(|&c| ranks[c].is_none() && untimed(c))
+        .filter(|&c| !fits[c] && untimed(c))
         .map(|c| labels[c].as_str())
         .collect();
     if !unfit.is_empty() {
@@ -179,7 +184,7 @@ pub(super) fn untimed_notes(labels: &[String], t: &Timing) -> Vec<String> {
     }
     let fastest = t.fastest();
     let slow: Vec<String> = (0..ranks.len())
-        .filter(|&c| untimed(c))
+        .filter(|&c| fits[c] && untimed(c))
         .filter_map(|c| Some(format!("{} (estimated {:.3} s)", labels[c], ranks[c]?)))
         .collect();
     if let (false, Some((f, measured, bar))) = (slow.is_empty(), t.pace()) {
@@ -341,7 +346,7 @@ mod tests {
         assert_eq!(told, vec![(0, None), (1, Some(10.0)), (2, Some(10.0))]);
         assert_eq!(t.states, vec![State::Timed, State::RuledOut(12.0), State::Timed]);
         let labels: Vec<String> = ["a", "b", "c"].map(String::from).into();
-        let notes = untimed_notes(&labels, &t);
+        let notes = untimed_notes(&labels, &t, &[true; 3]);
         assert_eq!(notes.len(), 1, "{notes:?}");
         assert!(
             notes[0].contains("b (at least 12.000 s)") && notes[0].contains("(10.000 s)"),
@@ -355,6 +360,31 @@ mod tests {
         let (factor, why) = paces[1].clone().unwrap();
         assert_eq!(factor, 2.0);
         assert!(why.contains("implied 12.000 s"), "{why}");
+    }
+
+    #[test]
+    fn an_untimed_config_over_the_plans_budget_is_said_not_to_fit_whatever_it_was_ranked() {
+        // Config 1 fit the budget a share set while config 0 was timed (its estimate then the
+        // fastest), and is over the budget the plan is solved with.
+        let t = Timing {
+            ranks: vec![Some(10.0), Some(9.0)],
+            states: vec![State::Timed, State::Untimed],
+            estimates: vec![Some(5.0), Some(9.0)],
+        };
+        let labels: Vec<String> = ["a", "b"].map(String::from).into();
+        let notes = untimed_notes(&labels, &t, &[true, false]);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains("no checkpoint set fits them in the budget: b "),
+            "{notes:?}"
+        );
+        // Where it fits, its estimate is what kept it untimed: over 1.25 x 5 s.
+        let notes = untimed_notes(&labels, &t, &[true, true]);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains("over 6.250 s") && notes[0].contains("b (estimated 9.000 s)"),
+            "{notes:?}"
+        );
     }
 
     #[test]
