@@ -26,7 +26,7 @@ use crate::chain::{Batch, Block, Chain, ChainBlock, ChainGroup, Ctx, InputSpec, 
 use crate::error::{ModelError, Result};
 use crate::layers::{div_by_python_float, dropout, Activation, Embedding, LayerNorm, Linear, Spec};
 use crate::options::{Attention as Implementation, Granularity, ModelOptions};
-use crate::sdpa::Sdpa;
+use crate::sdpa::{Sdpa, SdpaMask};
 
 /// The fields of HF's `BertConfig` that shape `BertModel` (absolute position embeddings,
 /// encoder only), plus `num_labels` / `classifier_dropout` of the classification head.
@@ -293,14 +293,8 @@ impl SelfAttention {
         let query_layer = heads(self.query.forward(hidden_states));
         let key_layer = heads(self.key.forward(hidden_states));
         let value_layer = heads(self.value.forward(hidden_states));
-        // The chain's shared mask; called alone, the attention builds its own.
-        let own;
-        let mask = if ctx.shared.is_empty() {
-            own = sdpa.mask(ctx.attention_mask, ctx.padded);
-            own.as_ref()
-        } else {
-            ctx.shared.first()
-        };
+        let mut own = None;
+        let mask = sdpa.mask_in(ctx, &mut own);
         let p = if ctx.train { self.p } else { 0.0 };
         let attn_output = sdpa.forward(&query_layer, &key_layer, &value_layer, mask, p);
         input_shape.push(-1);
@@ -581,23 +575,6 @@ fn embeddings(name: &str, root: &nn::Path<'_>, cfg: &Config, spec: Spec) -> Resu
         p: cfg.hidden_dropout_prob,
         fused: spec.fused_dropout(),
     })
-}
-
-/// What `BertModel.forward` builds once under SDPA and hands every layer: `sdpa_mask`'s
-/// bidirectional mask, where the batch pads ([`SharedInputs`]).
-struct SdpaMask(Sdpa);
-
-impl SharedInputs for SdpaMask {
-    fn compute(
-        &self,
-        _seq: i64,
-        _kind: Kind,
-        _device: tch::Device,
-        bias: Option<&Tensor>,
-        padded: bool,
-    ) -> Vec<Tensor> {
-        self.0.mask(bias, padded).into_iter().collect()
-    }
 }
 
 /// SDPA as BERT's attention runs it (bidirectional, one key/value head per head).

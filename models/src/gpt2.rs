@@ -12,7 +12,14 @@
 //! written-out tanh formula. Each `forward` mirrors the Python statement by statement,
 //! including which locals stay alive until the function returns.
 //!
-//! Chain: `wte+wpe+drop` (embedding group, not a candidate), `h.0` … `h.{N-1}`, `ln_f`.
+//! Chain: `wte+wpe+drop` (embedding group, not a candidate), `h.0` … `h.{N-1}`, `ln_f`. Under
+//! SDPA, where the batch pads, the causal mask is made once per micro-batch and read by every
+//! layer from [`Ctx::shared`], as `GPT2Model.forward` makes it once and hands it to each block: a
+//! checkpointed layer keeps it as its input until its backward, as `torch.utils.checkpoint`
+//! does (made by each attention, it died with the layer's forward, and PyTorch's peak of a plan
+//! with `h.0` checkpointed was above the prediction by it: 8,192 B for tiny-GPT-2 at batch 8,
+//! sequence 32). The chain holds it through the micro-step, one mask above PyTorch where no
+//! checkpointed layer keeps it, as BERT's.
 //! Deviation: GPT2Model keeps its locals `inputs_embeds` (`[batch, seq, n_embd]`) and
 //! `position_embeds` (`[1, seq, n_embd]`) alive until the whole transformer returns; here they
 //! die with the embedding group, so memory during the layers' forward is lower by those two
@@ -27,12 +34,12 @@
 use tch::{nn, Kind, Tensor};
 
 use crate::causal_lm::CausalLm;
-use crate::chain::{Block, Chain, ChainBlock, Ctx, InputSpec, TokenTargets};
+use crate::chain::{Block, Chain, ChainBlock, Ctx, InputSpec, SharedInputs, TokenTargets};
 use crate::decoder::{push_layer, PreNormLayer};
 use crate::error::{ModelError, Result};
 use crate::layers::{dropout, finfo_min, Activation, Conv1D, Embedding, LayerNorm, Spec};
 use crate::options::{Attention as Implementation, Granularity, ModelOptions};
-use crate::sdpa::Sdpa;
+use crate::sdpa::{Sdpa, SdpaMask};
 
 /// The fields of HF's `GPT2Config` that shape `GPT2Model`.
 #[derive(Debug, Clone, PartialEq)]
@@ -331,9 +338,10 @@ impl Attention {
                 (output, Some(weights))
             }
             Path::Sdpa(sdpa) => {
-                let mask = sdpa.mask(ctx.attention_mask, ctx.padded);
+                let mut own = None;
+                let mask = sdpa.mask_in(ctx, &mut own);
                 let p = if train { self.attn_pdrop } else { 0.0 };
-                let output = sdpa.forward(&query_states, &key_states, &value_states, mask.as_ref(), p);
+                let output = sdpa.forward(&query_states, &key_states, &value_states, mask, p);
                 (output, None)
             }
         };
@@ -530,12 +538,7 @@ fn build_chain(
                     })?;
                 Path::Eager { bias }
             }
-            Implementation::Sdpa => Path::Sdpa(Sdpa {
-                scaling: cfg.scaling(n + 1),
-                causal: true,
-                kv_groups: 1,
-                kernels: spec.trace_kernels,
-            }),
+            Implementation::Sdpa => Path::Sdpa(gpt2_sdpa(cfg, spec, n + 1)),
         };
         let layer = Layer {
             ln_1: LayerNorm::new(&(&h / "ln_1"), d, cfg.layer_norm_epsilon, spec)?,
@@ -586,8 +589,20 @@ fn build_chain(
         },
         reference_params: cfg.param_count(),
         attention: Some(attention),
-        shared: None,
+        shared: (attention == Implementation::Sdpa)
+            .then(|| Box::new(SdpaMask(gpt2_sdpa(cfg, spec, 1))) as Box<dyn SharedInputs>),
     })
+}
+
+/// SDPA as GPT-2's attention at `layer_idx` (from 1) runs it: causal, one key/value head per
+/// head, `GPT2Attention.scaling`.
+fn gpt2_sdpa(cfg: &Config, spec: Spec, layer_idx: i64) -> Sdpa {
+    Sdpa {
+        scaling: cfg.scaling(layer_idx),
+        causal: true,
+        kv_groups: 1,
+        kernels: spec.trace_kernels,
+    }
 }
 
 pub fn gpt2(opts: &ModelOptions) -> Result<Chain> {

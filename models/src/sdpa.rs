@@ -10,6 +10,7 @@
 use ckptune_kernels::autocast;
 use tch::{Kind, Tensor};
 
+use crate::chain::{Ctx, SharedInputs};
 use crate::trace_kernels::TraceKernels;
 
 /// `repeat_kv`: `[b, kv, s, d]` → `[b, kv * n_rep, s, d]` (the same tensor when `n_rep` is 1).
@@ -195,4 +196,36 @@ pub fn cuda_efficient(
         scaling,
     );
     output
+}
+
+/// What a model's forward builds once under SDPA and hands every layer, where the batch pads:
+/// `sdpa_mask`'s mask (BertModel's bidirectional one, GPT2Model's causal one). A layer's graph
+/// saves it, and a checkpointed layer keeps it as an input until its backward, as PyTorch's do
+/// ([`SharedInputs`]).
+pub struct SdpaMask(pub Sdpa);
+
+impl Sdpa {
+    /// The mask of an attention call under `ctx`: the chain's shared one ([`SdpaMask`]), else
+    /// one of its own made into `own` (the attention called alone, outside its chain).
+    pub fn mask_in<'a>(&self, ctx: &'a Ctx<'_>, own: &'a mut Option<Tensor>) -> Option<&'a Tensor> {
+        if ctx.shared.is_empty() {
+            *own = self.mask(ctx.attention_mask, ctx.padded);
+            own.as_ref()
+        } else {
+            ctx.shared.first()
+        }
+    }
+}
+
+impl SharedInputs for SdpaMask {
+    fn compute(
+        &self,
+        _seq: i64,
+        _kind: Kind,
+        _device: tch::Device,
+        bias: Option<&Tensor>,
+        padded: bool,
+    ) -> Vec<Tensor> {
+        self.0.mask(bias, padded).into_iter().collect()
+    }
 }

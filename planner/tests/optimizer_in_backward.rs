@@ -240,6 +240,35 @@ fn a_tied_llama_peaking_at_its_loss_is_not_under_predicted() {
     }
 }
 
+/// `GPT2Model.forward` makes the padded batch's SDPA mask once and hands it to every block, so a
+/// checkpointed layer keeps it as its input through the loss; the GPT-2 chain holds it through
+/// the micro-step as a shared input, so PyTorch is not above the prediction (it was, by the
+/// mask, where each attention made its own). It is below it by at most what only ckptune holds:
+/// the additive attention bias, and with no layer checkpointed the mask.
+#[test]
+fn a_gpt2_under_sdpa_with_its_layers_checkpointed_is_not_under_predicted() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ["tiny-gpt2", "--seq", "32"];
+    let (batch, seq) = (2, 32);
+    let bias = batch * seq * 4;
+    for (budget, checkpointed, mask) in [("0%", true, 0), ("100%", false, batch * seq * seq)] {
+        let r = verify_pytorch(dir.path(), budget, &model, &["--optimizer", "adamw"]);
+        assert_eq!(r["ckptune"]["mismatches"], serde_json::json!([]), "{budget}");
+        let modules = r["ckptune"]["modules"].as_array().unwrap();
+        assert_eq!(
+            modules.iter().any(|m| m == "h.0"),
+            checkpointed,
+            "{budget}: {modules:?}"
+        );
+        let error = r["pytorch_peak_error_bytes"].as_i64().unwrap();
+        assert!(
+            error <= 0 && error >= -(bias + mask),
+            "{budget}: PyTorch {error} B from the prediction: {}",
+            r["pytorch"]
+        );
+    }
+}
+
 /// The plan's python snippet trains the reference with `ckptune.optimizer_in_backward` (one
 /// optimizer per parameter, no `opt.step()`): every candidate runs once per step and the plan's
 /// modules twice (their recompute), and the weights change.

@@ -288,11 +288,12 @@ impl Setup {
             // end of backward measured, and the parameters' shapes recorded (plan --shard); `shard2`:
             // what each block's backward frees as it starts (FSDP's pre-backward sees it).
             // `shared1`: Llama's rotary pair, causal mask and position_ids and BERT's SDPA mask
-            // made once per micro-batch and shared by the layers (their memory changed).
+            // made once per micro-batch and shared by the layers (their memory changed);
+            // `shared2`: GPT-2's SDPA mask too.
             // `held1`: what a selective block's cache keeps of its output (`held_output`).
             // `attn`: --attention, or `model` (what config.json says, else sdpa); keys before it
             // were eager's, so none of them can name an sdpa profile.
-            "v{}|chain2|win2|optim2|timing2|step2|shard2|shared1|held1|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|attn={}|{}|{:?}|threads={}|repeats={}",
+            "v{}|chain2|win2|optim2|timing2|step2|shard2|shared2|held1|cpu={}|{}|image={:?}|seq={:?}|classes={:?}|gran={:?}|cand={:?}|sdk={:?}|heads={:?}|attn={}|{}|{:?}|threads={}|repeats={}",
             env!("CARGO_PKG_VERSION"),
             cpu_identity(),
             model_id,
