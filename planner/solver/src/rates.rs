@@ -20,7 +20,7 @@ pub enum Engine {
 
 /// Whether a CPU sets a convolution's kernel up on every call: PyTorch runs it through oneDNN,
 /// which builds the primitive's descriptors and reorders each call, whatever the convolution's
-/// size (on the Intel Xeon of `results/cost/`, one thread: 46 µs forward and 93 µs backward
+/// size (on the Intel Xeon of `results/cost/`, one thread: 45 µs forward and 82-93 µs backward
 /// beyond an add of as few elements, which takes about 1 µs). PyTorch picks the backend by the
 /// convolution's shapes (`ConvParams::use_mkldnn`); the runtime's work counting applies its
 /// rule. A GPU of the table times no setup.
@@ -345,13 +345,20 @@ impl ConvSetup {
         of(dtype).or_else(|| of(Dtype::Fp32)).unwrap_or(0.0)
     }
 
-    /// Seconds among `setups` that `work` pays per call at `threads` intra-op threads.
-    pub fn of_work(setups: &[ConvSetup], work: &Work, threads: Option<i32>) -> f64 {
-        if work.setup.applies(threads) {
-            ConvSetup::seconds(setups, work.dtype, work.engine == Engine::ConvBackward)
+    /// Seconds among `setups` that a convolution of `dtype` in its direction, set up as `setup`
+    /// says, pays per call at `threads` intra-op threads.
+    pub fn paid(setups: &[ConvSetup], setup: Setup, dtype: Dtype, backward: bool, threads: Option<i32>) -> f64 {
+        if setup.applies(threads) {
+            ConvSetup::seconds(setups, dtype, backward)
         } else {
             0.0
         }
+    }
+
+    /// Seconds among `setups` that `work` pays per call at `threads` intra-op threads.
+    pub fn of_work(setups: &[ConvSetup], work: &Work, threads: Option<i32>) -> f64 {
+        let backward = work.engine == Engine::ConvBackward;
+        ConvSetup::paid(setups, work.setup, work.dtype, backward, threads)
     }
 }
 

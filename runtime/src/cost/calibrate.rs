@@ -207,11 +207,7 @@ impl Run {
             let flops = if backward { 4.0 } else { 2.0 } * m * k * n;
             let [input, output] = [cin, cout].map(|c| [batch, c, side, side]);
             let setup = work::conv_setup(dtype, &input, &[cout, cin, kernel, kernel], &output, false);
-            let setup = if setup.applies(Some(self.threads)) {
-                ConvSetup::seconds(&self.conv_setup, dtype, backward)
-            } else {
-                0.0
-            };
+            let setup = ConvSetup::paid(&self.conv_setup, setup, dtype, backward, Some(self.threads));
             let rate = flops / (t - self.overhead - setup).max(0.2 * t);
             points.push([(m * k * n).cbrt(), rate]);
             // A backward timed at no more than its forward has no rate of its own to keep.

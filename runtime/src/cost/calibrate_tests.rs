@@ -38,7 +38,7 @@ fn a_convolution_through_onednn_and_the_slow_kernels_cost_a_setup_per_call_beyon
         measured,
         [("fp32", false), ("fp32", true), ("bf16", false), ("bf16", true)]
     );
-    // oneDNN builds its primitive's descriptors on every call: 46 µs forward and 93 µs backward
+    // oneDNN builds its primitive's descriptors on every call: 45 µs forward and 82-93 µs backward
     // on the Intel Xeon of results/cost/, where an add of as few elements takes about one.
     for backward in [false, true] {
         let s = ConvSetup::seconds(&run.conv_setup, Dtype::Fp32, backward);
