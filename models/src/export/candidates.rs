@@ -277,15 +277,21 @@ pub(super) fn children<'a>(m: &str, modules: &'a [String]) -> Vec<&'a String> {
 
 /// The repeated layers of a model, by this rule: a *layer container* is a module with children
 /// whose names end in a number (`layer1.0`, `encoder.layer.3`, `model.layers.7`,
-/// `encoder.layers.encoder_layer_5`), taking the outermost ones. If two or more containers whose
+/// `encoder.layers.encoder_layer_5`), taking those that neither are nor lie inside another
+/// container's numbered child (Whisper's `encoder.layers` is one, beside its numbered
+/// `encoder.conv1` and `conv2`). If two or more containers whose
 /// own names end in a number are siblings (torchvision ResNet's `layer1` … `layer4`) they are the
-/// layers, as ckptune's built-in ResNets have it; otherwise the numbered children of the container
-/// whose numbered children run the most nodes are (BERT's `encoder.layer.N`, Llama's
+/// layers, as ckptune's built-in ResNets have it. Otherwise the numbered children of the
+/// container whose numbered children run the most nodes are (BERT's `encoder.layer.N`, Llama's
 /// `model.layers.N`, ViT's `encoder.layers.encoder_layer_N` rather than its `heads.0`,
 /// MobileNet's and EfficientNet's `features.N` rather than `features` and `classifier`, MaxViT's
-/// four `blocks.N` rather than its six-entry `classifier` head). Nodes, not children, because
-/// a head's Sequential may list more modules than the body has stages. Without any container the
-/// top-level modules are. Only modules each of whose calls is one contiguous run of nodes qualify.
+/// four `blocks.N` rather than its six-entry `classifier` head), and so are those of every other
+/// container whose numbered children are all modules of modules, as layers are and a head's
+/// single operators are not (a dense block's layers after MobileNet-style stages, a speech
+/// model's convolutional feature encoder before its transformer layers, an encoder's and a
+/// decoder's stacks). Nodes, not children, because a head's Sequential may list more modules
+/// than the body has stages. Without any container the top-level modules are. Only modules each
+/// of whose calls is one contiguous run of nodes qualify.
 pub fn layers(modules: &[String], runs: &HashMap<String, Vec<(usize, usize)>>) -> Vec<String> {
     let numbered = |c: &str| {
         c.rsplit('.')
@@ -296,10 +302,13 @@ pub fn layers(modules: &[String], runs: &HashMap<String, Vec<(usize, usize)>>) -
         .iter()
         .filter(|m| children(m, modules).iter().any(|c| numbered(c)))
         .collect();
+    // A container that is another's numbered child, or lies inside one (a ResNet block's
+    // `downsample`), is part of that layer; one beside another's numbered children (Whisper's
+    // `encoder.layers` beside `encoder.conv1` and `conv2`) is not.
     containers.retain(|c| {
         !modules
             .iter()
-            .any(|o| o != *c && c.starts_with(&format!("{o}.")) && children(o, modules).iter().any(|x| numbered(x)))
+            .any(|x| numbered(x) && !parent(x).is_empty() && (c == &x || c.starts_with(&format!("{x}."))))
     });
     // Sibling layers: numbered containers (`layer1`, `layer2`) sharing a parent.
     let mut by_parent: HashMap<&str, usize> = HashMap::new();
@@ -322,11 +331,14 @@ pub fn layers(modules: &[String], runs: &HashMap<String, Vec<(usize, usize)>>) -
         .map(|c| coverage(c))
         .max()
         .unwrap_or(0);
+    // Whether every numbered child of `c` has children of its own in the program.
+    let stacks_layers =
+        |c: &str| (children(c, modules).into_iter().filter(|x| numbered(x))).all(|x| !children(x, modules).is_empty());
     let mut out: Vec<String> = Vec::new();
     for c in &containers {
         if siblings(c) {
             out.push((*c).clone());
-        } else if coverage(c) == most {
+        } else if coverage(c) == most || stacks_layers(c) {
             out.extend(children(c, modules).into_iter().filter(|x| numbered(x)).cloned());
         }
     }
