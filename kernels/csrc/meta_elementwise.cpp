@@ -43,6 +43,21 @@ Tensor hardtanh_backward_meta(const Tensor& grad_output, const Tensor& self, con
   return iter.output();
 }
 
+// `hardswish_backward` (Hardswish's backward, MobileNetV3's): the same binary iterator.
+Tensor hardswish_backward_meta(const Tensor& grad_output, const Tensor& self) {
+  Tensor result;
+  auto iter = at::TensorIterator::borrowing_binary_op(result, grad_output, self);
+  return iter.output();
+}
+
+// `abs.out` (`abs` calls it with an empty output): a unary iterator, which resizes the output
+// (T5's and DeBERTa's relative position buckets take `abs` of integer distances).
+Tensor& abs_out_meta(const Tensor& self, Tensor& result) {
+  TORCH_CHECK(!self.is_complex(), "ckptune's meta abs: complex inputs are not modelled");
+  at::TensorIterator::unary_op(result, self);
+  return result;
+}
+
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
   auto own = [&](const char* name, auto&& fn) { ckpt::register_own(m, name, std::forward<decltype(fn)>(fn)); };
   own("logical_not.out", TORCH_FN(logical_not_out_meta));
@@ -51,6 +66,8 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   own("logical_xor.out", TORCH_FN(logical_binary_out_meta));
   own("relu", TORCH_FN(relu_meta));
   own("hardtanh_backward", TORCH_FN(hardtanh_backward_meta));
+  own("hardswish_backward", TORCH_FN(hardswish_backward_meta));
+  own("abs.out", TORCH_FN(abs_out_meta));
 }
 
 }  // namespace

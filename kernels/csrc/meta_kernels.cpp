@@ -214,6 +214,61 @@ at::Tensor native_dropout_backward_meta(const at::Tensor& grad, const at::Tensor
   return at::empty_like(grad);
 }
 
+// `roll` (`roll_cpu`, TensorTransformations.cpp): along one dimension the two slices
+// concatenated, along several one dimension at a time (each roll a tensor of its own, as
+// `roll_common` makes them; Swin's shifted windows roll two).
+Tensor roll_meta(const Tensor& self, c10::SymIntArrayRef shifts_sym, at::IntArrayRef dims) {
+  const auto shifts = C10_AS_INTARRAYREF_SLOW(shifts_sym);
+  TORCH_CHECK(!shifts.empty(), "`shifts` required");
+  if (dims.empty() && shifts.size() == 1) {
+    return at::roll(self.contiguous().view(self.numel()), shifts[0], 0).view(self.sizes());
+  }
+  TORCH_CHECK(shifts.size() == dims.size(), "shifts and dimensions must align. shifts: ", shifts.size(),
+              ", dims:", dims.size());
+  if (dims.size() > 1) return at::roll(at::roll(self, shifts[0], dims[0]), shifts.slice(1), dims.slice(1));
+  if (self.numel() == 0) return self.clone(at::MemoryFormat::Preserve);
+  const int64_t dim = c10::maybe_wrap_dim(dims[0], self.dim());
+  const int64_t size = self.size(dim);
+  int64_t start = (size - shifts[0]) % size;
+  if (start < 0) start += size;
+  return at::cat({self.narrow(dim, start, size - start), self.narrow(dim, 0, start)}, dim);
+}
+
+// `_adaptive_avg_pool2d` (AdaptiveAveragePooling.cpp, AdaptiveAvgPoolKernel.cpp): the output
+// resized in the input's suggested memory format, then the kernel's contiguous copies of the
+// input and the output in that format (none where they already are; VGG's and AlexNet's
+// `avgpool`).
+Tensor adaptive_avg_pool2d_meta(const Tensor& input, c10::SymIntArrayRef output_size) {
+  TORCH_CHECK(output_size.size() == 2, "adaptive_avg_pool2d: output_size must be 2");
+  TORCH_CHECK(input.dim() == 3 || input.dim() == 4, "adaptive_avg_pool2d(): Expected 3D or 4D tensor, but got ",
+              input.sizes());
+  const auto format = input.suggest_memory_format();
+  const int64_t oh = output_size[0].guard_int(__FILE__, __LINE__);
+  const int64_t ow = output_size[1].guard_int(__FILE__, __LINE__);
+  Tensor output = at::empty({0}, input.options());
+  if (input.dim() == 3) {
+    output.resize_({input.size(0), oh, ow});
+  } else {
+    output.resize_({input.size(0), input.size(1), oh, ow}, format);
+  }
+  if (output.numel() == 0) return output;
+  const Tensor in = input.contiguous(format);
+  const Tensor out = output.contiguous(format);
+  return output;
+}
+
+// `_adaptive_avg_pool2d_backward`: the input's gradient resized as the input in its suggested
+// format (then zeroed), and the kernel's contiguous copies of both gradients in the incoming
+// gradient's suggested format.
+Tensor adaptive_avg_pool2d_backward_meta(const Tensor& grad_output, const Tensor& input) {
+  Tensor grad_input = at::empty({0}, input.options());
+  grad_input.resize_(input.sizes(), input.suggest_memory_format());
+  const auto format = grad_output.suggest_memory_format();
+  const Tensor g = grad_output.contiguous(format);
+  const Tensor gi = grad_input.contiguous(format);
+  return grad_input;
+}
+
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
   auto own = [&](const char* name, auto&& fn) { ckpt::register_own(m, name, std::forward<decltype(fn)>(fn)); };
   own("index_select", TORCH_FN(index_select_meta));
@@ -226,6 +281,9 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   own("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward_meta));
   own("native_batch_norm", TORCH_FN(native_batch_norm_meta));
   own("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward_meta));
+  own("roll", TORCH_FN(roll_meta));
+  own("_adaptive_avg_pool2d", TORCH_FN(adaptive_avg_pool2d_meta));
+  own("_adaptive_avg_pool2d_backward", TORCH_FN(adaptive_avg_pool2d_backward_meta));
   for (const char* op : {"_fused_adamw_", "_fused_adamw_.tensor_lr", "_fused_adam_", "_fused_adam_.tensor_lr",
                          "_fused_sgd_", "_fused_sgd_.tensor_lr"})
     own(op, torch::CppFunction::makeFromBoxedFunction<&in_place_only>());

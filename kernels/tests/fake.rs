@@ -172,8 +172,42 @@ fn elementwise_meta_kernels_allocate_what_the_cpu_does() {
         let g = x().transpose(0, 1).contiguous().transpose(0, 1);
         vec![g.hardtanh_backward(&x(), 0.0, 6.0)]
     });
+    same_bytes("hardswish_backward", || vec![x().hardswish_backward(&x())]);
+    same_bytes("abs of integers", || vec![x().to_kind(Kind::Int64).abs()]);
     same_bytes("layer_norm of a transposed input", || {
         let w = Tensor::ones([8], (Kind::Float, Device::Cpu));
         vec![x().transpose(0, 1).layer_norm([8], Some(&w), Some(&w), 1e-5, false)]
+    });
+}
+
+#[test]
+fn shape_meta_kernels_allocate_what_the_cpu_does() {
+    let _lock = meter::exclusive();
+    meter::install().unwrap();
+    let image = || Tensor::randn([2, 3, 7, 5], (Kind::Float, Device::Cpu));
+    same_bytes("roll along one dimension", || vec![image().roll([2], [2])]);
+    same_bytes("roll along two dimensions (Swin's shifted windows)", || {
+        vec![image().roll([-3, -3], [2, 3])]
+    });
+    same_bytes("roll of the flattened tensor", || vec![image().roll([4], [0i64; 0])]);
+    same_bytes("adaptive_avg_pool2d to 7x7", || {
+        vec![image().adaptive_avg_pool2d([7, 7])]
+    });
+    same_bytes("adaptive_avg_pool2d of a transposed input", || {
+        vec![image().transpose(2, 3).adaptive_avg_pool2d([3, 2])]
+    });
+    same_bytes("adaptive_avg_pool2d of a channels-last input", || {
+        let x = image().permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2]);
+        vec![x.adaptive_avg_pool2d([3, 3])]
+    });
+    same_bytes("adaptive_avg_pool2d backward", || {
+        let x = image();
+        let g = Tensor::randn([2, 3, 3, 2], (Kind::Float, Device::Cpu));
+        vec![x.internal_adaptive_avg_pool2d_backward(&g)]
+    });
+    same_bytes("adaptive_avg_pool2d backward of a transposed gradient", || {
+        let x = image();
+        let g = Tensor::randn([2, 3, 2, 3], (Kind::Float, Device::Cpu)).transpose(2, 3);
+        vec![x.internal_adaptive_avg_pool2d_backward(&g)]
     });
 }
