@@ -66,8 +66,14 @@ fn without_steps_b_a_first_step_a_gives_the_checkpointed_times_from_its_forwards
     assert!(!steps.checkpointed_timed());
     let t = steps.times();
     // The toy's steps are milliseconds: the first step is a warm-up, not one of the steps A.
+    // A step whose kernel time says it still grew the heap is set aside and run again (at most
+    // two of a kind, `one_step::MAX_WARMING`): a busy host can mark one of these.
     assert_eq!(t.seconds_none.n, REPEATS);
-    assert_eq!(t.steps_run, 1 + REPEATS);
+    assert!(
+        (1 + REPEATS..=1 + REPEATS + 2).contains(&t.steps_run),
+        "{} steps run",
+        t.steps_run
+    );
     assert_eq!(t.seconds_all.n, 1);
     let forwards: Vec<f64> = (0..candidate.len())
         .filter(|&i| candidate[i])
