@@ -235,9 +235,9 @@ Tensor roll_meta(const Tensor& self, c10::SymIntArrayRef shifts_sym, at::IntArra
 }
 
 // `_adaptive_avg_pool2d` (AdaptiveAveragePooling.cpp, AdaptiveAvgPoolKernel.cpp): the output
-// resized in the input's suggested memory format, then the kernel's contiguous copies of the
-// input and the output in that format (none where they already are; VGG's and AlexNet's
-// `avgpool`).
+// resized in the input's suggested memory format, then the kernel's contiguous copy of the input
+// in that format (none where it already is: VGG's and AlexNet's `avgpool`). The kernel's copy
+// of the output is never made: the output was just laid out in that format.
 Tensor adaptive_avg_pool2d_meta(const Tensor& input, c10::SymIntArrayRef output_size) {
   TORCH_CHECK(output_size.size() == 2, "adaptive_avg_pool2d: output_size must be 2");
   TORCH_CHECK(input.dim() == 3 || input.dim() == 4, "adaptive_avg_pool2d(): Expected 3D or 4D tensor, but got ",
@@ -253,7 +253,6 @@ Tensor adaptive_avg_pool2d_meta(const Tensor& input, c10::SymIntArrayRef output_
   }
   if (output.numel() == 0) return output;
   const Tensor in = input.contiguous(format);
-  const Tensor out = output.contiguous(format);
   return output;
 }
 

@@ -5,23 +5,18 @@ use std::collections::HashMap;
 
 use ckptune_models::export::layers;
 
-/// The rule over `mods`, each module one node of its own (where the nodes they run do not
-/// decide).
-fn rule(mods: &[&str]) -> Vec<String> {
-    let modules: Vec<String> = mods.iter().map(|m| m.to_string()).collect();
-    let runs = modules
-        .iter()
-        .enumerate()
-        .map(|(i, m)| (m.clone(), vec![(i, i)]))
-        .collect();
-    layers(&modules, &runs)
-}
-
 /// The rule over `mods`, each module running its node range.
 fn ranged(mods: &[(&str, (usize, usize))]) -> Vec<String> {
     let modules: Vec<String> = mods.iter().map(|(m, _)| m.to_string()).collect();
     let runs: HashMap<String, Vec<(usize, usize)>> = mods.iter().map(|(m, r)| (m.to_string(), vec![*r])).collect();
     layers(&modules, &runs)
+}
+
+/// The rule over `mods`, each module one node of its own (where the nodes they run do not
+/// decide).
+fn rule(mods: &[&str]) -> Vec<String> {
+    let one_node_each: Vec<(&str, (usize, usize))> = mods.iter().enumerate().map(|(i, m)| (*m, (i, i))).collect();
+    ranged(&one_node_each)
 }
 
 #[test]

@@ -316,9 +316,10 @@ pub fn layers(modules: &[String], runs: &HashMap<String, Vec<(usize, usize)>>) -
         *by_parent.entry(parent(c)).or_default() += 1;
     }
     let siblings = |c: &str| numbered(c) && by_parent.get(parent(c)).is_some_and(|&n| n >= 2);
+    let numbered_children = |c: &str| children(c, modules).into_iter().filter(|x| numbered(x));
     // The nodes a container's numbered children run, every call counted.
     let coverage = |c: &str| -> usize {
-        (children(c, modules).into_iter().filter(|x| numbered(x)))
+        numbered_children(c)
             .flat_map(|x| runs.get(x).into_iter().flatten())
             .map(|&(a, b)| b + 1 - a)
             .sum()
@@ -332,14 +333,13 @@ pub fn layers(modules: &[String], runs: &HashMap<String, Vec<(usize, usize)>>) -
         .max()
         .unwrap_or(0);
     // Whether every numbered child of `c` has children of its own in the program.
-    let stacks_layers =
-        |c: &str| (children(c, modules).into_iter().filter(|x| numbered(x))).all(|x| !children(x, modules).is_empty());
+    let stacks_layers = |c: &str| numbered_children(c).all(|x| !children(x, modules).is_empty());
     let mut out: Vec<String> = Vec::new();
     for c in &containers {
         if siblings(c) {
             out.push((*c).clone());
         } else if coverage(c) == most || stacks_layers(c) {
-            out.extend(children(c, modules).into_iter().filter(|x| numbered(x)).cloned());
+            out.extend(numbered_children(c).cloned());
         }
     }
     if out.is_empty() {
