@@ -15,6 +15,7 @@
 
 #include "meta_kernels.h"
 
+#include <algorithm>
 #include <array>
 #include <optional>
 #include <string>
@@ -268,6 +269,112 @@ Tensor adaptive_avg_pool2d_backward_meta(const Tensor& grad_output, const Tensor
   return grad_input;
 }
 
+// `repeat` (TensorShape.cpp): the result, written through an unfolded alias of itself from the
+// expanded input, then (unless a repeat is 0) the dimension order that views it back, made from
+// index tensors: `arange(D)`, it plus `D`, and their `[D, 2]` concatenation, alive together.
+// The CompositeExplicitAutograd kernel would run on meta but reads the alias's storage.
+Tensor repeat_meta(const Tensor& self, c10::SymIntArrayRef repeats_sym) {
+  const auto repeats = C10_AS_INTARRAYREF_SLOW(repeats_sym);
+  TORCH_CHECK(repeats.size() >= static_cast<size_t>(self.dim()),
+              "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor");
+  const auto D = static_cast<int64_t>(repeats.size());
+  const int64_t pad = D - self.dim();
+  std::vector<int64_t> target(repeats.size());
+  bool zero = false;
+  for (int64_t i = 0; i < D; ++i) {
+    TORCH_CHECK(repeats[i] >= 0, "Trying to create tensor with negative dimension ", repeats[i]);
+    target[i] = repeats[i] * (i < pad ? 1 : self.size(i - pad));
+    zero = zero || repeats[i] == 0;
+  }
+  Tensor result = at::empty(target, self.options());
+  if (zero) return result;
+  const Tensor first = at::arange(D, self.options().dtype(at::kLong));
+  const Tensor second = first.add(D);
+  const Tensor order = at::cat({first.unsqueeze(1), second.unsqueeze(1)}, 1);
+  return result;
+}
+
+// `native_group_norm` (group_norm.cpp, contiguous kernel of group_norm_kernel.cpp): the input
+// made contiguous if it is not, the output, then the mean and reciprocal deviation per group in
+// the parameters' dtype when a reduced-precision input meets float parameters. Without this
+// kernel the meta device runs `math_group_norm`, a decomposition the CPU never runs. The
+// channels-last kernel allocates per-thread buffers by a rule of its own: not modelled, refused.
+std::tuple<Tensor, Tensor, Tensor> native_group_norm_meta(const Tensor& X, const OptTensor& gamma,
+                                                          const OptTensor& beta, c10::SymInt N, c10::SymInt /*C*/,
+                                                          c10::SymInt /*HxW*/, int64_t group, double /*eps*/) {
+  const auto format = X.suggest_memory_format();
+  TORCH_CHECK(format == at::MemoryFormat::Contiguous,
+              "aten::native_group_norm: attempted to run this operator with Meta tensors on a channels-last input, "
+              "whose CPU kernel's buffers ckptune's meta kernel does not model");
+  const auto is_float = [](const OptTensor& t) {
+    return t.has_value() && t->defined() && t->scalar_type() == at::kFloat;
+  };
+  const bool mixed = reduced(X.scalar_type()) && (is_float(gamma) || is_float(beta));
+  const auto stats = X.options().dtype(mixed ? at::kFloat : X.scalar_type());
+  const int64_t n = N.expect_int();
+  Tensor X_ = X.contiguous(format);
+  Tensor Y = at::empty_like(X_);
+  Tensor mean = at::empty({n, group}, stats);
+  Tensor rstd = at::empty({n, group}, stats);
+  return {Y, mean, rstd};
+}
+
+// `native_group_norm_backward`: contiguous copies of dY and X where they are strided, the
+// gradients asked for (dgamma and dbeta in the weight's dtype), then the kernel's float sums
+// `ds` and `db` of `[N, C]` while it works.
+std::tuple<Tensor, Tensor, Tensor> native_group_norm_backward_meta(const Tensor& dY, const Tensor& X,
+                                                                   const Tensor& /*mean*/, const Tensor& /*rstd*/,
+                                                                   const OptTensor& gamma, c10::SymInt N,
+                                                                   c10::SymInt C, c10::SymInt /*HxW*/,
+                                                                   int64_t /*group*/, std::array<bool, 3> mask) {
+  const auto format = X.suggest_memory_format();
+  TORCH_CHECK(format == at::MemoryFormat::Contiguous,
+              "aten::native_group_norm_backward: attempted to run this operator with Meta tensors on a channels-last "
+              "input, whose CPU kernel's buffers ckptune's meta kernel does not model");
+  const bool has_gamma = gamma.has_value() && gamma->defined();
+  const auto params = has_gamma ? gamma->options() : X.options();
+  const int64_t n = N.expect_int();
+  const int64_t c = C.expect_int();
+  Tensor dY_ = dY.contiguous(format);
+  Tensor X_ = X.contiguous(format);
+  Tensor dX, dgamma, dbeta;
+  if (mask[0]) dX = at::empty_like(X_);
+  if (mask[1]) dgamma = at::empty({c}, params);
+  if (mask[2]) dbeta = at::empty({c}, params);
+  if (X.numel() > 0) {
+    Tensor ds = at::empty({n, c}, X.options().dtype(at::kFloat));
+    Tensor db = at::empty({n, c}, X.options().dtype(at::kFloat));
+  }
+  return {dX, dgamma, dbeta};
+}
+
+// `_weight_norm_interface` (WeightNorm.cpp, WeightNormKernel.cpp): the weight, contiguous, and
+// the norms shaped as `g` (float for a bf16 `g`); along the last dimension the kernel also sums
+// into a per-thread buffer of `[threads, N]` (wav2vec2's positional convolution, `dim=2`).
+std::tuple<Tensor, Tensor> weight_norm_interface_meta(const Tensor& v, const Tensor& g, int64_t dim) {
+  TORCH_CHECK(dim == 0 || dim == v.dim() - 1, "fused kernels can only be applied for first or last dim");
+  Tensor w = at::empty_like(v, at::MemoryFormat::Contiguous);
+  const auto norm_dtype = g.scalar_type() == at::kBFloat16 ? at::kFloat : g.scalar_type();
+  Tensor norm = at::empty_strided(g.sizes(), g.strides(), g.options().dtype(norm_dtype));
+  if (dim != 0) Tensor buffer = at::empty({at::get_num_threads(), v.size(-1)}, norm.options());
+  return {w, norm};
+}
+
+// `_weight_norm_interface_backward`: the gradients of `v` and `g`, contiguous; along the last
+// dimension the kernel's buffer of `[max(3, threads), N]` (its sums, then two coefficients).
+std::tuple<Tensor, Tensor> weight_norm_interface_backward_meta(const Tensor& /*grad_w*/, const Tensor& saved_v,
+                                                               const Tensor& saved_g, const Tensor& saved_norms,
+                                                               int64_t dim) {
+  TORCH_CHECK(dim == 0 || dim == saved_v.dim() - 1, "fused kernels can only be applied for first or last dim");
+  Tensor grad_v = at::empty_like(saved_v, at::MemoryFormat::Contiguous);
+  Tensor grad_g = at::empty_like(saved_g, at::MemoryFormat::Contiguous);
+  if (dim != 0) {
+    const int64_t rows = std::max<int64_t>(3, at::get_num_threads());
+    Tensor buffer = at::empty({rows, saved_v.size(-1)}, saved_norms.options());
+  }
+  return {grad_v, grad_g};
+}
+
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
   auto own = [&](const char* name, auto&& fn) { ckpt::register_own(m, name, std::forward<decltype(fn)>(fn)); };
   own("index_select", TORCH_FN(index_select_meta));
@@ -283,6 +390,11 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   own("roll", TORCH_FN(roll_meta));
   own("_adaptive_avg_pool2d", TORCH_FN(adaptive_avg_pool2d_meta));
   own("_adaptive_avg_pool2d_backward", TORCH_FN(adaptive_avg_pool2d_backward_meta));
+  own("repeat", TORCH_FN(repeat_meta));
+  own("native_group_norm", TORCH_FN(native_group_norm_meta));
+  own("native_group_norm_backward", TORCH_FN(native_group_norm_backward_meta));
+  own("_weight_norm_interface", TORCH_FN(weight_norm_interface_meta));
+  own("_weight_norm_interface_backward", TORCH_FN(weight_norm_interface_backward_meta));
   for (const char* op : {"_fused_adamw_", "_fused_adamw_.tensor_lr", "_fused_adam_", "_fused_adam_.tensor_lr",
                          "_fused_sgd_", "_fused_sgd_.tensor_lr"})
     own(op, torch::CppFunction::makeFromBoxedFunction<&in_place_only>());

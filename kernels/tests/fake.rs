@@ -210,4 +210,74 @@ fn shape_meta_kernels_allocate_what_the_cpu_does() {
         let g = Tensor::randn([2, 3, 2, 3], (Kind::Float, Device::Cpu)).transpose(2, 3);
         vec![x.internal_adaptive_avg_pool2d_backward(&g)]
     });
+    same_bytes(
+        "repeat with new leading dimensions (GPT-J's rotary table, SigLIP's probe)",
+        || vec![image().repeat([2, 1, 1, 3, 1])],
+    );
+    same_bytes("repeat of a transposed input", || {
+        vec![image().transpose(1, 3).repeat([1, 2, 1, 2])]
+    });
+}
+
+#[test]
+fn group_norm_meta_kernels_allocate_what_the_cpu_does() {
+    let _lock = meter::exclusive();
+    meter::install().unwrap();
+    // wav2vec2's and HuBERT's feature encoder: a group per channel over `[batch, channels, time]`.
+    let signal = |kind| Tensor::randn([2, 16, 50], (kind, Device::Cpu));
+    let params = |kind| Tensor::ones([16], (kind, Device::Cpu));
+    for (what, kind, param_kind) in [
+        ("fp32", Kind::Float, Kind::Float),
+        ("bf16 with fp32 parameters (autocast)", Kind::BFloat16, Kind::Float),
+        ("bf16", Kind::BFloat16, Kind::BFloat16),
+    ] {
+        same_bytes(&format!("group_norm {what}"), || {
+            vec![signal(kind).group_norm(16, Some(&params(param_kind)), Some(&params(param_kind)), 1e-5, false)]
+        });
+        same_bytes(&format!("group_norm {what}, forward and backward"), || {
+            let x = signal(kind).set_requires_grad(true);
+            let (w, b) = (
+                params(param_kind).set_requires_grad(true),
+                params(param_kind).set_requires_grad(true),
+            );
+            let y = x.group_norm(4, Some(&w), Some(&b), 1e-5, false);
+            Tensor::run_backward(&[y.sum(None)], &[&x, &w, &b], false, false)
+        });
+    }
+    // wav2vec2's positional convolution: `weight_norm(conv, dim=2)` over `[out, in / groups, kernel]`.
+    for (what, kind, dim) in [
+        ("along the last dimension", Kind::Float, 2),
+        ("along the first dimension", Kind::Float, 0),
+        ("of bf16 along the last dimension", Kind::BFloat16, 2),
+    ] {
+        same_bytes(&format!("weight norm {what}, forward and backward"), || {
+            let v = Tensor::randn([6, 4, 5], (kind, Device::Cpu)).set_requires_grad(true);
+            let g_shape: Vec<i64> = (0..3)
+                .map(|d| if d == dim { v.size()[d as usize] } else { 1 })
+                .collect();
+            let g = Tensor::ones(g_shape, (kind, Device::Cpu)).set_requires_grad(true);
+            let w = Tensor::internal_weight_norm(&v, &g, dim);
+            Tensor::run_backward(&[w.sum(None)], &[&v, &g], false, false)
+        });
+    }
+    // The channels-last kernel's buffers are not modelled: refused as an operator the meta
+    // device cannot run, which the CLI turns into exit 2 with `--measure run` as the way out.
+    let refused = {
+        let _mode = FakeMode::enter().unwrap();
+        let x = Tensor::randn([2, 5, 3, 8], (Kind::Float, Device::Cpu)).permute([0, 3, 1, 2]);
+        x.f_group_norm(2, None::<&Tensor>, None::<&Tensor>, 1e-5, false)
+            .map(|_| ())
+    };
+    let message = refused.expect_err("a channels-last group norm on meta").to_string();
+    let failure = fake::meta_failure(&message);
+    assert!(
+        failure
+            .as_deref()
+            .is_some_and(|f| f.starts_with("aten::native_group_norm:")),
+        "{message}"
+    );
+    same_bytes("group_norm of a transposed image, without parameters", || {
+        let x = Tensor::randn([2, 8, 5, 3], (Kind::Float, Device::Cpu)).transpose(2, 3);
+        vec![x.group_norm(2, None::<&Tensor>, None::<&Tensor>, 1e-5, false)]
+    });
 }
