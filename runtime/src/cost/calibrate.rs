@@ -16,7 +16,7 @@ use ckptune_kernels::host_memory::HostMemoryHold;
 use ckptune_solver::rates::{AttentionRates, ConvSetup, ConvShape, Curve, DeviceRates, Dtype, OpRate, OpSetup, Work};
 use tch::{Device, Kind, Tensor};
 
-use super::timed::{forward_backward, time_call, Traced, BATCHES};
+use super::timed::{forward_backward, time_call, traced, Traced, BATCHES};
 use super::{block_overhead, overhead, setup, work};
 use crate::error::{torch, Result};
 
@@ -35,8 +35,9 @@ use crate::error::{torch, Result};
 /// steps now run (`HostMemoryHold`), so that no rate pays for fresh pages a step does not, and
 /// records each convolution shape's kernel, so that an unmeasured shape is timed among its
 /// kernel's; version 15 a convolution's setup per call through oneDNN and the slow kernels',
-/// which the overhead, each convolution shape's rate and each slow kernel's are measured less.
-pub const CALIBRATION_VERSION: u32 = 15;
+/// which the overhead, each convolution shape's rate and each slow kernel's are measured less;
+/// version 16 a bool reduction along short rows (`all`, SDPA's math path).
+pub const CALIBRATION_VERSION: u32 = 16;
 
 /// The calibration's time limit; points not reached by then are left out (their curves hold
 /// flat from the last point measured; each curve has its first point, as the estimates need an
@@ -452,6 +453,38 @@ impl Run {
     }
 }
 
+/// The rows `all` reduces in [`Run::row_reduction`]: SDPA's scores in BERT-base at batch 8.
+const ROWS_SHAPE: [i64; 4] = [8, 12, 128, 128];
+
+impl Run {
+    /// The rate of a bool reduction along short rows (`all`, which SDPA's math path asks of every
+    /// row of its scores: is the whole row masked?), over rows of `false` as theirs are (Hugging
+    /// Face masks with the dtype's lowest finite value, never `-inf`): its bytes over its time
+    /// less the call's overhead. The kernel runs far below an add's rate and depends on the
+    /// values: on the Intel Xeon of `results/cost/`, `all` over [`ROWS_SHAPE`] took 1.0 ms over
+    /// rows of `false`, 0.65 ms over rows of `true` and 4.4 ms over random bools, against
+    /// 0.05 ms by its bytes at an add's rate. None once the time limit has passed.
+    fn row_reduction(&self) -> Result<Option<OpRate>> {
+        if self.over() {
+            return Ok(None);
+        }
+        let rows = Tensor::f_zeros(ROWS_SHAPE, (Kind::Bool, Device::Cpu)).map_err(torch("calibration: zeros"))?;
+        let mut call = || rows.f_all_dim(-1, true).map_err(torch("calibration: all"));
+        let bytes: f64 = traced(&mut call)?
+            .counted
+            .iter()
+            .filter(|(n, _)| n == "aten::all")
+            .map(|(_, c)| c.work.bytes)
+            .sum();
+        let t = time_call(&mut call)?;
+        Ok((bytes > 0.0).then(|| OpRate {
+            op: "aten::all".into(),
+            dtype: Dtype::Fp32.name().into(),
+            bytes_per_second: self.rate(bytes, t),
+        }))
+    }
+}
+
 /// The operator fused attention runs on the CPU, forward and backward.
 const ATTENTION_OPS: [&str; 2] = [
     "aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -644,6 +677,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
     let (conv_backward, backward_shapes) = run.conv(Dtype::Fp32, true)?;
     let mut ops = Vec::new();
     run.probes(Dtype::Fp32, &generic, &mut ops)?;
+    ops.extend(run.row_reduction()?);
     let attention = if run.over() || matmul.is_empty() {
         None
     } else {
@@ -680,7 +714,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         measured: true,
         source: format!(
             "calibration run (version {CALIBRATION_VERSION}) with {threads} threads, {seconds:.1} s: mm (and of a transposed operand), conv2d \
-             3×3 and 1×1 forward and backward in fp32 and bf16 (each shape's rate, and by size) and add (fresh and in place) over sizes, skinny mm by rows, {} slow kernels forward and backward in fp32 and bf16, fused attention per score and its \
+             3×3 and 1×1 forward and backward in fp32 and bf16 (each shape's rate, and by size) and add (fresh and in place) over sizes, skinny mm by rows, {} slow kernels forward and backward in fp32 and bf16, a bool reduction along rows, fused attention per score and its \
              causal share, a small varied training step's overhead per call, the runtime's time around a block; \
              each point the median of {BATCHES} batches",
             PROBES.len()

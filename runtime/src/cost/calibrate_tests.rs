@@ -201,3 +201,37 @@ fn attention_is_costed_per_score_at_each_head_size() {
         "{estimated} against {expected}"
     );
 }
+
+#[test]
+fn a_bool_reduction_along_rows_is_timed_at_its_own_rate_or_not_kept() {
+    let _alone = alone();
+    let rate = unlimited().row_reduction().unwrap().expect("measured with time left");
+    assert_eq!((rate.op.as_str(), rate.dtype.as_str()), ("aten::all", "fp32"));
+    assert!(
+        rate.bytes_per_second.is_finite() && rate.bytes_per_second > 0.0,
+        "{rate:?}"
+    );
+    // An estimate of the same call takes that rate: its bytes (the bool rows read, one bool per
+    // row written) over it.
+    let rows = Tensor::zeros(ROWS_SHAPE, (Kind::Bool, Device::Cpu));
+    let traced = traced(&mut || rows.f_all_dim(-1, true).map_err(torch("all"))).unwrap();
+    // The kernel first fills its output with `true` (counted on its own, at an add's rate).
+    let names: Vec<&str> = traced.counted.iter().map(|c| c.0.as_str()).collect();
+    assert_eq!(names, ["aten::fill_", "aten::all"]);
+    let (name, all) = &traced.counted[1];
+    let elements = ROWS_SHAPE.iter().product::<i64>() as f64;
+    assert_eq!(all.work.bytes, elements + elements / 128.0);
+    let rates = DeviceRates {
+        ops: vec![rate.clone()],
+        ..generic_rates(1, "test", Vec::new(), 0.0)
+    };
+    let seconds = rates.op_seconds(name, &all.work);
+    assert!(
+        (seconds - all.work.bytes / rate.bytes_per_second).abs() < 1e-12,
+        "{seconds}"
+    );
+    // A calibration out of time keeps none.
+    let mut cut = unlimited();
+    cut.budget = 0.0;
+    assert!(cut.row_reduction().unwrap().is_none());
+}

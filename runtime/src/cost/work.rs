@@ -23,6 +23,12 @@ const BOOKKEEPING: &[&str] = &[
     "aten::item",
     "aten::is_nonzero",
     "aten::record_stream",
+    // Return their input's storage under new sizes, as views do, but without the schema's alias
+    // annotation (`matmul` folds its operands and its result with `_unsafe_view`).
+    "aten::_unsafe_view",
+    "aten::unsafe_split",
+    "aten::unsafe_split_with_sizes",
+    "aten::unsafe_chunk",
 ];
 
 /// In-place operators that overwrite their first input without reading it.
