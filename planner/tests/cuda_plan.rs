@@ -22,7 +22,12 @@ fn plan(dir: &Path, name: &str, budget: &str) -> (Value, String) {
     args.extend(["--optimizer", "adamw", "--threads", "1", "--target", "cuda:h100", "-o"]);
     args.push(out.to_str().unwrap());
     args.extend(["--alloc-trace", trace.to_str().unwrap()]);
-    ok(&args);
+    let printed = String::from_utf8_lossy(&ok(&args).stdout).into_owned();
+    // Its numbers are the GPU's: the header says so before the table.
+    assert!(
+        printed.starts_with("resnet18 for cuda:h100, measured on cpu (1 thread), budget "),
+        "{printed}"
+    );
     (read(&out), trace.to_string_lossy().into_owned())
 }
 

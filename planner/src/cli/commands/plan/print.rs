@@ -45,14 +45,24 @@ pub(super) fn eight_bit_note(p: &PlanJson) -> Option<String> {
 }
 
 pub(super) fn print_plan(p: &PlanJson) {
-    outln!(
-        "{} on {} ({} thread{}), budget {}",
-        p.model.name,
+    let measured = format!(
+        "{} ({} thread{})",
         p.device.device,
         p.device.threads,
-        if p.device.threads == 1 { "" } else { "s" },
-        format_size(p.budget_bytes as u64)
+        if p.device.threads == 1 { "" } else { "s" }
     );
+    // A plan for another device than the one measured on (`--target cuda:h100` from a CPU)
+    // names both, as its numbers are the target's.
+    let target = match &p.cuda_memory {
+        Some(c) if c.gpu != "cuda" => format!("cuda:{}", c.gpu),
+        _ => p.target_device.clone(),
+    };
+    let budget = format_size(p.budget_bytes as u64);
+    if target.is_empty() || p.target_device == p.device.device {
+        outln!("{} on {measured}, budget {budget}", p.model.name);
+    } else {
+        outln!("{} for {target}, measured on {measured}, budget {budget}", p.model.name);
+    }
     if let Some(s) = &p.budget_share {
         outln!(
             "  ({}% of the way from the smallest peak checkpointing reaches, {}, to the unconstrained peak, {}, of {})",
