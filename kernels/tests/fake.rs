@@ -244,22 +244,6 @@ fn group_norm_meta_kernels_allocate_what_the_cpu_does() {
             Tensor::run_backward(&[y.sum(None)], &[&x, &w, &b], false, false)
         });
     }
-    // wav2vec2's positional convolution: `weight_norm(conv, dim=2)` over `[out, in / groups, kernel]`.
-    for (what, kind, dim) in [
-        ("along the last dimension", Kind::Float, 2),
-        ("along the first dimension", Kind::Float, 0),
-        ("of bf16 along the last dimension", Kind::BFloat16, 2),
-    ] {
-        same_bytes(&format!("weight norm {what}, forward and backward"), || {
-            let v = Tensor::randn([6, 4, 5], (kind, Device::Cpu)).set_requires_grad(true);
-            let g_shape: Vec<i64> = (0..3)
-                .map(|d| if d == dim { v.size()[d as usize] } else { 1 })
-                .collect();
-            let g = Tensor::ones(g_shape, (kind, Device::Cpu)).set_requires_grad(true);
-            let w = Tensor::internal_weight_norm(&v, &g, dim);
-            Tensor::run_backward(&[w.sum(None)], &[&v, &g], false, false)
-        });
-    }
     // The channels-last kernel's buffers are not modelled: refused as an operator the meta
     // device cannot run, which the CLI turns into exit 2 with `--measure run` as the way out.
     let refused = {
@@ -280,4 +264,26 @@ fn group_norm_meta_kernels_allocate_what_the_cpu_does() {
         let x = Tensor::randn([2, 8, 5, 3], (Kind::Float, Device::Cpu)).transpose(2, 3);
         vec![x.group_norm(2, None::<&Tensor>, None::<&Tensor>, 1e-5, false)]
     });
+}
+
+#[test]
+fn weight_norm_meta_kernels_allocate_what_the_cpu_does() {
+    let _lock = meter::exclusive();
+    meter::install().unwrap();
+    // wav2vec2's positional convolution: `weight_norm(conv, dim=2)` over `[out, in / groups, kernel]`.
+    for (what, kind, dim) in [
+        ("along the last dimension", Kind::Float, 2),
+        ("along the first dimension", Kind::Float, 0),
+        ("of bf16 along the last dimension", Kind::BFloat16, 2),
+    ] {
+        same_bytes(&format!("weight norm {what}, forward and backward"), || {
+            let v = Tensor::randn([6, 4, 5], (kind, Device::Cpu)).set_requires_grad(true);
+            let g_shape: Vec<i64> = (0..3)
+                .map(|d| if d == dim { v.size()[d as usize] } else { 1 })
+                .collect();
+            let g = Tensor::ones(g_shape, (kind, Device::Cpu)).set_requires_grad(true);
+            let w = Tensor::internal_weight_norm(&v, &g, dim);
+            Tensor::run_backward(&[w.sum(None)], &[&v, &g], false, false)
+        });
+    }
 }
