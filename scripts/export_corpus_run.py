@@ -104,6 +104,8 @@ def run_model(model, bin_path, programs, work, timeout):
     if not step("profile", [bin_path, "profile", program, *COMMON, "-o", profile_json]).ok:
         return facts
     profile = load(profile_json)
+    # How `--measure auto` measured it: memory on the meta device where the step runs there.
+    facts["memory_measured"] = profile["device"].get("measured", "")
     budget, lo, hi = budget_from_profile(profile)
     facts.update(peak_all=lo, peak_none=hi, budget=budget,
                  candidates=list(dict.fromkeys(b["name"] for b in profile["model"]["blocks"] if b.get("candidate"))),

@@ -106,8 +106,12 @@ def summary(models):
     planned_n = sum("checkpointed" in r for r in models)
     exact = count["verified"]
     checkpointing = sum(r["outcome"] == "verified" and bool(r["checkpointed"]) for r in models)
+    on_meta = sum(r["outcome"] == "verified" and r.get("memory_measured", "").startswith("memory on the meta device")
+                  for r in models)
     return (f"{n} models: {exported} exported, {planned_n} planned, **{exact} planned and verified to the byte "
             f"({100 * exact / n:.0f}%)**, {checkpointing} of them with a plan that checkpoints something, "
+            f"{on_meta} of them with their memory measured on the meta device (the profile's "
+            f"`device.measured`: the plan's prediction from the meta device, the verified peak from a real step), "
             f"{count['verified, off']} verified with a peak error, "
             f"{count['refused']} refused with exit 2, {count['panicked']} panics, {count['failed']} other "
             f"failures (exit 1), {count['timed out']} timeouts, {count['export failed']} export failures.")
