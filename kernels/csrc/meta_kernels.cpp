@@ -31,6 +31,13 @@ using OptTensor = std::optional<Tensor>;
 
 bool reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
+// Whether a reduced-precision input meets float parameters (autocast's case), as the CPU's
+// layer and group norms ask (`is_mixed_type`): their statistics are then float.
+bool mixed_type(const Tensor& input, const OptTensor& weight, const OptTensor& bias) {
+  const auto is_float = [](const OptTensor& t) { return t.has_value() && t->defined() && t->scalar_type() == at::kFloat; };
+  return reduced(input.scalar_type()) && (is_float(weight) || is_float(bias));
+}
+
 // `index_select`: the output, as the CPU kernel resizes it.
 Tensor index_select_meta(const Tensor& self, int64_t dim, const Tensor& index) {
   auto sizes = self.sizes().vec();
@@ -67,8 +74,7 @@ std::tuple<Tensor, Tensor, Tensor> native_layer_norm_meta(const Tensor& input, c
   const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
   int64_t M = 1;
   for (int64_t i = 0; i < axis; ++i) M *= input.size(i);
-  const bool mixed = reduced(input.scalar_type()) && ((weight.has_value() && weight->scalar_type() == at::kFloat) ||
-                                                      (bias.has_value() && bias->scalar_type() == at::kFloat));
+  const bool mixed = mixed_type(input, weight, bias);
   Tensor X = input.contiguous();
   Tensor Y = at::empty_like(X, at::MemoryFormat::Contiguous);
   const auto stats = X.options().dtype(mixed ? at::kFloat : input.scalar_type());
@@ -306,10 +312,7 @@ std::tuple<Tensor, Tensor, Tensor> native_group_norm_meta(const Tensor& X, const
   TORCH_CHECK(format == at::MemoryFormat::Contiguous,
               "aten::native_group_norm: attempted to run this operator with Meta tensors on a channels-last input, "
               "whose CPU kernel's buffers ckptune's meta kernel does not model");
-  const auto is_float = [](const OptTensor& t) {
-    return t.has_value() && t->defined() && t->scalar_type() == at::kFloat;
-  };
-  const bool mixed = reduced(X.scalar_type()) && (is_float(gamma) || is_float(beta));
+  const bool mixed = mixed_type(X, gamma, beta);
   const auto stats = X.options().dtype(mixed ? at::kFloat : X.scalar_type());
   const int64_t n = N.expect_int();
   Tensor X_ = X.contiguous(format);

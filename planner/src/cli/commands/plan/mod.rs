@@ -20,7 +20,7 @@ use ckptune_solver::formats::{
 
 use cuda::{plan_within_reserved, NotRecorded};
 use flags::{budget_share, check_shard_step, read_profile, reserve_bytes, shard_request};
-use print::{eight_bit_note, print_plan};
+use print::{cuda_target, eight_bit_note, print_plan};
 use solve::{fastest_per_config, plan_from_profile, PlanFailure, ShardRequest};
 
 use crate::cli::args::{EmitKind, PlanArgs};
@@ -292,11 +292,7 @@ fn cuda_note(ov: CudaOverheads, measured_on: &str, times: &str) -> String {
          simulated on the plan's step trace (recorded on the meta device, with two cuBLAS workspaces of {}), \
          plus {} of CUDA context ({}; --reserve to give a figure of your own \
          instead); step times are {times}",
-        if ov.key == "cuda" {
-            "cuda".to_string()
-        } else {
-            format!("cuda:{}", ov.key)
-        },
+        cuda_target(ov.key),
         format_size(ov.workspace_bytes),
         format_size(ov.context_bytes),
         ov.context_source

@@ -44,6 +44,15 @@ pub(super) fn eight_bit_note(p: &PlanJson) -> Option<String> {
     ))
 }
 
+/// The `--target` a CUDA plan's overheads were for: `cuda`, or `cuda:NAME` of a named GPU.
+pub(super) fn cuda_target(key: &str) -> String {
+    if key == "cuda" {
+        key.to_string()
+    } else {
+        format!("cuda:{key}")
+    }
+}
+
 pub(super) fn print_plan(p: &PlanJson) {
     let measured = format!(
         "{} ({} thread{})",
@@ -53,10 +62,10 @@ pub(super) fn print_plan(p: &PlanJson) {
     );
     // A plan for another device than the one measured on (`--target cuda:h100` from a CPU)
     // names both, as its numbers are the target's.
-    let target = match &p.cuda_memory {
-        Some(c) if c.gpu != "cuda" => format!("cuda:{}", c.gpu),
-        _ => p.target_device.clone(),
-    };
+    let target = p
+        .cuda_memory
+        .as_ref()
+        .map_or_else(|| p.target_device.clone(), |c| cuda_target(&c.gpu));
     let budget = format_size(p.budget_bytes as u64);
     if target.is_empty() || p.target_device == p.device.device {
         outln!("{} on {measured}, budget {budget}", p.model.name);
