@@ -38,15 +38,23 @@ MODELS = {
     # checkpointed plan may run layers selective; its recompute times are the cost model's here.
     "tinyllama-selective": ["tinyllama-1.1b", "--batch", "2", "--seq", "1024", "--precision", "bf16",
                             "--selective", "matmul"],
+    # Architectures the cost model's GPU constants were not fitted to (results/gpu/times.md).
+    "gpt2": ["gpt2", "--batch", "8", "--seq", "1024", "--precision", "fp32"],
+    "gpt2-bf16": ["gpt2", "--batch", "8", "--seq", "1024", "--precision", "bf16"],
+    "qwen2.5-bf16": ["qwen2.5-0.5b", "--batch", "4", "--seq", "1024", "--precision", "bf16"],
+    "resnet152-bf16": ["resnet152", "--batch", "32", "--image", "224", "--precision", "bf16"],
     "tiny-resnet": ["tiny-resnet", "--batch", "8", "--image", "32", "--precision", "fp32"],
     "tiny-bert": ["tiny-bert", "--batch", "4", "--seq", "32", "--precision", "fp32"],
     "tiny-llama-selective": ["tiny-llama", "--batch", "16", "--seq", "512", "--precision", "fp32",
                              "--selective", "matmul"],
 }
 DEFAULT_MODELS = ("resnet50,bert-base,tinyllama,bert-base-bf16,tinyllama-bf16,bert-base-in-bwd,"
-                  "tinyllama-selective")
+                  "tinyllama-selective,gpt2,gpt2-bf16,qwen2.5-bf16,resnet152-bf16")
 # Nothing checkpointed (an unlimited budget), AdamW: the same plan on both sides.
 COMMON = ["--budget", "1TiB", "--optimizer", "adamw", "--quiet"]
+# The GPU the plans are made for: its times are estimated (scripts/gpu_check_times.py compares
+# them with the GPU's); its memory is any CUDA GPU's but for the context.
+DEFAULT_TARGET = "cuda:h200"
 GPU_TIMEOUT_S = 240
 
 
@@ -66,15 +74,16 @@ def ckptune_json(cmd):
     return proc
 
 
-def predict(ckptune, name, work):
-    """The plan made here for an unnamed CUDA GPU from the meta device; its trace path."""
+def predict(ckptune, name, work, target):
+    """The plan made here for `target` (`cuda`, or `cuda:NAME` for that GPU's estimated times)
+    from the meta device; its trace path."""
     out = os.path.join(work, "models", f"{name}.predicted.json")
     trace = os.path.join(work, "model-traces", f"{name}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     os.makedirs(os.path.dirname(trace), exist_ok=True)
     # Memory on the meta device; times from the cost model, as no step runs here (the plan
     # checkpoints nothing, so they choose nothing).
-    ckptune_json([ckptune, "plan", *MODELS[name], *COMMON, "--device", "cpu", "--target", "cuda",
+    ckptune_json([ckptune, "plan", *MODELS[name], *COMMON, "--device", "cpu", "--target", target,
                   "--measure", "estimate", "--alloc-trace", trace, "-o", out])
     with open(out) as f:
         return json.load(f), trace
@@ -112,14 +121,14 @@ def row(name, predicted, verified, why_not):
     return r
 
 
-def prepare(ckptune, names, work, trace_dir):
+def prepare(ckptune, names, work, trace_dir, target=DEFAULT_TARGET):
     """Plans each model here for the GPU: nothing checkpointed, and checkpointed under a budget
     of the first of `CHECKPOINTED_SHARES` that fits; adds the first plan's step trace to `trace_dir`
     (None: leave the traces alone). Writes and returns work/models/index.json: per plan its
     model, label and path, for the GPU phase, which needs no ckptune binary."""
     plans = []
     for name in names:
-        doc, trace = predict(ckptune, name, work)
+        doc, trace = predict(ckptune, name, work, target)
         if trace_dir is not None:
             shutil.copyfile(trace, os.path.join(trace_dir, f"model-{name}.json"))
         plans.append({"model": name, "label": f"{name}.none", "plan": f"{name}.predicted.json"})
@@ -130,7 +139,7 @@ def prepare(ckptune, names, work, trace_dir):
             budget = fixed + int(share * (c["predicted_reserved_peak_bytes"] - sum(c["workspace_bytes"])))
             try:
                 ckptune_json([ckptune, "plan", *MODELS[name], *COMMON[2:], "--budget", str(budget), "--device",
-                              "cpu", "--target", "cuda", "--measure", "estimate", "-o", out])
+                              "cpu", "--target", target, "--measure", "estimate", "-o", out])
             except RuntimeError as e:  # no plan fits that budget: try the next share
                 print(f"gpu_check: no checkpointed plan for {name} at {share:.0%}: {e}", file=sys.stderr)
                 continue
@@ -153,7 +162,7 @@ def conf_key(conf):
     return "default" if not conf else "".join(ch if ch.isalnum() else "-" for ch in conf)
 
 
-def measure_steps(work, python=sys.executable, parallel=3):
+def measure_steps(work, python=sys.executable, parallel=5):
     """On the GPU, with PyTorch alone: the context (unless work/steps/context.json exists; it
     must be measured with no other process on the card), then each prepared plan trained under
     each of its allocator settings, a fresh process each, `parallel` at a time (each process has
@@ -208,8 +217,9 @@ def compare_steps(ckptune, work):
         failures = json.load(f)
     rows = []
     for name in sorted(os.listdir(steps)):
-        if not name.endswith(".json") or name.endswith(".trace.json") or name in ("context.json", "failures.json"):
-            continue
+        if (not name.endswith(".json") or name.endswith((".trace.json", ".simulated.json"))
+                or name in ("context.json", "failures.json")):
+            continue  # a run's trace, its simulation (written here, below), or no run
         with open(os.path.join(steps, name)) as f:
             measured = json.load(f)
         with open(os.path.join(work, "models", measured["plan"])) as f:
@@ -225,7 +235,10 @@ def step_row(measured, plan, replay):
     conf = measured["alloc_conf"]
     predicted_reserved = {k["alloc_conf"]: k["reserved_peak_bytes"] for k in c["candidates"]}[conf]
     run = measured["run"]
-    return {"label": measured["label"], "alloc_conf": conf, "regex": plan["checkpoint"]["regex"],
+    # The GPU whose times the plan estimated (`--target cuda:NAME`), else the plan's device.
+    rates = ((plan.get("profile") or {}).get("estimated") or {}).get("rates") or {}
+    return {"label": measured["label"], "alloc_conf": conf, "target": rates.get("device") or plan.get("target_device"),
+            "regex": plan["checkpoint"]["regex"],
             "config": plan["config"], "torch": run["torch"], "device": measured["device"],
             "predicted_allocated_bytes": c["predicted_allocated_peak_bytes"],
             "measured_allocated_bytes": run["peak_bytes"],
@@ -273,7 +286,8 @@ def steps_markdown(doc):
              f"Written by `scripts/gpu_check` (scripts/gpu_check_models.py, scripts/gpu_check_steps.py) from a run on "
              f"{ctx['device']} ({ctx['total_memory'] / 2**30:.1f} GiB, compute capability "
              f"{'.'.join(map(str, ctx['capability']))}), torch {ctx['torch']}, CUDA {ctx['cuda']}, cuDNN {ctx['cudnn']}.",
-             "Predicted: `ckptune plan --target cuda` on this machine, memory from the meta device, nothing run on",
+             f"Predicted: `ckptune plan --target {(doc['runs'] or [{}])[0].get('target') or 'cuda'}` on this machine, "
+             "memory from the meta device, nothing run on",
              "a GPU. Measured: the model's plain-torch reference (models/fixtures/reference.py) trained on the GPU",
              "with the plan applied by the companion, `torch.cuda.memory_stats` peaks of the steps after the",
              "first (which creates the optimizer state), in a fresh process per allocator setting.",
@@ -309,10 +323,10 @@ def steps_markdown(doc):
     return "\n".join(lines) + "\n"
 
 
-def run_models(ckptune, names, work, trace_dir, on_gpu):
+def run_models(ckptune, names, work, trace_dir, on_gpu, target=DEFAULT_TARGET):
     """Predicts each model here, adds its trace to `trace_dir` (None: leave the traces alone),
     and where `on_gpu` profiles and verifies it with ckptune on the GPU. Returns the document."""
-    prepare(ckptune, names, work, trace_dir)
+    prepare(ckptune, names, work, trace_dir, target)
     rows = []
     for name in names:
         with open(os.path.join(work, "models", f"{name}.predicted.json")) as f:

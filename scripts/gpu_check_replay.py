@@ -14,7 +14,10 @@ writes OUT/replay.json and OUT/replay.md); `all` does both. `--backend fake` rep
 a stand-in allocator with made-up statistics, to test the pipeline on a CPU: its results say so
 and mean nothing about PyTorch. The subcommand `measure` is what each fresh process runs. With
 `--phase all`, `--models` (scripts/gpu_check_models.py) are first planned here for the GPU, their
-step traces replayed with the others, then measured on the GPU (OUT/models.{json,md}).
+step traces replayed with the others, then measured on the GPU (OUT/models.{json,md}); their
+step and block times are measured last, alone on the card, against the times the plans estimate
+for the `--target` GPU (scripts/gpu_check_times.py, OUT/times.{json,md}). `--parts` picks which of
+the replay, the steps' memory and the times a run measures and compares.
 """
 
 import argparse
@@ -31,6 +34,7 @@ sys.path.insert(0, HERE)
 
 import alloc_traces  # noqa: E402
 import gpu_check_models  # noqa: E402
+import gpu_check_times  # noqa: E402
 
 MEASURED_FORMAT = "ckptune.gpu-replay-measured/1"
 RESULT_FORMAT = "ckptune.gpu-replay/1"
@@ -348,27 +352,43 @@ def run(args):
             # Planned here from the meta device first, so their traces are replayed with the others.
             ckptune = find_ckptune(args.ckptune)
             if args.phase == "prepare":
-                gpu_check_models.prepare(ckptune, models, work, None if args.traces else trace_dir)
+                gpu_check_models.prepare(ckptune, models, work, None if args.traces else trace_dir, args.target)
             else:
                 model_doc = gpu_check_models.run_models(ckptune, models, work, None if args.traces else trace_dir,
-                                                        on_gpu=args.backend == "torch")
+                                                        on_gpu=args.backend == "torch", target=args.target)
                 write_atomic(os.path.join(args.out, "models.json"), json.dumps(model_doc, indent=1) + "\n")
                 write_atomic(os.path.join(args.out, "models.md"), gpu_check_models.markdown(model_doc))
+    parts = args.parts
     if args.phase in ("all", "measure"):
-        measure_all(work, trace_dir, args.backend)
+        if "replay" in parts:
+            measure_all(work, trace_dir, args.backend)
         if models and args.backend == "torch" and os.path.exists(os.path.join(work, "models", "index.json")):
-            gpu_check_models.measure_steps(work)
+            if "steps" in parts:
+                gpu_check_models.measure_steps(work)
+            if "times" in parts:
+                gpu_check_times.measure_all(work)  # last, alone on the card
     if args.phase in ("all", "compare"):
-        doc = compare(work, trace_dir, ckptune or find_ckptune(args.ckptune))
+        compare_parts(args, work, trace_dir, ckptune or find_ckptune(args.ckptune))
+
+
+def compare_parts(args, work, trace_dir, ckptune):
+    """The compare phase: each measured part of `args.parts` against ckptune's predictions."""
+    if "replay" in args.parts:
+        doc = compare(work, trace_dir, ckptune)
         write_atomic(os.path.join(args.out, "replay.json"), json.dumps(doc, indent=1) + "\n")
         write_atomic(os.path.join(args.out, "replay.md"), markdown(doc))
         s = doc["summary"]
         print(f"gpu_check: {s['exact']} of {s['pairs']} pairs exact; wrote {args.out}/replay.json and replay.md")
-        if os.path.exists(os.path.join(work, "steps", "context.json")):
-            steps = gpu_check_models.compare_steps(ckptune or find_ckptune(args.ckptune), work)
-            write_atomic(os.path.join(args.out, "steps.json"), json.dumps(steps, indent=1) + "\n")
-            write_atomic(os.path.join(args.out, "steps.md"), gpu_check_models.steps_markdown(steps))
-            print(f"gpu_check: {len(steps['runs'])} real steps compared; wrote {args.out}/steps.json and steps.md")
+    if "steps" in args.parts and os.path.exists(os.path.join(work, "steps", "context.json")):
+        steps = gpu_check_models.compare_steps(ckptune, work)
+        write_atomic(os.path.join(args.out, "steps.json"), json.dumps(steps, indent=1) + "\n")
+        write_atomic(os.path.join(args.out, "steps.md"), gpu_check_models.steps_markdown(steps))
+        print(f"gpu_check: {len(steps['runs'])} real steps compared; wrote {args.out}/steps.json and steps.md")
+    times = gpu_check_times.compare(work) if "times" in args.parts else None
+    if times is not None:
+        write_atomic(os.path.join(args.out, "times.json"), json.dumps(times, indent=1) + "\n")
+        write_atomic(os.path.join(args.out, "times.md"), gpu_check_times.markdown(times))
+        print(f"gpu_check: {len(times['models'])} models' times compared; wrote {args.out}/times.json and times.md")
 
 
 def measure_all(work, trace_dir, backend):
@@ -399,6 +419,19 @@ def measure_cmd(args):
     write_atomic(args.out, json.dumps(doc) + "\n")
 
 
+PARTS = ("replay", "steps", "times")
+
+
+def parse_parts(text):
+    """`--parts`: names of PARTS, comma-separated (an argparse type: bad names exit 2)."""
+    names = tuple(n for n in text.split(",") if n)
+    unknown = [n for n in names if n not in PARTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown part(s) {', '.join(unknown) or '(none given)'}; "
+                                         f"known: {', '.join(PARTS)}")
+    return names
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="scripts/gpu_check", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -411,6 +444,13 @@ def parse_args(argv):
     r.add_argument("--backend", choices=sorted(BACKENDS), default="torch",
                    help="torch: the GPU; fake: a stand-in to test the pipeline without one")
     r.add_argument("--ckptune", help="the ckptune binary (default $CKPTUNE_BIN, else target/release/ckptune)")
+    r.add_argument("--parts", type=parse_parts, default=PARTS,
+                   help="what to measure and compare, comma-separated (default all: replay = the traces under "
+                        "each allocator setting, steps = the models' real steps' memory, times = their step and "
+                        "block times)")
+    r.add_argument("--target", default=gpu_check_models.DEFAULT_TARGET,
+                   help="the --target the plans are made for (default %(default)s: that GPU's times estimated, "
+                        "compared with the GPU's in times.md; `cuda` for an unnamed GPU)")
     r.add_argument("--models", type=gpu_check_models.parse_models, default=gpu_check_models.DEFAULT_MODELS,
                    help=f"with --phase all: models to plan here and measure on the GPU, comma-separated, or '' "
                         f"(default {gpu_check_models.DEFAULT_MODELS}; known: {', '.join(gpu_check_models.MODELS)})")

@@ -374,6 +374,7 @@ fn cache_rates(xdg: &Path, scale: f64) -> ckptune_solver::rates::DeviceRates {
         op_setup: Vec::new(),
         attention: None,
         block_overhead: None,
+        host: None,
     };
     let doc = CachedRates {
         format: formats::RATES_FORMAT.into(),

@@ -55,7 +55,7 @@ class _Training(NamedTuple):
 
 
 def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warmup=2, threads=2, lr=1e-3,
-        root=None, log=None, autocast_cache=None, device="cpu"):
+        root=None, log=None, autocast_cache=None, device="cpu", instrument=None):
     """Trains the reference of `model_name` with `plan` (a path or dict: its checkpoint and
     config) applied, and measures every step. Returns the run as a dict (format `FORMAT`).
     `attention` is a transformer's `attn_implementation` (None: "sdpa", ckptune's default).
@@ -63,6 +63,8 @@ def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warm
     the autocast region ends); None follows the plan's config, the loop its peak was planned for.
     `device` "cpu" counts every tensor byte with ckptune's meter; a CUDA device reads PyTorch's
     caching-allocator statistics instead, and each step reports its reserved peak too.
+    `instrument`, when given, is called with the backbone once the plan is applied and before
+    the first step (to add hooks that time its blocks, say).
 
     Raises ValueError for a plan this cannot follow (its names differ from the reference's, a
     precision or optimizer torch cannot run on CPU, a model without a reference).
@@ -91,6 +93,8 @@ def run(model_name, plan, *, image=None, seq=None, attention=None, steps=6, warm
     else:
         meter = CudaMeter(device)
     t = _build(ref, model_name, doc, cfg, image, seq, attention, lr, device)
+    if instrument is not None:
+        instrument(t.backbone)
     records = []
     for i in range(steps):
         records.append(_step(i + 1, t, cfg, meter, autocast_cache))

@@ -205,7 +205,21 @@ class ArgumentsTest(unittest.TestCase):
         self.assertEqual(replay.parse_args(["run", "--models", ""]).models, [])
         self.assertEqual(replay.parse_args(["run"]).models,
                          ["resnet50", "bert-base", "tinyllama", "bert-base-bf16", "tinyllama-bf16",
-                          "bert-base-in-bwd", "tinyllama-selective"])
+                          "bert-base-in-bwd", "tinyllama-selective", "gpt2", "gpt2-bf16", "qwen2.5-bf16",
+                          "resnet152-bf16"])
+
+    def test_parts_are_parsed_by_name(self):
+        self.assertEqual(replay.parse_args(["run"]).parts, ("replay", "steps", "times"))
+        self.assertEqual(replay.parse_args(["run", "--parts", "steps,times"]).parts, ("steps", "times"))
+        for bad in ("", "steps,nope"):
+            stderr, sys.stderr = sys.stderr, open(os.devnull, "w")
+            try:
+                with self.assertRaises(SystemExit) as e:
+                    replay.parse_args(["run", "--parts", bad])
+            finally:
+                sys.stderr.close()
+                sys.stderr = stderr
+            self.assertEqual(e.exception.code, 2)
 
     def test_measure_needs_the_variable_set_at_start(self):
         args = replay.parse_args(["measure", "--traces", "d", "--conf", "expandable_segments:True", "--out", "o"])

@@ -10,7 +10,8 @@ use ckptune_runtime::cost::{self, work};
 use ckptune_runtime::exec::scope::{self, Phase};
 use ckptune_runtime::profile::times_from_fake_step;
 use ckptune_runtime::{OptimizerKind, Precision, RuntimeError, Session, TrainConfig};
-use ckptune_solver::rates::{gpu, BlockOverhead, Curve, DeviceRates, Dtype, Engine, GPU_OVERHEAD_SECONDS};
+use ckptune_solver::gpus::{gpu, GPU_OVERHEAD_SECONDS};
+use ckptune_solver::rates::{BlockOverhead, Curve, DeviceRates, Dtype, Engine, HostIssue};
 use tch::Device;
 
 /// Flat rates of the size a CPU measures: 100 GFLOP/s products, 50 GFLOP/s convolutions,
@@ -36,6 +37,7 @@ fn flat() -> DeviceRates {
         op_setup: Vec::new(),
         attention: None,
         block_overhead: None,
+        host: None,
     }
 }
 
@@ -142,6 +144,7 @@ fn the_runtimes_time_around_a_block_adds_to_each_blocks_parts_alone() {
         };
         let with = DeviceRates {
             block_overhead: Some(o),
+            host: None,
             ..flat()
         };
         let (plain, more) = (
@@ -223,7 +226,11 @@ fn a_gpu_of_the_table_does_the_work_faster_than_flat_cpu_rates_and_is_labelled_u
     // Operator traces read the process-wide meter: one test at a time.
     let _lock = meter::exclusive();
     let mut s = fake("tiny-bert");
-    let h100 = gpu("h100").expect("h100").rates();
+    // The device's side alone (the host that issues the operators is the next test's).
+    let h100 = DeviceRates {
+        host: None,
+        ..gpu("h100").expect("h100").rates()
+    };
     let (gpu_times, est) = times_from_fake_step(&mut s, &[], &h100, &[]).expect("estimate");
     // The same per-call overhead on both: the GPU's work is what is faster.
     let cpu = DeviceRates {
@@ -234,6 +241,84 @@ fn a_gpu_of_the_table_does_the_work_faster_than_flat_cpu_rates_and_is_labelled_u
     assert!(!est.rates.measured && est.rates.device == "cuda:h100");
     assert!(gpu_times.seconds_all.median > 0.0);
     assert!(gpu_times.seconds_all.median < cpu_times.seconds_all.median);
+}
+
+#[test]
+fn a_gpu_part_takes_the_longer_of_its_device_time_and_its_hosts_issue() {
+    // Operator traces read the process-wide meter: one test at a time.
+    let _lock = meter::exclusive();
+    for model in ["tiny-bert", "tiny-resnet"] {
+        let mut s = fake(model);
+        let n = s.chain.blocks.len();
+        let events = s.op_trace(&s.chain.every_candidate()).expect("trace");
+        let h100 = gpu("h100").expect("h100").rates();
+        let device = cost::phase_seconds(
+            &events,
+            n,
+            &DeviceRates {
+                host: None,
+                ..h100.clone()
+            },
+        );
+        let ops = operators_by_part(&events, n);
+        for (per, checkpoint) in [(0.0, 0.0), (1e-6, 3e-6), (5e-6, 16e-6), (1.0, 3.0)] {
+            let host = HostIssue {
+                op_seconds: per,
+                checkpoint_op_seconds: checkpoint,
+            };
+            let got = cost::phase_seconds(
+                &events,
+                n,
+                &DeviceRates {
+                    host: Some(host),
+                    ..h100.clone()
+                },
+            );
+            let longer = |d: &[f64], k: &[f64]| -> Vec<f64> { d.iter().zip(k).map(|(d, k)| d.max(k * per)).collect() };
+            // Every candidate is checkpointed in this step: its forward is issued under
+            // checkpointing, a block that is not (tiny ResNet's stem) as any other part.
+            let forward: Vec<f64> = (0..n)
+                .map(|b| {
+                    let per = if s.chain.blocks[b].candidate { checkpoint } else { per };
+                    device.forward[b].max(ops.forward[b] * per)
+                })
+                .collect();
+            assert_eq!(got.forward, forward, "{model}");
+            assert_eq!(got.recompute, longer(&device.recompute, &ops.recompute), "{model}");
+            assert_eq!(got.backward, longer(&device.backward, &ops.backward), "{model}");
+            assert_eq!(got.optimizer, device.optimizer.max(ops.optimizer * per), "{model}");
+            assert_eq!(got.loss, device.loss.max(ops.loss * per), "{model}");
+            assert_eq!(got.other, device.other.max(ops.other * per), "{model}");
+        }
+        // Nothing is free to issue: every block's backward issues operators.
+        assert!(ops.backward.iter().all(|&k| k > 0.0), "{model}: {:?}", ops.backward);
+    }
+}
+
+/// Per part of the step, the operators of `events` (any depth) in it, by the innermost scope
+/// open at each: a count by hand against the cost model's.
+fn operators_by_part(events: &[OpEvent], blocks: usize) -> cost::PhaseSeconds {
+    let mut out = cost::PhaseSeconds {
+        forward: vec![0.0; blocks],
+        recompute: vec![0.0; blocks],
+        backward: vec![0.0; blocks],
+        ..Default::default()
+    };
+    for i in (0..events.len()).filter(|&i| work::is_operator(&events[i])) {
+        let scope = (0..i)
+            .rev()
+            .find(|&j| events[j].scope && events[j].end > i && scope::parse(&events[j].name).is_some())
+            .and_then(|j| scope::parse(&events[j].name));
+        match scope {
+            Some((Phase::Forward, Some(b))) => out.forward[b] += 1.0,
+            Some((Phase::Recompute, Some(b))) => out.recompute[b] += 1.0,
+            Some((Phase::Backward, Some(b))) => out.backward[b] += 1.0,
+            Some((Phase::Loss, _)) => out.loss += 1.0,
+            Some((Phase::Optimizer, _)) => out.optimizer += 1.0,
+            _ => out.other += 1.0,
+        }
+    }
+    out
 }
 
 /// Per block, the seconds at [`flat`] rates of the counted operators of `events` that ran in

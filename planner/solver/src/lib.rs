@@ -13,6 +13,7 @@ pub mod chain_model;
 pub mod cuda_overheads;
 #[cfg(feature = "serde")]
 pub mod formats;
+pub mod gpus;
 pub mod model;
 pub mod names;
 pub mod problem;

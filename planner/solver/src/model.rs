@@ -469,7 +469,7 @@ mod tests {
         assert_eq!(c, measured);
         c.estimated = Some(Estimate {
             traced_on: "meta".into(),
-            rates: crate::rates::gpu("h100").unwrap().rates(),
+            rates: crate::gpus::gpu("h100").unwrap().rates(),
             blocks: vec![
                 BlockEstimate {
                     forward: 0.2,

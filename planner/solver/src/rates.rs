@@ -1,7 +1,7 @@
 //! A device's rates for the cost model (docs/cost-model.md): how fast it multiplies matrices
 //! and convolves per dtype, how fast it streams bytes, and what every operator costs on top.
 //! A CPU's rates are measured by a calibration run (the runtime's `cost::calibrate`); a GPU's
-//! are its published peaks times stated efficiencies, from [`GPUS`], never measured. An
+//! are its published peaks times stated efficiencies (`crate::gpus`), never measured. An
 //! operator's [`Work`] over these rates gives its time ([`DeviceRates::seconds`]); the runtime
 //! counts the work on an operator trace.
 
@@ -272,6 +272,27 @@ pub struct DeviceRates {
     /// calibration); none for a GPU of the table, whose kernels run while the host does this.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub block_overhead: Option<BlockOverhead>,
+    /// A GPU's host, which issues the operators while the device runs the kernels already
+    /// issued: a part of the step takes the longer of the device's time (its kernels' work and
+    /// `overhead_seconds` per call) and the host's time to issue its operators. None: the
+    /// device runs the calls as they are made (a CPU), each part the sum of its calls' seconds.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub host: Option<HostIssue>,
+}
+
+/// The host's seconds per operator it issues to a GPU (every operator that passes the
+/// dispatcher, nested ones included: `linear`'s `t` and `addmm`, autocast's casts). PyTorch's
+/// eager step reaches each operator through Python and the dispatcher, its backward through
+/// autograd's engine; both came out alike per operator on the GPU host of results/gpu/times.md.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct HostIssue {
+    /// Per operator.
+    pub op_seconds: f64,
+    /// Per operator of a checkpointed block's forward, which is its recompute's cost: PyTorch's
+    /// checkpoint runs Python for every tensor an operator saves, packing it in the forward,
+    /// recomputing and unpacking it in the backward.
+    pub checkpoint_op_seconds: f64,
 }
 
 /// What ckptune's runtime spends around one block besides its operators' calls, in seconds:
@@ -638,148 +659,6 @@ fn rate(curves: &[Curve], dtype: Dtype, size: f64) -> f64 {
         .or_else(|| of("fp32"))
         .filter(|r| *r > 0.0)
         .unwrap_or(f64::INFINITY)
-}
-
-/// One GPU's published figures: dense peaks (no structured sparsity) and memory bandwidth.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GpuSpec {
-    /// The name `--target cuda:<name>` takes.
-    pub key: &'static str,
-    pub name: &'static str,
-    /// Dense tensor-core TFLOP/s for bf16 and fp16 with fp32 accumulation, and for tf32.
-    pub bf16_tflops: f64,
-    pub fp16_tflops: f64,
-    pub tf32_tflops: f64,
-    /// fp32 TFLOP/s on the CUDA cores (no tensor cores).
-    pub fp32_tflops: f64,
-    /// Memory bandwidth, GB/s.
-    pub memory_gbps: f64,
-    /// The document the figures are from.
-    pub source: &'static str,
-}
-
-/// The GPUs `--target cuda:<name>` knows (docs/cost-model.md lists them with the same figures).
-pub const GPUS: &[GpuSpec] = &[
-    GpuSpec {
-        key: "h100",
-        name: "NVIDIA H100 SXM5 80GB",
-        bf16_tflops: 989.4,
-        fp16_tflops: 989.4,
-        tf32_tflops: 494.7,
-        fp32_tflops: 66.9,
-        memory_gbps: 3350.0,
-        source: "NVIDIA H100 Tensor Core GPU datasheet (SXM5; sparsity figures halved)",
-    },
-    GpuSpec {
-        key: "h200",
-        name: "NVIDIA H200 SXM 141GB",
-        bf16_tflops: 989.4,
-        fp16_tflops: 989.4,
-        tf32_tflops: 494.7,
-        fp32_tflops: 66.9,
-        memory_gbps: 4800.0,
-        source: "NVIDIA H200 Tensor Core GPU datasheet (SXM; sparsity figures halved)",
-    },
-    GpuSpec {
-        key: "a100-80gb",
-        name: "NVIDIA A100 SXM4 80GB",
-        bf16_tflops: 312.0,
-        fp16_tflops: 312.0,
-        tf32_tflops: 156.0,
-        fp32_tflops: 19.5,
-        memory_gbps: 2039.0,
-        source: "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)",
-    },
-    GpuSpec {
-        key: "l40s",
-        name: "NVIDIA L40S 48GB",
-        bf16_tflops: 362.05,
-        fp16_tflops: 362.05,
-        tf32_tflops: 183.0,
-        fp32_tflops: 91.6,
-        memory_gbps: 864.0,
-        source: "NVIDIA L40S datasheet (sparsity figures halved)",
-    },
-    GpuSpec {
-        key: "rtx4090",
-        name: "NVIDIA GeForce RTX 4090 24GB",
-        bf16_tflops: 165.2,
-        fp16_tflops: 165.2,
-        tf32_tflops: 82.6,
-        fp32_tflops: 82.6,
-        memory_gbps: 1008.0,
-        source: "NVIDIA Ada Lovelace architecture whitepaper, appendix A (FP16/BF16 with FP32 accumulate, dense)",
-    },
-];
-
-/// The efficiencies applied to a GPU's published peaks (docs/cost-model.md says why): the
-/// share of the tensor-core peak large matrix products reach, the share of the fp32 peak, the
-/// share of the tensor-core peak convolutions reach, the share of the memory bandwidth streaming
-/// kernels reach, and each operator's launch and eager dispatch.
-pub const GPU_MATMUL_EFFICIENCY: f64 = 0.70;
-pub const GPU_FP32_EFFICIENCY: f64 = 0.80;
-pub const GPU_CONV_EFFICIENCY: f64 = 0.60;
-pub const GPU_MEMORY_EFFICIENCY: f64 = 0.80;
-pub const GPU_OVERHEAD_SECONDS: f64 = 6e-6;
-
-/// The GPU of the table called `key` (`h100`, `a100-80gb`, ...; case-insensitive).
-pub fn gpu(key: &str) -> Option<&'static GpuSpec> {
-    GPUS.iter().find(|g| g.key.eq_ignore_ascii_case(key))
-}
-
-/// The names [`gpu`] knows, for messages.
-pub fn gpu_names() -> Vec<&'static str> {
-    GPUS.iter().map(|g| g.key).collect()
-}
-
-impl GpuSpec {
-    /// The rates the cost model uses for this GPU: its peaks times the stated efficiencies.
-    /// PyTorch's defaults decide which peak an fp32 operator meets: matrix products run on the
-    /// CUDA cores (`torch.backends.cuda.matmul.allow_tf32` is off), convolutions on tf32 tensor
-    /// cores (`torch.backends.cudnn.allow_tf32` is on).
-    pub fn rates(&self) -> DeviceRates {
-        let t = 1e12;
-        let flat = Curve::flat;
-        DeviceRates {
-            device: format!("cuda:{}", self.key),
-            name: self.name.into(),
-            measured: false,
-            source: format!(
-                "published peaks ({}) times efficiencies: matmul {:.0}% of the tensor-core peak, fp32 \
-                 {:.0}%, convolution {:.0}%, memory {:.0}% of the bandwidth, {:.0} µs per operator \
-                 (docs/cost-model.md)",
-                self.source,
-                GPU_MATMUL_EFFICIENCY * 100.0,
-                GPU_FP32_EFFICIENCY * 100.0,
-                GPU_CONV_EFFICIENCY * 100.0,
-                GPU_MEMORY_EFFICIENCY * 100.0,
-                GPU_OVERHEAD_SECONDS * 1e6
-            ),
-            threads: None,
-            matmul: vec![
-                flat(Dtype::Fp32, self.fp32_tflops * t * GPU_FP32_EFFICIENCY),
-                flat(Dtype::Bf16, self.bf16_tflops * t * GPU_MATMUL_EFFICIENCY),
-                flat(Dtype::Fp16, self.fp16_tflops * t * GPU_MATMUL_EFFICIENCY),
-            ],
-            matmul_thin: Vec::new(),
-            matmul_transposed: Vec::new(),
-            conv: vec![
-                flat(Dtype::Fp32, self.tf32_tflops * t * GPU_CONV_EFFICIENCY),
-                flat(Dtype::Bf16, self.bf16_tflops * t * GPU_CONV_EFFICIENCY),
-                flat(Dtype::Fp16, self.fp16_tflops * t * GPU_CONV_EFFICIENCY),
-            ],
-            conv_shapes: Vec::new(),
-            conv_backward: Vec::new(),
-            conv_setup: Vec::new(),
-            bandwidth: vec![flat(Dtype::Fp32, self.memory_gbps * 1e9 * GPU_MEMORY_EFFICIENCY)],
-            bandwidth_in_place: Vec::new(),
-            overhead_seconds: GPU_OVERHEAD_SECONDS,
-            ops: Vec::new(),
-            op_setup: Vec::new(),
-            attention: None,
-            block_overhead: None,
-        }
-    }
 }
 
 #[cfg(test)]

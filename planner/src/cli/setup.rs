@@ -13,7 +13,7 @@ pub use ckptune_runtime::cost::cpu_identity;
 use ckptune_runtime::{OptimizerImpl, OptimizerKind, Precision, Session, TrainConfig};
 use ckptune_solver::cuda_overheads::{cuda_overheads, CudaOverheads};
 use ckptune_solver::formats::{BlockJson, DeviceJson, GroupJson, ModelJson};
-use ckptune_solver::rates::{self, GpuSpec};
+use ckptune_solver::gpus::{self, GpuSpec};
 use ckptune_solver::shard::Parameter;
 use tch::Device;
 
@@ -691,10 +691,10 @@ pub fn model_json(chain: &Chain) -> ModelJson {
 /// `--target`: the device kind a plan is for (`cpu` or `cuda`) and, for `cuda:NAME`, the GPU
 /// of the cost model's table whose rates estimate its step times.
 pub fn parse_target(target: &str) -> Result<(String, Option<&'static GpuSpec>)> {
-    let known = || rates::gpu_names().join(", ");
+    let known = || gpus::gpu_names().join(", ");
     match target.split_once(':') {
         None if target == "cpu" || target == "cuda" => Ok((target.to_owned(), None)),
-        Some(("cuda", name)) => match rates::gpu(name) {
+        Some(("cuda", name)) => match gpus::gpu(name) {
             Some(g) => Ok(("cuda".into(), Some(g))),
             None => Err(usage(format!(
                 "--target {target:?}: the cost model has no rates for a GPU called {name:?}; known: {}",

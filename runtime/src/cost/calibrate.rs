@@ -604,6 +604,7 @@ fn generic_rates(threads: i32, identity: &str, bandwidth: Vec<Curve>, overhead: 
         op_setup: Vec::new(),
         attention: None,
         block_overhead: None,
+        host: None,
     }
 }
 
@@ -738,6 +739,7 @@ fn measure(threads: i32, identity: &str, budget: f64) -> Result<DeviceRates> {
         op_setup: run.op_setup,
         attention,
         block_overhead,
+        host: None,
     })
 }
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use ckptune_kernels::optrace::OpEvent;
 use ckptune_kernels::sac::SacPolicy;
 use ckptune_solver::formats::{self, CachedRates};
-use ckptune_solver::rates::{BlockOverhead, DeviceRates};
+use ckptune_solver::rates::{BlockOverhead, DeviceRates, HostIssue};
 
 use crate::error::{Result, RuntimeError};
 use crate::exec::scope::{self, Phase};
@@ -28,10 +28,10 @@ pub use calibrate::{calibrate, BUDGET_SECONDS, CALIBRATION_VERSION};
 /// Bumped whenever an estimate from the same rates and trace changes (what an operator's work
 /// is, which phase a time falls in, how a selective recompute is derived): a profile cached
 /// with estimated times names it, so one estimated by other code is estimated again, where
-/// comparing its rates alone would take it (a GPU's table rates never change). Version 2: the
+/// comparing its rates alone would take it (a GPU's table keys only its name). Version 2: the
 /// runtime's time around a block, skinny products, a selective recompute on the full
-/// checkpoint's basis.
-pub const ESTIMATE_VERSION: u32 = 2;
+/// checkpoint's basis. Version 3: a GPU's host issuing the operators (`DeviceRates::host`).
+pub const ESTIMATE_VERSION: u32 = 3;
 
 /// The CPU's model name and the vector extensions libtorch's kernels dispatch on, from
 /// `/proc/cpuinfo` ("unknown" where it cannot be read): what kernels, their memory and their
@@ -167,6 +167,33 @@ pub struct PhaseSeconds {
 }
 
 impl PhaseSeconds {
+    /// Each part the longer of these seconds (the device's) and the host's time to issue the
+    /// part's operators, counted in `operators` ([`HostIssue`]; a block's forward that is
+    /// recomputed later in the step runs under checkpointing).
+    fn issued_by(self, operators: &PhaseSeconds, host: HostIssue) -> PhaseSeconds {
+        let per = host.op_seconds;
+        let longer =
+            |device: &[f64], ops: &[f64]| -> Vec<f64> { device.iter().zip(ops).map(|(d, n)| d.max(n * per)).collect() };
+        let forward = (self.forward.iter().zip(&operators.forward).zip(&operators.recompute))
+            .map(|((d, n), recomputed)| {
+                let per = if *recomputed > 0.0 {
+                    host.checkpoint_op_seconds
+                } else {
+                    per
+                };
+                d.max(n * per)
+            })
+            .collect();
+        PhaseSeconds {
+            forward,
+            recompute: longer(&self.recompute, &operators.recompute),
+            backward: longer(&self.backward, &operators.backward),
+            loss: self.loss.max(operators.loss * per),
+            optimizer: self.optimizer.max(operators.optimizer * per),
+            other: self.other.max(operators.other * per),
+        }
+    }
+
     /// The whole step.
     pub fn total(&self) -> f64 {
         let blocks: f64 = [&self.forward, &self.recompute, &self.backward]
@@ -250,7 +277,23 @@ type ScopeName = (Phase, Option<usize>);
 /// A trace of a step of a chain of `blocks` blocks, timed over `rates` and summed by the
 /// scope each event ran in (`exec::scope`).
 pub fn phase_seconds(events: &[OpEvent], blocks: usize, rates: &DeviceRates) -> PhaseSeconds {
-    by_phase(events, blocks, &event_seconds(events, rates))
+    issued(events, blocks, rates, &event_seconds(events, rates))
+}
+
+/// `seconds` (per event, the device's) by phase ([`by_phase`]); where `rates` has a host that
+/// issues the operators ahead of the device ([`HostIssue`]), each part the longer of the
+/// device's seconds and the host's for the operators in it, nested ones included (each passes
+/// the dispatcher: `linear`'s `t` and `addmm`, autocast's casts).
+fn issued(events: &[OpEvent], blocks: usize, rates: &DeviceRates, seconds: &[f64]) -> PhaseSeconds {
+    let device = by_phase(events, blocks, seconds);
+    let Some(host) = rates.host else {
+        return device;
+    };
+    let operators: Vec<f64> = events
+        .iter()
+        .map(|e| f64::from(u8::from(work::is_operator(e))))
+        .collect();
+    device.issued_by(&by_phase(events, blocks, &operators), host)
 }
 
 /// [`phase_seconds`] of a step whose blocks ran selective as `selective` says (per block, its
@@ -262,7 +305,12 @@ pub fn selective_phase_seconds(
     rates: &DeviceRates,
 ) -> PhaseSeconds {
     let replayed = replayed(events, selective);
-    by_phase(events, selective.len(), &event_seconds_except(events, rates, &replayed))
+    issued(
+        events,
+        selective.len(),
+        rates,
+        &event_seconds_except(events, rates, &replayed),
+    )
 }
 
 /// Per event of a step's trace, whether a selective block's recompute answered it from its
