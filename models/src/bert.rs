@@ -362,12 +362,14 @@ impl Block for Attention {
 struct Intermediate {
     dense: Linear,
     intermediate_act_fn: Activation,
+    /// Traced for a GPU ([`crate::TraceKernels::Cuda`]): the activation follows CUDA's autocast.
+    cuda: bool,
 }
 
 impl Block for Intermediate {
     fn forward(&self, hidden_states: &Tensor, _ctx: &Ctx<'_>) -> Tensor {
         let mut hidden_states = self.dense.forward(hidden_states);
-        hidden_states = self.intermediate_act_fn.forward(&hidden_states);
+        hidden_states = self.intermediate_act_fn.forward(&hidden_states, self.cuda);
         hidden_states
     }
 }
@@ -616,6 +618,7 @@ fn layer(l: &nn::Path<'_>, cfg: &Config, spec: Spec, attention: Implementation) 
         intermediate: Intermediate {
             dense: Linear::hf(&(l / "intermediate" / "dense"), h, cfg.intermediate_size, std, spec)?,
             intermediate_act_fn: cfg.hidden_act,
+            cuda: spec.trace_kernels == crate::TraceKernels::Cuda,
         },
         output: output(&(l / "output"), cfg.intermediate_size)?,
     })

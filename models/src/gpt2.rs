@@ -367,7 +367,7 @@ struct Mlp {
 impl Mlp {
     fn forward(&self, hidden_states: &Tensor, train: bool) -> Tensor {
         let mut hidden_states = self.c_fc.forward(hidden_states);
-        hidden_states = self.act.forward(&hidden_states);
+        hidden_states = self.act.forward(&hidden_states, self.fused);
         hidden_states = self.c_proj.forward(&hidden_states);
         hidden_states = dropout(&hidden_states, self.p, train, self.fused);
         hidden_states

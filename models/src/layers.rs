@@ -5,6 +5,7 @@
 //! tch's own `nn` layers are not used: they lack BatchNorm's `num_batches_tracked`, GPT-2's
 //! `Conv1D`, padding indices and the reference initialisations.
 
+use ckptune_kernels::autocast;
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::error::{ModelError, Result};
@@ -341,7 +342,8 @@ impl Activation {
         }
     }
 
-    pub(crate) fn forward(self, xs: &Tensor) -> Tensor {
+    /// `cuda`: the step is traced for a GPU ([`TraceKernels::Cuda`]), whose autocast differs.
+    pub(crate) fn forward(self, xs: &Tensor, cuda: bool) -> Tensor {
         match self {
             Activation::Gelu => xs.gelu("none"),
             Activation::GeluNew => {
@@ -349,13 +351,34 @@ impl Activation {
                 // frees each temporary as soon as the next op has consumed it. Same order and
                 // lifetimes here: the by-value operators drop their left operand.
                 let half = xs * 0.5;
-                let inner = (xs + xs.pow_tensor_scalar(3.0) * 0.044715) * (2.0 / std::f64::consts::PI).sqrt();
+                let cube = if cuda {
+                    cuda_autocast_fp32(xs)
+                } else {
+                    xs.shallow_clone()
+                }
+                .pow_tensor_scalar(3.0);
+                let inner = (xs + cube * 0.044715) * (2.0 / std::f64::consts::PI).sqrt();
                 let tanh = inner.tanh();
                 drop(inner);
                 half * (tanh + 1.0)
             }
             Activation::Relu => xs.relu(),
         }
+    }
+}
+
+/// What CUDA's autocast hands an operator of its fp32 list (`pow`, `exp`, `log`, ...; the
+/// CPU's list has none of these) for `xs`: inside an autocast region, a reduced-precision `xs`
+/// cast to fp32, so the operator and whatever is computed from its output run in fp32. GPT-2's
+/// `gelu_new` keeps three fp32 tensors per layer for backward on an H200 where the CPU keeps
+/// bf16 ones (results/gpu/README.md).
+fn cuda_autocast_fp32(xs: &Tensor) -> Tensor {
+    let device = xs.device();
+    let reduced = matches!(xs.kind(), Kind::BFloat16 | Kind::Half);
+    if autocast::is_enabled(device) && reduced {
+        xs.to_kind(Kind::Float)
+    } else {
+        xs.shallow_clone()
     }
 }
 
@@ -395,5 +418,31 @@ pub(crate) fn finfo_min(kind: Kind) -> f64 {
         Kind::BFloat16 => -3.389_531_389_251_535_5e38,
         Kind::Double => f64::MIN,
         _ => f32::MIN as f64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ckptune_kernels::autocast::AutocastGuard;
+
+    #[test]
+    fn gelu_new_traced_for_a_gpu_computes_from_its_cube_in_fp32_under_autocast_as_cuda_does() {
+        let xs = Tensor::randn([4, 8], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+        let on = |cuda| {
+            let _autocast = AutocastGuard::new(Device::Cpu, Kind::BFloat16, true).expect("autocast");
+            Activation::GeluNew.forward(&xs, cuda)
+        };
+        // CUDA's autocast runs `pow` in fp32, and fp32 spreads to the activation's output.
+        assert_eq!(on(true).kind(), Kind::Float);
+        assert_eq!(on(false).kind(), Kind::BFloat16);
+        let diff = (on(true) - on(false).to_kind(Kind::Float))
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(diff < 0.05, "the two precisions differ by {diff}");
+        // Outside autocast nothing is cast.
+        assert_eq!(Activation::GeluNew.forward(&xs, true).kind(), Kind::BFloat16);
+        assert_eq!(Activation::Gelu.forward(&xs, true).kind(), Kind::BFloat16);
     }
 }

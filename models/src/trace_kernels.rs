@@ -9,6 +9,8 @@
 ///   mask; CUDA's kernel neither.
 /// - Dropout: CUDA's fused `native_dropout`, which keeps a bool mask; the CPU's `at::dropout`
 ///   draws a mask in the input's dtype (`bernoulli_`, then a multiply) and keeps that.
+/// - Autocast: CUDA's runs `pow` in fp32 (GPT-2's `gelu_new`), the CPU's leaves it in the
+///   region's dtype.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum TraceKernels {
     #[default]

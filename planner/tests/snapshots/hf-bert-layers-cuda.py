@@ -4,7 +4,7 @@
 #   inputs: sequences of 128 tokens
 #   predicted peak 1.81 GiB (1,939,301,300 B) of the budget 1.82 GiB (1,954,779,696 B), measured on cpu, threads: 2
 #   on the GPU (h100): predicted 1.02 GiB allocated, 1.21 GiB reserved by the caching allocator, plus 512.00 MiB of CUDA context
-# The allocator setting with the lowest simulated reserved peak, set before CUDA starts (PyTorch
+# The recommended allocator setting (docs/cuda-allocator.md), set before CUDA starts (PyTorch
 # reads it once, at the first allocation on the GPU):
 import os
 os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "roundup_power2_divisions:4"

@@ -4,7 +4,7 @@
 #   inputs: images 224x224
 #   predicted peak 1.01 GiB (1,088,388,108 B) of the budget 1.02 GiB (1,096,590,090 B), measured on cpu, threads: 2
 #   on the GPU (h100): predicted 1.02 GiB allocated, 1.21 GiB reserved by the caching allocator, plus 512.00 MiB of CUDA context
-#   PyTorch's default PYTORCH_CUDA_ALLOC_CONF gave the lowest reserved peak: leave it unset.
+#   PyTorch's default PYTORCH_CUDA_ALLOC_CONF is the recommended setting: leave it unset.
 # Needs lightning and the ckptune companion (`pip install ./python`).
 # A callback applies the plan in `setup`, which Lightning runs before `configure_model`,
 # `configure_optimizers` and any strategy's wrapping. FSDPStrategy(activation_checkpointing_policy=

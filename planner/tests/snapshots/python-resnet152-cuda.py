@@ -4,7 +4,7 @@
 #   inputs: images 224x224
 #   predicted peak 1.01 GiB (1,088,388,108 B) of the budget 1.02 GiB (1,096,590,090 B), measured on cpu, threads: 2
 #   on the GPU (h100): predicted 1.02 GiB allocated, 1.21 GiB reserved by the caching allocator, plus 512.00 MiB of CUDA context
-# The allocator setting with the lowest simulated reserved peak, set before CUDA starts (PyTorch
+# The recommended allocator setting (docs/cuda-allocator.md), set before CUDA starts (PyTorch
 # reads it once, at the first allocation on the GPU):
 import os
 os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"

@@ -20,7 +20,8 @@
 //! garbage collector); `expandable_segment` and `expandable` map and
 //! unmap expandable segments' pages; [`stats`] is
 //! `memory_stats()`; `simulator` ties them into `malloc`/`free`; `snapshot` is `memory_snapshot()`; `replay`
-//! runs a trace; `recommend` picks the `PYTORCH_CUDA_ALLOC_CONF` with the lowest reserved peak.
+//! runs a trace; `recommend` picks the `PYTORCH_CUDA_ALLOC_CONF` to recommend (the lowest
+//! reserved peak, or `expandable_segments:True` near it).
 //! Pure and deterministic: no I/O, no libtorch.
 
 mod block;
@@ -42,7 +43,7 @@ pub mod stats;
 pub use config::{AllocatorConfig, ConfigError};
 pub use constants::{K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_BUFFER, K_SMALL_SIZE};
 pub use error::{format_size, OomKind, OutOfMemory, SimError};
-pub use recommend::{peaks_by_conf, ConfPeaks, CANDIDATE_CONFS};
+pub use recommend::{peaks_by_conf, recommended, ConfPeaks, CANDIDATE_CONFS, EXPANDABLE_MARGIN_PERCENT};
 pub use replay::{replay, Replay, Snapshot, SpanPeaks, Stop, TraceEvent};
 pub use simulator::Simulator;
 pub use sizes::{allocation_size, round_size};

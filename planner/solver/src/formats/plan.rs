@@ -137,7 +137,8 @@ pub struct CudaMemoryJson {
     pub traced_on: String,
     pub trace_events: usize,
     /// The recommended `PYTORCH_CUDA_ALLOC_CONF` ("" for PyTorch's defaults): the candidate
-    /// with the lowest reserved peak.
+    /// with the lowest reserved peak, or `expandable_segments:True` within
+    /// `caching_allocator::EXPANDABLE_MARGIN_PERCENT` of it.
     pub alloc_conf: String,
     /// Peaks of the chosen plan's trace under `alloc_conf` (workspaces included).
     pub predicted_allocated_peak_bytes: i64,

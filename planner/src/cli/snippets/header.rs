@@ -101,11 +101,11 @@ fn alloc_conf_lines(cuda: &CudaMemoryJson) -> String {
         format_size(cuda.context_bytes.max(0) as u64)
     );
     if cuda.alloc_conf.is_empty() {
-        s.push_str("#   PyTorch's default PYTORCH_CUDA_ALLOC_CONF gave the lowest reserved peak: leave it unset.\n");
+        s.push_str("#   PyTorch's default PYTORCH_CUDA_ALLOC_CONF is the recommended setting: leave it unset.\n");
     } else {
         let _ = writeln!(
             s,
-            "# The allocator setting with the lowest simulated reserved peak, set before CUDA starts (PyTorch\n\
+            "# The recommended allocator setting (docs/cuda-allocator.md), set before CUDA starts (PyTorch\n\
              # reads it once, at the first allocation on the GPU):\n\
              import os\n\
              os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = {}",
