@@ -5,7 +5,8 @@ checkpointed) trained in turn, interleaved over rounds, in one fresh process per
 other process on the card and no allocator history recorded (the memory part's runs record it,
 which slows every allocation); then the unconstrained plan once more with CUDA events around each
 block's forward and backward. Here again: the measured step, recompute and block times against
-the plans' estimates, and the candidates' order by bytes saved per second of recompute.
+the plans' estimates, and the candidates' order by bytes saved per second of their forward
+(a checkpoint's own cost beyond it shows only in the steps' difference, the recompute row).
 
     python3 scripts/gpu_check_times.py measure --plans A.json B.json -o model.json   # on the GPU
     (scripts/gpu_check runs both phases: work/times/ on the GPU, times.{json,md} here)
