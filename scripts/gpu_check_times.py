@@ -174,7 +174,9 @@ def measure_cmd(args):
     timer = BlockTimer(torch, blocks, args.device)
     run_plan(eager, docs[0], args, instrument=timer)
     device = torch.cuda.get_device_properties(0).name if cuda else "cpu (a test of the pipeline, not a GPU)"
-    out = {"format": MEASURED_FORMAT, "model": os.path.basename(args.plans[0]).split(".")[0],
+    # MODEL.predicted.json: the name may hold dots of its own (qwen2.5-bf16).
+    model = os.path.basename(args.plans[0]).removesuffix(".json").rsplit(".", 1)[0]
+    out = {"format": MEASURED_FORMAT, "model": model,
            "plans": [os.path.basename(p) for p in args.plans], "device": device, "torch": torch.__version__,
            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "steps": args.steps, "warmup": args.warmup,
            "rounds": rounds, "blocks": timer.seconds(args.warmup), "blocks_not_found": timer.missing}
@@ -284,7 +286,7 @@ def compare(work):
         if "error" in measured:
             failures[model] = measured["error"]
             continue
-        measured["model"] = model  # the index's name (a file name's first dot-part may cut it)
+        measured["model"] = model  # the index's name (results/gpu/measured.tgz's files cut it at a dot)
         plans = []
         for p in entries:
             with open(os.path.join(work, "models", p["plan"])) as f:
