@@ -427,10 +427,23 @@ fn non_finite_values_are_refused_and_file_names_are_safe() {
         set_to_none: false,
         precision: "bf16".into(),
         optimizer: "adamw".into(),
-        device: "cpu, 1 threads".into(),
+        device: "cpu (1 thread)".into(),
         source: "test".into(),
     };
-    assert_eq!(meta.file_stem(), "runs_my_model.pt-bf16-adamw-mb2-ga4-zerograd");
+    assert_eq!(meta.file_stem(), "my_model.pt-bf16-adamw-mb2-ga4-zerograd");
+    let named = |model: &str| {
+        plot::PlotMeta {
+            model: model.into(),
+            ..meta.clone()
+        }
+        .file_stem()
+    };
+    assert_eq!(
+        named("configs/llama-3.1-8b/config.json"),
+        "llama-3.1-8b-bf16-adamw-mb2-ga4-zerograd"
+    );
+    assert_eq!(named("configs/qwen2.5-7b/"), "qwen2.5-7b-bf16-adamw-mb2-ga4-zerograd");
+    assert_eq!(named("resnet18"), "resnet18-bf16-adamw-mb2-ga4-zerograd");
 
     let dir = tempfile::tempdir().unwrap();
     let (svg, png) = (dir.path().join("x.svg"), dir.path().join("x.png"));

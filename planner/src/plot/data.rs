@@ -11,7 +11,7 @@ pub struct PlotMeta {
     pub set_to_none: bool,
     pub precision: String,
     pub optimizer: String,
-    /// The device as the reader should see it, e.g. `cpu, 2 threads`.
+    /// The device as the reader should see it, e.g. `cpu (2 threads)`.
     pub device: String,
     /// Where the numbers come from, e.g. `measured: median of 3 steps per subset`.
     pub source: String,
@@ -20,12 +20,16 @@ pub struct PlotMeta {
 impl PlotMeta {
     /// `<model>-<precision>-<optimizer>-mb<N>`, plus `-ga<K>` for gradient accumulation and
     /// `-zerograd` for gradients zeroed in place (so configs never share a name), with anything
-    /// that is not safe in a file name replaced (a model may be named by its path).
+    /// that is not safe in a file name replaced. A model named by its path goes by its file's
+    /// name, or its folder's for a `config.json`: the plots land in a folder of their own.
     pub fn file_stem(&self) -> String {
-        let mut s = format!(
-            "{}-{}-{}-mb{}",
-            self.model, self.precision, self.optimizer, self.micro_batch
-        );
+        let mut parts = self.model.rsplit(['/', '\\']).filter(|p| !p.is_empty());
+        let model = match parts.next() {
+            Some("config.json") => parts.next().unwrap_or("config.json"),
+            Some(last) => last,
+            None => &self.model,
+        };
+        let mut s = format!("{model}-{}-{}-mb{}", self.precision, self.optimizer, self.micro_batch);
         if self.grad_accum != 1 {
             s.push_str(&format!("-ga{}", self.grad_accum));
         }

@@ -11,6 +11,7 @@ mod axes;
 mod candidates;
 mod data;
 mod draw;
+mod labels;
 mod raster;
 mod render;
 mod tradeoff;

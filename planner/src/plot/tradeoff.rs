@@ -13,6 +13,7 @@ use super::draw::{
     draw_whisker, fit_text, font, marker, titled, Shape, BLUE, GREY, GRID, INK, PALETTE, SHAPES, WHISKER_OPACITY,
 };
 use super::draw::{MARKER_OPACITY, WIDTH};
+use super::labels;
 use super::render::{DrawResult, Figure};
 
 pub(super) struct Scatter<'a> {
@@ -89,7 +90,7 @@ impl Figure for Scatter<'_> {
         let front = pareto(main);
         draw_front(&mut chart, &front, x_end)?;
         self.draw_points(&mut chart, &series, many)?;
-        self.name_corners(&chart, &plot_area, &front)?;
+        self.name_corners(&chart, &series, &front)?;
 
         let front_label = match (front.len() > 1, front_predicted) {
             (false, _) => None,
@@ -263,31 +264,51 @@ impl Scatter<'_> {
     }
 
     /// Names the corners of the front (not the reference point): they are the subsets worth
-    /// reading off the plot. Labels go right of the marker, or left near the right edge.
+    /// reading off the plot. Each label goes beside its marker where it covers no marker and
+    /// no label before it ([`labels::place`]); one with no such place is left out.
     fn name_corners<DB: DrawingBackend>(
         &self,
         chart: &Chart<'_, DB>,
-        plot_area: &DrawingArea<DB, Shift>,
+        series: &Series,
         front: &[(usize, Tradeoff)],
     ) -> DrawResult<DB> {
-        let label_style = font(15.0);
-        let plot_w = chart.plotting_area().dim_in_pixel().0 as i32;
-        for (i, t) in front.iter().filter(|(i, _)| !self.points[*i].baseline) {
-            let at = (t.throughput_lost_pct, t.memory_saved_pct);
-            let (px, _) = chart.backend_coord(&at);
-            let left_of_edge = px - plot_area.get_base_pixel().0 > plot_w * 3 / 4;
-            // Clear of the marker, hollow predicted ones (radius r + 4) included.
-            let (dx, anchor) = if left_of_edge {
-                (-15, HPos::Right)
-            } else {
-                (15, HPos::Left)
-            };
-            chart.plotting_area().draw(
-                &(EmptyElement::at(at)
+        let style = font(15.0);
+        let area = chart.plotting_area();
+        let pixel = |t: &Tradeoff| chart.backend_coord(&(t.throughput_lost_pct, t.memory_saved_pct));
+        let named: Vec<&(usize, Tradeoff)> = front.iter().filter(|(i, _)| !self.points[*i].baseline).collect();
+        let anchors: Vec<(i32, i32)> = named.iter().map(|(_, t)| pixel(t)).collect();
+        let sizes: Vec<(i32, i32)> = named
+            .iter()
+            .map(|(i, _)| {
+                let (w, h) = area
+                    .estimate_text_size(&self.points[*i].label, &style)
+                    .unwrap_or((0, 0));
+                (w as i32, h as i32)
+            })
+            .collect();
+        let markers: Vec<(i32, i32)> = series
+            .measured
+            .iter()
+            .chain(&series.predicted)
+            .map(|(_, t)| pixel(t))
+            .collect();
+        let (xs, ys) = area.get_pixel_range();
+        let bounds = labels::Rect {
+            left: xs.start,
+            top: ys.start,
+            right: xs.end,
+            bottom: ys.end,
+        };
+        // The largest marker drawn: a hollow predicted one, radius 11 and its stroke.
+        let placed = labels::place(&anchors, &sizes, &markers, 12, bounds);
+        for (((i, t), (x, y)), at) in named.iter().zip(&anchors).zip(placed) {
+            let Some((left, top)) = at else { continue };
+            area.draw(
+                &(EmptyElement::at((t.throughput_lost_pct, t.memory_saved_pct))
                     + Text::new(
                         self.points[*i].label.clone(),
-                        (dx, -13),
-                        label_style.pos(Pos::new(anchor, VPos::Bottom)),
+                        (left - x, top - y),
+                        style.pos(Pos::new(HPos::Left, VPos::Top)),
                     )),
             )?;
         }

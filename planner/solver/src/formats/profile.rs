@@ -136,6 +136,14 @@ pub struct DeviceJson {
     pub measured: String,
 }
 
+impl DeviceJson {
+    /// The device and its thread count as a person reads them: "cpu (1 thread)", "cpu (2 threads)".
+    pub fn label(&self) -> String {
+        let s = if self.threads == 1 { "" } else { "s" };
+        format!("{} ({} thread{s})", self.device, self.threads)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProfileJson {
     pub format: String,

@@ -73,7 +73,7 @@ fn meta(model: &str, device: &DeviceJson, c: &ConfigSpec, source: String) -> Plo
         set_to_none: c.set_to_none,
         precision: c.precision.clone(),
         optimizer: c.optimizer_label(),
-        device: format!("{}, {} threads", device.device, device.threads),
+        device: device.label(),
         source,
     }
 }
@@ -218,7 +218,11 @@ pub fn plot_profile(p: &ProfileJson, out_dir: &Path) -> Result<Vec<PathBuf>> {
             ),
             None => format!("profile: {} timed steps per measurement", p.repeats),
         };
-        let m = meta(&p.model.name, &p.device, &c.config, source);
+        let mut m = meta(&p.model.name, &p.device, &c.config, source);
+        if c.is_estimated() {
+            // No step ran here: the device only traced the step's memory.
+            m.device = format!("traced on {}", p.device.device);
+        }
         let Some(regime) = c.regimes.first() else {
             return Err(UsageError(format!("the profile of {name} has no measured regime")).into());
         };

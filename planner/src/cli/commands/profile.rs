@@ -51,11 +51,10 @@ pub fn profile_cmd(a: ProfileArgs) -> Result<ExitCode> {
 
 fn print_profile(p: &ProfileJson) {
     outln!(
-        "{} ({} parameters), {} with {} threads",
+        "{} ({} parameters), {}",
         p.model.name,
         group_digits(p.model.params),
-        p.device.device,
-        p.device.threads
+        p.device.label()
     );
     for c in &p.configs {
         let cfg = &c.config;

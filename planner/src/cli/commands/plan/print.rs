@@ -54,12 +54,7 @@ pub(super) fn cuda_target(key: &str) -> String {
 }
 
 pub(super) fn print_plan(p: &PlanJson) {
-    let measured = format!(
-        "{} ({} thread{})",
-        p.device.device,
-        p.device.threads,
-        if p.device.threads == 1 { "" } else { "s" }
-    );
+    let measured = p.device.label();
     // A plan for another device than the one measured on (`--target cuda:h100` from a CPU)
     // names both, as its numbers are the target's.
     let target = p
