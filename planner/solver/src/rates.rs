@@ -416,12 +416,14 @@ impl DeviceRates {
     }
 
     /// Seconds operator `op` (its name without the overload) takes for `work`, without the
-    /// per-operator overhead: at its own rate where it has one, else as [`Self::work_seconds`];
-    /// then what it does besides ([`Self::beside_seconds`]) and its setup, where measured
+    /// per-operator overhead: at its own rate where it has one, but never faster than its bytes
+    /// stream (an own rate is measured on one shape; a square root of a tensor beyond the
+    /// caches is as bound by memory as an add), else as [`Self::work_seconds`]; then what it
+    /// does besides ([`Self::beside_seconds`]) and its setup, where measured
     /// ([`Self::op_setup`]).
     pub fn op_seconds(&self, op: &str, work: &Work) -> f64 {
         let main = match (self.own_seconds(op, work), work.attention, &self.attention) {
-            (Some(s), _, _) if work.engine == Engine::Memory => s,
+            (Some(s), _, _) if work.engine == Engine::Memory => s.max(self.bound_seconds(work)),
             (_, Some(a), Some(r)) => self.attention_seconds(work, &a, r),
             _ => self.bound_seconds(work),
         };

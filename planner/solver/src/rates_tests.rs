@@ -124,6 +124,17 @@ fn time_is_the_slower_of_flops_and_bytes_plus_the_overhead() {
     };
     assert!((own_bf16.op_seconds("aten::gelu", &bf16) - 2.5e-3).abs() < 1e-12);
     assert!((own_bf16.op_seconds("aten::gelu", &gelu) - 1e-2).abs() < 1e-12);
+    // An own rate faster than the tensor's bytes stream (measured where its tensors fit a
+    // cache) is held to the streaming rate: 1e6 bf16 bytes take 5e-4 s at 2e9 B/s, not 1e-4.
+    let fast = DeviceRates {
+        ops: vec![OpRate {
+            op: "aten::sqrt".into(),
+            dtype: "bf16".into(),
+            bytes_per_second: 1e10,
+        }],
+        ..r.clone()
+    };
+    assert!((fast.op_seconds("aten::sqrt", &bf16) - 5e-4).abs() < 1e-12);
     // In place: at its own streaming rate, bf16 at fp32's where it has none; a product is
     // timed as any product, and a device without the curve streams at `bandwidth`.
     assert!((r.in_place_seconds(&gelu) - 2.5e-4).abs() < 1e-12);

@@ -31,7 +31,8 @@ pub use calibrate::{calibrate, BUDGET_SECONDS, CALIBRATION_VERSION};
 /// comparing its rates alone would take it (a GPU's table keys only its name). Version 2: the
 /// runtime's time around a block, skinny products, a selective recompute on the full
 /// checkpoint's basis. Version 3: a GPU's host issuing the operators (`DeviceRates::host`).
-pub const ESTIMATE_VERSION: u32 = 3;
+/// Version 4: an operator's dtype is its largest floating-point tensor's, never an index's.
+pub const ESTIMATE_VERSION: u32 = 4;
 
 /// The CPU's model name and the vector extensions libtorch's kernels dispatch on, from
 /// `/proc/cpuinfo` ("unknown" where it cannot be read): what kernels, their memory and their

@@ -75,16 +75,15 @@ pub(super) fn conv(base: &Baseline) -> Result<Vec<ConvSetup>> {
     Ok(setups)
 }
 
-/// A slow kernel's setup: `forward` over an fp32 input of `shape` (a few elements), beyond the
+/// A slow kernel's setup: `forward` over `x` (fp32, a few elements), beyond the
 /// add, given to `ops[0]` (the forward's operator) and `ops[1]` (the backward's), where named.
 pub(super) fn op(
     base: &Baseline,
-    shape: &[i64],
+    x: &Tensor,
     forward: &dyn Fn(&Tensor) -> Result<Tensor>,
     ops: &[&str],
 ) -> Result<Vec<OpSetup>> {
-    let x = Tensor::f_randn(shape, (Kind::Float, Device::Cpu)).map_err(torch("calibration: randn"))?;
-    let beyond = base.beyond(&forward_backward(&x, forward)?);
+    let beyond = base.beyond(&forward_backward(x, forward)?);
     Ok(ops
         .iter()
         .zip(beyond)

@@ -681,3 +681,28 @@ fn a_convolution_pays_a_setup_where_pytorch_runs_it_through_onednn() {
     );
     assert_eq!(work_of(&backward, false).setup, Setup::Threaded);
 }
+
+#[test]
+fn an_operator_computes_in_its_largest_floating_tensors_dtype_never_an_indexs() {
+    let i64s = |shape: &[i64]| Some((Kind::Int64, shape.to_vec()));
+    // ResNet's max pooling under bf16 autocast: its int64 indices hold as many bytes as its input.
+    let (input, pooled) = ([8, 64, 112, 112], [8, 64, 56, 56]);
+    let forward = op(
+        "aten::max_pool2d_with_indices",
+        vec![bf16(&input)],
+        &[],
+        vec![bf16(&pooled), i64s(&pooled)],
+    );
+    let backward = op(
+        "aten::max_pool2d_with_indices_backward",
+        vec![bf16(&pooled), bf16(&input), i64s(&pooled)],
+        &[],
+        vec![bf16(&input)],
+    );
+    for e in [&forward, &backward] {
+        assert_eq!(work_of(e, false).dtype, Dtype::Bf16, "{}", e.name);
+    }
+    // With no floating-point tensor at all, fp32's rates.
+    let arange = op("aten::arange", vec![], &[], vec![i64s(&[1024])]);
+    assert_eq!(work_of(&arange, false).dtype, Dtype::Fp32);
+}
