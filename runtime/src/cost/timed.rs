@@ -132,7 +132,8 @@ mod tests {
         // Small results: the last KEEP.
         let small = kept_after(1024, KEEP + 5);
         assert_eq!((small.results.len(), small.bytes), (KEEP, KEEP as i64 * 1024));
-        // Results of a quarter of the bytes: four, the pages of the fifth's freed for the next.
+        // Results of a quarter of the bytes each: the last four, the oldest let go so that the
+        // next call writes into its memory.
         let quarter = kept_after(KEEP_BYTES / 4, 9);
         assert_eq!((quarter.results.len(), quarter.bytes), (4, KEEP_BYTES));
         // One result over the bytes is kept alone.
