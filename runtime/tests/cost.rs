@@ -144,7 +144,6 @@ fn the_runtimes_time_around_a_block_adds_to_each_blocks_parts_alone() {
         };
         let with = DeviceRates {
             block_overhead: Some(o),
-            host: None,
             ..flat()
         };
         let (plain, more) = (

@@ -1,7 +1,8 @@
 //! The GPU table: every GPU's rates complete, its figures as published.
 
 use super::*;
-use crate::rates::{Engine, Setup, Work};
+use crate::rates::tests::conv_work;
+use crate::rates::Engine;
 
 #[test]
 fn every_gpu_of_the_table_gives_complete_rates_and_tensor_cores_beat_fp32() {
@@ -9,20 +10,7 @@ fn every_gpu_of_the_table_gives_complete_rates_and_tensor_cores_beat_fp32() {
         let r = g.rates();
         assert_eq!(r.check(), Ok(()), "{}", g.key);
         assert!(!r.measured && r.source.contains(g.source), "{}", g.key);
-        let work = |dtype| Work {
-            engine: Engine::Matmul,
-            dtype,
-            flops: 1e12,
-            bytes: 0.0,
-            size: 4096.0,
-            thin: 0.0,
-            attention: None,
-            shape: [0.0; 3],
-            lhs_transposed: false,
-            kernel: 0.0,
-            pass_bytes: 0.0,
-            setup: Setup::None,
-        };
+        let work = |dtype| conv_work(Engine::Matmul, dtype, 1e12, [4096.0; 3], 0.0);
         assert!(
             r.seconds(&work(Dtype::Bf16)) < r.seconds(&work(Dtype::Fp32)),
             "{}",

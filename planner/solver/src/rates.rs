@@ -665,4 +665,4 @@ fn rate(curves: &[Curve], dtype: Dtype, size: f64) -> f64 {
 
 #[cfg(test)]
 #[path = "rates_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -166,8 +166,10 @@ fn time_is_the_slower_of_flops_and_bytes_plus_the_overhead() {
     );
 }
 
-/// A convolution of `flops` whose implicit product is `mkn`, with a kernel of `kernel` pixels.
-fn conv_work(engine: Engine, dtype: Dtype, flops: f64, mkn: [f64; 3], kernel: f64) -> Work {
+/// Work of `flops` on `engine` whose (implicit) product is `mkn` and whose size is that
+/// product's cube root, with a kernel of `kernel` pixels and one byte: a convolution's, or any
+/// product's.
+pub(crate) fn conv_work(engine: Engine, dtype: Dtype, flops: f64, mkn: [f64; 3], kernel: f64) -> Work {
     Work {
         engine,
         dtype,
