@@ -647,3 +647,39 @@ fn a_program_exported_on_the_meta_device_plans_with_estimated_times() {
     let how = meta["predicted"]["step_seconds_estimated"].as_str().unwrap_or_default();
     assert!(how.contains("cost model over cpu"), "{meta}");
 }
+
+/// A cast that torch.export traced as a no-op (`.to(torch.float32)` of an fp32 tensor, guarded
+/// by `_assert_tensor_metadata`) is a cast under bf16 autocast, where its input is bf16 (Qwen3's
+/// `q_norm` of a projection): the step runs as eager PyTorch's does, every moment of the real
+/// step matches the meta device's prediction, and the plan says which casts it cannot follow.
+/// bf16 parameters stay refused.
+#[test]
+fn a_cast_traced_as_a_no_op_casts_under_autocast() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    let model = fixture("upcast_norm.pt2");
+    let shared = ["--budget", "1MiB", model.as_str(), "--batch", "2", "--precision"];
+    let mut args = vec!["plan"];
+    args.extend(shared);
+    args.extend(["bf16", "--verify", "-o", plan.to_str().unwrap()]);
+    args.extend(COMMON);
+    let out = String::from_utf8_lossy(&ok(&args).stdout).into_owned();
+    for needle in [
+        "every moment of the step matched the model to the byte",
+        "fixes the dtypes of its casts",
+        "x.to(input_dtype)",
+    ] {
+        assert!(out.contains(needle), "{needle:?} not in {out}");
+    }
+    let mut args = vec!["plan"];
+    args.extend(shared);
+    args.push("fp32");
+    args.extend(COMMON);
+    let fp32 = String::from_utf8_lossy(&ok(&args).stdout).into_owned();
+    assert!(!fp32.contains("fixes the dtypes"), "{fp32}");
+    let mut args = vec!["plan"];
+    args.extend(shared);
+    args.push("bf16-pure");
+    args.extend(COMMON);
+    refused(&args, &["--precision bf16-pure", "_assert_tensor_metadata"]);
+}

@@ -11,6 +11,19 @@ use tch::Tensor;
 
 use super::graph::{GResult, Graph, GraphError, Input, Node, Output, PyOp, SymOrInt, Target};
 
+/// The guard torch.export writes before a `.to(dtype)` that was a no-op when it traced: it
+/// asserts the input still has the traced dtype, and the `aten::to` after it stays in the graph.
+const ASSERT_METADATA: &str = "aten::_assert_tensor_metadata";
+
+/// Whether autocast is on in this thread, for the CPU or CUDA. Under autocast a step's
+/// low-precision outputs meet the traced fp32 dtypes of those guards (Qwen3's `q_norm` of a
+/// projection, Gemma-2's norms of attention's output), and eager PyTorch runs such a `.to(dtype)`
+/// as a cast: skipping the guard lets the graph's `aten::to` cast as eager does.
+fn autocast_on() -> bool {
+    use ckptune_kernels::autocast::is_enabled;
+    is_enabled(tch::Device::Cpu) || is_enabled(tch::Device::Cuda(0))
+}
+
 fn share(v: &Value) -> Value {
     match v {
         Value::None => Value::None,
@@ -217,6 +230,7 @@ impl Graph {
 
     fn run_node(&self, node: &Node, env: &mut Env<'_>) -> GResult<Vec<Value>> {
         match &node.target {
+            Target::Op { name, .. } if name == ASSERT_METADATA && autocast_on() => Ok(Vec::new()),
             Target::Op { name, overload } => {
                 let args: Vec<(&str, Arg<'_>)> = node
                     .args
