@@ -375,6 +375,34 @@ int ckpt_rng_set_state(const at::Tensor* state, char** err) {
   });
 }
 
+// The generator's whole state (its Mersenne Twister and the cached second normal samples)
+// outside any tensor: get_state() returns a 5,056-byte tensor, which a meter counts.
+struct CkptRngSnapshot {
+  at::mt19937 engine;
+  std::optional<float> next_float_normal;
+  std::optional<double> next_double_normal;
+};
+int ckpt_rng_snapshot(CkptRngSnapshot** out, char** err) {
+  return guarded(err, [&] {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
+    *out = new CkptRngSnapshot{impl->engine(), impl->next_float_normal_sample(),
+                               impl->next_double_normal_sample()};
+  });
+}
+int ckpt_rng_restore(const CkptRngSnapshot* snap, char** err) {
+  return guarded(err, [&] {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
+    impl->set_engine(snap->engine);
+    impl->set_next_float_normal_sample(snap->next_float_normal);
+    impl->set_next_double_normal_sample(snap->next_double_normal);
+  });
+}
+void ckpt_rng_snapshot_free(CkptRngSnapshot* snap) { delete snap; }
+
 // ---- TorchScript ----------------------------------------------------------------------------
 typedef void (*ckpt_named_module_cb)(void* ctx, const char* name, torch::jit::Module* child);
 typedef void (*ckpt_named_tensor_cb)(void* ctx, const char* name, at::Tensor* tensor);

@@ -34,6 +34,12 @@ pub(crate) struct COutputEdge {
     _private: [u8; 0],
 }
 
+/// The CPU generator's state outside any tensor (`CkptRngSnapshot`, shim.cpp).
+#[repr(C)]
+pub(crate) struct CRngSnapshot {
+    _private: [u8; 0],
+}
+
 /// A selective block's cache of saved outputs (`CkptSacCache`, sac.cpp).
 #[repr(C)]
 pub(crate) struct CSacCache {
@@ -154,6 +160,9 @@ extern "C" {
     ) -> c_int;
     pub(crate) fn ckpt_rng_get_state(out: *mut CTensor, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_rng_set_state(state: CTensor, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_rng_snapshot(out: *mut *mut CRngSnapshot, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_rng_restore(snap: *const CRngSnapshot, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn ckpt_rng_snapshot_free(snap: *mut CRngSnapshot);
 
     pub(crate) fn ckpt_jit_load(path: *const c_char, out: *mut *mut CModule, err: *mut *mut c_char) -> c_int;
     pub(crate) fn ckpt_jit_free(m: *mut CModule);

@@ -1,6 +1,8 @@
 //! The default CPU generator's state, saved before a checkpointed block's forward and
 //! restored before its recompute so that dropout draws the same mask bitwise (what
-//! `torch.utils.checkpoint`'s `preserve_rng_state` does).
+//! `torch.utils.checkpoint`'s `preserve_rng_state` does, holding the state as a tensor); and
+//! held outside any tensor around ckptune's own draws in a step (a batch's values), which the
+//! user's loop does not make.
 
 use tch::Tensor;
 
@@ -21,4 +23,75 @@ pub fn set_cpu_state(state: &Tensor) -> Result<(), KernelError> {
     ffi::check("restoring the CPU RNG state", |e| unsafe {
         ffi::ckpt_rng_set_state(p, e)
     })
+}
+
+/// The CPU generator's state held outside any tensor, so that taking it allocates no tensor
+/// bytes: a step that draws its batch between [`CpuSnapshot::take`] and
+/// [`CpuSnapshot::restore`] counts the batch alone, as the user's loop holds it (a state tensor
+/// is 5,056 bytes, beyond a small model's whole step).
+pub struct CpuSnapshot(*mut ffi::CRngSnapshot);
+
+impl CpuSnapshot {
+    pub fn take() -> Result<Self, KernelError> {
+        let mut out = std::ptr::null_mut();
+        ffi::check("reading the CPU RNG state", |e| unsafe {
+            ffi::ckpt_rng_snapshot(&mut out, e)
+        })?;
+        Ok(CpuSnapshot(out))
+    }
+
+    /// Puts the generator back where [`CpuSnapshot::take`] found it.
+    pub fn restore(self) -> Result<(), KernelError> {
+        ffi::check("restoring the CPU RNG state", |e| unsafe {
+            ffi::ckpt_rng_restore(self.0, e)
+        })
+    }
+}
+
+impl Drop for CpuSnapshot {
+    fn drop(&mut self) {
+        unsafe { ffi::ckpt_rng_snapshot_free(self.0) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    fn draws() -> (Tensor, Tensor, Tensor) {
+        let f = || (Kind::Float, Device::Cpu);
+        // Sizes under 16 draw one normal at a time, which leaves a cached second sample.
+        (
+            Tensor::randn([3], f()),
+            Tensor::randn([40], f()),
+            Tensor::randint(1000, [5], (Kind::Int64, Device::Cpu)),
+        )
+    }
+
+    #[test]
+    fn a_snapshot_restores_every_draw_bitwise_and_allocates_no_tensor() {
+        let _lock = crate::meter::exclusive();
+        crate::meter::install().unwrap();
+        tch::manual_seed(7);
+        let _ = Tensor::randn([1], (Kind::Double, Device::Cpu));
+        let before = crate::meter::allocations();
+        let snap = CpuSnapshot::take().unwrap();
+        assert_eq!(
+            crate::meter::allocations(),
+            before,
+            "taking the state allocates no tensor"
+        );
+        let first = draws();
+        tch::manual_seed(99);
+        let _ = draws();
+        snap.restore().unwrap();
+        let again = draws();
+        assert_eq!(first, again);
+        // The same as the tensor state's save and restore.
+        let state = cpu_state().unwrap();
+        let third = draws();
+        set_cpu_state(&state).unwrap();
+        assert_eq!(third, draws());
+    }
 }

@@ -508,9 +508,10 @@ impl Chain {
 
     /// A deterministic random batch of `batch` samples for this model's input. Uses the global
     /// CPU generator seeded with `seed` and restores the generator afterwards, so making a batch
-    /// does not change the dropout masks a training step draws.
+    /// does not change the dropout masks a training step draws; the state is held outside any
+    /// tensor, so that a step's measured peak holds the batch alone, as the user's loop does.
     pub fn make_batch(&self, batch: i64, device: Device, seed: i64) -> Batch {
-        let saved = ckptune_kernels::rng::cpu_state().ok();
+        let saved = ckptune_kernels::rng::CpuSnapshot::take().ok();
         tch::manual_seed(seed);
         let out = match &self.input {
             InputSpec::Image {
@@ -560,7 +561,7 @@ impl Chain {
         if let Some(state) = saved {
             // Restoring a state just read cannot fail; if it did, batches would merely share
             // the generator with dropout, which is still deterministic.
-            let _ = ckptune_kernels::rng::set_cpu_state(&state);
+            let _ = state.restore();
         }
         out
     }
