@@ -5,7 +5,8 @@ plan --verify under a budget that forces checkpointing, then verify of the writt
 code, seconds, whether it panicked or timed out, and the first line of its error; for a verified
 plan, the predicted and measured peaks and their difference in bytes. Standard library only.
 
-    python3 scripts/export_corpus_run.py --bin BIN --programs DIR --work DIR --out corpus.json [--only NAME...]
+    python3 scripts/export_corpus_run.py --bin BIN --programs DIR --work DIR --out corpus.json \
+        [--precision fp32|bf16] [--only NAME...]
 
 The budget lies FRACTION of the way from the smallest achievable peak (`peak_all`: everything
 checkpointed) to the peak with nothing checkpointed (`peak_none`), read from the profile's config,
@@ -24,8 +25,12 @@ import time
 
 BATCH = 2
 FRACTION = 0.3
-COMMON = ["--batch", str(BATCH), "--precision", "fp32", "--optimizer", "adamw", "--threads", "1",
-          "--repeats", "1", "--quiet", "--no-cache"]
+
+
+def common_args(precision):
+    """The flags every profile and plan takes."""
+    return ["--batch", str(BATCH), "--precision", precision, "--optimizer", "adamw", "--threads", "1",
+            "--repeats", "1", "--quiet", "--no-cache"]
 
 
 @dataclasses.dataclass
@@ -88,7 +93,7 @@ def budget_from_profile(profile):
     return (int(lo + FRACTION * (hi - lo)) if hi > lo else hi), lo, hi
 
 
-def run_model(model, bin_path, programs, work, timeout):
+def run_model(model, bin_path, programs, work, timeout, common):
     """Profile, plan --verify and verify one exported program; returns the facts for its record."""
     d = os.path.join(work, model["name"])
     os.makedirs(d, exist_ok=True)
@@ -101,7 +106,7 @@ def run_model(model, bin_path, programs, work, timeout):
         return s
 
     profile_json = os.path.join(d, "profile.json")
-    if not step("profile", [bin_path, "profile", program, *COMMON, "-o", profile_json]).ok:
+    if not step("profile", [bin_path, "profile", program, *common, "-o", profile_json]).ok:
         return facts
     profile = load(profile_json)
     # How `--measure auto` measured it: memory on the meta device where the step runs there.
@@ -111,7 +116,7 @@ def run_model(model, bin_path, programs, work, timeout):
                  candidates=list(dict.fromkeys(b["name"] for b in profile["model"]["blocks"] if b.get("candidate"))),
                  blocks=len(profile["model"]["blocks"]))
     plan_json = os.path.join(d, "plan.json")
-    if not step("plan", [bin_path, "plan", "--budget", str(budget), program, *COMMON, "--profile", profile_json,
+    if not step("plan", [bin_path, "plan", "--budget", str(budget), program, *common, "--profile", profile_json,
                          "--verify", "-o", plan_json]).ok:
         return facts
     plan = load(plan_json)
@@ -173,7 +178,7 @@ def cpu_name():
     return platform.processor() or platform.machine()
 
 
-def write_corpus(out, manifest, records, bin_path):
+def write_corpus(out, manifest, records, bin_path, common):
     """Writes the corpus JSON, keeping the records of models not run this time (--only)."""
     old = load(out)["models"] if os.path.exists(out) else []
     merged = {r["name"]: r for r in old}
@@ -190,7 +195,7 @@ def write_corpus(out, manifest, records, bin_path):
         "torch": manifest["torch"], "torchvision": manifest["torchvision"],
         "transformers": manifest["transformers"],
         "cpu": cpu_name(), "cores": os.cpu_count(),
-        "batch": BATCH, "budget_fraction": FRACTION, "common_args": COMMON,
+        "batch": BATCH, "budget_fraction": FRACTION, "common_args": common,
         "models": sorted(merged.values(), key=lambda r: order.get(r["name"], len(order))),
     }
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -207,18 +212,21 @@ def main():
     ap.add_argument("--work", required=True, help="where each model's profile, plan and logs go")
     ap.add_argument("--out", required=True, help="the corpus JSON to write")
     ap.add_argument("--only", nargs="+", metavar="NAME")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="the precision every model is planned in (bf16: autocast)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per ckptune command")
     a = ap.parse_args()
     manifest = load(os.path.join(a.programs, "manifest.json"))
     models = [m for m in manifest["models"] if not a.only or m["name"] in a.only]
     scratch = os.path.commonpath([os.path.abspath(a.programs), os.path.abspath(a.work)])
+    common = common_args(a.precision)
     records = []
     for i, model in enumerate(models, 1):
-        facts = run_model(model, a.bin, os.path.abspath(a.programs), os.path.abspath(a.work), a.timeout) \
-            if model["exported"] else {}
+        facts = run_model(model, a.bin, os.path.abspath(a.programs), os.path.abspath(a.work), a.timeout,
+                          common) if model["exported"] else {}
         record = record_for(model, facts, scratch)
         records.append(record)
-        write_corpus(a.out, manifest, records, a.bin)
+        write_corpus(a.out, manifest, records, a.bin, common)
         detail = f"{record['error_bytes']:,} B" if record["outcome"].startswith("verified") else record["reason"]
         print(f"[{i}/{len(models)}] {model['name']}: {record['outcome']} ({record['stage']}) {detail}",
               file=sys.stderr, flush=True)

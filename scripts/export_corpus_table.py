@@ -159,7 +159,9 @@ def main(out):
     models = corpus["models"]
     rows = "\n".join(row(i, r) for i, r in enumerate(models, 1))
     common = " ".join(corpus["common_args"])
-    print(f"""# The export corpus: real architectures through `torch.export` and ckptune
+    precision = corpus["common_args"][corpus["common_args"].index("--precision") + 1]
+    title, flag = ("", "") if precision == "fp32" else (" under bf16 autocast", f" --precision {precision}")
+    print(f"""# The export corpus{title}: real architectures through `torch.export` and ckptune
 
 Written by `scripts/export_corpus` (this file by `scripts/export_corpus_table.py` from
 [`corpus.json`](corpus.json) beside it); nothing here is typed by hand.
@@ -201,12 +203,12 @@ makes the plan checkpoint anything; "verified error": measured minus predicted p
 
 ## Regenerating
 
-`scripts/export_corpus` exports every model again and runs them all, about 20 minutes on 2 idle
-cores (`CKPTUNE_BIN` picks the binary, `CKPTUNE_CORPUS_WORK` the scratch folder, default
-`~/.cache/ckptune/export-corpus`, in which the commands above run); `scripts/export_corpus --only
-NAME...` re-runs some and keeps the other records. The programs lie in the scratch folder's
+`scripts/export_corpus{flag}` exports every model again and runs them all, about 20 minutes on 2
+idle cores (`CKPTUNE_BIN` picks the binary, `CKPTUNE_CORPUS_WORK` the scratch folder, default
+`~/.cache/ckptune/export-corpus`, in which the commands above run); `scripts/export_corpus{flag}
+--only NAME...` re-runs some and keeps the other records. The programs lie in the scratch folder's
 `programs/` with the exporter's `manifest.json`; each model's profile, plan, verify report and the
-commands' output in `runs/NAME/`.""")
+commands' output in `runs{'-' + precision if flag else ''}/NAME/`.""")
 
 
 if __name__ == "__main__":

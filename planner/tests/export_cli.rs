@@ -664,7 +664,10 @@ fn a_cast_traced_as_a_no_op_casts_under_autocast() {
     args.extend(["bf16", "--verify", "-o", plan.to_str().unwrap()]);
     args.extend(COMMON);
     let out = String::from_utf8_lossy(&ok(&args).stdout).into_owned();
+    // Its whole step is under 5 KiB: the peak is the model's alone, no generator state beside the
+    // batch.
     for needle in [
+        "error 0 B",
         "every moment of the step matched the model to the byte",
         "fixes the dtypes of its casts",
         "x.to(input_dtype)",
@@ -682,4 +685,22 @@ fn a_cast_traced_as_a_no_op_casts_under_autocast() {
     args.push("bf16-pure");
     args.extend(COMMON);
     refused(&args, &["--precision bf16-pure", "_assert_tensor_metadata"]);
+}
+
+/// A fill value traced as fp32's minimum (`torch.finfo(x.dtype).min` of an fp32 tensor, as
+/// DeBERTa masks its scores) fills a bf16 tensor under autocast with bf16's minimum, as eager
+/// PyTorch reads it from that tensor (`masked_fill` refuses fp32's): the step runs and every
+/// moment of the real step matches the meta device's prediction.
+#[test]
+fn a_fill_value_traced_as_fp32s_minimum_fits_bf16_under_autocast() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    let model = fixture("masked_min.pt2");
+    let mut args = vec!["plan", "--budget", "1MiB", model.as_str(), "--batch", "2"];
+    args.extend(["--precision", "bf16", "--verify", "-o", plan.to_str().unwrap()]);
+    args.extend(COMMON);
+    let out = String::from_utf8_lossy(&ok(&args).stdout).into_owned();
+    for needle in ["error 0 B", "every moment of the step matched the model to the byte"] {
+        assert!(out.contains(needle), "{needle:?} not in {out}");
+    }
 }

@@ -9,20 +9,8 @@ use std::sync::Mutex;
 use ckptune_kernels::ops::{self, Arg, Value};
 use tch::Tensor;
 
+use super::autocast;
 use super::graph::{GResult, Graph, GraphError, Input, Node, Output, PyOp, SymOrInt, Target};
-
-/// The guard torch.export writes before a `.to(dtype)` that was a no-op when it traced: it
-/// asserts the input still has the traced dtype, and the `aten::to` after it stays in the graph.
-const ASSERT_METADATA: &str = "aten::_assert_tensor_metadata";
-
-/// Whether autocast is on in this thread, for the CPU or CUDA. Under autocast a step's
-/// low-precision outputs meet the traced fp32 dtypes of those guards (Qwen3's `q_norm` of a
-/// projection, Gemma-2's norms of attention's output), and eager PyTorch runs such a `.to(dtype)`
-/// as a cast: skipping the guard lets the graph's `aten::to` cast as eager does.
-fn autocast_on() -> bool {
-    use ckptune_kernels::autocast::is_enabled;
-    is_enabled(tch::Device::Cpu) || is_enabled(tch::Device::Cuda(0))
-}
 
 fn share(v: &Value) -> Value {
     match v {
@@ -230,13 +218,14 @@ impl Graph {
 
     fn run_node(&self, node: &Node, env: &mut Env<'_>) -> GResult<Vec<Value>> {
         match &node.target {
-            Target::Op { name, .. } if name == ASSERT_METADATA && autocast_on() => Ok(Vec::new()),
+            Target::Op { name, .. } if autocast::skipped(name) => Ok(Vec::new()),
             Target::Op { name, overload } => {
-                let args: Vec<(&str, Arg<'_>)> = node
+                let mut args: Vec<(&str, Arg<'_>)> = node
                     .args
                     .iter()
                     .map(|(n, a)| self.arg(a, env, node).map(|a| (n.as_str(), a)))
                     .collect::<GResult<_>>()?;
+                autocast::fit_extremes(&mut args);
                 ops::call(name, overload, &args).map_err(|e| run_err(node, e.to_string()))
             }
             Target::Python(op) => {

@@ -13,6 +13,7 @@
 //! the sum of every further floating-point output (their blocks hand them to the loss).
 
 mod archive;
+mod autocast;
 mod block;
 mod candidates;
 mod dataflow;
