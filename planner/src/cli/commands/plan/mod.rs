@@ -427,19 +427,19 @@ fn check_estimated_for(profile: &ProfileJson, device: &str) -> Result<()> {
     Ok(())
 }
 
-/// Under bf16 autocast, a program traced in fp32 that fixed the dtypes of its casts: ckptune runs
-/// a cast that was a no-op when traced as the cast eager PyTorch makes (Qwen3's `q_norm` and
-/// Gemma-2's norms upcast a bf16 projection), but a cast back to a dtype the traced code read
-/// from a tensor (`x.to(input_dtype)`) keeps the traced fp32.
+/// Under autocast (bf16, or fp16 for a GPU), a program traced in fp32 that fixed the dtypes of
+/// its casts: ckptune runs a cast that was a no-op when traced as the cast eager PyTorch makes
+/// (Qwen3's `q_norm` and Gemma-2's norms upcast a bf16 projection), but a cast back to a dtype
+/// the traced code read from a tensor (`x.to(input_dtype)`) keeps the traced fp32.
 fn autocast_casts_note(setup: &Setup) -> Option<String> {
     let program = std::path::Path::new(&setup.model);
-    let autocast = setup.configs.iter().any(|c| c.precision == Precision::Bf16);
+    let autocast = setup.configs.iter().any(|c| c.precision.autocast().is_some());
     (autocast && ckptune_models::export::pins_fp32(program)).then(|| {
         format!(
-            "{} was traced in fp32 and fixes the dtypes of its casts: under bf16 autocast a cast \
-             back to a dtype the code read from a tensor (RMSNorm's x.to(input_dtype)) stays fp32 \
-             here, where PyTorch eager casts to bf16, so the bytes such a cast holds may differ \
-             from eager's",
+            "{} was traced in fp32 and fixes the dtypes of its casts: under autocast a cast back \
+             to a dtype the code read from a tensor (RMSNorm's x.to(input_dtype)) stays fp32 here, \
+             where PyTorch eager casts to the autocast dtype, so the bytes such a cast holds may \
+             differ from eager's",
             program.display()
         )
     })
