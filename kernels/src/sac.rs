@@ -71,6 +71,10 @@ impl SacPolicy {
     }
 }
 
+/// What sac.cpp says when a recompute calls an operator more often than its forward did: the
+/// forward's decisions cannot be replayed.
+pub const REPLAY_MISMATCH: &str = "ran in a selective block's recompute more often than in its forward";
+
 /// The outputs a selective block's forward kept, until its recompute takes them.
 #[derive(Debug)]
 pub struct SacCache {

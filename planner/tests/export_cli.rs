@@ -704,3 +704,42 @@ fn a_fill_value_traced_as_fp32s_minimum_fits_bf16_under_autocast() {
         assert!(out.contains(needle), "{needle:?} not in {out}");
     }
 }
+
+/// A selective block whose recompute calls other operators than its forward (attention over a
+/// learned bias: its mask needs a gradient only when computed with grad, and the CPU then takes
+/// the math kernel, not the flash one) exits 2 naming the block and what to do, run or on the
+/// meta device, and writes nothing; whole blocks checkpointed, it plans.
+#[test]
+fn a_selective_block_whose_recompute_strays_from_its_forward_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plan.json");
+    let model = fixture("learned_bias.pt2");
+    let shared = [
+        "--budget",
+        "1MiB",
+        model.as_str(),
+        "--batch",
+        "2",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    for measure in ["run", "meta"] {
+        let mut args = vec!["plan"];
+        args.extend(shared);
+        args.extend(["--selective", "--measure", measure]);
+        args.extend(COMMON);
+        refused(
+            &args,
+            &[
+                "block attn cannot run selective",
+                "node scaled_dot_product_attention",
+                "Plan without --selective",
+            ],
+        );
+        assert!(!out.exists(), "nothing written");
+    }
+    let mut args = vec!["plan"];
+    args.extend(shared);
+    args.extend(COMMON);
+    ok(&args);
+}

@@ -65,6 +65,26 @@ pub enum RuntimeError {
         /// Boxed: a second variant as large as [`RuntimeError::Block`] would grow every result.
         failure: Box<ckptune_models::BlockFailure>,
     },
+    /// A selective block whose recompute calls operators its forward did not, so the forward's
+    /// decisions cannot be replayed: a checkpointed block's forward runs without grad and its
+    /// recompute with grad, and some operators pick their kernel by whether an input needs a
+    /// gradient (on the CPU, `scaled_dot_product_attention` takes its math kernel where its mask
+    /// does, as a learned position bias computed with grad does: BEiT, Swin).
+    #[error(
+        "{model}: block {block} cannot run selective: at node {} ({}) its recompute, with grad, \
+         calls operators its forward, without grad, did not ({}); some operators pick another \
+         kernel when an input needs a gradient (scaled_dot_product_attention where its mask \
+         does, as a learned position bias computed with grad does). Plan without --selective \
+         (whole blocks checkpointed), or leave this block out of the candidates (--candidates)",
+        failure.node,
+        failure.target,
+        failure.why
+    )]
+    Selective {
+        model: String,
+        block: String,
+        failure: Box<ckptune_models::BlockFailure>,
+    },
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

@@ -51,6 +51,8 @@ fn is_bad_input(e: &(dyn std::error::Error + 'static)) -> bool {
                 | RuntimeError::Block { .. }
                 // A node of the user's program has no derivative or breaks its own backward.
                 | RuntimeError::Backward { .. }
+                // A selective block's recompute calls what its forward did not.
+                | RuntimeError::Selective { .. }
         );
     }
     if let Some(s) = e.downcast_ref::<SolveError>() {

@@ -96,13 +96,15 @@ pub fn nbytes(t: &Tensor) -> i64 {
 }
 
 impl Session {
-    /// Block `i`'s failure in this step as the runtime reports it.
+    /// Block `i`'s failure in this step as the runtime reports it: a selective recompute that
+    /// strays from its forward's calls, or a node of the program rejecting the step.
     pub(super) fn block_failed(&self, i: usize, failure: ckptune_models::BlockFailure) -> RuntimeError {
-        RuntimeError::Block {
-            model: self.chain.name.clone(),
-            block: self.chain.blocks[i].name.clone(),
-            failure,
+        let (model, block) = (self.chain.name.clone(), self.chain.blocks[i].name.clone());
+        if failure.why.contains(ckptune_kernels::sac::REPLAY_MISMATCH) {
+            let failure = Box::new(failure);
+            return RuntimeError::Selective { model, block, failure };
         }
+        RuntimeError::Block { model, block, failure }
     }
 
     pub fn new(chain: Chain, cfg: TrainConfig, device: Device) -> Result<Self> {
