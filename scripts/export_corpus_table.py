@@ -154,6 +154,11 @@ def no_gain(models):
                       "|---|---|---|---|", *rows])
 
 
+def command_minutes(models):
+    """Minutes the corpus's ckptune commands took, from their recorded seconds."""
+    return sum(s["seconds"] for r in models for s in r.get("steps", {}).values()) / 60
+
+
 def main(out):
     corpus = load(os.path.join(out, "corpus.json"))
     models = corpus["models"]
@@ -203,8 +208,9 @@ makes the plan checkpoint anything; "verified error": measured minus predicted p
 
 ## Regenerating
 
-`scripts/export_corpus{flag}` exports every model again and runs them all, about 20 minutes on 2
-idle cores (`CKPTUNE_BIN` picks the binary, `CKPTUNE_CORPUS_WORK` the scratch folder, default
+`scripts/export_corpus{flag}` exports every model again and runs them all: the ckptune commands
+above took {command_minutes(models):.0f} minutes on the machine above, the export comes on top
+(`CKPTUNE_BIN` picks the binary, `CKPTUNE_CORPUS_WORK` the scratch folder, default
 `~/.cache/ckptune/export-corpus`, in which the commands above run); `scripts/export_corpus{flag}
 --only NAME...` re-runs some and keeps the other records. The programs lie in the scratch folder's
 `programs/` with the exporter's `manifest.json`; each model's profile, plan, verify report and the
