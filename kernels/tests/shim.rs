@@ -220,6 +220,36 @@ fn rng_state_replays_dropout_bitwise() {
     assert!(a.equal(&c), "restored state replays the same mask");
 }
 
+/// Three draws: sizes under 16 take one normal at a time, which leaves a cached second sample.
+fn draws() -> (Tensor, Tensor, Tensor) {
+    let f = || (Kind::Float, Device::Cpu);
+    (
+        Tensor::randn([3], f()),
+        Tensor::randn([40], f()),
+        Tensor::randint(1000, [5], (Kind::Int64, Device::Cpu)),
+    )
+}
+
+#[test]
+fn a_snapshot_held_outside_tensors_replays_every_draw_and_allocates_nothing() {
+    let _m = setup();
+    tch::manual_seed(7);
+    let _ = Tensor::randn([1], (Kind::Double, Device::Cpu));
+    let before = meter::allocations();
+    let snap = rng::CpuSnapshot::take().unwrap();
+    assert_eq!(meter::allocations(), before, "taking the state allocates no tensor");
+    let first = draws();
+    tch::manual_seed(99);
+    let _ = draws();
+    snap.restore().unwrap();
+    assert_eq!(first, draws());
+    // The same as the state tensor's save and restore.
+    let state = rng::cpu_state().unwrap();
+    let third = draws();
+    rng::set_cpu_state(&state).unwrap();
+    assert_eq!(third, draws());
+}
+
 #[test]
 fn clear_grad_frees_the_gradient() {
     let m = setup();
