@@ -571,14 +571,10 @@ impl Chain {
     /// `[batch, 1, 1, seq]`, in the parameters' float dtype.
     pub fn attention_bias(&self, mask: &Tensor) -> Tensor {
         let kind = self.param_kind();
-        let min = match kind {
-            Kind::BFloat16 => -3.389_531_4e38,
-            Kind::Half => -65504.0,
-            Kind::Double => f64::MIN,
-            _ => f32::MIN as f64,
-        };
         let ones = mask.ones_like();
-        ((ones - mask).to_kind(kind) * min).unsqueeze(1).unsqueeze(1)
+        ((ones - mask).to_kind(kind) * crate::layers::finfo_min(kind))
+            .unsqueeze(1)
+            .unsqueeze(1)
     }
 
     /// The chain's [`SharedInputs`] for a micro-batch whose token ids (or images) are `input`,

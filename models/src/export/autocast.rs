@@ -6,6 +6,8 @@ use ckptune_kernels::autocast::is_enabled;
 use ckptune_kernels::ops::Arg;
 use tch::{Device, Kind};
 
+use crate::layers::finfo_min;
+
 /// The guard torch.export writes before a `.to(dtype)` that was a no-op when it traced: it
 /// asserts the input still has the traced dtype, and the `aten::to` after it stays in the graph.
 const ASSERT_METADATA: &str = "aten::_assert_tensor_metadata";
@@ -23,11 +25,6 @@ pub(super) fn skipped(name: &str) -> bool {
     name == ASSERT_METADATA && on()
 }
 
-/// The largest finite bf16, `torch.finfo(torch.bfloat16).max`.
-const BF16_MAX: f64 = 3.389_531_389_251_535_5e38;
-/// The largest finite fp16, `torch.finfo(torch.float16).max`.
-const F16_MAX: f64 = 65504.0;
-
 /// Under autocast, a `value` traced as fp32's extreme (`torch.finfo(x.dtype).min` read from an
 /// fp32 tensor, as DeBERTa masks its scores) becomes the extreme of the bf16 or fp16 tensor it
 /// fills, which eager PyTorch reads from the tensor autocast made: fp32's does not fit in either,
@@ -41,8 +38,7 @@ pub(super) fn fit_extremes(args: &mut [(&str, Arg<'_>)]) {
         _ => None,
     });
     let max = match kind {
-        Some(Kind::BFloat16) => BF16_MAX,
-        Some(Kind::Half) => F16_MAX,
+        Some(k @ (Kind::BFloat16 | Kind::Half)) => -finfo_min(k),
         _ => return,
     };
     for (n, a) in args.iter_mut() {
@@ -63,10 +59,14 @@ mod tests {
     #[test]
     fn the_extremes_are_the_finfo_of_torch() {
         // torch.finfo(torch.bfloat16).max and torch.finfo(torch.float16).max, as tensors hold them.
-        let bf16 = Tensor::from(BF16_MAX).to_kind(Kind::BFloat16);
-        assert_eq!(bf16.double_value(&[]), BF16_MAX);
+        let bf16_max = -finfo_min(Kind::BFloat16);
+        let bf16 = Tensor::from(bf16_max).to_kind(Kind::BFloat16);
+        assert_eq!(bf16.double_value(&[]), bf16_max);
         assert!(bf16.isfinite().int64_value(&[]) == 1);
-        assert_eq!(Tensor::from(F16_MAX).to_kind(Kind::Half).double_value(&[]), F16_MAX);
+        assert_eq!(
+            Tensor::from(65504.0).to_kind(Kind::Half).double_value(&[]),
+            -finfo_min(Kind::Half)
+        );
     }
 
     #[test]
@@ -83,8 +83,8 @@ mod tests {
         };
         assert_eq!(call(fp32_min), fp32_min, "autocast off: the traced value");
         let _on = AutocastGuard::new(Device::Cpu, Kind::BFloat16, true).unwrap();
-        assert_eq!(call(fp32_min), -BF16_MAX);
-        assert_eq!(call(-fp32_min), BF16_MAX);
+        assert_eq!(call(fp32_min), finfo_min(Kind::BFloat16));
+        assert_eq!(call(-fp32_min), -finfo_min(Kind::BFloat16));
         // Any other value is the program's own.
         assert_eq!(call(-1e4), -1e4);
         assert!(skipped(ASSERT_METADATA) && !skipped("aten::to"));
