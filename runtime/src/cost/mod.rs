@@ -19,6 +19,7 @@ use crate::load::{CpuCounters, Load, QUIET_CORES};
 mod block_overhead;
 mod calibrate;
 mod overhead;
+mod probes;
 mod setup;
 mod timed;
 pub mod work;
